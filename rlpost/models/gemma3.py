@@ -1,0 +1,270 @@
+"""Gemma 3 text decoder as pure functions over an explicit params pytree.
+
+Params (every layer leaf stacked on a leading `[L]` axis, run with `lax.scan`):
+
+  embed       [V, D]          tied input/output embedding: logits = h @ embed.T
+  final_norm  [D]             RMSNorm weight w (the norm multiplies by 1 + w)
+  layers:
+    attn_norm, post_attn_norm, mlp_norm, post_mlp_norm   [L, D]
+    q [L, D, H*hd]  k, v [L, D, K*hd]  o [L, H*hd, D]     ([in, out]: y = x @ W)
+    q_norm, k_norm  [L, hd]
+    gate, up [L, D, F]  down [L, F, D]
+
+Architecture: embedding scaled by sqrt(D); sandwich RMSNorms (pre and post)
+around attention and the gated-GELU(tanh) MLP; grouped-query attention with
+RMSNorm on queries and keys before rotate-half RoPE; queries scaled by
+query_pre_attn_scalar**-0.5; layer i is global (full causal, RoPE base
+`global_rope_base`) iff i % global_every == global_every - 1, the others are
+local (sliding window, RoPE base `local_rope_base`); final RMSNorm; tied output.
+
+The KV cache is one dict of a few large arrays (see `init_cache`); new keys
+and values are written at slot `cache["index"]` for every row, so rows use
+left padding and per-row positions.
+"""
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Params = dict[str, Any]
+Cache = dict[str, jax.Array]
+
+_MASKED = -2.3819763e38  # most negative bfloat16-representable float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Static architecture of a Gemma 3 text model (hashable: safe as a jit static arg)."""
+  vocab_size: int
+  embed_dim: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  sliding_window: int
+  global_every: int = 6
+  local_rope_base: float = 10_000.0
+  global_rope_base: float = 1_000_000.0
+  query_pre_attn_scalar: float = 256.0
+  rms_eps: float = 1e-6
+
+  def __post_init__(self):
+    for name in ("vocab_size", "embed_dim", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim", "mlp_dim", "sliding_window", "global_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"Config.{name}={getattr(self, name)} must be >= 1")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"Config.num_heads={self.num_heads} must be a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"Config.head_dim={self.head_dim} must be even for RoPE")
+
+  @property
+  def global_layers(self) -> tuple[bool, ...]:
+    """Per layer: True for global (full causal) attention, False for sliding window."""
+    return tuple(i % self.global_every == self.global_every - 1
+                 for i in range(self.num_layers))
+
+
+PRESETS: dict[str, Config] = {
+    "gemma3_270m": Config(vocab_size=262_144, embed_dim=640, num_layers=18, num_heads=4,
+                          num_kv_heads=1, head_dim=256, mlp_dim=2048, sliding_window=512),
+    "gemma3_1b": Config(vocab_size=262_144, embed_dim=1152, num_layers=26, num_heads=4,
+                        num_kv_heads=1, head_dim=256, mlp_dim=6912, sliding_window=512),
+    # Tiny random model for tests: 2 of its 4 layers are global, window 8.
+    "tiny": Config(vocab_size=264, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                   head_dim=16, mlp_dim=64, sliding_window=8, global_every=2,
+                   query_pre_attn_scalar=16.0),
+}
+
+
+def get_config(name: str, **overrides) -> Config:
+  """Returns the preset `name`, with dataclass fields replaced by `overrides`."""
+  if name not in PRESETS:
+    raise ValueError(f"Unknown model preset {name!r}; valid presets: {sorted(PRESETS)}")
+  return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def init_params(key: jax.Array, config: Config, dtype=jnp.float32) -> Params:
+  """Random params (normal * 0.02 for matrices, zeros for norm weights w)."""
+  c = config
+  L, D, F, hd = c.num_layers, c.embed_dim, c.mlp_dim, c.head_dim
+  shapes = {
+      "q": (L, D, c.num_heads * hd), "k": (L, D, c.num_kv_heads * hd),
+      "v": (L, D, c.num_kv_heads * hd), "o": (L, c.num_heads * hd, D),
+      "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D),
+  }
+  keys = jax.random.split(key, len(shapes) + 1)
+  layers = {name: (0.02 * jax.random.normal(k, shape)).astype(dtype)
+            for k, (name, shape) in zip(keys[1:], shapes.items())}
+  for name in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm"):
+    layers[name] = jnp.zeros((L, D), dtype)
+  layers["q_norm"] = jnp.zeros((L, hd), dtype)
+  layers["k_norm"] = jnp.zeros((L, hd), dtype)
+  return {
+      "embed": (0.02 * jax.random.normal(keys[0], (c.vocab_size, D))).astype(dtype),
+      "final_norm": jnp.zeros((D,), dtype),
+      "layers": layers,
+  }
+
+
+def init_cache(config: Config, batch: int, size: int, dtype=jnp.float32) -> Cache:
+  """Empty KV cache for `batch` rows and `size` slots.
+
+  Returns {"k", "v": [L, batch, size, K, hd] dtype, "pos": [batch, size] int32
+  (position of the key in each slot, -1 when empty), "index": [] int32 (next
+  slot to write)}.
+  """
+  shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "pos": jnp.full((batch, size), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+  """x * rsqrt(mean(x^2) + eps) * (1 + w), in float32."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  scale = 1.0 + w.astype(jnp.float32)
+  return normed * scale.reshape((1,) * (x.ndim - w.ndim) + w.shape)
+
+
+def rope_tables(positions_BxT: jax.Array, head_dim: int, base: float):
+  """(cos, sin) tables [B, T, 1, hd/2] float32 for rotate-half RoPE."""
+  half = head_dim // 2
+  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
+  angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+  return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x_BxTxNxH: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate-half (NeoX) RoPE: dimension i pairs with i + hd/2."""
+  x1, x2 = jnp.split(x_BxTxNxH, 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x @ w with float32 output, inputs cast to the weight dtype."""
+  return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, config: Config):
+  """Grouped-query attention; softmax in float32. Returns [B, T, N*hd] float32."""
+  B, T, N, H = q_BxTxNxH.shape
+  K = config.num_kv_heads
+  q = q_BxTxNxH.reshape(B, T, K, N // K, H)
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH.astype(jnp.float32))
+  scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASKED)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH.astype(jnp.float32))
+  return out.reshape(B, T, N * H)
+
+
+def _block(x_BxTxD, layer, is_global, keys_fn, masks, ropes, config: Config):
+  """One decoder block. `keys_fn(k, v) -> (k_all, v_all, carry_out)` handles the cache."""
+  c = config
+  B, T, _ = x_BxTxD.shape
+  h = rms_norm(x_BxTxD, layer["attn_norm"], c.rms_eps)
+  q = _dense(h, layer["q"]).reshape(B, T, c.num_heads, c.head_dim)
+  k = _dense(h, layer["k"]).reshape(B, T, c.num_kv_heads, c.head_dim)
+  v = _dense(h, layer["v"]).reshape(B, T, c.num_kv_heads, c.head_dim)
+  q = rms_norm(q, layer["q_norm"], c.rms_eps)
+  k = rms_norm(k, layer["k_norm"], c.rms_eps)
+  cos = jnp.where(is_global, ropes[1][0], ropes[0][0])
+  sin = jnp.where(is_global, ropes[1][1], ropes[0][1])
+  q = apply_rope(q, cos, sin) * c.query_pre_attn_scalar ** -0.5
+  k = apply_rope(k, cos, sin)
+  k_all, v_all, carry_out = keys_fn(k, v)
+  mask = jnp.where(is_global, masks[1], masks[0])
+  attn = _attention(q, k_all, v_all, mask, c)
+  x = x_BxTxD + rms_norm(_dense(attn, layer["o"]), layer["post_attn_norm"], c.rms_eps)
+  h = rms_norm(x, layer["mlp_norm"], c.rms_eps)
+  mlp = jax.nn.gelu(_dense(h, layer["gate"]), approximate=True) * _dense(h, layer["up"])
+  x = x + rms_norm(_dense(mlp, layer["down"]), layer["post_mlp_norm"], c.rms_eps)
+  return x, carry_out
+
+
+def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+            attn_mask_BxTxS: jax.Array, cache: Cache | None = None, *, config: Config,
+            return_hidden: bool = False):
+  """Runs the decoder on `tokens_BxT`.
+
+  Args:
+    params: the params pytree (module docstring).
+    tokens_BxT: int32 token ids.
+    positions_BxT: int32 RoPE positions of the tokens (per row; padding any value).
+    attn_mask_BxTxS: bool, True where query t may attend key s. Without a cache
+      S == T (keys are these tokens); with a cache S is the cache size and key
+      slot s holds what was written there (this call writes slots
+      [index, index + T)). The sliding window is applied on top, from positions.
+    cache: None, or a dict from `init_cache`.
+    config: the architecture.
+    return_hidden: return the final-normed hidden states [B, T, D] float32
+      instead of the logits [B, T, V] float32 (logits = hidden @ embed.T).
+
+  Returns:
+    (logits or hidden, new cache or None).
+  """
+  c = config
+  B, T = tokens_BxT.shape
+  if cache is not None and T > cache["k"].shape[2]:
+    raise ValueError(f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
+                     "allocate a larger cache with init_cache(..., size=...)")
+  x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32) * math.sqrt(c.embed_dim)
+  if cache is None:
+    key_pos_BxS = positions_BxT
+  else:
+    key_pos_BxS = jax.lax.dynamic_update_slice(cache["pos"], positions_BxT.astype(jnp.int32),
+                                               (0, cache["index"]))
+  in_window = positions_BxT[:, :, None] - key_pos_BxS[:, None, :] < c.sliding_window
+  masks = (attn_mask_BxTxS & in_window, attn_mask_BxTxS)
+  ropes = (rope_tables(positions_BxT, c.head_dim, c.local_rope_base),
+           rope_tables(positions_BxT, c.head_dim, c.global_rope_base))
+  is_global = jnp.asarray(c.global_layers)
+
+  if cache is None:
+    def body(x, inputs):
+      layer, glob = inputs
+      x, _ = _block(x, layer, glob, lambda k, v: (k, v, None), masks, ropes, c)
+      return x, None
+    x, _ = jax.lax.scan(body, x, (params["layers"], is_global))
+    new_cache = None
+  else:
+    idx = cache["index"]
+
+    def body(carry, inputs):
+      x, ck, cv = carry
+      layer, glob, l = inputs
+
+      def keys_fn(k, v):
+        nk = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (l, 0, idx, 0, 0))
+        nv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (l, 0, idx, 0, 0))
+        return nk[l], nv[l], (nk, nv)
+
+      x, (ck, cv) = _block(x, layer, glob, keys_fn, masks, ropes, c)
+      return (x, ck, cv), None
+    (x, ck, cv), _ = jax.lax.scan(
+        body, (x, cache["k"], cache["v"]),
+        (params["layers"], is_global, jnp.arange(c.num_layers)))
+    new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": idx + T}
+
+  hidden = rms_norm(x, params["final_norm"], c.rms_eps)
+  if return_hidden:
+    return hidden, new_cache
+  return logits_from_hidden(params, hidden), new_cache
+
+
+def logits_from_hidden(params: Params, hidden_BxTxD: jax.Array) -> jax.Array:
+  """Tied output projection: [..., D] -> [..., V] float32."""
+  embed = params["embed"]
+  return jnp.einsum("...d,vd->...v", hidden_BxTxD.astype(embed.dtype), embed,
+                    preferred_element_type=jnp.float32)
+
+
+def causal_mask(valid_BxT: jax.Array) -> jax.Array:
+  """[B, T, T] bool: query t attends key s iff s <= t and key s is valid."""
+  T = valid_BxT.shape[1]
+  causal = jnp.tril(jnp.ones((T, T), bool))
+  return causal[None] & valid_BxT[:, None, :]

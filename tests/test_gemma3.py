@@ -1,0 +1,142 @@
+"""Gemma 3 forward: agreement with a slow NumPy reference, KV-cache consistency, errors."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost.models import gemma3
+
+CONFIG = gemma3.get_config("tiny")
+
+
+def _random_params(seed=0, config=CONFIG):
+  """Random params with non-trivial norm weights and larger matrices."""
+  params = gemma3.init_params(jax.random.key(seed), config)
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  leaves = [x * 20 if x.ndim == 3 or x.shape[0] == config.vocab_size
+            else 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def _np_rms(x, w, eps):
+  return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * (1 + w)
+
+
+def _np_rope(x, pos, base):
+  half = x.shape[-1] // 2
+  freq = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+  ang = pos * freq
+  x1, x2 = x[..., :half], x[..., half:]
+  return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang),
+                         x2 * np.cos(ang) + x1 * np.sin(ang)], -1)
+
+
+def reference_logits(params, tokens, config, window=None):
+  """Slow, obvious single-sequence forward in float64 with explicit loops."""
+  c = config
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  T = len(tokens)
+  window = c.sliding_window if window is None else window
+  x = p["embed"][tokens] * math.sqrt(c.embed_dim)
+  group = c.num_heads // c.num_kv_heads
+  for i in range(c.num_layers):
+    lp = {k: v[i] for k, v in p["layers"].items()}
+    is_global = i % c.global_every == c.global_every - 1
+    base = c.global_rope_base if is_global else c.local_rope_base
+    h = _np_rms(x, lp["attn_norm"], c.rms_eps)
+    q = (h @ lp["q"]).reshape(T, c.num_heads, c.head_dim)
+    k = (h @ lp["k"]).reshape(T, c.num_kv_heads, c.head_dim)
+    v = (h @ lp["v"]).reshape(T, c.num_kv_heads, c.head_dim)
+    attn = np.zeros((T, c.num_heads, c.head_dim))
+    for t in range(T):
+      for n in range(c.num_heads):
+        qt = _np_rope(_np_rms(q[t, n], lp["q_norm"], c.rms_eps), t, base)
+        qt = qt * c.query_pre_attn_scalar ** -0.5
+        keys = [s for s in range(t + 1) if is_global or t - s < window]
+        scores = np.array([qt @ _np_rope(_np_rms(k[s, n // group], lp["k_norm"], c.rms_eps), s, base)
+                           for s in keys])
+        w = np.exp(scores - scores.max())
+        w /= w.sum()
+        attn[t, n] = sum(wi * v[s, n // group] for wi, s in zip(w, keys))
+    x = x + _np_rms(attn.reshape(T, -1) @ lp["o"], lp["post_attn_norm"], c.rms_eps)
+    h = _np_rms(x, lp["mlp_norm"], c.rms_eps)
+    g = h @ lp["gate"]
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    x = x + _np_rms((gelu * (h @ lp["up"])) @ lp["down"], lp["post_mlp_norm"], c.rms_eps)
+  return _np_rms(x, p["final_norm"], c.rms_eps) @ p["embed"].T
+
+
+def _full_forward(params, tokens_1xT, config=CONFIG):
+  T = tokens_1xT.shape[1]
+  logits, _ = gemma3.forward(params, tokens_1xT, jnp.arange(T)[None],
+                             gemma3.causal_mask(jnp.ones((1, T), bool)), config=config)
+  return logits
+
+
+def test_forward_matches_slow_reference_beyond_sliding_window():
+  params = _random_params()
+  T = 3 * CONFIG.sliding_window  # long enough for the window to matter
+  tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, T)
+  got = np.asarray(_full_forward(params, jnp.asarray(tokens)[None])[0])
+  want = reference_logits(params, tokens, CONFIG)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+  # The window matters: without it the reference differs past the window.
+  no_window = reference_logits(params, tokens, CONFIG, window=10 ** 6)
+  assert np.abs(no_window[CONFIG.sliding_window:] - want[CONFIG.sliding_window:]).max() > 1e-2
+  np.testing.assert_allclose(no_window[:CONFIG.sliding_window], want[:CONFIG.sliding_window],
+                             atol=1e-9)
+
+
+def test_cached_token_by_token_decoding_equals_full_forward():
+  params = _random_params(1)
+  T = 2 * CONFIG.sliding_window + 5
+  tokens = jax.random.randint(jax.random.key(3), (2, T), 0, CONFIG.vocab_size)
+  full = jax.vmap(lambda t: _full_forward(params, t[None])[0])(tokens)
+  cache = gemma3.init_cache(CONFIG, 2, T + 3)
+  step = jax.jit(lambda p, tok, pos, m, c: gemma3.forward(p, tok, pos, m, c, config=CONFIG))
+  # Prefill 4 tokens at once, then one token at a time.
+  prefix = 4
+  slots = jnp.arange(T + 3)
+  mask = jnp.broadcast_to((slots[None, :] <= jnp.arange(prefix)[:, None])[None], (2, prefix, T + 3))
+  logits, cache = step(params, tokens[:, :prefix], jnp.broadcast_to(jnp.arange(prefix), (2, prefix)),
+                       mask, cache)
+  outs = [logits]
+  for t in range(prefix, T):
+    mask = jnp.broadcast_to((slots <= t)[None, None], (2, 1, T + 3))
+    logits, cache = step(params, tokens[:, t:t + 1], jnp.full((2, 1), t), mask, cache)
+    outs.append(logits)
+  chex.assert_trees_all_close(jnp.concatenate(outs, 1), full, atol=2e-4, rtol=1e-4)
+  assert int(cache["index"]) == T
+
+
+def test_hidden_path_gives_logits_through_tied_embedding():
+  params = _random_params(2)
+  tokens = jax.random.randint(jax.random.key(0), (1, 7), 0, CONFIG.vocab_size)
+  hidden, _ = gemma3.forward(params, tokens, jnp.arange(7)[None],
+                             gemma3.causal_mask(jnp.ones((1, 7), bool)), config=CONFIG,
+                             return_hidden=True)
+  chex.assert_shape(hidden, (1, 7, CONFIG.embed_dim))
+  chex.assert_trees_all_close(hidden @ params["embed"].T, _full_forward(params, tokens),
+                              atol=1e-4, rtol=1e-5)
+
+
+def test_layer_pattern_and_presets():
+  c = gemma3.get_config("gemma3_270m")
+  assert [i for i, g in enumerate(c.global_layers) if g] == [5, 11, 17]
+  assert gemma3.get_config("gemma3_270m", sliding_window=4).sliding_window == 4
+  with pytest.raises(ValueError, match=r"Unknown model preset 'gemma9'.*gemma3_1b.*gemma3_270m.*tiny"):
+    gemma3.get_config("gemma9")
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    gemma3.get_config("tiny", num_kv_heads=3)
+
+
+def test_tokens_longer_than_cache_raise():
+  params = _random_params()
+  cache = gemma3.init_cache(CONFIG, 1, 4)
+  with pytest.raises(ValueError, match="do not fit in a KV cache of 4 slots"):
+    gemma3.forward(params, jnp.zeros((1, 5), jnp.int32), jnp.arange(5)[None],
+                   jnp.ones((1, 5, 4), bool), cache, config=CONFIG)

@@ -1,0 +1,139 @@
+"""Sampler properties on a random tiny model: logprob convention, padding, stops, sharing."""
+import chex
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost import sampling
+from rlpost.models import gemma3
+from test_gemma3 import CONFIG, _random_params
+
+PARAMS = _random_params(5)
+
+
+def _sample(prompts, sc, key=0, **kw):
+  tokens, lengths = sampling.pad_prompts(prompts, sc)
+  return sampling.sample(PARAMS, tokens, lengths, jax.random.key(key), model_config=CONFIG,
+                         config=sc, **kw)
+
+
+def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
+  """log-prob of each completion token from one full forward pass (slow path)."""
+  full = jnp.asarray(list(prompt) + list(completion[:n]), jnp.int32)[None]
+  T = full.shape[1]
+  logits, _ = gemma3.forward(PARAMS, full, jnp.arange(T)[None],
+                             gemma3.causal_mask(jnp.ones((1, T), bool)), config=CONFIG)
+  logits = logits[0, len(prompt) - 1:-1] / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  lp = jax.nn.log_softmax(logits, -1)
+  return np.asarray(jnp.take_along_axis(lp, jnp.asarray(completion[:n])[:, None], -1)[:, 0])
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, None), (1.3, 5)])
+def test_sampler_logprobs_equal_full_forward_recomputation(temperature, top_k):
+  sc = sampling.SamplingConfig(temperature=temperature, top_k=top_k, max_new_tokens=12,
+                               prompt_bucket=8, stop_ids=(7,))
+  prompts = [[2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [2, 30, 31]]
+  out = _sample(prompts, sc, key=3)
+  for b, prompt in enumerate(prompts):
+    n = int(out.lengths[b])
+    assert n >= 1
+    got = np.asarray(out.logprobs[b, :n])
+    want = _recomputed_logprobs(prompt, np.asarray(out.tokens[b]), n, temperature, top_k)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_greedy_independent_of_padding_and_batch_companions():
+  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=16, prompt_bucket=4, stop_ids=())
+  prompt = [2, 100, 101, 102, 103]
+  alone = _sample([prompt], sc)
+  companions = [[2] + list(range(40, 40 + n)) for n in (19, 2)]
+  mixed = _sample([companions[0], prompt, companions[1]], sc)
+  padded = _sample([prompt], sampling.SamplingConfig(temperature=0.0, max_new_tokens=16,
+                                                     prompt_bucket=32, stop_ids=()))
+  np.testing.assert_array_equal(alone.tokens[0], mixed.tokens[1])
+  np.testing.assert_array_equal(alone.tokens[0], padded.tokens[0])
+  np.testing.assert_allclose(alone.logprobs[0], mixed.logprobs[1], atol=1e-5)
+
+
+def test_stops_lengths_and_max_new_tokens():
+  sc = sampling.SamplingConfig(temperature=1.5, max_new_tokens=20, prompt_bucket=8,
+                               stop_ids=(3, 4, 5, 6, 7, 8, 9), pad_id=0)
+  prompts = [[2, 11 + i, 12] for i in range(8)]
+  out = _sample(prompts, sc, key=1, max_new_tokens=jnp.int32(13))
+  tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
+  assert mask.shape == (8, 20)
+  assert not mask[:, 13:].any(), "wrote beyond the traced max_new_tokens"
+  np.testing.assert_array_equal(out.lengths, mask.sum(1))
+  stopped = 0
+  for row, m in zip(tokens, mask):
+    n = m.sum()
+    assert m[:n].all() and not m[n:].any()      # mask is a prefix
+    assert (row[n:] == 0).all()                 # pad after the end
+    stops = np.flatnonzero(np.isin(row[:n], sc.stop_ids))
+    if n < 13:                                  # ended early: by a stop token, the last one
+      assert list(stops) == [n - 1]
+      stopped += 1
+    else:
+      assert len(stops) <= 1 and (len(stops) == 0 or stops[0] == n - 1)
+  assert stopped > 0, "test needs some rows to stop early"
+
+
+def test_traced_max_new_tokens_does_not_recompile():
+  sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=())
+  _sample([[2, 5]], sc, max_new_tokens=jnp.int32(3))
+  before = sampling.sample._cache_size()
+  out = _sample([[2, 6]], sc, max_new_tokens=jnp.int32(7))
+  assert sampling.sample._cache_size() == before
+  assert int(out.lengths[0]) == 7
+
+
+def test_shared_prefill_equals_separately_prefilled_copies():
+  sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=(9,))
+  prompts = [[2, 50, 51, 52], [2, 60, 61, 62, 63, 64, 65, 66, 67, 68]]
+  G = 3
+  shared = _sample(prompts, sc, key=7, num_samples=G)
+  copies = _sample([p for p in prompts for _ in range(G)], sc, key=7)
+  chex.assert_trees_all_close(shared, copies, atol=1e-5)
+  assert len({tuple(r) for r in np.asarray(shared.tokens[:G])}) > 1, "samples should differ"
+
+
+def test_same_key_same_output_different_key_different_output():
+  sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=())
+  a, b, c = (_sample([[2, 5, 6]], sc, key=k) for k in (1, 1, 2))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(a.tokens, c.tokens)
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(st.integers(2, 300), st.floats(0.2, 3.0), st.integers(0, 2 ** 31 - 1))
+def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
+  """The two-level inverse-CDF sampler matches softmax probabilities (chi-square-ish bound)."""
+  rng = np.random.default_rng(seed)
+  logits = jnp.asarray(rng.normal(size=(1, vocab)) * scale, jnp.float32)
+  logits = logits.at[0, rng.integers(vocab)].set(-jnp.inf)   # a zero-probability token
+  n = 4000
+  draws = np.asarray(_draws(jax.random.key(seed), jnp.broadcast_to(logits, (n, vocab))))
+  probs = np.asarray(jax.nn.softmax(logits[0]))
+  counts = np.bincount(draws, minlength=vocab)
+  assert counts[probs == 0].sum() == 0
+  # Total-variation distance of the empirical distribution stays small.
+  assert 0.5 * np.abs(counts / n - probs).sum() < 0.5 * np.sqrt(vocab / n) + 0.02
+
+
+_draws = jax.jit(sampling._categorical)
+
+
+def test_invalid_sampling_settings_raise():
+  with pytest.raises(ValueError, match="temperature=-0.5 must be >= 0"):
+    sampling.SamplingConfig(temperature=-0.5)
+  for bad in (0.0, 1.5):
+    with pytest.raises(ValueError, match=f"top_p={bad} must be in"):
+      sampling.SamplingConfig(top_p=bad)
+  with pytest.raises(ValueError, match="top_k=0"):
+    sampling.SamplingConfig(top_k=0)
