@@ -89,64 +89,69 @@ def pad_prompts(prompts: list[list[int]], config: SamplingConfig):
   return jnp.asarray(tokens, jnp.int32), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
-def _categorical(key: jax.Array, logits_BxV: jax.Array) -> jax.Array:
-  """Exact sample from softmax(logits) by two-level inverse CDF. Returns [B] int32.
+def _categorical(key: jax.Array, logits_VxB: jax.Array) -> jax.Array:
+  """Exact sample from softmax(logits) over axis 0, by two-level inverse CDF. Returns [B] int32.
 
   Much cheaper on CPU than Gumbel-max over a 262k vocabulary (one uniform per
   level instead of one random number per token): split the vocabulary into
   ~sqrt(V) blocks, pick a block by its mass, then a token inside it.
   """
-  B, V = logits_BxV.shape
+  V, B = logits_VxB.shape
   size = max(1, int(round(V ** 0.5)))
   nblocks = -(-V // size)
-  logits = jnp.pad(logits_BxV.astype(jnp.float32), ((0, 0), (0, nblocks * size - V)),
+  logits = jnp.pad(logits_VxB.astype(jnp.float32), ((0, nblocks * size - V), (0, 0)),
                    constant_values=_NEG_INF)
-  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)).reshape(B, nblocks, size)
-  block_mass = probs.sum(-1)
+  probs = jnp.exp(logits - jnp.max(logits, axis=0, keepdims=True)).reshape(nblocks, size, B)
   k1, k2 = jax.random.split(key)
-  block = _inverse_cdf(k1, block_mass)
-  inner = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
+  block = _inverse_cdf(k1, probs.sum(1))
+  inner = jnp.take_along_axis(probs, block[None, None, :], axis=0)[0]
   return block * size + _inverse_cdf(k2, inner)
 
 
-def _inverse_cdf(key: jax.Array, weights_BxK: jax.Array) -> jax.Array:
-  """Index i with probability weights[i] / sum(weights), never a zero-weight index."""
-  cdf = jnp.cumsum(weights_BxK, axis=-1)
-  u = jax.random.uniform(key, (weights_BxK.shape[0], 1)) * cdf[:, -1:]
-  idx = jnp.sum(cdf <= u, axis=-1)
-  K = weights_BxK.shape[-1]
-  last_positive = K - 1 - jnp.argmax((weights_BxK > 0)[:, ::-1], axis=-1)
+def _inverse_cdf(key: jax.Array, weights_KxB: jax.Array) -> jax.Array:
+  """Per column b: index i with probability w[i, b] / sum_i w[i, b], never a zero-weight index."""
+  cdf = jnp.cumsum(weights_KxB, axis=0)
+  u = jax.random.uniform(key, (1, weights_KxB.shape[1])) * cdf[-1:]
+  idx = jnp.sum(cdf <= u, axis=0)
+  K = weights_KxB.shape[0]
+  last_positive = K - 1 - jnp.argmax((weights_KxB > 0)[::-1], axis=0)
   return jnp.minimum(idx, last_positive).astype(jnp.int32)
 
 
-def select_tokens(key: jax.Array, logits_BxV: jax.Array, config: SamplingConfig):
-  """Picks the next token of each row. Returns (tokens [B] int32, logprobs [B] float32)."""
-  logits = logits_BxV.astype(jnp.float32)
+def _take(x_VxB: jax.Array, index_B: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(x_VxB, index_B[None, :], axis=0)[0]
+
+
+def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig):
+  """Picks the next token of each row from VOCAB-MAJOR logits [V, B].
+
+  (Vocab-major because `embed @ h.T` is much faster on XLA:CPU than `h @ embed.T`.)
+  Returns (tokens [B] int32, logprobs [B] float32) following the module's convention.
+  """
+  logits = logits_VxB.astype(jnp.float32)
   if config.temperature == 0:
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=-1)[:, 0]
-    return token, logp
+    token = jnp.argmax(logits, axis=0).astype(jnp.int32)
+    return token, _take(logits, token) - jax.nn.logsumexp(logits, axis=0)
   scaled = logits / config.temperature
   if config.top_k is None and config.top_p >= 1:
     token = _categorical(key, scaled)
-    lse = jax.nn.logsumexp(scaled, axis=-1)
-    return token, jnp.take_along_axis(scaled, token[:, None], axis=-1)[:, 0] - lse
+    return token, _take(scaled, token) - jax.nn.logsumexp(scaled, axis=0)
   k = config.top_k if config.top_k is not None else config.nucleus_candidates
-  vals, idx = jax.lax.top_k(scaled, min(k, scaled.shape[-1]))
+  vals, idx = jax.lax.top_k(scaled.T, min(k, scaled.shape[0]))   # [B, k], descending
+  vals, idx = vals.T, idx.T
   if config.top_p < 1:
-    probs = jnp.exp(vals - jax.nn.logsumexp(scaled, axis=-1, keepdims=True))
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    probs = jnp.exp(vals - jax.nn.logsumexp(scaled, axis=0, keepdims=True))
+    mass_before = jnp.cumsum(probs, axis=0) - probs
     vals = jnp.where(mass_before < config.top_p, vals, _NEG_INF)
-  choice = _inverse_cdf(key, jnp.exp(vals - vals[:, :1]))
-  logp = (jnp.take_along_axis(vals, choice[:, None], axis=-1)[:, 0]
-          - jax.nn.logsumexp(vals, axis=-1))
-  return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32), logp
+  choice = _inverse_cdf(key, jnp.exp(vals - vals[:1]))
+  logp = _take(vals, choice) - jax.nn.logsumexp(vals, axis=0)
+  return _take(idx, choice).astype(jnp.int32), logp
 
 
 def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache_size: int):
   """Runs the left-padded prompts into a fresh cache of `cache_size` slots.
 
-  Returns (last-position logits [B, V] float32, cache).
+  Returns (last-position logits, vocab-major [V, B] float32, cache).
   """
   B, P = tokens_BxP.shape
   pad_B = P - lengths_B
@@ -159,7 +164,7 @@ def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache
   cache = gemma3.init_cache(model_config, B, cache_size, params["embed"].dtype)
   hidden, cache = gemma3.forward(params, tokens_BxP, positions, mask, cache,
                                  config=model_config, return_hidden=True)
-  return gemma3.logits_from_hidden(params, hidden[:, -1]), cache
+  return gemma3.vocab_major_logits(params, hidden[:, -1]), cache
 
 
 def _repeat_rows(tree, n: int):
@@ -200,7 +205,7 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
   limit = jnp.clip(limit, 0, N)
   logits, cache = prefill(params, tokens_BxP, lengths_B, model_config=model_config,
                           cache_size=P + N)
-  logits = jnp.repeat(logits, num_samples, axis=0)
+  logits = jnp.repeat(logits, num_samples, axis=1)
   cache = _repeat_rows(cache, num_samples)
   lengths = jnp.repeat(lengths_B, num_samples)
   rows = B * num_samples
@@ -223,7 +228,8 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
     mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= slot))[:, None, :]
     hidden, cache = gemma3.forward(params, token[:, None], (lengths + t)[:, None], mask,
                                    cache, config=model_config, return_hidden=True)
-    return t + 1, done, gemma3.logits_from_hidden(params, hidden[:, 0]), cache, tokens, logprobs
+    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
+    return t + 1, done, logits, cache, tokens, logprobs
 
   carry = (jnp.zeros((), jnp.int32), jnp.zeros((rows,), bool), logits, cache,
            jnp.full((rows, N), config.pad_id, jnp.int32), jnp.zeros((rows, N), jnp.float32))

@@ -118,7 +118,7 @@ def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
   logits = jnp.asarray(rng.normal(size=(1, vocab)) * scale, jnp.float32)
   logits = logits.at[0, rng.integers(vocab)].set(-jnp.inf)   # a zero-probability token
   n = 4000
-  draws = np.asarray(_draws(jax.random.key(seed), jnp.broadcast_to(logits, (n, vocab))))
+  draws = np.asarray(_draws(jax.random.key(seed), jnp.broadcast_to(logits, (n, vocab)).T))
   probs = np.asarray(jax.nn.softmax(logits[0]))
   counts = np.bincount(draws, minlength=vocab)
   assert counts[probs == 0].sum() == 0
