@@ -150,6 +150,14 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
   return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
+def _proj(x: jax.Array, layer, adapters, name: str, lora_scale: float) -> jax.Array:
+  """x @ W, plus the unmerged LoRA path (x @ A) @ B * scale when `name` has an adapter."""
+  y = _dense(x, layer[name])
+  if adapters is not None and name in adapters:
+    y = y + lora_scale * _dense(_dense(x, adapters[name]["a"]), adapters[name]["b"])
+  return y
+
+
 def _attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, config: Config):
   """Grouped-query attention; softmax in float32. Returns [B, T, N*hd] float32."""
   B, T, N, H = q_BxTxNxH.shape
@@ -162,14 +170,16 @@ def _attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, config: Config):
   return out.reshape(B, T, N * H)
 
 
-def _block(x_BxTxD, layer, is_global, keys_fn, masks, ropes, config: Config):
+def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: Config,
+           lora_scale: float):
   """One decoder block. `keys_fn(k, v) -> (k_all, v_all, carry_out)` handles the cache."""
   c = config
   B, T, _ = x_BxTxD.shape
+  proj = lambda x, name: _proj(x, layer, adapters, name, lora_scale)
   h = rms_norm(x_BxTxD, layer["attn_norm"], c.rms_eps)
-  q = _dense(h, layer["q"]).reshape(B, T, c.num_heads, c.head_dim)
-  k = _dense(h, layer["k"]).reshape(B, T, c.num_kv_heads, c.head_dim)
-  v = _dense(h, layer["v"]).reshape(B, T, c.num_kv_heads, c.head_dim)
+  q = proj(h, "q").reshape(B, T, c.num_heads, c.head_dim)
+  k = proj(h, "k").reshape(B, T, c.num_kv_heads, c.head_dim)
+  v = proj(h, "v").reshape(B, T, c.num_kv_heads, c.head_dim)
   q = rms_norm(q, layer["q_norm"], c.rms_eps)
   k = rms_norm(k, layer["k_norm"], c.rms_eps)
   cos = jnp.where(is_global, ropes[1][0], ropes[0][0])
@@ -179,16 +189,17 @@ def _block(x_BxTxD, layer, is_global, keys_fn, masks, ropes, config: Config):
   k_all, v_all, carry_out = keys_fn(k, v)
   mask = jnp.where(is_global, masks[1], masks[0])
   attn = _attention(q, k_all, v_all, mask, c)
-  x = x_BxTxD + rms_norm(_dense(attn, layer["o"]), layer["post_attn_norm"], c.rms_eps)
+  x = x_BxTxD + rms_norm(proj(attn, "o"), layer["post_attn_norm"], c.rms_eps)
   h = rms_norm(x, layer["mlp_norm"], c.rms_eps)
-  mlp = jax.nn.gelu(_dense(h, layer["gate"]), approximate=True) * _dense(h, layer["up"])
-  x = x + rms_norm(_dense(mlp, layer["down"]), layer["post_mlp_norm"], c.rms_eps)
+  mlp = jax.nn.gelu(proj(h, "gate"), approximate=True) * proj(h, "up")
+  x = x + rms_norm(proj(mlp, "down"), layer["post_mlp_norm"], c.rms_eps)
   return x, carry_out
 
 
 def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             attn_mask_BxTxS: jax.Array, cache: Cache | None = None, *, config: Config,
-            return_hidden: bool = False):
+            return_hidden: bool = False, adapters: Params | None = None,
+            lora_scale: float = 1.0):
   """Runs the decoder on `tokens_BxT`.
 
   Args:
@@ -203,6 +214,9 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
     config: the architecture.
     return_hidden: return the final-normed hidden states [B, T, D] float32
       instead of the logits [B, T, V] float32 (logits = hidden @ embed.T).
+    adapters: optional LoRA adapters {"layers": {name: {"a": [L, in, r],
+      "b": [L, r, out]}}} applied unmerged (see rlpost.models.lora).
+    lora_scale: alpha / rank multiplier of the adapters' contribution.
 
   Returns:
     (logits or hidden, new cache or None).
@@ -223,31 +237,32 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
   ropes = (rope_tables(positions_BxT, c.head_dim, c.local_rope_base),
            rope_tables(positions_BxT, c.head_dim, c.global_rope_base))
   is_global = jnp.asarray(c.global_layers)
+  lora_layers = None if adapters is None else adapters["layers"]
 
   if cache is None:
     def body(x, inputs):
-      layer, glob = inputs
-      x, _ = _block(x, layer, glob, lambda k, v: (k, v, None), masks, ropes, c)
+      layer, lora, glob = inputs
+      x, _ = _block(x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale)
       return x, None
-    x, _ = jax.lax.scan(body, x, (params["layers"], is_global))
+    x, _ = jax.lax.scan(body, x, (params["layers"], lora_layers, is_global))
     new_cache = None
   else:
     idx = cache["index"]
 
     def body(carry, inputs):
       x, ck, cv = carry
-      layer, glob, l = inputs
+      layer, lora, glob, l = inputs
 
       def keys_fn(k, v):
         nk = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (l, 0, idx, 0, 0))
         nv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (l, 0, idx, 0, 0))
         return nk[l], nv[l], (nk, nv)
 
-      x, (ck, cv) = _block(x, layer, glob, keys_fn, masks, ropes, c)
+      x, (ck, cv) = _block(x, layer, lora, glob, keys_fn, masks, ropes, c, lora_scale)
       return (x, ck, cv), None
     (x, ck, cv), _ = jax.lax.scan(
         body, (x, cache["k"], cache["v"]),
-        (params["layers"], is_global, jnp.arange(c.num_layers)))
+        (params["layers"], lora_layers, is_global, jnp.arange(c.num_layers)))
     new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": idx + T}
 
   hidden = rms_norm(x, params["final_norm"], c.rms_eps)

@@ -1,0 +1,86 @@
+"""Metrics on disk: JSONL (always), TensorBoard events (when tensorboardX is installed), PNG curves."""
+import json
+import math
+import os
+
+import numpy as np
+
+
+def to_python(metrics: dict) -> dict:
+  """Arrays / numpy scalars -> plain floats and ints (JSON-ready)."""
+  out = {}
+  for name, value in metrics.items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      value = value.item()
+      out[name] = value if not isinstance(value, float) or math.isfinite(value) else str(value)
+    else:
+      out[name] = value.tolist()
+  return out
+
+
+def append_jsonl(path: str, record: dict) -> None:
+  """Appends one JSON line and flushes it to disk."""
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def read_jsonl(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_jsonl(path: str, max_step: int) -> None:
+  """Drops records with step > max_step (after resuming from an older checkpoint)."""
+  records = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
+
+
+def tensorboard_writer(workdir: str):
+  """A tensorboardX SummaryWriter on workdir/tb, or None when tensorboardX is absent."""
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
+
+
+def write_tensorboard(writer, step: int, record: dict) -> None:
+  if writer is None:
+    return
+  for name, value in record.items():
+    if isinstance(value, (int, float)) and name != "step":
+      writer.add_scalar(name, value, step)
+  writer.flush()
+
+
+def plot_curves(jsonl_path: str, keys: list[str], png_path: str, title: str = "") -> str | None:
+  """One panel per metric in `keys` (those present) against step; returns the PNG path."""
+  records = read_jsonl(jsonl_path)
+  keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
+  if not records or not keys:
+    return None
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
+  for ax, key in zip(axes[0], keys):
+    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 50 else None)
+    ax.set_xlabel("step")
+    ax.set_title(key)
+    ax.grid(alpha=0.3)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(png_path, dpi=110)
+  plt.close(fig)
+  return png_path

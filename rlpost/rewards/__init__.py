@@ -1,0 +1,66 @@
+"""Reward functions and the policy for scoring a batch with several of them.
+
+A reward function is a plain function `(prompts, completions, answers) ->
+list[float]`, one value per completion. `score` sums several of them.
+
+Error policy (documented, tested): a reward function that raises on a batch
+is retried example by example; examples on which it still raises get reward
+0.0 and are counted in the metric `reward/<name>/errors`. If more than
+`max_error_fraction` of the batch fails, `score` raises RuntimeError naming the
+function and the first failing example, chained to the original exception:
+a broken reward function stops training loudly instead of silently feeding
+zeros to the policy. Non-finite values and wrong lengths are errors too.
+"""
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]]
+
+
+def _checked(fn: RewardFn, prompts, completions, answers) -> list[float]:
+  values = list(fn(prompts, completions, answers))
+  if len(values) != len(completions):
+    raise ValueError(f"returned {len(values)} rewards for {len(completions)} completions")
+  values = [float(v) for v in values]
+  bad = [v for v in values if not math.isfinite(v)]
+  if bad:
+    raise ValueError(f"returned non-finite rewards {bad[:3]}")
+  return values
+
+
+def _score_one(fn: RewardFn, name: str, prompts, completions, answers, max_error_fraction):
+  try:
+    return _checked(fn, prompts, completions, answers), 0
+  except Exception:  # pylint: disable=broad-except
+    pass
+  values, errors, first = [], 0, None
+  for i, (p, c, a) in enumerate(zip(prompts, completions, answers)):
+    try:
+      values.extend(_checked(fn, [p], [c], [a]))
+    except Exception as e:  # pylint: disable=broad-except
+      values.append(0.0)
+      errors += 1
+      first = first or (i, c, e)
+  if errors > max_error_fraction * len(completions):
+    i, c, e = first
+    raise RuntimeError(f"reward function {name!r} failed on {errors}/{len(completions)} "
+                       f"completions (first: example {i}, completion {c[:200]!r}): {e!r}") from e
+  return values, errors
+
+
+def score(reward_fns: dict[str, RewardFn], prompts: Sequence[str], completions: Sequence[str],
+          answers: Sequence[str], max_error_fraction: float = 0.5):
+  """Sums the rewards of `reward_fns` (name -> fn).
+
+  Returns (total [N] float32, metrics dict with per-function means and error counts).
+  """
+  total = np.zeros(len(completions), np.float32)
+  metrics = {}
+  for name, fn in reward_fns.items():
+    values, errors = _score_one(fn, name, prompts, completions, answers, max_error_fraction)
+    total += np.asarray(values, np.float32)
+    metrics[f"reward/{name}"] = float(np.mean(values))
+    metrics[f"reward/{name}/errors"] = errors
+  return total, metrics

@@ -1,0 +1,123 @@
+"""TrainState pytree and ONE jitted, shard_mapped `train_step` shared by every algorithm.
+
+The loss is a plain function `loss_fn(trainable, frozen, micro_batch) ->
+(loss, metrics)`; GRPO, PPO, SFT and DPO differ only in that function and in
+the batch they pass. Inside `train_step`:
+
+  batch [N, ...] --shard_map over mesh axis "data"--> per device [N/d, ...]
+    -> reshape to [num_micro, micro, ...] -> lax.scan accumulating grads
+    -> pmean over "data" -> clip (in the optax chain) -> optax update
+
+The gradient is the mean over micro-batches of each micro-batch's loss
+gradient, so token-mean losses are token means per micro-batch (exact for
+sequence-level aggregation with equal-size micro-batches).
+"""
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+class TrainState(NamedTuple):
+  """Everything that changes during training; print it, save it, diff it.
+
+  step: [] int32 optimizer steps taken.
+  trainable: the trained pytree (LoRA adapters, or the full params).
+  opt_state: optax state of `trainable`.
+  key: PRNG key of the run (split deterministically by step).
+  """
+  step: jax.Array
+  trainable: Any
+  opt_state: Any
+  key: jax.Array
+
+
+def make_optimizer(*, learning_rate: float, total_steps: int, warmup_fraction: float = 0.1,
+                   weight_decay: float = 0.1, b1: float = 0.9, b2: float = 0.99,
+                   max_grad_norm: float | None = 0.1) -> optax.GradientTransformation:
+  """AdamW with linear warm-up then cosine decay, after global-norm clipping."""
+  warmup = int(round(warmup_fraction * total_steps))
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=learning_rate, warmup_steps=max(warmup, 1) if warmup else 0,
+      decay_steps=max(total_steps, warmup + 1), end_value=0.0)
+  chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
+  chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  return optax.chain(*chain)
+
+
+def init_train_state(trainable, optimizer: optax.GradientTransformation, key) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), trainable=trainable,
+                    opt_state=optimizer.init(trainable), key=key)
+
+
+def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
+  """1-D data-parallel mesh over the first `num_devices` devices (default: all)."""
+  devices = jax.devices()[:num_devices] if num_devices else jax.devices()
+  return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def _micro_batches(batch, num_micro: int):
+  return jax.tree.map(lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:]),
+                      batch)
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                    mesh: jax.sharding.Mesh, micro_batch_size: int):
+  """Returns jitted `train_step(state, frozen, batch) -> (state, metrics)`.
+
+  Args:
+    loss_fn: `(trainable, frozen, micro_batch) -> (scalar loss, dict of scalar metrics)`.
+    optimizer: optax transformation (clipping included).
+    mesh: device mesh with axis "data"; every batch leaf is split on axis 0.
+    micro_batch_size: rows per micro-batch on each device.
+
+  The old state is donated. `frozen` (base params, or None) is replicated.
+  Metrics are means over micro-batches and devices, plus "grad_norm" and "loss".
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def per_device(state: TrainState, frozen, batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    if rows % micro_batch_size:
+      raise ValueError(f"{rows} rows per device are not divisible by micro_batch_size="
+                       f"{micro_batch_size}")
+    micro = _micro_batches(batch, rows // micro_batch_size)
+
+    def accumulate(carry, mb):
+      (loss, metrics), grads = grad_fn(state.trainable, frozen, mb)
+      return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.trainable)
+    first = jax.tree.map(lambda x: x[0], micro)
+    metric_shapes = jax.eval_shape(lambda: loss_fn(state.trainable, frozen, first)[1])
+    zeros = (zero_grads, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                     metric_shapes))
+    (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+    n = rows // micro_batch_size
+    grads, loss, metrics = jax.tree.map(lambda x: jax.lax.pmean(x / n, DATA_AXIS),
+                                        (grads, loss, metrics))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
+    trainable = optax.apply_updates(state.trainable, updates)
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    return TrainState(state.step + 1, trainable, opt_state, state.key), metrics
+
+  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)),
+                          out_specs=(P(), P()), check_vma=False)
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def train_step(state, frozen, batch):
+    return sharded(state, frozen, batch)
+
+  return train_step
+
+
+def replicate(tree, mesh: jax.sharding.Mesh):
+  """Places a pytree on every device of `mesh` (replicated)."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))
