@@ -1,0 +1,93 @@
+"""GRPO on GSM8K: `--config=experiments/configs/grpo_gsm8k.py:VARIANT`.
+
+VARIANT is `MODEL[,ALGORITHM]`:
+  MODEL      gemma3_270m (real weights, GSM8K) | tiny (random tiny model, "answer 7" task)
+  ALGORITHM  grpo (default) | drgrpo | dapo | gspo
+e.g. `:gemma3_270m`, `:tiny,dapo`, `:gspo` (= gemma3_270m,gspo).
+"""
+import ml_collections
+
+from experiments.configs import common
+
+ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo")
+
+
+def _algorithm(name: str) -> ml_collections.ConfigDict:
+  """Loss / estimator settings; the variants differ only here."""
+  algo = ml_collections.ConfigDict({
+      "name": name,
+      "advantage": "grpo",              # grpo | drgrpo | rloo | reinforce_pp
+      "num_generations": 4,             # G completions per prompt
+      "num_iterations": 1,              # mu: optimisation passes per rollout batch
+      "beta": 0.08,                     # KL(policy || reference) coefficient
+      "kl": "k3",                       # k1 | k2 | k3
+      "epsilon_low": 0.2,
+      "epsilon_high": 0.2,
+      "epsilon_c": 0.0,                 # dual-clip constant (> 1 enables it)
+      "importance": "token",            # token | sequence (GSPO)
+      "aggregation": "seq-mean-token-mean",
+      "dynamic_sampling": False,        # DAPO: drop zero-signal groups, resample
+      "max_resample_rounds": 3,
+      "overlong_buffer": 0,             # DAPO soft overlong penalty window, in tokens
+      "overlong_penalty": 1.0,
+      "tis_cap": 0.0,                   # truncated importance sampling cap (0: off)
+  })
+  if name == "drgrpo":
+    algo.advantage = "drgrpo"
+    algo.aggregation = "seq-mean-token-sum-norm"
+  elif name == "dapo":
+    algo.beta = 0.0
+    algo.epsilon_high = 0.28
+    algo.aggregation = "token-mean"
+    algo.dynamic_sampling = True
+  elif name == "gspo":
+    algo.importance = "sequence"
+    algo.epsilon_low = 3e-4
+    algo.epsilon_high = 4e-4
+    algo.beta = 0.0
+  return algo
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  parts = variant.split(",")
+  model = parts[0] if parts[0] in common.MODELS else "gemma3_270m"
+  algo = parts[-1] if parts[-1] in ALGORITHMS else "grpo"
+  unknown = [p for p in parts if p not in common.MODELS and p not in ALGORITHMS]
+  if unknown:
+    raise ValueError(f"Unknown variant part(s) {unknown}; models: {sorted(common.MODELS)}, "
+                     f"algorithms: {list(ALGORITHMS)}")
+  tiny = model == "tiny"
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = common.model_config(model)
+  c.lora = ml_collections.ConfigDict({"enabled": not tiny, "rank": 32, "alpha": 32.0})
+  c.algo = _algorithm(algo)
+  c.data = ml_collections.ConfigDict({
+      "source": "digit" if tiny else "gsm8k",   # gsm8k | arithmetic | digit
+      "data_dir": "",                           # GSM8K jsonl dir; "" = Hugging Face hub
+      "template": "fewshot",                    # fewshot | chat (see README: base model)
+      "fewshot": 2,                             # solved examples in the fewshot prompt
+      "shuffle": True,
+      "digit": "7",                             # the "digit" task's target answer
+  })
+  c.sampling = ml_collections.ConfigDict({
+      "temperature": 1.0 if tiny else 0.9,
+      "max_new_tokens": 8 if tiny else 192,
+      "prompt_bucket": 16 if tiny else 64,
+  })
+  c.train = ml_collections.ConfigDict({
+      "steps": 40 if tiny else 200,
+      "batch_prompts": 4 if tiny else 2,        # prompts per step (x G completions)
+      "micro_batch_size": 8,                    # rows per micro-batch
+      "learning_rate": 3e-3 if tiny else 3e-6,
+      "warmup_fraction": 0.1,
+      "weight_decay": 0.1,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "max_grad_norm": 0.1,
+      "logprob_chunk": 256,
+  })
+  c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
+  c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
+  c.lock()
+  return c
