@@ -1,0 +1,1 @@
+"""Data pipeline: GSM8K / synthetic problems, chat records, data order, batching, packing."""

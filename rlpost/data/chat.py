@@ -1,0 +1,189 @@
+"""SFT and DPO records: JSONL loading, validation, and Gemma chat-template tokenization.
+
+Record forms (one JSON object per line):
+  SFT  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
+  SFT  {"prompt": str, "completion": str, "system": str (optional)}
+  DPO  {"prompt": str, "chosen": str, "rejected": str, "system": str (optional)}
+
+A conversation is an optional first system message, then turns alternating
+user / assistant, starting with user and ending with assistant.
+
+Gemma chat template (Gemma has no system role: the system text is prepended
+to the first user turn; the assistant role renders as `model`):
+
+  <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n
+  <start_of_turn>model\n{assistant}<end_of_turn>\n
+  <start_of_turn>user\n{user}<end_of_turn>\n ...
+
+Tokenization encodes the template pieces separately and concatenates them:
+each prompt span (everything from the end of one assistant turn up to and
+including `<start_of_turn>model\n`) is encoded as one string with special
+tokens parsed, exactly as a sampler encodes `tokenizer.chat_prompt(...)`, so
+SFT prompts and RL prompts tokenize identically; assistant content is encoded
+on its own with special-token parsing off, followed by the `<end_of_turn>` id.
+The loss mask is True exactly on assistant content tokens and the
+`<end_of_turn>` closing each assistant turn.
+"""
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
+from rlpost.data.jsonl import read_jsonl, require_str
+
+START_OF_TURN = "<start_of_turn>"
+END_OF_TURN = "<end_of_turn>"
+ROLES = ("system", "user", "assistant")
+_TEMPLATE_ROLE = {"user": "user", "assistant": "model"}
+_ORDER_RULE = ("after an optional first system message, turns alternate user/assistant, "
+               "starting with user and ending with assistant")
+
+
+def _check_message(msg: Any, i: int, where: str) -> dict[str, str]:
+  if not isinstance(msg, dict):
+    raise ValueError(f"{where}: messages[{i}] must be an object with 'role' and 'content', "
+                     f"got {type(msg).__name__}")
+  role = require_str(msg, "role", f"{where}: messages[{i}]")
+  content = require_str(msg, "content", f"{where}: messages[{i}]")
+  if role not in ROLES:
+    raise ValueError(f"{where}: messages[{i}] has role {role!r}; valid roles are {ROLES}")
+  return {"role": role, "content": content}
+
+
+def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str, str]]:
+  """Validated message list of an SFT record in either form (module docstring)."""
+  if "messages" in record:
+    raw = record["messages"]
+    if not isinstance(raw, list) or not raw:
+      raise ValueError(f"{where}: field 'messages' must be a non-empty list, got {raw!r:.60}")
+    messages = [_check_message(m, i, where) for i, m in enumerate(raw)]
+  elif "prompt" in record and "completion" in record:
+    messages = [{"role": "user", "content": require_str(record, "prompt", where)},
+                {"role": "assistant", "content": require_str(record, "completion", where)}]
+    if "system" in record:
+      messages.insert(0, {"role": "system", "content": require_str(record, "system", where)})
+  else:
+    raise ValueError(f"{where}: an SFT record needs a 'messages' list or 'prompt' and "
+                     f"'completion' strings; got fields {sorted(record)}")
+  first = 1 if messages[0]["role"] == "system" else 0
+  for i in range(first, len(messages)):
+    expected = "user" if (i - first) % 2 == 0 else "assistant"
+    if messages[i]["role"] != expected:
+      raise ValueError(f"{where}: messages[{i}] has role {messages[i]['role']!r}, expected "
+                       f"{expected!r} ({_ORDER_RULE})")
+  if messages[-1]["role"] != "assistant":
+    raise ValueError(f"{where}: the last message has role {messages[-1]['role']!r}, expected "
+                     f"'assistant' ({_ORDER_RULE})")
+  return messages
+
+
+def dpo_fields(record: dict[str, Any], where: str = "record") -> dict[str, str]:
+  """Validated {"prompt", "chosen", "rejected"[, "system"]} strings of a DPO record."""
+  fields = {k: require_str(record, k, where) for k in ("prompt", "chosen", "rejected")}
+  if "system" in record:
+    fields["system"] = require_str(record, "system", where)
+  return fields
+
+
+def load_sft_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """SFT records as `{"messages": [...]}`; a bad line raises ValueError naming path:line."""
+  return [{"messages": to_messages(obj, where)} for where, obj in read_jsonl(path)]
+
+
+def load_dpo_jsonl(path: str | os.PathLike) -> list[dict[str, str]]:
+  """DPO records; a bad line raises ValueError naming path:line and the problem."""
+  return [dpo_fields(obj, where) for where, obj in read_jsonl(path)]
+
+
+def gsm8k_sft_records(problems: Sequence[Problem]) -> list[dict[str, str]]:
+  """Prompt/completion records: SYSTEM_PROMPT, the question, and `sft_completion`."""
+  return [{"system": SYSTEM_PROMPT, "prompt": p.question, "completion": sft_completion(p)}
+          for p in problems]
+
+
+def render_turns(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
+  """[(prompt span, assistant content)], one per assistant turn of validated messages.
+
+  The full chat text (without BOS) is the concatenation of
+  `span + content + "<end_of_turn>"` over turns, then a final "\\n".
+  """
+  system = messages[0]["content"] if messages[0]["role"] == "system" else None
+  turns, span = [], ""
+  for i, msg in enumerate(m for m in messages if m["role"] != "system"):
+    if msg["role"] == "assistant":
+      turns.append((span + f"{START_OF_TURN}model\n", msg["content"]))
+      span = "\n"
+      continue
+    content = msg["content"] if i or system is None else f"{system}\n\n{msg['content']}"
+    span += f"{START_OF_TURN}{_TEMPLATE_ROLE['user']}\n{content}{END_OF_TURN}\n"
+  return turns
+
+
+def _encode_response(tokenizer, text: str) -> list[int]:
+  return list(tokenizer.encode(text, add_bos=False, parse_special=False)) + [
+      tokenizer.end_of_turn_id]
+
+
+def tokenize_sft(record: dict[str, Any], tokenizer,
+                 max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """Tokens and loss mask of an SFT record in the Gemma chat template.
+
+  Truncation policy: the first `max_len` tokens are kept (right truncation),
+  so a long final response is cut and loses its closing `<end_of_turn>` (the
+  model is not taught to stop where the text was cut). A record whose first
+  assistant token would lie at or beyond `max_len` trains on nothing and
+  raises ValueError instead.
+
+  Returns:
+    tokens [T] int32 (BOS first) and loss_mask [T] bool, T <= max_len.
+  """
+  ids, mask = [tokenizer.bos_id], [False]
+  for span, content in render_turns(to_messages(record)):
+    prompt = list(tokenizer.encode(span, add_bos=False))
+    response = _encode_response(tokenizer, content)
+    ids += prompt + response
+    mask += [False] * len(prompt) + [True] * len(response)
+  tail = list(tokenizer.encode("\n", add_bos=False))
+  ids, mask = ids + tail, mask + [False] * len(tail)
+  first = mask.index(True)
+  if first >= max_len:
+    raise ValueError(f"SFT record's prompt is {first} tokens, so no assistant token fits in "
+                     f"max_len={max_len}; raise max_len or drop the record "
+                     f"(prompt starts {record.get('prompt', record.get('messages'))!r:.80})")
+  return np.asarray(ids[:max_len], np.int32), np.asarray(mask[:max_len], bool)
+
+
+def tokenize_dpo(record: dict[str, Any], tokenizer,
+                 max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(prompt ids, chosen ids, rejected ids), each [*] int32, of a DPO record.
+
+  prompt = BOS + `<start_of_turn>user\\n[{system}\\n\\n]{prompt}<end_of_turn>\\n
+  <start_of_turn>model\\n`; a response = its content tokens + `<end_of_turn>`.
+  Truncation policy: each response is cut to `max_len - len(prompt)` tokens
+  so that prompt + response fits in `max_len`; a prompt of `max_len` tokens or
+  more raises ValueError.
+  """
+  fields = dpo_fields(record)
+  messages = [{"role": "user", "content": fields["prompt"]},
+              {"role": "assistant", "content": ""}]
+  if "system" in fields:
+    messages.insert(0, {"role": "system", "content": fields["system"]})
+  span = render_turns(messages)[0][0]
+  prompt = [tokenizer.bos_id] + list(tokenizer.encode(span, add_bos=False))
+  room = max_len - len(prompt)
+  if room < 1:
+    raise ValueError(f"DPO prompt is {len(prompt)} tokens, leaving no room for a response in "
+                     f"max_len={max_len}; raise max_len or drop the record "
+                     f"(prompt starts {fields['prompt']!r:.80})")
+  chosen = _encode_response(tokenizer, fields["chosen"])[:room]
+  rejected = _encode_response(tokenizer, fields["rejected"])[:room]
+  return tuple(np.asarray(x, np.int32) for x in (prompt, chosen, rejected))
+
+
+def concat_prompt_response(prompt_ids: Sequence[int],
+                           response_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [P+R] int32, loss_mask [P+R] bool True on the response): a packable example."""
+  tokens = np.concatenate([np.asarray(prompt_ids, np.int32), np.asarray(response_ids, np.int32)])
+  mask = np.arange(len(tokens)) >= len(prompt_ids)
+  return tokens, mask
