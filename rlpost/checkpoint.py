@@ -25,9 +25,8 @@ def _to_saveable(state: TrainState):
   return state._replace(key=jax.random.key_data(state.key))
 
 
-def save(mngr: ocp.CheckpointManager, state: TrainState, meta: dict) -> None:
-  """Saves `state` (at its own step) and the JSON-serialisable `meta`; blocks until done."""
-  step = int(state.step)
+def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict) -> None:
+  """Saves `state` and the JSON-serialisable `meta` as checkpoint `step`; blocks until done."""
   if step in mngr.all_steps():
     return
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
