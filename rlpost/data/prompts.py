@@ -1,0 +1,28 @@
+"""Prompt texts for RL on math problems: Gemma chat template or plain-text few-shot.
+
+The packaged Gemma 3 270M is the base model, which does not follow the chat
+format by itself; a plain-text few-shot prompt shows it the tag format
+instead. Both end where the model's completion starts.
+"""
+from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
+
+TEMPLATES = ("chat", "fewshot", "plain")
+# Multi-token strings that end a completion (applied on the host, see rollout).
+STOP_STRINGS = ("</answer>", "\nQuestion:")
+
+
+def fewshot_prompt(problem: Problem, examples: list[Problem]) -> str:
+  """System text, solved examples in the tag format, then the question."""
+  shots = "".join(f"Question: {ex.question}\nAnswer: {sft_completion(ex)}\n\n" for ex in examples)
+  return f"{SYSTEM_PROMPT}\n\n{shots}Question: {problem.question}\nAnswer: "
+
+
+def prompt_text(problem: Problem, tokenizer, template: str, examples: list[Problem]) -> str:
+  """The text fed to the tokenizer (BOS is added by encode)."""
+  if template == "chat":
+    return tokenizer.chat_prompt(problem.question, system=SYSTEM_PROMPT)
+  if template == "fewshot":
+    return fewshot_prompt(problem, examples)
+  if template == "plain":
+    return problem.question
+  raise ValueError(f"data.template={template!r} is not one of {TEMPLATES}")
