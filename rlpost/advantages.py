@@ -18,6 +18,11 @@ def _groups(rewards_N, group_size):
   return rewards_N.astype(jnp.float32).reshape(num // group_size, group_size)
 
 
+def _all_equal(r_PxG):
+  """`[P, 1]` bool: True for groups whose rewards are all equal."""
+  return (jnp.max(r_PxG, axis=1) == jnp.min(r_PxG, axis=1))[:, None]
+
+
 def grpo(rewards_N, group_size, *, epsilon=1e-6):
   """GRPO (DeepSeekMath): `(r - group mean) / (group std + epsilon)`, `[N]` float32.
 
@@ -30,13 +35,16 @@ def grpo(rewards_N, group_size, *, epsilon=1e-6):
   r_PxG = _groups(rewards_N, group_size)
   mean_Px1 = jnp.mean(r_PxG, axis=1, keepdims=True)
   std_Px1 = jnp.std(r_PxG, axis=1, keepdims=True, ddof=1)
-  return ((r_PxG - mean_Px1) / (std_Px1 + epsilon)).reshape(-1)
+  adv_PxG = (r_PxG - mean_Px1) / (std_Px1 + epsilon)
+  # Rounding in the mean of equal values would otherwise be divided by ~eps.
+  return jnp.where(_all_equal(r_PxG), 0.0, adv_PxG).reshape(-1)
 
 
 def drgrpo(rewards_N, group_size):
   """Dr. GRPO: `r - group mean` (no std normalization), `[N]` float32."""
   r_PxG = _groups(rewards_N, group_size)
-  return (r_PxG - jnp.mean(r_PxG, axis=1, keepdims=True)).reshape(-1)
+  adv_PxG = r_PxG - jnp.mean(r_PxG, axis=1, keepdims=True)
+  return jnp.where(_all_equal(r_PxG), 0.0, adv_PxG).reshape(-1)
 
 
 def rloo(rewards_N, group_size):
@@ -46,7 +54,7 @@ def rloo(rewards_N, group_size):
                      f'got {group_size}')
   r_PxG = _groups(rewards_N, group_size)
   others_PxG = (jnp.sum(r_PxG, axis=1, keepdims=True) - r_PxG) / (group_size - 1)
-  return (r_PxG - others_PxG).reshape(-1)
+  return jnp.where(_all_equal(r_PxG), 0.0, r_PxG - others_PxG).reshape(-1)
 
 
 def masked_mean(x, mask, axis=None):
@@ -119,12 +127,12 @@ def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
                  group_size=None, epsilon=1e-8):
   """REINFORCE++ advantages: returns whitened with batch (global) statistics.
 
-  Without `mask_BxT`: sequence level, `(r - batch mean) / (batch std + eps)`,
-  `[N]`. With `mask_BxT` (`[N, T]`): token level, as in the paper — the score
-  sits on each row's last valid token, `-beta * kl_BxT` (a per-token KL estimate
-  such as `losses.kl_penalty`) is added on every valid token, returns are the
-  `gamma`-discounted reward-to-go, and they are whitened over all valid tokens
-  of the batch; `[N, T]`, masked positions 0.
+  Without `mask_BxT`: sequence level, `(r - batch mean) / sqrt(batch var +
+  epsilon)`, `[N]`. With `mask_BxT` (`[N, T]`): token level, as in the paper:
+  the score sits on each row's last valid token, `-beta * kl_BxT` (a per-token
+  KL estimate such as `losses.kl_penalty`) is added on every valid token,
+  returns are the `gamma`-discounted reward-to-go, and they are whitened over
+  all valid tokens of the batch; `[N, T]`, masked positions 0.
 
   Args:
     rewards_N: `[N]` sequence rewards.
@@ -133,7 +141,7 @@ def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
     beta: KL coefficient for the reward shaping.
     gamma: discount over tokens (1.0 in the paper).
     group_size: if set, subtract the group mean first ("REINFORCE++-baseline").
-    epsilon: added to the variance (token level) or std (sequence level).
+    epsilon: added to the variance before the square root.
   """
   rewards_N = rewards_N.astype(jnp.float32)
   if group_size is not None:
@@ -141,7 +149,8 @@ def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
   if mask_BxT is None:
     if kl_BxT is not None:
       raise ValueError('reinforce_pp: kl_BxT needs mask_BxT (token-level mode)')
-    return (rewards_N - jnp.mean(rewards_N)) / (jnp.std(rewards_N) + epsilon)
+    return masked_whiten(rewards_N, jnp.ones(rewards_N.shape, bool),
+                         epsilon=epsilon)
   token_rewards_BxT = sequence_to_token_rewards(rewards_N, mask_BxT)
   if kl_BxT is not None:
     token_rewards_BxT = token_rewards_BxT - beta * jnp.where(
@@ -195,8 +204,7 @@ def zero_signal_groups(rewards_N, group_size):
   Such groups have zero advantage under GRPO/Dr.GRPO/RLOO and can be dropped
   (or resampled) before the update.
   """
-  r_PxG = _groups(rewards_N, group_size)
-  return jnp.max(r_PxG, axis=1) == jnp.min(r_PxG, axis=1)
+  return _all_equal(_groups(rewards_N, group_size))[:, 0]
 
 
 def overlong_penalty(lengths_N, *, max_len, buffer_len, penalty_factor=1.0):
