@@ -75,7 +75,7 @@ PRESETS: dict[str, Config] = {
     "gemma3_1b": Config(vocab_size=262_144, embed_dim=1152, num_layers=26, num_heads=4,
                         num_kv_heads=1, head_dim=256, mlp_dim=6912, sliding_window=512),
     # Tiny random model for tests: 2 of its 4 layers are global, window 8.
-    "tiny": Config(vocab_size=264, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
+    "tiny": Config(vocab_size=261, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=16, mlp_dim=64, sliding_window=8, global_every=2,
                    query_pre_attn_scalar=16.0),
 }

@@ -1,7 +1,8 @@
 """A toy task for tiny random models: "answer with the digit D".
 
-Reward = fraction of completion characters equal to D (dense, in [0, 1]), so a
-randomly initialised model starts near 1/vocab and GRPO has signal at once.
+Reward = number of characters equal to D in the completion (dense: a random
+model starts near max_new_tokens / vocab, so GRPO has signal at once; integer
+scale, so estimators without std normalisation (Dr.GRPO) see O(1) advantages).
 """
 from rlpost.data.gsm8k import Problem
 
@@ -11,9 +12,9 @@ def problems(digit: str, count: int = 64) -> list[Problem]:
   return [Problem(question=f"#{i} say {digit}: ", answer=digit, final=digit) for i in range(count)]
 
 
-def digit_fraction(prompts, completions, answers) -> list[float]:
+def digit_count(prompts, completions, answers) -> list[float]:
   del prompts
-  return [sum(ch == a for ch in c) / len(c) if c else 0.0 for c, a in zip(completions, answers)]
+  return [float(c.count(a)) for c, a in zip(completions, answers)]
 
 
-REWARD_FNS = {"digit_fraction": digit_fraction}
+REWARD_FNS = {"digit_count": digit_count}
