@@ -92,3 +92,15 @@ def check_params(params: dict[str, Any], info: dict[str, Any]) -> None:
           if tuple(got["layers"].get(k, ())) != s]
   if bad:
     raise ValueError("params do not match the model info: " + "; ".join(bad))
+
+
+def global_every_from_flags(is_global: list[bool], source: str) -> int:
+  """Period g of a per-layer global-attention pattern (layer i global iff
+  i % g == g - 1); a pattern with no global layer gives max(6, L + 1)."""
+  flags = [bool(x) for x in is_global]
+  period = flags.index(True) + 1 if True in flags else max(6, len(flags) + 1)
+  if flags != [i % period == period - 1 for i in range(len(flags))]:
+    raise ValueError(f"{source}: per-layer attention pattern {flags} (True = global) is "
+                     f"not 'one global layer every {period}'; other patterns are not "
+                     "supported")
+  return period

@@ -65,9 +65,8 @@ def gguf_info(gf: gguf_file.GGUFFile) -> dict[str, Any]:
   if int(get("attention.value_length", head_dim)) != head_dim:
     raise ValueError(f"{gf.path}: value_length != key_length is not supported")
   pattern = get("attention.sliding_window_pattern", 6)
-  if not isinstance(pattern, int):
-    raise ValueError(f"{gf.path}: per-layer sliding_window_pattern {pattern!r} is not "
-                     "supported; expected an integer period")
+  if not isinstance(pattern, int):  # per-layer flags, True = sliding (local)
+    pattern = common.global_every_from_flags([not f for f in pattern], gf.path)
   embed = gf.tensors.get("token_embd.weight")
   vocab = embed.shape[0] if embed else len(md.get("tokenizer.ggml.tokens", ()))
   info = {

@@ -43,22 +43,19 @@ def hf_names(num_layers: int, prefix: str = "model.") -> dict[str, tuple]:
   return names
 
 
-def _global_every(cfg: Mapping[str, Any], num_layers: int) -> int:
+def _global_every(cfg: Mapping[str, Any], num_layers: int, source: str) -> int:
   """Period of full-attention layers from layer_types / sliding_window_pattern."""
   period = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern"))
   types = cfg.get("layer_types")
   if types is None:
     return int(period or 6)
-  if period is None:
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
-    period = full[0] + 1 if full else max(6, num_layers + 1)
-  want = ["full_attention" if i % period == period - 1 else "sliding_attention"
-          for i in range(num_layers)]
-  if list(types) != want:
-    raise ValueError(f"config layer_types {types} is not 'full_attention every "
-                     f"{period} layers' (layer i global iff i % {period} == {period - 1}); "
-                     "other patterns are not supported")
-  return int(period)
+  derived = common.global_every_from_flags(
+      [t == "full_attention" for t in types], f"{source} layer_types")
+  if len(types) != num_layers or (period is not None and any(
+      (i % period == period - 1) != (t == "full_attention") for i, t in enumerate(types))):
+    raise ValueError(f"{source}: layer_types {types} disagrees with num_hidden_layers="
+                     f"{num_layers} / sliding_window_pattern={period}")
+  return int(period if period is not None else derived)
 
 
 def _rope_bases(cfg: Mapping[str, Any]) -> tuple[float, float]:
@@ -93,7 +90,7 @@ def hf_config_to_info(config: Mapping[str, Any], source: str = "config.json") ->
       "num_kv_heads": int(cfg["num_key_value_heads"]),
       "head_dim": int(cfg.get("head_dim", 256)), "mlp_dim": int(cfg["intermediate_size"]),
       "sliding_window": int(cfg.get("sliding_window", 4096)),
-      "global_every": _global_every(cfg, num_layers),
+      "global_every": _global_every(cfg, num_layers, source),
       "local_rope_base": local_base, "global_rope_base": global_base,
       "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", 256),
       "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
@@ -199,7 +196,10 @@ def load_hf_checkpoint(ckpt_dir: str | os.PathLike,
     if arr.shape != want:
       raise ValueError(f"{ckpt_dir}: tensor {name} has shape {arr.shape}, config.json "
                        f"implies {want}")
-    dest[...] = arr.T if linear else arr
+    if len(path) == 1:  # embed / final_norm: keep the freshly read array
+      params[path[0]] = arr.astype(dest.dtype, copy=False)
+    else:
+      dest[...] = arr.T if linear else arr
   for name in (n for n in where if n.endswith("lm_head.weight")):
     if not np.array_equal(where[name].get_tensor(name), params["embed"]):
       raise ValueError(f"{ckpt_dir}: {name} differs from the embedding; untied output "
