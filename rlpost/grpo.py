@@ -153,7 +153,7 @@ def sample_groups(setup: Setup, params_s, problems, tokenizer, key, reward_fns, 
   (total), per_fn {name: [G]}, completions, answers}, and the error counts.
   """
   G = setup.algo.num_generations
-  texts = [prompts_lib.prompt_text(p, tokenizer, setup.template, examples) for p in problems]
+  texts = [prompts_lib.prompt_text(p, setup.template, examples) for p in problems]
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], setup.sampling)
   out = jax.device_get(sampling.sample(params_s, tokens, lengths, key, model_config=setup.model,
                                        config=setup.sampling, num_samples=G))

@@ -4,6 +4,7 @@ The packaged Gemma 3 270M is the base model, which does not follow the chat
 format by itself; a plain-text few-shot prompt shows it the tag format
 instead. Both end where the model's completion starts.
 """
+from rlpost import tokenizer as tokenizer_lib
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
 
 TEMPLATES = ("chat", "fewshot", "plain")
@@ -17,10 +18,10 @@ def fewshot_prompt(problem: Problem, examples: list[Problem]) -> str:
   return f"{SYSTEM_PROMPT}\n\n{shots}Question: {problem.question}\nAnswer: "
 
 
-def prompt_text(problem: Problem, tokenizer, template: str, examples: list[Problem]) -> str:
+def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str:
   """The text fed to the tokenizer (BOS is added by encode)."""
   if template == "chat":
-    return tokenizer.chat_prompt(problem.question, system=SYSTEM_PROMPT)
+    return tokenizer_lib.chat_prompt(problem.question, system=SYSTEM_PROMPT)
   if template == "fewshot":
     return fewshot_prompt(problem, examples)
   if template == "plain":
