@@ -1,4 +1,4 @@
-"""Static algorithm configs (GRPO family, PPO) and the losses a train step calls.
+"""Static algorithm configs (GRPO family, PPO) and the losses train steps call.
 
 The configs are frozen, hashable dataclasses, validated on construction; pass
 them as static arguments or close over them. `grpo_advantages` / `grpo_loss`
@@ -22,7 +22,8 @@ def _require(ok, config, field, fix):
 
 def _validate_policy_fields(c):
   """Checks the clipping / KL / aggregation fields both configs share."""
-  _require(0.0 <= c.epsilon_low < 1.0, c, 'epsilon_low', 'use a value in [0, 1)')
+  _require(0.0 <= c.epsilon_low < 1.0, c, 'epsilon_low',
+           'use a value in [0, 1)')
   _require(c.epsilon_high >= 0.0, c, 'epsilon_high', 'use a value >= 0')
   _require(c.epsilon_c is None or c.epsilon_c > 1.0, c, 'epsilon_c',
            'dual clip needs a value > 1 (e.g. 3.0), or None to disable it')
@@ -79,13 +80,14 @@ class GRPOConfig:
 
   def __post_init__(self):
     _require(self.advantage_estimator in ADVANTAGE_ESTIMATORS, self,
-             'advantage_estimator', f'use one of {", ".join(ADVANTAGE_ESTIMATORS)}')
+             'advantage_estimator',
+             f'use one of {", ".join(ADVANTAGE_ESTIMATORS)}')
     _require(self.num_generations >= 1, self, 'num_generations',
              'use at least 1 sample per prompt')
     _require(self.advantage_estimator not in _GROUP_ESTIMATORS
              or self.num_generations >= 2, self, 'num_generations',
-             f'{self.advantage_estimator} compares samples of a group: use >= 2 '
-             "(or advantage_estimator='reinforce_pp')")
+             f'{self.advantage_estimator} compares samples of a group: use '
+             ">= 2 (or advantage_estimator='reinforce_pp')")
     _require(self.beta >= 0.0, self, 'beta', 'use a value >= 0 (0 disables KL)')
     _require(self.importance in losses.IMPORTANCE_LEVELS, self, 'importance',
              f'use one of {", ".join(losses.IMPORTANCE_LEVELS)}')
@@ -202,11 +204,13 @@ def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
                                config, sampler_logp_BxT, config.importance)
   metrics['pg_loss'] = loss
   if config.beta > 0 and ref_logp_BxT is None:
-    raise ValueError('GRPOConfig.beta > 0 needs ref_logp; pass it or set beta=0')
+    raise ValueError('GRPOConfig.beta > 0 needs ref_logp; pass it or set '
+                     'beta=0')
   if ref_logp_BxT is not None:
     kl_BxT = losses.kl_penalty(logp_BxT, ref_logp_BxT, config.kl_kind,
                                config.kl_clamp, mask=mask_BxT)
-    kl = losses.aggregate(kl_BxT, mask_BxT, config.aggregation, config.max_tokens)
+    kl = losses.aggregate(kl_BxT, mask_BxT, config.aggregation,
+                          config.max_tokens)
     metrics['kl'] = kl
     if config.beta > 0:
       loss = loss + config.beta * kl

@@ -87,7 +87,8 @@ def test_grpo_loss_at_ratio_one_matches_numpy():
           - 0.01 * entropy[mask].mean())
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   np.testing.assert_allclose(metrics['kl'], k3[mask].mean(), rtol=1e-5)
-  np.testing.assert_allclose(metrics['entropy'], entropy[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics['entropy'], entropy[mask].mean(),
+                             rtol=1e-5)
   assert float(metrics['loss']) == float(loss)
 
 
@@ -158,7 +159,8 @@ def test_ppo_advantages_and_loss():
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
   new_values = values + 0.3
   loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
-                                      returns, mask, config, entropy_BxT=entropy)
+                                      returns, mask, config,
+                                      entropy_BxT=entropy)
   pg, _ = losses.policy_loss(logp, old, adv, mask)
   vf, _ = losses.value_loss(new_values, values, returns, mask)
   want = pg + 0.1 * vf - 0.01 * losses.entropy_bonus(entropy, mask)

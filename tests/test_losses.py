@@ -106,13 +106,11 @@ def test_ratio_one_is_plain_policy_gradient(seed, mode, importance, seq_adv):
   grad = _policy_grad_jit(old_logp, old_logp, advantages, mask, **kwargs)
   np.testing.assert_allclose(loss, _np_aggregate(-adv_bt, mask, mode,
                                                  MAX_TOKENS), atol=1e-6)
-  # Plain REINFORCE: d/dlogp aggregate(-A * logp) = -A * weight.
-  plain = jax.grad(lambda lp: losses.aggregate(-adv_bt * lp, mask, mode,
-                                               MAX_TOKENS))(old_logp)
-  np.testing.assert_allclose(grad, plain, atol=1e-6)
+  # Plain REINFORCE: d/dlogp aggregate(-A * logp) = -A * d aggregate / d x.
   np.testing.assert_allclose(grad, -adv_bt * _np_agg_weights(
       mask, mode, MAX_TOKENS), atol=1e-6)
-  assert float(metrics['clip_frac_high']) == float(metrics['clip_frac_low']) == 0
+  assert float(metrics['clip_frac_high']) == 0.0
+  assert float(metrics['clip_frac_low']) == 0.0
   np.testing.assert_allclose(metrics['ratio_mean'], 1.0 if mask.any() else 0.0)
 
 
@@ -229,7 +227,8 @@ def test_truncated_is_weights():
   w = losses.truncated_is_weights(old, sampler, mask, cap=1.2)
   np.testing.assert_allclose(w, [[1.2, np.exp(-1.0), 1.0, 0.0]], rtol=1e-6)
   _, logp, old_logp, mask, _, adv = _inputs(3)
-  tis = np.random.default_rng(0).uniform(0.5, 2.0, mask.shape).astype(np.float32)
+  rng = np.random.default_rng(0)
+  tis = rng.uniform(0.5, 2.0, mask.shape).astype(np.float32)
   plain = jax.grad(lambda lp: losses.policy_loss(lp, old_logp, adv, mask)[0])
   weighted = jax.grad(lambda lp: losses.policy_loss(
       lp, old_logp, adv, mask, tis_weights=tis)[0])
@@ -282,7 +281,8 @@ def test_kl_in_rewards():
   logp = -rng.exponential(size=(3, 5)).astype(np.float32)
   ref = -rng.exponential(size=(3, 5)).astype(np.float32)
   got = losses.kl_in_rewards(np.where(mask, rewards, np.nan),
-                             np.where(mask, logp, -np.inf), ref, mask, 0.1, 'k3')
+                             np.where(mask, logp, -np.inf), ref, mask, 0.1,
+                             'k3')
   d = logp.astype(np.float64) - ref
   want = np.where(mask, rewards - 0.1 * (np.exp(-d) + d - 1), 0.0)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -56,8 +56,9 @@ def _worker():
     t_BxTxD = jax.lax.broadcasted_iota(jnp.float32, (batch, seq, dim), 1)
     hidden_BxTxD = jnp.cos(0.11 * t_BxTxD + 0.7 * jax.lax.broadcasted_iota(
         jnp.float32, (batch, seq, dim), 2)).astype(dtype)
-    tokens_BxT = (jax.lax.broadcasted_iota(jnp.int32, (batch, seq), 1) * 7919
-                  + jax.lax.broadcasted_iota(jnp.int32, (batch, seq), 0)) % vocab
+    pos_BxT = jax.lax.broadcasted_iota(jnp.int32, (batch, seq), 1)
+    row_BxT = jax.lax.broadcasted_iota(jnp.int32, (batch, seq), 0)
+    tokens_BxT = (pos_BxT * 7919 + row_BxT) % vocab
     return hidden_BxTxD, embed_VxD, tokens_BxT, jnp.ones((batch, seq), bool)
 
   inputs = jax.block_until_ready(make_inputs())
