@@ -5,6 +5,7 @@ Row order of group estimators is prompt-major: rows `b*G .. b*G + G-1` are the
 Masks are `[batch, seq]` bool or 0/1 over completion tokens; masked positions of
 every `[batch, seq]` output are 0 and never influence valid positions.
 """
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -112,6 +113,7 @@ def discounted_returns(rewards_BxT, mask_BxT, *, gamma=1.0):
   Masked positions are skipped (their rewards are ignored and they do not count
   as steps); they return 0. `[batch, seq]` float32.
   """
+  chex.assert_equal_shape([rewards_BxT, mask_BxT])
   mask_TxB = mask_BxT.astype(bool).T
   rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
 
@@ -180,6 +182,8 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
   Returns:
     `(advantages_BxT, returns_BxT)`, float32.
   """
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([rewards_BxT, values_BxT, mask_BxT])
   mask_TxB = mask_BxT.astype(bool).T
   rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
   values_TxB = jnp.where(mask_TxB, values_BxT.T, 0.0).astype(jnp.float32)

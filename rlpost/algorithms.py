@@ -183,7 +183,7 @@ def _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config):
 
 
 def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
-              config, entropy_BxT=None, sampler_logp_BxT=None):
+              config, entropy=None, sampler_logp=None):
   """GRPO-family loss: clipped policy loss + beta * KL - entropy_coef * entropy.
 
   Args:
@@ -194,14 +194,16 @@ def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
     advantages: `[batch]` or `[batch, seq]` (e.g. from `grpo_advantages`).
     mask_BxT: `[batch, seq]` completion mask.
     config: GRPOConfig.
-    entropy_BxT: optional per-token entropy (required if entropy_coef > 0).
-    sampler_logp_BxT: sampler-reported logprobs (required if tis_cap is set).
+    entropy: optional `[batch, seq]` per-token entropy (required if
+      `entropy_coef > 0`).
+    sampler_logp: optional `[batch, seq]` logprobs the sampler reported
+      (required if `tis_cap` is set).
 
   Returns:
     `(loss, metrics)`: scalar float32 loss to minimize and a dict of scalars.
   """
   loss, metrics = _policy_term(logp_BxT, old_logp_BxT, advantages, mask_BxT,
-                               config, sampler_logp_BxT, config.importance)
+                               config, sampler_logp, config.importance)
   metrics['pg_loss'] = loss
   if config.beta > 0 and ref_logp_BxT is None:
     raise ValueError('GRPOConfig.beta > 0 needs ref_logp; pass it or set '
@@ -214,7 +216,7 @@ def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
     metrics['kl'] = kl
     if config.beta > 0:
       loss = loss + config.beta * kl
-  loss, metrics = _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config)
+  loss, metrics = _add_entropy(loss, metrics, entropy, mask_BxT, config)
   metrics['loss'] = loss
   return loss, metrics
 
@@ -243,15 +245,15 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT,
 
 
 def ppo_loss(logp_BxT, old_logp_BxT, advantages_BxT, values_BxT,
-             old_values_BxT, returns_BxT, mask_BxT, config, entropy_BxT=None,
-             sampler_logp_BxT=None):
+             old_values_BxT, returns_BxT, mask_BxT, config, entropy=None,
+             sampler_logp=None):
   """PPO loss: clipped policy loss + vf_coef * value loss - entropy bonus.
 
   Shapes `[batch, seq]`; `values_BxT` is differentiated (critic), `old_values`
   and `returns` come from the rollout. Returns `(loss, metrics)`.
   """
   loss, metrics = _policy_term(logp_BxT, old_logp_BxT, advantages_BxT, mask_BxT,
-                               config, sampler_logp_BxT, 'token')
+                               config, sampler_logp, 'token')
   metrics['pg_loss'] = loss
   vf_loss, vf_metrics = losses.value_loss(
       values_BxT, old_values_BxT, returns_BxT, mask_BxT,
@@ -259,6 +261,6 @@ def ppo_loss(logp_BxT, old_logp_BxT, advantages_BxT, values_BxT,
       max_tokens=config.max_tokens)
   metrics.update(vf_metrics, vf_loss=vf_loss)
   loss = loss + config.vf_coef * vf_loss
-  loss, metrics = _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config)
+  loss, metrics = _add_entropy(loss, metrics, entropy, mask_BxT, config)
   metrics['loss'] = loss
   return loss, metrics

@@ -5,6 +5,7 @@ bool or 0/1 mask; every function first replaces masked entries with 0 (via
 `jnp.where`), so masked positions may hold -inf or NaN without making the loss
 or its gradient non-finite.
 """
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -42,6 +43,8 @@ def aggregate(loss_BxT, mask_BxT, mode, max_tokens=None):
   if mode not in AGGREGATIONS:
     raise ValueError(f'unknown aggregation {mode!r}; valid modes: '
                      f'{", ".join(AGGREGATIONS)}')
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([loss_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   x_BxT = _clean(loss_BxT, mask_BxT) * mask_BxT
   if mode == 'token-mean':
@@ -138,7 +141,9 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
 def _token_advantages(advantages, mask_BxT):
   """`[B]` or `[B, T]` advantages -> `[B, T]` float32, masked entries 0."""
   if advantages.ndim == 1:
+    chex.assert_shape(advantages, mask_BxT.shape[:1])
     advantages = jnp.broadcast_to(advantages[:, None], mask_BxT.shape)
+  chex.assert_equal_shape([advantages, mask_BxT])
   return _clean(advantages, mask_BxT)
 
 
@@ -175,6 +180,8 @@ def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
   """
   if epsilon_c is not None and epsilon_c <= 1.0:
     raise ValueError(f'epsilon_c (dual clip) must be > 1, got {epsilon_c}')
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([logp_BxT, old_logp_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   old_logp_BxT = jax.lax.stop_gradient(_clean(old_logp_BxT, mask_BxT))
   adv_BxT = jax.lax.stop_gradient(_token_advantages(advantages, mask_BxT))
@@ -222,6 +229,7 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
   gives the plain squared error. Returns `(loss, {'vf_clip_frac', ...})`, where
   `vf_clip_frac` is the fraction of valid tokens where the clipped term won.
   """
+  chex.assert_equal_shape([values_BxT, old_values_BxT, returns_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   values_BxT = _clean(values_BxT, mask_BxT)
   old_BxT = jax.lax.stop_gradient(_clean(old_values_BxT, mask_BxT))

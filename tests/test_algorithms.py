@@ -79,7 +79,7 @@ def test_grpo_loss_at_ratio_one_matches_numpy():
   mask, old, _, ref, entropy, adv = _batch()
   config = GRPO(beta=0.1, entropy_coef=0.01, kl_kind='k3')
   loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config,
-                                       entropy_BxT=entropy)
+                                       entropy=entropy)
   d = old.astype(np.float64) - ref
   k3 = np.exp(-d) + d - 1
   adv_bt = np.broadcast_to(adv[:, None], mask.shape)
@@ -101,7 +101,7 @@ def test_grpo_loss_composes_pieces(importance):
                 tis_cap=1.5, entropy_coef=0.001)
   step = jax.jit(algorithms.grpo_loss, static_argnames='config')
   loss, metrics = step(logp, old, ref, adv, mask, config=config,
-                       entropy_BxT=entropy, sampler_logp_BxT=sampler)
+                       entropy=entropy, sampler_logp=sampler)
   tis = losses.truncated_is_weights(old, sampler, mask, 1.5)
   pg, _ = losses.policy_loss(logp, old, adv, mask, epsilon_high=0.28,
                              importance=importance, tis_weights=tis,
@@ -121,7 +121,7 @@ def test_grpo_loss_missing_inputs_raise():
   with pytest.raises(ValueError, match='return_entropy'):
     algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(entropy_coef=0.1))
   loss, metrics = algorithms.grpo_loss(logp, old, None, adv, mask,
-                                       GRPO(beta=0.0), entropy_BxT=entropy)
+                                       GRPO(beta=0.0), entropy=entropy)
   assert 'kl' not in metrics and np.isfinite(float(loss))
 
 
@@ -160,7 +160,7 @@ def test_ppo_advantages_and_loss():
   new_values = values + 0.3
   loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
                                       returns, mask, config,
-                                      entropy_BxT=entropy)
+                                      entropy=entropy)
   pg, _ = losses.policy_loss(logp, old, adv, mask)
   vf, _ = losses.value_loss(new_values, values, returns, mask)
   want = pg + 0.1 * vf - 0.01 * losses.entropy_bonus(entropy, mask)

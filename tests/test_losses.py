@@ -359,3 +359,13 @@ def test_losses_finite_with_inf_and_nan_at_masked_positions(mode, importance):
   for g_clean, g_dirty in zip(clean_grads, dirty_grads):
     assert np.all(np.isfinite(g_dirty))
     np.testing.assert_allclose(g_dirty, g_clean, rtol=1e-6, atol=1e-8)
+
+
+def test_shape_mismatches_are_rejected():
+  mask = jnp.ones((2, 3), bool)
+  with pytest.raises(AssertionError):
+    losses.policy_loss(jnp.zeros((2, 3)), jnp.zeros((2, 4)), jnp.zeros(2), mask)
+  with pytest.raises(AssertionError):
+    losses.policy_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros(3), mask)
+  with pytest.raises(AssertionError):
+    losses.aggregate(jnp.zeros((3, 2)), mask, 'token-mean')
