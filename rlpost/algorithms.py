@@ -228,6 +228,15 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT,
   The sequence score goes on the last valid token, `-kl_beta * KL` on every
   valid token (when `kl_beta > 0`), then GAE; advantages are whitened over the
   valid tokens if `config.whiten_advantages` (returns are not).
+
+  Args:
+    scores_N: `[N]` sequence rewards.
+    values_BxT: `[N, T]` critic values from the rollout.
+    logp_BxT: `[N, T]` logprobs of the rollout policy (the `old_logp` of the
+      subsequent `ppo_loss` calls).
+    ref_logp_BxT: `[N, T]` reference logprobs; may be None if `kl_beta == 0`.
+    mask_BxT: `[N, T]` completion mask.
+    config: PPOConfig.
   """
   rewards_BxT = adv_lib.sequence_to_token_rewards(scores_N, mask_BxT)
   if config.kl_beta > 0:
