@@ -19,7 +19,8 @@ def _completions(params, model_config, tokenizer, problems, template, examples, 
   batch = rollout.rollout_batch(tokens, lengths, out, k)
   if template != "plain":
     batch = rollout.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
-  return rollout.completion_texts(batch, tokenizer)
+  prefix = prompts_lib.completion_prefix(template)
+  return [prefix + c for c in rollout.completion_texts(batch, tokenizer)]
 
 
 def evaluate(params, model_config, tokenizer, problems, *, template: str, examples,

@@ -111,8 +111,8 @@ def make_loss_fn(setup: Setup):
     mask = mb["completion_mask"]
     old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
     loss, metrics = algorithms.grpo_loss(logp, old, mb.get("ref_logp"), mb["advantages"], mask,
-                                         setup.algo, entropy_BxT=entropy,
-                                         sampler_logp_BxT=mb["sampler_logp"])
+                                         setup.algo, entropy=entropy,
+                                         sampler_logp=mb["sampler_logp"])
     gap = jnp.abs(jax.lax.stop_gradient(logp) - mb["sampler_logp"]) * mask
     return loss, {**metrics, "sampler_logp_gap": gap.max()}
   return loss_fn
@@ -160,7 +160,8 @@ def sample_groups(setup: Setup, params_s, problems, tokenizer, key, reward_fns, 
   batch = rollout.rollout_batch(tokens, lengths, out, G)
   if setup.template != "plain":
     batch = rollout.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
-  completions = rollout.completion_texts(batch, tokenizer)
+  prefix = prompts_lib.completion_prefix(setup.template)
+  completions = [prefix + c for c in rollout.completion_texts(batch, tokenizer)]
   answers = [p.final for p in problems for _ in range(G)]
   per_fn, errors = rewards_lib.score(reward_fns, [t for t in texts for _ in range(G)],
                                      completions, answers)

@@ -11,6 +11,7 @@ from rlpost import train
 from rlpost.models import gemma3
 from rlpost.models import lora
 from test_gemma3 import CONFIG, _random_params
+from rlpost.logprobs import causal_attention_mask
 
 CFG = lora.LoraConfig(rank=4, alpha=8.0)
 
@@ -35,7 +36,7 @@ def test_unmerged_forward_equals_merged_forward():
   ad = _adapters(params)
   tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, CONFIG.vocab_size)
   args = (tokens, jnp.broadcast_to(jnp.arange(12), (2, 12)),
-          gemma3.causal_mask(jnp.ones((2, 12), bool)))
+          causal_attention_mask(jnp.ones((2, 12), bool)))
   unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
   merged, _ = gemma3.forward(lora.merge(params, ad, CFG), *args, config=CONFIG)
   base, _ = gemma3.forward(params, *args, config=CONFIG)
@@ -67,7 +68,7 @@ def test_only_adapters_get_gradients_and_optimizer_state():
 
   def loss(adapters):
     logits, _ = gemma3.forward(params, tokens, jnp.arange(5)[None],
-                               gemma3.causal_mask(jnp.ones((1, 5), bool)), config=CONFIG,
+                               causal_attention_mask(jnp.ones((1, 5), bool)), config=CONFIG,
                                adapters=adapters, lora_scale=CFG.scale)
     return logits.sum()
   grads = jax.grad(loss)(ad)

@@ -15,6 +15,7 @@ import pytest
 from conftest import FIXTURES, require_shared
 from rlpost import sampling
 from rlpost.models import gemma3
+from rlpost.logprobs import causal_attention_mask
 
 pytestmark = pytest.mark.real_model
 
@@ -36,7 +37,7 @@ def _manifest():
 def _hidden(params, ids_1xT, config):
   T = ids_1xT.shape[1]
   hidden, _ = gemma3.forward(params, ids_1xT, jnp.arange(T)[None],
-                             gemma3.causal_mask(jnp.ones((1, T), bool)), config=config,
+                             causal_attention_mask(jnp.ones((1, T), bool)), config=config,
                              return_hidden=True)
   return hidden[0]
 

@@ -287,10 +287,3 @@ def vocab_major_logits(params: Params, hidden_BxD: jax.Array) -> jax.Array:
   embed = params["embed"]
   return jnp.einsum("vd,bd->vb", embed, hidden_BxD.astype(embed.dtype),
                     preferred_element_type=jnp.float32)
-
-
-def causal_mask(valid_BxT: jax.Array) -> jax.Array:
-  """[B, T, T] bool: query t attends key s iff s <= t and key s is valid."""
-  T = valid_BxT.shape[1]
-  causal = jnp.tril(jnp.ones((T, T), bool))
-  return causal[None] & valid_BxT[:, None, :]
