@@ -112,7 +112,7 @@ def test_same_key_same_output_different_key_different_output():
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
-@hypothesis.given(st.integers(2, 300), st.floats(0.2, 3.0), st.integers(0, 2 ** 31 - 1))
+@hypothesis.given(st.sampled_from([2, 17, 300]), st.floats(0.2, 3.0), st.integers(0, 2 ** 31 - 1))
 def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
   """The two-level inverse-CDF sampler matches softmax probabilities (chi-square-ish bound)."""
   rng = np.random.default_rng(seed)

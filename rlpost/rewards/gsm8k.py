@@ -85,8 +85,9 @@ def is_correct(completion: str, truth: str) -> bool:
   return check_numbers([""], [completion], [truth])[0] > 0
 
 
-def has_format(completion: str) -> bool:
-  """Format accuracy: the full reasoning/answer tag format."""
+def has_format(completion: str, truth: str = "") -> bool:
+  """Format accuracy: the full reasoning/answer tag format (`truth` unused)."""
+  del truth
   return match_format_exactly([""], [completion], [""])[0] > 0
 
 
