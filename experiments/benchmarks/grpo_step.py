@@ -41,7 +41,7 @@ def _run_mode(mode: str) -> dict:
   with cfg.unlocked():
     cfg.model.weights, cfg.model.dtype = "random", _DTYPE.value
     cfg.lora.enabled = mode == "lora"
-    cfg.data.template = "plain"
+    cfg.data.template, cfg.data.source = "plain", "arithmetic"  # problems are made below
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
     cfg.train.batch_prompts, cfg.train.micro_batch_size = 2, 8
     cfg.train.steps = _ITERATIONS.value
