@@ -1,0 +1,220 @@
+"""Advantage estimators and masked statistics (pure jnp, jit-friendly).
+
+Row order of group estimators is prompt-major: rows `b*G .. b*G + G-1` are the
+`G` samples of prompt `b`, so `rewards_N.reshape(N // G, G)` gives the groups.
+Masks are `[batch, seq]` bool or 0/1 over completion tokens; masked positions of
+every `[batch, seq]` output are 0 and never influence valid positions.
+"""
+import jax
+import jax.numpy as jnp
+
+
+def _groups(rewards_N, group_size):
+  """`[N]` -> `[N // G, G]` float32, checking that `G` divides `N`."""
+  num = rewards_N.shape[0]
+  if rewards_N.ndim != 1 or group_size < 1 or num % group_size:
+    raise ValueError(f'rewards must be [N] with N a multiple of group_size; got '
+                     f'shape {rewards_N.shape} and group_size={group_size}')
+  return rewards_N.astype(jnp.float32).reshape(num // group_size, group_size)
+
+
+def _all_equal(r_PxG):
+  """`[P, 1]` bool: True for groups whose rewards are all equal."""
+  return (jnp.max(r_PxG, axis=1) == jnp.min(r_PxG, axis=1))[:, None]
+
+
+def grpo(rewards_N, group_size, *, epsilon=1e-6):
+  """GRPO (DeepSeekMath): `(r - group mean) / (group std + epsilon)`, `[N]` float32.
+
+  The std is the unbiased (ddof=1) sample std, as in TRL and verl; it needs
+  `group_size >= 2`. Groups whose rewards are all equal get advantage 0.
+  """
+  if group_size < 2:
+    raise ValueError(f'grpo needs group_size >= 2 (std of one sample), got '
+                     f'{group_size}; use reinforce_pp for single samples')
+  r_PxG = _groups(rewards_N, group_size)
+  mean_Px1 = jnp.mean(r_PxG, axis=1, keepdims=True)
+  std_Px1 = jnp.std(r_PxG, axis=1, keepdims=True, ddof=1)
+  adv_PxG = (r_PxG - mean_Px1) / (std_Px1 + epsilon)
+  # Rounding in the mean of equal values would otherwise be divided by ~eps.
+  return jnp.where(_all_equal(r_PxG), 0.0, adv_PxG).reshape(-1)
+
+
+def drgrpo(rewards_N, group_size):
+  """Dr. GRPO: `r - group mean` (no std normalization), `[N]` float32."""
+  r_PxG = _groups(rewards_N, group_size)
+  adv_PxG = r_PxG - jnp.mean(r_PxG, axis=1, keepdims=True)
+  return jnp.where(_all_equal(r_PxG), 0.0, adv_PxG).reshape(-1)
+
+
+def rloo(rewards_N, group_size):
+  """RLOO: `r - mean of the other G-1 rewards of the group`, `[N]` float32."""
+  if group_size < 2:
+    raise ValueError(f'rloo needs group_size >= 2 (a leave-one-out baseline), '
+                     f'got {group_size}')
+  r_PxG = _groups(rewards_N, group_size)
+  others_PxG = (jnp.sum(r_PxG, axis=1, keepdims=True) - r_PxG) / (group_size - 1)
+  return jnp.where(_all_equal(r_PxG), 0.0, r_PxG - others_PxG).reshape(-1)
+
+
+def masked_mean(x, mask, axis=None):
+  """Mean of `x` over positions where `mask` is nonzero; 0 when there are none."""
+  mask = jnp.broadcast_to(mask, x.shape).astype(jnp.float32)
+  total = jnp.sum(jnp.where(mask > 0, x, 0.0) * mask, axis=axis)
+  count = jnp.sum(mask, axis=axis)
+  return jnp.where(count > 0, total / jnp.where(count > 0, count, 1.0), 0.0)
+
+
+def masked_var(x, mask, *, unbiased=False):
+  """Variance of `x` over the valid positions (population variance by default)."""
+  mask = jnp.broadcast_to(mask, x.shape).astype(jnp.float32)
+  mean = masked_mean(x, mask)
+  var = masked_mean(jnp.square(jnp.where(mask > 0, x - mean, 0.0)), mask)
+  if unbiased:
+    count = jnp.sum(mask)
+    var = var * count / jnp.maximum(count - 1.0, 1.0)
+  return var
+
+
+def masked_whiten(x, mask, *, shift_mean=True, epsilon=1e-8):
+  """`(x - mean) / sqrt(var + epsilon)` over valid positions; masked positions 0.
+
+  With `shift_mean=False` the mean is added back (only the scale changes).
+  """
+  mask = jnp.broadcast_to(mask, x.shape)
+  mean = masked_mean(x, mask)
+  whitened = (x - mean) * jax.lax.rsqrt(masked_var(x, mask) + epsilon)
+  if not shift_mean:
+    whitened = whitened + mean
+  return jnp.where(mask > 0, whitened, 0.0)
+
+
+def sequence_to_token_rewards(rewards_N, mask_NxT):
+  """Places each sequence reward on the row's last valid token: `[N, T]` float32."""
+  mask_NxT = mask_NxT.astype(bool)
+  seq = mask_NxT.shape[1]
+  last_N = seq - 1 - jnp.argmax(mask_NxT[:, ::-1], axis=1)
+  is_last_NxT = jnp.arange(seq)[None, :] == last_N[:, None]
+  return jnp.where(is_last_NxT & mask_NxT,
+                   rewards_N.astype(jnp.float32)[:, None], 0.0)
+
+
+def _reverse_masked_scan(step_fn, init, xs_TxB):
+  """Reverse `lax.scan` over time of `[T, B]` inputs, time-major."""
+  _, ys = jax.lax.scan(step_fn, init, xs_TxB, reverse=True)
+  return ys
+
+
+def discounted_returns(rewards_BxT, mask_BxT, *, gamma=1.0):
+  """Reward-to-go `sum_{s>=t valid} gamma^(#valid steps from t to s) r_s`.
+
+  Masked positions are skipped (their rewards are ignored and they do not count
+  as steps); they return 0. `[batch, seq]` float32.
+  """
+  mask_TxB = mask_BxT.astype(bool).T
+  rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
+
+  def step(next_return_B, xs):
+    r_B, m_B = xs
+    ret_B = jnp.where(m_B, r_B + gamma * next_return_B, next_return_B)
+    return ret_B, jnp.where(m_B, ret_B, 0.0)
+
+  init_B = jnp.zeros(rewards_TxB.shape[1], jnp.float32)
+  return _reverse_masked_scan(step, init_B, (rewards_TxB, mask_TxB)).T
+
+
+def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
+                 group_size=None, epsilon=1e-8):
+  """REINFORCE++ advantages: returns whitened with batch (global) statistics.
+
+  Without `mask_BxT`: sequence level, `(r - batch mean) / sqrt(batch var +
+  epsilon)`, `[N]`. With `mask_BxT` (`[N, T]`): token level, as in the paper:
+  the score sits on each row's last valid token, `-beta * kl_BxT` (a per-token
+  KL estimate such as `losses.kl_penalty`) is added on every valid token,
+  returns are the `gamma`-discounted reward-to-go, and they are whitened over
+  all valid tokens of the batch; `[N, T]`, masked positions 0.
+
+  Args:
+    rewards_N: `[N]` sequence rewards.
+    mask_BxT: optional `[N, T]` completion mask.
+    kl_BxT: optional `[N, T]` per-token KL estimate (needs `mask_BxT`).
+    beta: KL coefficient for the reward shaping.
+    gamma: discount over tokens (1.0 in the paper).
+    group_size: if set, subtract the group mean first ("REINFORCE++-baseline").
+    epsilon: added to the variance before the square root.
+  """
+  rewards_N = rewards_N.astype(jnp.float32)
+  if group_size is not None:
+    rewards_N = drgrpo(rewards_N, group_size)
+  if mask_BxT is None:
+    if kl_BxT is not None:
+      raise ValueError('reinforce_pp: kl_BxT needs mask_BxT (token-level mode)')
+    return masked_whiten(rewards_N, jnp.ones(rewards_N.shape, bool),
+                         epsilon=epsilon)
+  token_rewards_BxT = sequence_to_token_rewards(rewards_N, mask_BxT)
+  if kl_BxT is not None:
+    token_rewards_BxT = token_rewards_BxT - beta * jnp.where(
+        mask_BxT.astype(bool), kl_BxT, 0.0)
+  returns_BxT = discounted_returns(token_rewards_BxT, mask_BxT, gamma=gamma)
+  return masked_whiten(returns_BxT, mask_BxT, epsilon=epsilon)
+
+
+def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
+  """Generalized advantage estimation over valid tokens (reverse `lax.scan`).
+
+  Padding convention: masked positions (inside or after a sequence) are skipped
+  entirely. For a valid position `t`, "next" means the next *valid* position
+  `t'` of the same row: `delta_t = r_t + gamma * V_t' - V_t` and
+  `A_t = delta_t + gamma * lam * A_t'`; after the last valid token `V = A = 0`.
+  Rewards and values at masked positions are never read, and masked outputs are
+  0. `returns = advantages + values` (the value-function target).
+
+  Args:
+    rewards_BxT: `[batch, seq]` per-token rewards (e.g. score on the last token
+      minus a KL penalty).
+    values_BxT: `[batch, seq]` critic values.
+    mask_BxT: `[batch, seq]` bool or 0/1.
+    gamma: discount; lam: GAE lambda.
+
+  Returns:
+    `(advantages_BxT, returns_BxT)`, float32.
+  """
+  mask_TxB = mask_BxT.astype(bool).T
+  rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
+  values_TxB = jnp.where(mask_TxB, values_BxT.T, 0.0).astype(jnp.float32)
+
+  def step(carry, xs):
+    next_value_B, next_adv_B = carry
+    r_B, v_B, m_B = xs
+    delta_B = r_B + gamma * next_value_B - v_B
+    adv_B = delta_B + gamma * lam * next_adv_B
+    carry = (jnp.where(m_B, v_B, next_value_B), jnp.where(m_B, adv_B, next_adv_B))
+    return carry, jnp.where(m_B, adv_B, 0.0)
+
+  zeros_B = jnp.zeros(rewards_TxB.shape[1], jnp.float32)
+  adv_TxB = _reverse_masked_scan(
+      step, (zeros_B, zeros_B), (rewards_TxB, values_TxB, mask_TxB))
+  returns_TxB = jnp.where(mask_TxB, adv_TxB + values_TxB, 0.0)
+  return adv_TxB.T, returns_TxB.T
+
+
+def zero_signal_groups(rewards_N, group_size):
+  """DAPO dynamic sampling: `[N // G]` bool, True where a group's rewards are equal.
+
+  Such groups have zero advantage under GRPO/Dr.GRPO/RLOO and can be dropped
+  (or resampled) before the update.
+  """
+  return _all_equal(_groups(rewards_N, group_size))[:, 0]
+
+
+def overlong_penalty(lengths_N, *, max_len, buffer_len, penalty_factor=1.0):
+  """DAPO soft overlong punishment, by completion length in TOKENS: `[N]` float32.
+
+  0 up to `max_len - buffer_len` tokens, then linear down to `-penalty_factor`
+  at `max_len`, and `-penalty_factor` beyond. Add it to the task reward.
+  """
+  if not 0 < buffer_len <= max_len:
+    raise ValueError(f'overlong_penalty needs 0 < buffer_len <= max_len, got '
+                     f'buffer_len={buffer_len}, max_len={max_len}')
+  excess_N = lengths_N.astype(jnp.float32) - (max_len - buffer_len)
+  return -penalty_factor * jnp.clip(excess_N / buffer_len, 0.0, 1.0)

@@ -1,0 +1,234 @@
+"""Policy-gradient losses, KL estimators, loss aggregation and the value loss.
+
+All losses are minimized. Token inputs are `[batch, seq]` with a `[batch, seq]`
+bool or 0/1 mask; every function first replaces masked entries with 0 (via
+`jnp.where`), so masked positions may hold -inf or NaN without making the loss
+or its gradient non-finite.
+"""
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum',
+                'seq-mean-token-sum-norm')
+KL_KINDS = {'k1': 'k1', 'kl': 'k1', 'k2': 'k2', 'mse_kl': 'k2', 'k3': 'k3',
+            'low_var_kl': 'k3'}
+IMPORTANCE_LEVELS = ('token', 'sequence')
+
+
+def _clean(x_BxT, mask_BxT):
+  """float32 `x` with masked entries replaced by 0 (gradient-safe)."""
+  return jnp.where(mask_BxT.astype(bool), x_BxT, 0.0).astype(jnp.float32)
+
+
+def _per_row_mean(x_BxT, mask_BxT):
+  count_B = jnp.sum(mask_BxT, axis=-1)
+  return jnp.sum(x_BxT, axis=-1) / jnp.maximum(count_B, 1.0)
+
+
+def aggregate(loss_BxT, mask_BxT, mode, max_tokens=None):
+  """Reduces a per-token loss `[batch, seq]` to a scalar.
+
+  Modes:
+    token-mean: sum over all valid tokens / number of valid tokens (DAPO).
+    seq-mean-token-mean: per-sequence mean over its tokens, then mean over
+      sequences (GRPO paper).
+    seq-mean-token-sum: per-sequence sum, then mean over sequences.
+    seq-mean-token-sum-norm: per-sequence sum / `max_tokens` (a constant such
+      as the generation budget), then mean over sequences (Dr. GRPO).
+  "Mean over sequences" counts rows with at least one valid token, so fully
+  padded rows (batch bucketing) do not dilute the loss. Returns 0 when nothing
+  is valid.
+  """
+  if mode not in AGGREGATIONS:
+    raise ValueError(f'unknown aggregation {mode!r}; valid modes: '
+                     f'{", ".join(AGGREGATIONS)}')
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  x_BxT = _clean(loss_BxT, mask_BxT) * mask_BxT
+  if mode == 'token-mean':
+    return jnp.sum(x_BxT) / jnp.maximum(jnp.sum(mask_BxT), 1.0)
+  if mode == 'seq-mean-token-mean':
+    per_seq_B = _per_row_mean(x_BxT, mask_BxT)
+  elif mode == 'seq-mean-token-sum':
+    per_seq_B = jnp.sum(x_BxT, axis=-1)
+  else:
+    if max_tokens is None or max_tokens <= 0:
+      raise ValueError('aggregation seq-mean-token-sum-norm needs a positive '
+                       f'max_tokens (e.g. the sampling budget), got {max_tokens}')
+    per_seq_B = jnp.sum(x_BxT, axis=-1) / max_tokens
+  has_tokens_B = (jnp.sum(mask_BxT, axis=-1) > 0).astype(jnp.float32)
+  return jnp.sum(per_seq_B * has_tokens_B) / jnp.maximum(jnp.sum(has_tokens_B), 1.0)
+
+
+def kl_penalty(logp, ref_logp, kind='k1', clamp=None, mask=None):
+  """Per-token estimate of KL(policy || reference) from sampled-token logprobs.
+
+  Schulman's estimators with `d = logp - ref_logp` (tokens sampled from the
+  policy): k1 = d (unbiased, can be negative); k2 = d^2 / 2 (biased, low
+  variance); k3 = exp(-d) + d - 1 (unbiased, >= 0, used by GRPO). Aliases:
+  'kl' = k1, 'mse_kl' = k2, 'low_var_kl' = k3. `clamp`, if set, clips the result
+  to `[-clamp, clamp]`. Elementwise; same shape as the inputs. With `mask`, the
+  inputs are sanitized first and masked outputs are 0.
+  """
+  if kind not in KL_KINDS:
+    raise ValueError(f'unknown KL estimator {kind!r}; valid names: '
+                     f'{", ".join(KL_KINDS)}')
+  kind = KL_KINDS[kind]
+  if mask is not None:
+    logp, ref_logp = _clean(logp, mask), _clean(ref_logp, mask)
+  diff = logp - ref_logp
+  if kind == 'k1':
+    kl = diff
+  elif kind == 'k2':
+    kl = 0.5 * jnp.square(diff)
+  else:
+    kl = jnp.expm1(-diff) + diff
+  if clamp is not None:
+    kl = jnp.clip(kl, -clamp, clamp)
+  return kl if mask is None else _clean(kl, mask)
+
+
+def kl_in_rewards(rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, beta,
+                  kind='k1', clamp=None):
+  """PPO-style reward shaping: `rewards - beta * kl` on valid tokens, 0 elsewhere.
+
+  The KL is computed from (stop-gradient) logprobs; `[batch, seq]` float32.
+  """
+  kl_BxT = kl_penalty(logp_BxT, ref_logp_BxT, kind, clamp, mask=mask_BxT)
+  shaped_BxT = _clean(rewards_BxT, mask_BxT) - beta * jax.lax.stop_gradient(kl_BxT)
+  return _clean(shaped_BxT, mask_BxT)
+
+
+def truncated_is_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, cap):
+  """Truncated importance sampling weights for sampler/trainer mismatch.
+
+  `w = min(exp(old_logp - sampler_logp), cap)`, stop-gradient, 0 at masked
+  positions. Corrects for the rollout engine computing slightly different
+  logprobs than the trainer. `[batch, seq]` float32.
+  """
+  log_w_BxT = _clean(old_logp_BxT, mask_BxT) - _clean(sampler_logp_BxT, mask_BxT)
+  w_BxT = jnp.minimum(jnp.exp(log_w_BxT), cap)
+  return jax.lax.stop_gradient(_clean(w_BxT, mask_BxT))
+
+
+def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
+  """Importance ratio `[batch, seq]` of new vs old policy (0 at masked positions).
+
+  level='token': `exp(logp - old_logp)` per token (PPO/GRPO).
+  level='sequence' (GSPO): the value is the per-sequence geometric mean
+  `s_i = exp(mean over valid tokens of (logp - old_logp))` on every token, and
+  the gradient is per token: `s_i,t = sg(s_i) * exp(logp_t - sg(logp_t))`.
+  """
+  if level not in IMPORTANCE_LEVELS:
+    raise ValueError(f'unknown importance level {level!r}; valid: '
+                     f'{", ".join(IMPORTANCE_LEVELS)}')
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  logp_BxT = _clean(logp_BxT, mask_BxT)
+  log_ratio_BxT = logp_BxT - _clean(old_logp_BxT, mask_BxT)
+  if level == 'sequence':
+    seq_log_ratio_Bx1 = _per_row_mean(log_ratio_BxT * mask_BxT, mask_BxT)[:, None]
+    log_ratio_BxT = (jax.lax.stop_gradient(seq_log_ratio_Bx1)
+                     + logp_BxT - jax.lax.stop_gradient(logp_BxT))
+  return _clean(jnp.exp(log_ratio_BxT), mask_BxT)
+
+
+def _token_advantages(advantages, mask_BxT):
+  """`[B]` or `[B, T]` advantages -> `[B, T]` float32, masked entries 0."""
+  if advantages.ndim == 1:
+    advantages = jnp.broadcast_to(advantages[:, None], mask_BxT.shape)
+  return _clean(advantages, mask_BxT)
+
+
+def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
+                epsilon_low=0.2, epsilon_high=0.2, epsilon_c=None,
+                importance='token', tis_weights=None,
+                aggregation='token-mean', max_tokens=None):
+  """Clipped surrogate policy loss (PPO / GRPO / DAPO / GSPO / dual-clip).
+
+  Per token: `max(-A r, -A clip(r, 1-epsilon_low, 1+epsilon_high))`; with
+  `epsilon_c > 1` (dual clip) tokens with `A < 0` are further capped at
+  `-epsilon_c * A`. `r` comes from `importance_ratio(..., importance)`.
+  Optional `tis_weights` (`truncated_is_weights`) multiply the per-token loss.
+  The result is reduced with `aggregate(..., aggregation, max_tokens)`.
+
+  Args:
+    logp_BxT: `[batch, seq]` logprobs of the sampled tokens under the policy
+      being optimized (differentiated).
+    old_logp_BxT: `[batch, seq]` logprobs under the policy that produced the
+      batch (treated as constants).
+    advantages: `[batch]` (sequence level) or `[batch, seq]`.
+    mask_BxT: `[batch, seq]` bool or 0/1 completion mask.
+
+  Returns:
+    `(loss, metrics)`: scalar float32 loss and a dict of scalars `clip_frac_high`
+    / `clip_frac_low` (fraction of valid tokens whose gradient the upper/lower
+    clip removed), `clip_frac_dual`, `approx_kl` (`(r-1) - log r` with the
+    token ratio, a k3 estimate of KL(old || new)) and `ratio_mean`.
+  """
+  if epsilon_c is not None and epsilon_c <= 1.0:
+    raise ValueError(f'epsilon_c (dual clip) must be > 1, got {epsilon_c}')
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  old_logp_BxT = jax.lax.stop_gradient(_clean(old_logp_BxT, mask_BxT))
+  adv_BxT = jax.lax.stop_gradient(_token_advantages(advantages, mask_BxT))
+  ratio_BxT = importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, importance)
+  clipped_BxT = jnp.clip(ratio_BxT, 1.0 - epsilon_low, 1.0 + epsilon_high)
+  loss_BxT = jnp.maximum(-adv_BxT * ratio_BxT, -adv_BxT * clipped_BxT)
+  valid_BxT = mask_BxT > 0
+  dual_BxT = jnp.zeros_like(valid_BxT)
+  if epsilon_c is not None:
+    dual_BxT = (adv_BxT < 0) & (loss_BxT > -epsilon_c * adv_BxT) & valid_BxT
+    loss_BxT = jnp.where(dual_BxT, -epsilon_c * adv_BxT, loss_BxT)
+  if tis_weights is not None:
+    loss_BxT = loss_BxT * jax.lax.stop_gradient(_clean(tis_weights, mask_BxT))
+  loss = aggregate(loss_BxT, mask_BxT, aggregation, max_tokens)
+
+  ratio_sg_BxT = jax.lax.stop_gradient(ratio_BxT)
+  high_BxT = (ratio_sg_BxT > 1.0 + epsilon_high) & (adv_BxT > 0) & valid_BxT
+  low_BxT = (ratio_sg_BxT < 1.0 - epsilon_low) & (adv_BxT < 0) & valid_BxT
+  log_ratio_BxT = jax.lax.stop_gradient(_clean(logp_BxT, mask_BxT)) - old_logp_BxT
+  approx_kl_BxT = jnp.expm1(log_ratio_BxT) - log_ratio_BxT
+  num_valid = jnp.maximum(jnp.sum(mask_BxT), 1.0)
+  frac = lambda b: jnp.sum(b.astype(jnp.float32) * mask_BxT) / num_valid
+  metrics = {
+      'clip_frac_high': frac(high_BxT),
+      'clip_frac_low': frac(low_BxT),
+      'clip_frac_dual': frac(dual_BxT),
+      'approx_kl': jnp.sum(approx_kl_BxT * mask_BxT) / num_valid,
+      'ratio_mean': jnp.sum(ratio_sg_BxT * mask_BxT) / num_valid,
+  }
+  return loss, metrics
+
+
+def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
+               clip_range=0.2, aggregation='token-mean', max_tokens=None):
+  """Clipped value loss `0.5 * max((v - R)^2, (v_clip - R)^2)`, PPO-style.
+
+  `v_clip = old_v + clip(v - old_v, -clip_range, clip_range)`; `clip_range=None`
+  gives the plain squared error. Returns `(loss, {'vf_clip_frac', ...})`, where
+  `vf_clip_frac` is the fraction of valid tokens where the clipped term won.
+  """
+  mask_BxT = mask_BxT.astype(jnp.float32)
+  values_BxT = _clean(values_BxT, mask_BxT)
+  old_BxT = jax.lax.stop_gradient(_clean(old_values_BxT, mask_BxT))
+  returns_BxT = jax.lax.stop_gradient(_clean(returns_BxT, mask_BxT))
+  unclipped_BxT = jnp.square(values_BxT - returns_BxT)
+  if clip_range is None:
+    per_token_BxT, clipped_won_BxT = unclipped_BxT, jnp.zeros_like(mask_BxT)
+  else:
+    v_clip_BxT = old_BxT + jnp.clip(values_BxT - old_BxT, -clip_range, clip_range)
+    clipped_BxT = jnp.square(v_clip_BxT - returns_BxT)
+    per_token_BxT = jnp.maximum(unclipped_BxT, clipped_BxT)
+    clipped_won_BxT = (clipped_BxT > unclipped_BxT).astype(jnp.float32)
+  loss = 0.5 * aggregate(per_token_BxT, mask_BxT, aggregation, max_tokens)
+  num_valid = jnp.maximum(jnp.sum(mask_BxT), 1.0)
+  metrics = {
+      'vf_clip_frac': jnp.sum(clipped_won_BxT * mask_BxT) / num_valid,
+      'value_mean': jnp.sum(jax.lax.stop_gradient(values_BxT) * mask_BxT)
+                    / num_valid,
+  }
+  return loss, metrics
+
+
+def entropy_bonus(entropy_BxT, mask_BxT, aggregation='token-mean',
+                  max_tokens=None):
+  """Aggregated entropy (scalar); subtract `coef * entropy_bonus` from the loss."""
+  return aggregate(entropy_BxT, mask_BxT, aggregation, max_tokens)

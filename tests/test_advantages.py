@@ -1,0 +1,278 @@
+"""Property tests for rlpost.advantages against numpy loop references."""
+import functools
+
+from absl.testing import parameterized
+import chex
+from hypothesis import assume, given, settings, strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost import advantages as adv
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+_gae = jax.jit(adv.gae)
+_reinforce_pp = jax.jit(adv.reinforce_pp, static_argnames=('group_size',))
+
+
+def _ragged_mask(rng, batch, seq):
+  """Random holes, random trailing padding and sometimes an empty row."""
+  mask = rng.random((batch, seq)) < 0.8
+  for b in range(batch):
+    mask[b, rng.integers(0, seq + 1):] = False
+  if batch > 1 and rng.random() < 0.3:
+    mask[rng.integers(0, batch)] = False
+  return mask
+
+
+def _np_gae(rewards, values, mask, gamma, lam):
+  """O(T^2) direct sum over each row's valid positions (float64)."""
+  advantages = np.zeros(rewards.shape)
+  for b in range(rewards.shape[0]):
+    idx = np.flatnonzero(mask[b])
+    r, v = rewards[b, idx].astype(np.float64), values[b, idx].astype(np.float64)
+    v_next = np.append(v[1:], 0.0)
+    delta = r + gamma * v_next - v
+    for k in range(len(idx)):
+      advantages[b, idx[k]] = sum((gamma * lam) ** (j - k) * delta[j]
+                                  for j in range(k, len(idx)))
+  returns = np.where(mask, advantages + values, 0.0)
+  return advantages, returns
+
+
+token_shapes = st.tuples(st.sampled_from([1, 3]), st.sampled_from([1, 6, 11]))
+
+
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16),
+       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+def test_gae_matches_direct_sum(shape, seed, gamma, lam):
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  got_adv, got_ret = _gae(rewards, values, mask, gamma=gamma, lam=lam)
+  want_adv, want_ret = _np_gae(rewards, values, mask, gamma, lam)
+  np.testing.assert_allclose(got_adv, want_adv, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got_ret, want_ret, atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16))
+def test_gae_gamma_lam_one_is_reward_to_go_minus_values(shape, seed):
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  got, _ = _gae(rewards, values, mask, gamma=1.0, lam=1.0)
+  want = np.zeros(shape)
+  for b in range(shape[0]):
+    for t in range(shape[1]):
+      if mask[b, t]:
+        want[b, t] = np.sum(rewards[b, t:][mask[b, t:]]) - values[b, t]
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16),
+       gamma=st.floats(0.5, 1.0), lam=st.floats(0.5, 1.0),
+       junk=st.sampled_from([np.nan, np.inf, 1e6, -3.0]))
+def test_gae_ignores_masked_positions(shape, seed, gamma, lam, junk):
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  clean = _gae(rewards, values, mask, gamma=gamma, lam=lam)
+  dirty = _gae(np.where(mask, rewards, junk), np.where(mask, values, -junk),
+               mask, gamma=gamma, lam=lam)
+  chex.assert_trees_all_equal(clean, dirty)
+  assert np.all(np.asarray(clean[0])[~mask] == 0.0)
+  assert np.all(np.asarray(clean[1])[~mask] == 0.0)
+
+
+def _np_group_stats(rewards, group):
+  r = rewards.astype(np.float64).reshape(-1, group)
+  return r, r.mean(1, keepdims=True), r.std(1, ddof=1, keepdims=True)
+
+
+group_rewards = st.tuples(st.sampled_from([2, 3, 4]), st.sampled_from([1, 2, 5]),
+                          st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(spec=group_rewards)
+def test_grpo_properties(spec):
+  group, num_prompts, seed = spec
+  rng = np.random.default_rng(seed)
+  rewards = rng.normal(size=num_prompts * group).astype(np.float32)
+  r, mean, std = _np_group_stats(rewards, group)
+  assume(np.all(std > 0.05))
+  got = np.asarray(adv.grpo(rewards, group)).reshape(-1, group)
+  np.testing.assert_allclose(got, (r - mean) / (std + 1e-6), atol=1e-5)
+  np.testing.assert_allclose(got.mean(1), 0.0, atol=1e-5)
+  shift = np.repeat(rng.normal(size=num_prompts) * 10, group).astype(np.float32)
+  scale = np.float32(rng.uniform(0.1, 10.0))
+  np.testing.assert_allclose(adv.grpo(rewards + shift, group), got.reshape(-1),
+                             atol=1e-4)
+  np.testing.assert_allclose(adv.grpo(rewards * scale, group), got.reshape(-1),
+                             atol=1e-4)
+
+
+@SETTINGS
+@given(group=st.sampled_from([2, 3, 5, 8]),
+       value=st.floats(-1e3, 1e3, width=32))
+def test_group_estimators_zero_for_equal_rewards(group, value):
+  rewards = np.full(2 * group, value, np.float32)
+  for fn in (adv.grpo, adv.drgrpo, adv.rloo):
+    np.testing.assert_array_equal(fn(rewards, group), 0.0)
+  np.testing.assert_array_equal(adv.zero_signal_groups(rewards, group), True)
+
+
+class GroupEstimatorTest(parameterized.TestCase):
+  """RLOO / Dr. GRPO / zero-signal against numpy loops, jitted and not."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(group=(2, 3, 4), seed=(0, 1))
+  def test_against_loops(self, group, seed):
+    rng = np.random.default_rng(seed)
+    rewards = rng.integers(0, 3, size=5 * group).astype(np.float32)
+    rewards[:group] = 1.0  # At least one zero-signal group.
+    got_rloo = self.variant(functools.partial(adv.rloo, group_size=group))(
+        rewards)
+    got_dr = self.variant(functools.partial(adv.drgrpo, group_size=group))(
+        rewards)
+    got_zero = self.variant(functools.partial(
+        adv.zero_signal_groups, group_size=group))(rewards)
+    want_rloo, want_dr = np.zeros(len(rewards)), np.zeros(len(rewards))
+    want_zero = []
+    for p in range(len(rewards) // group):
+      members = list(range(p * group, (p + 1) * group))
+      want_zero.append(len({rewards[i] for i in members}) == 1)
+      for i in members:
+        others = [rewards[j] for j in members if j != i]
+        want_rloo[i] = rewards[i] - sum(others) / len(others)
+        want_dr[i] = rewards[i] - sum(rewards[j] for j in members) / group
+    np.testing.assert_allclose(got_rloo, want_rloo, atol=1e-6)
+    np.testing.assert_allclose(got_dr, want_dr, atol=1e-6)
+    np.testing.assert_array_equal(got_zero, want_zero)
+
+
+def test_group_estimators_reject_bad_group_sizes():
+  with pytest.raises(ValueError, match='multiple of group_size'):
+    adv.drgrpo(jnp.zeros(5), 2)
+  with pytest.raises(ValueError, match='group_size >= 2'):
+    adv.grpo(jnp.zeros(4), 1)
+  with pytest.raises(ValueError, match='group_size >= 2'):
+    adv.rloo(jnp.zeros(4), 1)
+
+
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16),
+       shift_mean=st.booleans())
+def test_masked_statistics(shape, seed, shift_mean):
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  assume(mask.sum() >= 2)
+  x = (rng.normal(size=shape) * 3 + 1).astype(np.float32)
+  dirty = np.where(mask, x, np.nan)
+  valid = x[mask].astype(np.float64)
+  np.testing.assert_allclose(adv.masked_mean(dirty, mask), valid.mean(),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(adv.masked_var(dirty, mask), valid.var(),
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(adv.masked_var(dirty, mask, unbiased=True),
+                             valid.var(ddof=1), rtol=1e-4, atol=1e-6)
+  white = np.asarray(adv.masked_whiten(dirty, mask, shift_mean=shift_mean))
+  want = (x - valid.mean()) / np.sqrt(valid.var() + 1e-8)
+  want = want + valid.mean() if not shift_mean else want
+  np.testing.assert_allclose(white[mask], want[mask], rtol=1e-4, atol=1e-5)
+  assert np.all(white[~mask] == 0.0)
+
+
+def test_masked_mean_of_nothing_is_zero():
+  assert float(adv.masked_mean(jnp.ones((2, 3)), jnp.zeros((2, 3)))) == 0.0
+
+
+def _np_reinforce_pp(rewards, mask, kl, beta, gamma, group):
+  """Loop reference: last-token score, KL shaping, reward-to-go, whitening."""
+  rewards = rewards.astype(np.float64)
+  if group:
+    r = rewards.reshape(-1, group)
+    rewards = (r - r.mean(1, keepdims=True)).reshape(-1)
+  returns = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    idx = np.flatnonzero(mask[b])
+    step_rewards = [-beta * kl[b, t] for t in idx]
+    if len(idx):
+      step_rewards[-1] += rewards[b]
+    running = 0.0
+    for k in reversed(range(len(idx))):
+      running = step_rewards[k] + gamma * running
+      returns[b, idx[k]] = running
+  valid = returns[mask]
+  white = (returns - valid.mean()) / np.sqrt(valid.var() + 1e-8)
+  return np.where(mask, white, 0.0)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), gamma=st.sampled_from([1.0, 0.9]),
+       beta=st.sampled_from([0.0, 0.3]), group=st.sampled_from([None, 2]))
+def test_reinforce_pp_token_level(seed, gamma, beta, group):
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, 4, 7)
+  assume(mask.sum() >= 2)
+  rewards = rng.normal(size=4).astype(np.float32)
+  kl = rng.normal(size=(4, 7)).astype(np.float32)
+  got = _reinforce_pp(rewards, mask, kl_BxT=np.where(mask, kl, np.nan),
+                      beta=beta, gamma=gamma, group_size=group)
+  want = _np_reinforce_pp(rewards, mask, kl, beta, gamma, group)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_reinforce_pp_sequence_level_is_batch_whitened():
+  rewards = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.5], np.float32)
+  got = adv.reinforce_pp(rewards)
+  want = (rewards - rewards.mean()) / np.sqrt(rewards.var() + 1e-8)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_array_equal(adv.reinforce_pp(np.full(4, 0.1, np.float32)),
+                                0.0)
+
+
+def test_sequence_to_token_rewards_uses_last_valid_token():
+  mask = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], bool)
+  got = adv.sequence_to_token_rewards(np.array([2.0, 3.0, -1.0]), mask)
+  want = np.zeros((3, 5))
+  want[0, 3], want[2, 0] = 2.0, -1.0
+  np.testing.assert_array_equal(got, want)
+
+
+def _np_overlong(length, max_len, buffer_len, factor):
+  """DAPO's piecewise definition, written out."""
+  if length <= max_len - buffer_len:
+    return 0.0
+  if length <= max_len:
+    return factor * ((max_len - buffer_len) - length) / buffer_len
+  return -factor
+
+
+@pytest.mark.parametrize('max_len,buffer_len,factor',
+                         [(20, 5, 1.0), (4096, 1024, 0.5), (8, 8, 2.0)])
+def test_overlong_penalty(max_len, buffer_len, factor):
+  lengths = np.array(sorted({0, 1, max_len - buffer_len - 1,
+                             max_len - buffer_len, max_len - buffer_len + 1,
+                             max_len - buffer_len // 2, max_len - 1, max_len,
+                             max_len + 1, 3 * max_len}))
+  lengths = lengths[lengths >= 0]
+  got = adv.overlong_penalty(lengths, max_len=max_len, buffer_len=buffer_len,
+                             penalty_factor=factor)
+  want = [_np_overlong(n, max_len, buffer_len, factor) for n in lengths]
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert float(got[lengths == max_len][0]) == -factor
+  assert float(got[lengths == max_len - buffer_len][0]) == 0.0
+
+
+def test_overlong_penalty_rejects_bad_buffer():
+  with pytest.raises(ValueError, match='buffer_len'):
+    adv.overlong_penalty(jnp.arange(3), max_len=10, buffer_len=0)

@@ -1,0 +1,270 @@
+"""Tests for rlpost.logprobs against slow, obvious numpy references."""
+import functools
+
+from absl.testing import parameterized
+import chex
+from hypothesis import given, settings, strategies as st
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost import logprobs
+
+SETTINGS = settings(max_examples=30, deadline=None)
+DIM = 8
+
+_logprobs_jit = jax.jit(logprobs.token_logprobs,
+                        static_argnames=('chunk', 'return_entropy'))
+
+
+def _np_reference(hidden, embed, targets, mask, temperature):
+  """float64 full-logits logp, entropy and softmax, masked positions 0."""
+  logits = hidden.astype(np.float64) @ embed.astype(np.float64).T / temperature
+  shift = logits.max(-1, keepdims=True)
+  lse = shift[..., 0] + np.log(np.exp(logits - shift).sum(-1))
+  probs = np.exp(logits - lse[..., None])
+  batch, seq = targets.shape
+  logp = np.zeros((batch, seq))
+  entropy = np.zeros((batch, seq))
+  for b in range(batch):
+    for t in range(seq):
+      if mask[b, t]:
+        logp[b, t] = logits[b, t, targets[b, t]] - lse[b, t]
+        entropy[b, t] = -np.sum(probs[b, t] * np.log(probs[b, t]))
+  return logp, entropy, probs
+
+
+def _np_logp_grads(hidden, embed, targets, mask, temperature, cot):
+  """Analytic gradient of sum(cot * logp) w.r.t. hidden and embed (float64)."""
+  _, _, probs = _np_reference(hidden, embed, targets, mask, temperature)
+  vocab = embed.shape[0]
+  onehot = np.eye(vocab)[np.where(mask, targets, 0)]
+  weight = (cot * mask)[..., None]
+  dlogits = weight * (onehot - probs) / temperature
+  d_hidden = dlogits @ embed.astype(np.float64)
+  d_embed = np.einsum('btv,btd->vd', dlogits, hidden.astype(np.float64))
+  return d_hidden, d_embed
+
+
+def _random_inputs(seed, batch, seq, vocab, ragged=True):
+  rng = np.random.default_rng(seed)
+  hidden = rng.normal(size=(batch, seq, DIM)).astype(np.float32)
+  embed = rng.normal(size=(vocab, DIM)).astype(np.float32) * 0.7
+  if ragged:
+    mask = rng.random((batch, seq)) < 0.75
+  else:
+    mask = np.ones((batch, seq), bool)
+  targets = rng.integers(0, vocab, size=(batch, seq))
+  targets = np.where(mask, targets, -1).astype(np.int32)  # Pads out of range.
+  return hidden, embed, targets, mask
+
+
+shapes = st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([1, 5, 8]),
+                   st.sampled_from([7, 32]))
+chunks = st.sampled_from([1, 3, 4, 7, 16, 1000])
+
+
+@SETTINGS
+@given(shape=shapes, chunk=chunks, seed=st.integers(0, 2**16),
+       temperature=st.sampled_from([0.6, 1.0, 1.5]))
+def test_matches_naive_full_logits(shape, chunk, seed, temperature):
+  hidden, embed, targets, mask = _random_inputs(seed, *shape)
+  logp, entropy = _logprobs_jit(hidden, embed, targets, mask,
+                                temperature=temperature, chunk=chunk,
+                                return_entropy=True)
+  ref_logp, ref_entropy, _ = _np_reference(hidden, embed, targets, mask,
+                                           temperature)
+  assert logp.dtype == jnp.float32 and logp.shape == targets.shape
+  np.testing.assert_allclose(logp, ref_logp, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
+  assert np.all(np.asarray(logp)[~mask] == 0.0)
+
+
+@SETTINGS
+@given(shape=shapes, chunk_a=chunks, chunk_b=chunks, seed=st.integers(0, 2**16))
+def test_independent_of_chunk_size(shape, chunk_a, chunk_b, seed):
+  hidden, embed, targets, mask = _random_inputs(seed, *shape)
+  out_a = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_a,
+                        return_entropy=True)
+  out_b = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_b,
+                        return_entropy=True)
+  chex.assert_trees_all_close(out_a, out_b, atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), split=st.integers(1, 3),
+       chunk=st.sampled_from([3, 5]))
+def test_independent_of_microbatch_split(seed, split, chunk):
+  hidden, embed, targets, mask = _random_inputs(seed, 4, 6, 11)
+  full = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk)
+  parts = [_logprobs_jit(hidden[s], embed, targets[s], mask[s], chunk=chunk)
+           for s in (slice(0, split), slice(split, None))]
+  np.testing.assert_allclose(full, np.concatenate(parts), atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), extra_seq=st.sampled_from([1, 3, 9]),
+       extra_rows=st.sampled_from([0, 2]), chunk=st.sampled_from([4, 6]))
+def test_independent_of_padding_amount(seed, extra_seq, extra_rows, chunk):
+  hidden, embed, targets, mask = _random_inputs(seed, 3, 5, 13)
+  rng = np.random.default_rng(seed + 1)
+  batch, seq = targets.shape
+  big_shape = (batch + extra_rows, seq + extra_seq)
+  # Garbage (but finite) hidden states and out-of-range targets in the padding.
+  hidden_p = rng.normal(size=big_shape + (DIM,)).astype(np.float32) * 50
+  hidden_p[:batch, :seq] = hidden
+  targets_p = np.full(big_shape, 10**6, np.int32)
+  targets_p[:batch, :seq] = targets
+  mask_p = np.zeros(big_shape, bool)
+  mask_p[:batch, :seq] = mask
+  small = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk,
+                        return_entropy=True)
+  big = _logprobs_jit(hidden_p, embed, targets_p, mask_p, chunk=chunk,
+                      return_entropy=True)
+  for s, b in zip(small, big):
+    np.testing.assert_allclose(s, np.asarray(b)[:batch, :seq], atol=1e-5)
+    assert np.all(np.asarray(b)[~mask_p] == 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=('chunk',))
+def _logp_grads(hidden, embed, targets, mask, cot, temperature, chunk):
+  def objective(h, e):
+    return jnp.sum(cot * logprobs.token_logprobs(
+        h, e, targets, mask, temperature=temperature, chunk=chunk))
+  return jax.grad(objective, argnums=(0, 1))(hidden, embed)
+
+
+@SETTINGS
+@given(shape=shapes, chunk=chunks, seed=st.integers(0, 2**16),
+       temperature=st.sampled_from([0.7, 1.0]))
+def test_gradient_matches_naive(shape, chunk, seed, temperature):
+  hidden, embed, targets, mask = _random_inputs(seed, *shape)
+  cot = np.random.default_rng(seed).normal(size=targets.shape).astype(np.float32)
+  d_hidden, d_embed = _logp_grads(hidden, embed, targets, mask, cot,
+                                  temperature, chunk)
+  ref_hidden, ref_embed = _np_logp_grads(hidden, embed, targets, mask,
+                                         temperature, cot)
+  np.testing.assert_allclose(d_hidden, ref_hidden, atol=1e-5, rtol=1e-4)
+  np.testing.assert_allclose(d_embed, ref_embed, atol=1e-5, rtol=1e-4)
+
+
+def _naive_entropy_jax(hidden, embed, mask):
+  logp_all = jax.nn.log_softmax(jnp.einsum('btd,vd->btv', hidden, embed), -1)
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return jnp.where(mask, entropy, 0.0)
+
+
+def test_entropy_gradient_matches_naive():
+  hidden, embed, targets, mask = _random_inputs(7, 3, 5, 17)
+  cot = np.random.default_rng(1).normal(size=targets.shape).astype(np.float32)
+
+  def chunked(h, e):
+    _, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=4,
+                                     return_entropy=True)
+    return jnp.sum(cot * ent)
+
+  def naive(h, e):
+    return jnp.sum(cot * _naive_entropy_jax(h, e, mask))
+
+  got = jax.grad(chunked, argnums=(0, 1))(hidden, embed)
+  want = jax.grad(naive, argnums=(0, 1))(hidden, embed)
+  chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_bfloat16_inputs_accumulate_in_float32():
+  hidden, embed, targets, mask = _random_inputs(3, 2, 8, 32)
+  hidden_bf = jnp.asarray(hidden * 3, jnp.bfloat16)
+  embed_bf = jnp.asarray(embed, jnp.bfloat16)
+  logp = _logprobs_jit(hidden_bf, embed_bf, targets, mask, chunk=5)
+  # Reference on the same bf16-rounded values in float64: only accumulation
+  # error remains, far below bfloat16 resolution (~1e-2 relative).
+  ref, _, _ = _np_reference(np.asarray(hidden_bf.astype(jnp.float32)),
+                            np.asarray(embed_bf.astype(jnp.float32)),
+                            targets, mask, 1.0)
+  assert logp.dtype == jnp.float32
+  np.testing.assert_allclose(logp, ref, atol=1e-4, rtol=1e-5)
+  grads = jax.grad(lambda h, e: jnp.sum(logprobs.token_logprobs(
+      h, e, targets, mask, chunk=5)), argnums=(0, 1))(hidden_bf, embed_bf)
+  assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+
+
+def _max_intermediate_size(jaxpr):
+  """Largest number of elements of any value produced inside `jaxpr`."""
+  biggest = 0
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      biggest = max(biggest, int(np.prod(var.aval.shape)))
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      biggest = max(biggest, _max_intermediate_size(sub))
+  return biggest
+
+
+def test_full_logits_never_materialized():
+  batch, seq, vocab, chunk = 4, 16, 64, 8
+  hidden, embed, targets, mask = _random_inputs(0, batch, seq, vocab)
+
+  def loss(h, e):
+    logp, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=chunk,
+                                        return_entropy=True)
+    return jnp.sum(logp) + jnp.sum(ent)
+
+  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(hidden, embed)
+  biggest = _max_intermediate_size(jaxpr.jaxpr)
+  assert biggest <= chunk * vocab < batch * seq * vocab, biggest
+
+
+class HelperTest(parameterized.TestCase):
+  """Mask/position helpers vs numpy loops, with and without jit."""
+
+  def setUp(self):
+    super().setUp()
+    self.rng = np.random.default_rng(0)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(((3,),), ((3, 5),), ((),))
+  def test_completion_mask(self, stop_ids):
+    stop_ids = stop_ids if stop_ids else 4
+    tokens = self.rng.integers(0, 8, size=(6, 12)).astype(np.int32)
+    got = self.variant(functools.partial(logprobs.completion_mask,
+                                         stop_ids=stop_ids))(tokens)
+    stops = set(np.atleast_1d(stop_ids).tolist())
+    want = np.ones_like(tokens, bool)
+    for b in range(tokens.shape[0]):
+      for t in range(tokens.shape[1]):
+        if tokens[b, t] in stops:
+          want[b, t + 1:] = False
+          break
+    np.testing.assert_array_equal(got, want)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_positions_and_attention_masks(self):
+    mask = self.rng.random((5, 9)) < 0.6
+    mask[0] = False
+    positions = self.variant(logprobs.positions_from_mask)(mask)
+    attn = self.variant(logprobs.causal_attention_mask)(mask)
+    want_pos = np.zeros(mask.shape, int)
+    want_attn = np.zeros(mask.shape + mask.shape[-1:], bool)
+    for b in range(mask.shape[0]):
+      count = 0
+      for t in range(mask.shape[1]):
+        count += int(mask[b, t])
+        want_pos[b, t] = max(count - 1, 0)
+        for k in range(t + 1):
+          want_attn[b, t, k] = mask[b, k]
+    np.testing.assert_array_equal(positions, want_pos)
+    np.testing.assert_array_equal(attn, want_attn)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_segment_attention_mask(self):
+    segments = np.array([[1, 1, 2, 2, 2, 0, 0],
+                         [1, 2, 2, 3, 3, 3, 0],
+                         [0, 0, 1, 1, 1, 1, 1]], np.int32)
+    got = self.variant(logprobs.segment_attention_mask)(segments)
+    want = np.zeros(segments.shape + segments.shape[-1:], bool)
+    for b, row in enumerate(segments):
+      for q in range(len(row)):
+        for k in range(q + 1):
+          want[b, q, k] = row[q] == row[k] and row[k] != 0
+    np.testing.assert_array_equal(got, want)
