@@ -90,14 +90,11 @@ def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
 
 
 def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
-  """Tiny preference set: prompt "a+b=", chosen the right sum, rejected a wrong one."""
+  """Tiny preference set: prompt "a+b=", chosen the sum, rejected a refusal."""
   rng = np.random.default_rng(seed)
-  records = []
-  for _ in range(num_pairs):
-    a, b = (int(x) for x in rng.integers(0, 50, size=2))
-    wrong = a + b + int(rng.choice([-3, -2, -1, 1, 2, 3]))
-    records.append({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(wrong)})
-  return records
+  pairs = rng.integers(0, 50, size=(num_pairs, 2))
+  return [{"prompt": f"{a}+{b}=", "chosen": str(int(a + b)), "rejected": "I don't know."}
+          for a, b in pairs]
 
 
 def pair_stats(batch: dict) -> dict[str, float]:

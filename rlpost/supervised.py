@@ -98,6 +98,10 @@ def fit(cfg, workdir: str, *, state, frozen, train_step, next_batch: Callable,
   stop_after: leave after this many steps of this call (tests of resumption).
   """
   fresh_meta = {"iteration": 0, "cursor": cursor_lib.Cursor(cfg.seed)._asdict()}
+  # Replicated on the mesh up front: the step's output state has that sharding, so the
+  # second step reuses the first step's compilation.
+  mesh = train.make_mesh()
+  state, frozen = train.replicate(state, mesh), train.replicate(frozen, mesh)
   handle, state, meta, resumed = run.start(workdir, cfg, state, fresh_meta,
                                            keep=cfg.checkpoint.keep)
   first, cursor = int(meta["iteration"]), cursor_lib.Cursor(**meta["cursor"])

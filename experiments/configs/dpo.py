@@ -4,7 +4,7 @@ VARIANT:
   gemma3_270m  real Gemma 3 270M weights, LoRA; needs `--config.data.path=FILE.jsonl`
                of {"prompt", "chosen", "rejected"[, "system"]} records.
   tiny         random tiny model + byte tokenizer, a synthetic preference set
-               (prompt "a+b=", chosen the right sum, rejected a wrong one); full params.
+               (prompt "a+b=", chosen the sum, rejected a refusal); full params.
 
 The reference policy is the base params with adapters off (LoRA) or a copy of the
 initial params (`--config.lora.enabled=False`); its logprobs are computed once per
@@ -36,7 +36,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "shuffle": True,
   })
   c.train = ml_collections.ConfigDict({
-      "steps": 60 if tiny else 300,
+      "steps": 40 if tiny else 300,
       "batch_size": 8 if tiny else 4,    # preference pairs per step
       "micro_batch_size": 4 if tiny else 1,
       "learning_rate": 3e-3 if tiny else 5e-5,
