@@ -40,9 +40,9 @@ def make_pair_batch(pairs: Sequence[Pair], *, seq_len: int, pad_id: int,
   return {**halves, "ref_chosen": zeros, "ref_rejected": zeros.copy()}
 
 
-def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk):
+def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk, remat=None):
   logp = sft.target_logprobs(params, adapters, half, config=config, lora_scale=lora_scale,
-                             chunk=chunk)
+                             chunk=chunk, remat=remat)
   return sft_losses.sequence_logprob(logp, half["target_mask"])
 
 
@@ -70,16 +70,18 @@ def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: in
 
 
 def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 beta: float = 0.1, label_smoothing: float = 0.0, chunk: int = 256):
+                 beta: float = 0.1, label_smoothing: float = 0.0, chunk: int = 256,
+                 remat: str | None = None):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)` for `make_train_step`.
 
   Sigmoid DPO (`sft_losses.dpo_loss`) of the micro-batch's pairs; metrics are
   chosen/rejected rewards, reward margin and preference accuracy (batch means).
+  chunk / remat: as in `rlpost.sft.make_loss_fn`.
   """
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = sft.split_params(trainable, frozen, lora)
     seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], config=config,
-                                    lora_scale=lora_scale, chunk=chunk)
+                                    lora_scale=lora_scale, chunk=chunk, remat=remat)
            for name in ("chosen", "rejected")}
     loss, metrics = sft_losses.dpo_loss(
         seq["chosen"], seq["rejected"], micro_batch["ref_chosen"], micro_batch["ref_rejected"],

@@ -116,16 +116,19 @@ def next_examples(cursor: cursor_lib.Cursor, lengths: Sequence[int], *, rows: in
 
 
 def target_logprobs(params, adapters, micro_batch: Batch, *, config: gemma3.Config,
-                    lora_scale: float = 1.0, chunk: int = 256) -> jax.Array:
+                    lora_scale: float = 1.0, chunk: int = 256,
+                    remat: str | None = None) -> jax.Array:
   """logp [m, T] float32 of `targets` where `target_mask` (0 elsewhere) for m rows.
 
   Runs the decoder on all tokens (segment attention mask, per-segment
-  positions), then projects only the gathered hidden states onto the vocabulary.
+  positions; `remat` as in `gemma3.forward`), then projects only the gathered
+  hidden states onto the vocabulary, `chunk` tokens at a time.
   """
   mb = micro_batch
   mask = packing.segment_attention_mask(mb["segment_ids"])
   hidden, _ = gemma3.forward(params, mb["tokens"], mb["positions"], mask, config=config,
-                             return_hidden=True, adapters=adapters, lora_scale=lora_scale)
+                             return_hidden=True, adapters=adapters, lora_scale=lora_scale,
+                             remat=remat)
   m, t, d = hidden.shape
   index = mb["gather_index"].reshape(-1)
   valid = mb["gather_valid"].reshape(-1)
@@ -144,16 +147,17 @@ def split_params(trainable, frozen, lora: bool):
 
 
 def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 chunk: int = 256):
+                 chunk: int = 256, remat: str | None = None):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, {})` for `train.make_train_step`.
 
   trainable/frozen: (adapters, base params) with `lora`, else (params, None).
+  chunk: tokens per output-projection chunk; remat: `gemma3.forward`'s policy.
   The loss is this micro-batch's share of the batch's token-mean NLL (module docstring).
   """
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = split_params(trainable, frozen, lora)
     logp = target_logprobs(params, adapters, micro_batch, config=config,
-                           lora_scale=lora_scale, chunk=chunk)
+                           lora_scale=lora_scale, chunk=chunk, remat=remat)
     loss, _ = sft_losses.sft_loss(logp, micro_batch["target_mask"],
                                   num_tokens=micro_batch["token_divisor"][0])
     return loss, {}
@@ -183,9 +187,9 @@ def evaluate(eval_fn, trainable, frozen, examples: Sequence[packing.Example], *,
   filler = (examples[0][0], np.zeros(len(examples[0][0]), bool))
   nll, count = 0.0, 0.0
   for start in range(0, len(examples), rows):
-    chunk = list(examples[start:start + rows])
-    chunk += [filler] * (rows - len(chunk))
-    batch = make_batch(chunk, seq_len=seq_len, pad_id=pad_id, micro_batch_size=rows,
+    part = list(examples[start:start + rows])
+    part += [filler] * (rows - len(part))
+    batch = make_batch(part, seq_len=seq_len, pad_id=pad_id, micro_batch_size=rows,
                        gather_bucket=gather_bucket)
     s, c = eval_fn(trainable, frozen, batch)
     nll, count = nll + float(s), count + float(c)

@@ -37,7 +37,7 @@ def _dense_reference_nll(params, batch):
   return -jnp.sum(jnp.where(m, picked, 0.0)) / jnp.sum(m)
 
 
-_LOSS_FN = sft.make_loss_fn(CONFIG, lora=False)
+_LOSS_FN = sft.make_loss_fn(CONFIG, lora=False, remat="dots")   # the configs' default
 
 
 @jax.jit
@@ -63,6 +63,20 @@ def test_gathered_loss_matches_full_logits():
   batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
   loss, _ = _loss_and_grad(params, batch)
   np.testing.assert_allclose(loss, jax.jit(_dense_reference_nll)(params, batch), rtol=1e-5)
+
+
+def test_remat_policies_agree():
+  params = _params(4)
+  batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
+  loss, grads = _loss_and_grad(params, batch)
+  for remat in (None, "full"):
+    loss_fn = sft.make_loss_fn(CONFIG, lora=False, remat=remat)
+    loss2, grads2 = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
+    np.testing.assert_allclose(loss, loss2, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 grads, grads2)
+  with pytest.raises(ValueError, match="remat"):
+    sft.make_loss_fn(CONFIG, lora=False, remat="some")(params, None, batch)
 
 
 def test_loss_mask_invariance():
@@ -183,6 +197,7 @@ def test_eval_loss_reported(tmp_path):
     ("data", "path", "/nonexistent.jsonl", "data.source"),
     ("lora", "targets", "q,attn", "lora.targets"),
     ("data", "seq_len", 1, "data.seq_len"),
+    ("train", "remat", "all", "train.remat"),
 ])
 def test_config_validation_names_field(section, name, value, field):
   cfg = _tiny_config(lora__enabled=True)

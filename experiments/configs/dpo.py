@@ -45,7 +45,8 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b1": 0.9,
       "adam_b2": 0.99,
       "max_grad_norm": 1.0,
-      "logprob_chunk": 256,
+      "logprob_chunk": 512,              # tokens per output-projection chunk
+      "remat": "dots",                   # none | dots | full (activation memory policy)
       "gather_bucket": 64,
   })
   c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics

@@ -48,7 +48,8 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b1": 0.9,
       "adam_b2": 0.99,
       "max_grad_norm": 1.0,              # 0: no clipping
-      "logprob_chunk": 256,              # tokens per output-projection chunk
+      "logprob_chunk": 512,              # tokens per output-projection chunk
+      "remat": "dots",                   # none | dots | full (activation memory policy)
       "gather_bucket": 64,               # loss-token gather size is a multiple of this
   })
   c.eval = ml_collections.ConfigDict({"every": 20 if tiny else 100,   # 0: never
