@@ -12,6 +12,7 @@ import jax
 from ml_collections import config_flags
 
 from rlpost import sampling
+from rlpost import tokenizer as tokenizer_lib
 from rlpost.models import loading
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sample.py:tiny",
@@ -50,7 +51,7 @@ def main(argv):
   if not texts:
     raise app.UsageError("No prompts: pass --prompt, config.prompts or config.prompt_file")
   if cfg.chat:
-    texts_in = [tokenizer.chat_prompt(t) for t in texts]
+    texts_in = [tokenizer_lib.chat_prompt(t) for t in texts]
   else:
     texts_in = texts
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts_in], sc)

@@ -5,6 +5,7 @@ Row order of group estimators is prompt-major: rows `b*G .. b*G + G-1` are the
 Masks are `[batch, seq]` bool or 0/1 over completion tokens; masked positions of
 every `[batch, seq]` output are 0 and never influence valid positions.
 """
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -13,8 +14,8 @@ def _groups(rewards_N, group_size):
   """`[N]` -> `[N // G, G]` float32, checking that `G` divides `N`."""
   num = rewards_N.shape[0]
   if rewards_N.ndim != 1 or group_size < 1 or num % group_size:
-    raise ValueError(f'rewards must be [N] with N a multiple of group_size; got '
-                     f'shape {rewards_N.shape} and group_size={group_size}')
+    raise ValueError(f'rewards must be [N] with N a multiple of group_size; '
+                     f'got shape {rewards_N.shape}, group_size={group_size}')
   return rewards_N.astype(jnp.float32).reshape(num // group_size, group_size)
 
 
@@ -24,7 +25,7 @@ def _all_equal(r_PxG):
 
 
 def grpo(rewards_N, group_size, *, epsilon=1e-6):
-  """GRPO (DeepSeekMath): `(r - group mean) / (group std + epsilon)`, `[N]` float32.
+  """GRPO (DeepSeekMath): `(r - group mean) / (group std + epsilon)`, `[N]` f32.
 
   The std is the unbiased (ddof=1) sample std, as in TRL and verl; it needs
   `group_size >= 2`. Groups whose rewards are all equal get advantage 0.
@@ -53,12 +54,13 @@ def rloo(rewards_N, group_size):
     raise ValueError(f'rloo needs group_size >= 2 (a leave-one-out baseline), '
                      f'got {group_size}')
   r_PxG = _groups(rewards_N, group_size)
-  others_PxG = (jnp.sum(r_PxG, axis=1, keepdims=True) - r_PxG) / (group_size - 1)
+  sum_Px1 = jnp.sum(r_PxG, axis=1, keepdims=True)
+  others_PxG = (sum_Px1 - r_PxG) / (group_size - 1)
   return jnp.where(_all_equal(r_PxG), 0.0, r_PxG - others_PxG).reshape(-1)
 
 
 def masked_mean(x, mask, axis=None):
-  """Mean of `x` over positions where `mask` is nonzero; 0 when there are none."""
+  """Mean of `x` where `mask` is nonzero (NaN-safe); 0 when nothing is valid."""
   mask = jnp.broadcast_to(mask, x.shape).astype(jnp.float32)
   total = jnp.sum(jnp.where(mask > 0, x, 0.0) * mask, axis=axis)
   count = jnp.sum(mask, axis=axis)
@@ -66,7 +68,7 @@ def masked_mean(x, mask, axis=None):
 
 
 def masked_var(x, mask, *, unbiased=False):
-  """Variance of `x` over the valid positions (population variance by default)."""
+  """Variance of `x` over valid positions (population variance by default)."""
   mask = jnp.broadcast_to(mask, x.shape).astype(jnp.float32)
   mean = masked_mean(x, mask)
   var = masked_mean(jnp.square(jnp.where(mask > 0, x - mean, 0.0)), mask)
@@ -77,7 +79,7 @@ def masked_var(x, mask, *, unbiased=False):
 
 
 def masked_whiten(x, mask, *, shift_mean=True, epsilon=1e-8):
-  """`(x - mean) / sqrt(var + epsilon)` over valid positions; masked positions 0.
+  """`(x - mean) / sqrt(var + epsilon)` over valid positions; masked ones 0.
 
   With `shift_mean=False` the mean is added back (only the scale changes).
   """
@@ -90,7 +92,7 @@ def masked_whiten(x, mask, *, shift_mean=True, epsilon=1e-8):
 
 
 def sequence_to_token_rewards(rewards_N, mask_NxT):
-  """Places each sequence reward on the row's last valid token: `[N, T]` float32."""
+  """Puts each sequence reward on its row's last valid token: `[N, T]` f32."""
   mask_NxT = mask_NxT.astype(bool)
   seq = mask_NxT.shape[1]
   last_N = seq - 1 - jnp.argmax(mask_NxT[:, ::-1], axis=1)
@@ -111,6 +113,7 @@ def discounted_returns(rewards_BxT, mask_BxT, *, gamma=1.0):
   Masked positions are skipped (their rewards are ignored and they do not count
   as steps); they return 0. `[batch, seq]` float32.
   """
+  chex.assert_equal_shape([rewards_BxT, mask_BxT])
   mask_TxB = mask_BxT.astype(bool).T
   rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
 
@@ -179,6 +182,8 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
   Returns:
     `(advantages_BxT, returns_BxT)`, float32.
   """
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([rewards_BxT, values_BxT, mask_BxT])
   mask_TxB = mask_BxT.astype(bool).T
   rewards_TxB = jnp.where(mask_TxB, rewards_BxT.T, 0.0).astype(jnp.float32)
   values_TxB = jnp.where(mask_TxB, values_BxT.T, 0.0).astype(jnp.float32)
@@ -188,7 +193,8 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
     r_B, v_B, m_B = xs
     delta_B = r_B + gamma * next_value_B - v_B
     adv_B = delta_B + gamma * lam * next_adv_B
-    carry = (jnp.where(m_B, v_B, next_value_B), jnp.where(m_B, adv_B, next_adv_B))
+    carry = (jnp.where(m_B, v_B, next_value_B),
+             jnp.where(m_B, adv_B, next_adv_B))
     return carry, jnp.where(m_B, adv_B, 0.0)
 
   zeros_B = jnp.zeros(rewards_TxB.shape[1], jnp.float32)
@@ -199,7 +205,7 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
 
 
 def zero_signal_groups(rewards_N, group_size):
-  """DAPO dynamic sampling: `[N // G]` bool, True where a group's rewards are equal.
+  """DAPO dynamic sampling: `[N // G]` bool, True where a group's rewards tie.
 
   Such groups have zero advantage under GRPO/Dr.GRPO/RLOO and can be dropped
   (or resampled) before the update.
@@ -208,7 +214,7 @@ def zero_signal_groups(rewards_N, group_size):
 
 
 def overlong_penalty(lengths_N, *, max_len, buffer_len, penalty_factor=1.0):
-  """DAPO soft overlong punishment, by completion length in TOKENS: `[N]` float32.
+  """DAPO soft overlong punishment by completion length in TOKENS: `[N]` f32.
 
   0 up to `max_len - buffer_len` tokens, then linear down to `-penalty_factor`
   at `max_len`, and `-penalty_factor` beyond. Add it to the task reward.

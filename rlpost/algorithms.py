@@ -1,4 +1,4 @@
-"""Static algorithm configs (GRPO family, PPO) and the losses a train step calls.
+"""Static algorithm configs (GRPO family, PPO) and the losses train steps call.
 
 The configs are frozen, hashable dataclasses, validated on construction; pass
 them as static arguments or close over them. `grpo_advantages` / `grpo_loss`
@@ -22,7 +22,8 @@ def _require(ok, config, field, fix):
 
 def _validate_policy_fields(c):
   """Checks the clipping / KL / aggregation fields both configs share."""
-  _require(0.0 <= c.epsilon_low < 1.0, c, 'epsilon_low', 'use a value in [0, 1)')
+  _require(0.0 <= c.epsilon_low < 1.0, c, 'epsilon_low',
+           'use a value in [0, 1)')
   _require(c.epsilon_high >= 0.0, c, 'epsilon_high', 'use a value >= 0')
   _require(c.epsilon_c is None or c.epsilon_c > 1.0, c, 'epsilon_c',
            'dual clip needs a value > 1 (e.g. 3.0), or None to disable it')
@@ -79,13 +80,14 @@ class GRPOConfig:
 
   def __post_init__(self):
     _require(self.advantage_estimator in ADVANTAGE_ESTIMATORS, self,
-             'advantage_estimator', f'use one of {", ".join(ADVANTAGE_ESTIMATORS)}')
+             'advantage_estimator',
+             f'use one of {", ".join(ADVANTAGE_ESTIMATORS)}')
     _require(self.num_generations >= 1, self, 'num_generations',
              'use at least 1 sample per prompt')
     _require(self.advantage_estimator not in _GROUP_ESTIMATORS
              or self.num_generations >= 2, self, 'num_generations',
-             f'{self.advantage_estimator} compares samples of a group: use >= 2 '
-             "(or advantage_estimator='reinforce_pp')")
+             f'{self.advantage_estimator} compares samples of a group: use '
+             ">= 2 (or advantage_estimator='reinforce_pp')")
     _require(self.beta >= 0.0, self, 'beta', 'use a value >= 0 (0 disables KL)')
     _require(self.importance in losses.IMPORTANCE_LEVELS, self, 'importance',
              f'use one of {", ".join(losses.IMPORTANCE_LEVELS)}')
@@ -181,7 +183,7 @@ def _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config):
 
 
 def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
-              config, entropy_BxT=None, sampler_logp_BxT=None):
+              config, entropy=None, sampler_logp=None):
   """GRPO-family loss: clipped policy loss + beta * KL - entropy_coef * entropy.
 
   Args:
@@ -192,25 +194,29 @@ def grpo_loss(logp_BxT, old_logp_BxT, ref_logp_BxT, advantages, mask_BxT,
     advantages: `[batch]` or `[batch, seq]` (e.g. from `grpo_advantages`).
     mask_BxT: `[batch, seq]` completion mask.
     config: GRPOConfig.
-    entropy_BxT: optional per-token entropy (required if entropy_coef > 0).
-    sampler_logp_BxT: sampler-reported logprobs (required if tis_cap is set).
+    entropy: optional `[batch, seq]` per-token entropy (required if
+      `entropy_coef > 0`).
+    sampler_logp: optional `[batch, seq]` logprobs the sampler reported
+      (required if `tis_cap` is set).
 
   Returns:
     `(loss, metrics)`: scalar float32 loss to minimize and a dict of scalars.
   """
   loss, metrics = _policy_term(logp_BxT, old_logp_BxT, advantages, mask_BxT,
-                               config, sampler_logp_BxT, config.importance)
+                               config, sampler_logp, config.importance)
   metrics['pg_loss'] = loss
   if config.beta > 0 and ref_logp_BxT is None:
-    raise ValueError('GRPOConfig.beta > 0 needs ref_logp; pass it or set beta=0')
+    raise ValueError('GRPOConfig.beta > 0 needs ref_logp; pass it or set '
+                     'beta=0')
   if ref_logp_BxT is not None:
     kl_BxT = losses.kl_penalty(logp_BxT, ref_logp_BxT, config.kl_kind,
                                config.kl_clamp, mask=mask_BxT)
-    kl = losses.aggregate(kl_BxT, mask_BxT, config.aggregation, config.max_tokens)
+    kl = losses.aggregate(kl_BxT, mask_BxT, config.aggregation,
+                          config.max_tokens)
     metrics['kl'] = kl
     if config.beta > 0:
       loss = loss + config.beta * kl
-  loss, metrics = _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config)
+  loss, metrics = _add_entropy(loss, metrics, entropy, mask_BxT, config)
   metrics['loss'] = loss
   return loss, metrics
 
@@ -222,6 +228,15 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT,
   The sequence score goes on the last valid token, `-kl_beta * KL` on every
   valid token (when `kl_beta > 0`), then GAE; advantages are whitened over the
   valid tokens if `config.whiten_advantages` (returns are not).
+
+  Args:
+    scores_N: `[N]` sequence rewards.
+    values_BxT: `[N, T]` critic values from the rollout.
+    logp_BxT: `[N, T]` logprobs of the rollout policy (the `old_logp` of the
+      subsequent `ppo_loss` calls).
+    ref_logp_BxT: `[N, T]` reference logprobs; may be None if `kl_beta == 0`.
+    mask_BxT: `[N, T]` completion mask.
+    config: PPOConfig.
   """
   rewards_BxT = adv_lib.sequence_to_token_rewards(scores_N, mask_BxT)
   if config.kl_beta > 0:
@@ -239,15 +254,15 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT,
 
 
 def ppo_loss(logp_BxT, old_logp_BxT, advantages_BxT, values_BxT,
-             old_values_BxT, returns_BxT, mask_BxT, config, entropy_BxT=None,
-             sampler_logp_BxT=None):
+             old_values_BxT, returns_BxT, mask_BxT, config, entropy=None,
+             sampler_logp=None):
   """PPO loss: clipped policy loss + vf_coef * value loss - entropy bonus.
 
   Shapes `[batch, seq]`; `values_BxT` is differentiated (critic), `old_values`
   and `returns` come from the rollout. Returns `(loss, metrics)`.
   """
   loss, metrics = _policy_term(logp_BxT, old_logp_BxT, advantages_BxT, mask_BxT,
-                               config, sampler_logp_BxT, 'token')
+                               config, sampler_logp, 'token')
   metrics['pg_loss'] = loss
   vf_loss, vf_metrics = losses.value_loss(
       values_BxT, old_values_BxT, returns_BxT, mask_BxT,
@@ -255,6 +270,6 @@ def ppo_loss(logp_BxT, old_logp_BxT, advantages_BxT, values_BxT,
       max_tokens=config.max_tokens)
   metrics.update(vf_metrics, vf_loss=vf_loss)
   loss = loss + config.vf_coef * vf_loss
-  loss, metrics = _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config)
+  loss, metrics = _add_entropy(loss, metrics, entropy, mask_BxT, config)
   metrics['loss'] = loss
   return loss, metrics

@@ -32,7 +32,7 @@ def _chunk_logprobs(h_KxD, embed_VxD, targets_K, temperature, return_entropy):
 
 def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
                    temperature=1.0, chunk=256, return_entropy=False):
-  """Log-probabilities of `targets` under `softmax(hidden @ embed.T / temperature)`.
+  """Log-probs of `targets` under `softmax(hidden @ embed.T / temperature)`.
 
   Tokens are processed `chunk` at a time along the flattened `B*T` axis (padded
   internally when `chunk` does not divide `B*T`), so peak extra memory is about
@@ -41,8 +41,8 @@ def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
   Gradients flow to `hidden` and `embed`.
 
   Args:
-    hidden_BxTxD: `[batch, seq, dim]` final hidden states (after the final norm),
-      float32 or bfloat16.
+    hidden_BxTxD: `[batch, seq, dim]` final hidden states (after the final
+      norm), float32 or bfloat16.
     embed_VxD: `[vocab, dim]` tied output embedding, float32 or bfloat16.
     targets_BxT: `[batch, seq]` int token ids whose log-prob is wanted (usually
       the inputs shifted left by one).
@@ -87,7 +87,8 @@ def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
 
   _, outs = jax.lax.scan(scan_fn, None, (h_CxKxD, targets_CxK))
   outs_BxT = tuple(
-      jnp.where(mask_BxT, x_CxK.reshape(-1)[:num_tokens].reshape(batch, seq), 0.0)
+      jnp.where(mask_BxT, x_CxK.reshape(-1)[:num_tokens].reshape(batch, seq),
+                0.0)
       for x_CxK in outs)
   return outs_BxT if return_entropy else outs_BxT[0]
 
@@ -111,7 +112,7 @@ def completion_mask(tokens_BxT, stop_ids):
 
 
 def positions_from_mask(mask_BxT):
-  """Position ids `[batch, seq]` int32: index among valid tokens, 0 at leading pads."""
+  """`[batch, seq]` int32 index among valid tokens (0 at leading padding)."""
   mask_BxT = mask_BxT.astype(jnp.int32)
   return jnp.maximum(jnp.cumsum(mask_BxT, axis=-1) - 1, 0)
 

@@ -5,6 +5,7 @@ bool or 0/1 mask; every function first replaces masked entries with 0 (via
 `jnp.where`), so masked positions may hold -inf or NaN without making the loss
 or its gradient non-finite.
 """
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -42,6 +43,8 @@ def aggregate(loss_BxT, mask_BxT, mode, max_tokens=None):
   if mode not in AGGREGATIONS:
     raise ValueError(f'unknown aggregation {mode!r}; valid modes: '
                      f'{", ".join(AGGREGATIONS)}')
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([loss_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   x_BxT = _clean(loss_BxT, mask_BxT) * mask_BxT
   if mode == 'token-mean':
@@ -53,10 +56,12 @@ def aggregate(loss_BxT, mask_BxT, mode, max_tokens=None):
   else:
     if max_tokens is None or max_tokens <= 0:
       raise ValueError('aggregation seq-mean-token-sum-norm needs a positive '
-                       f'max_tokens (e.g. the sampling budget), got {max_tokens}')
+                       'max_tokens (e.g. the sampling budget), got '
+                       f'{max_tokens}')
     per_seq_B = jnp.sum(x_BxT, axis=-1) / max_tokens
   has_tokens_B = (jnp.sum(mask_BxT, axis=-1) > 0).astype(jnp.float32)
-  return jnp.sum(per_seq_B * has_tokens_B) / jnp.maximum(jnp.sum(has_tokens_B), 1.0)
+  num_seqs = jnp.maximum(jnp.sum(has_tokens_B), 1.0)
+  return jnp.sum(per_seq_B * has_tokens_B) / num_seqs
 
 
 def kl_penalty(logp, ref_logp, kind='k1', clamp=None, mask=None):
@@ -89,12 +94,13 @@ def kl_penalty(logp, ref_logp, kind='k1', clamp=None, mask=None):
 
 def kl_in_rewards(rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, beta,
                   kind='k1', clamp=None):
-  """PPO-style reward shaping: `rewards - beta * kl` on valid tokens, 0 elsewhere.
+  """PPO reward shaping: `rewards - beta * kl` on valid tokens, 0 elsewhere.
 
   The KL is computed from (stop-gradient) logprobs; `[batch, seq]` float32.
   """
   kl_BxT = kl_penalty(logp_BxT, ref_logp_BxT, kind, clamp, mask=mask_BxT)
-  shaped_BxT = _clean(rewards_BxT, mask_BxT) - beta * jax.lax.stop_gradient(kl_BxT)
+  kl_BxT = jax.lax.stop_gradient(kl_BxT)
+  shaped_BxT = _clean(rewards_BxT, mask_BxT) - beta * kl_BxT
   return _clean(shaped_BxT, mask_BxT)
 
 
@@ -105,13 +111,14 @@ def truncated_is_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, cap):
   positions. Corrects for the rollout engine computing slightly different
   logprobs than the trainer. `[batch, seq]` float32.
   """
-  log_w_BxT = _clean(old_logp_BxT, mask_BxT) - _clean(sampler_logp_BxT, mask_BxT)
+  log_w_BxT = (_clean(old_logp_BxT, mask_BxT)
+               - _clean(sampler_logp_BxT, mask_BxT))
   w_BxT = jnp.minimum(jnp.exp(log_w_BxT), cap)
   return jax.lax.stop_gradient(_clean(w_BxT, mask_BxT))
 
 
 def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
-  """Importance ratio `[batch, seq]` of new vs old policy (0 at masked positions).
+  """Importance ratio `[batch, seq]` of new vs old policy (0 where masked).
 
   level='token': `exp(logp - old_logp)` per token (PPO/GRPO).
   level='sequence' (GSPO): the value is the per-sequence geometric mean
@@ -125,7 +132,7 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
   logp_BxT = _clean(logp_BxT, mask_BxT)
   log_ratio_BxT = logp_BxT - _clean(old_logp_BxT, mask_BxT)
   if level == 'sequence':
-    seq_log_ratio_Bx1 = _per_row_mean(log_ratio_BxT * mask_BxT, mask_BxT)[:, None]
+    seq_log_ratio_Bx1 = _per_row_mean(log_ratio_BxT, mask_BxT)[:, None]
     log_ratio_BxT = (jax.lax.stop_gradient(seq_log_ratio_Bx1)
                      + logp_BxT - jax.lax.stop_gradient(logp_BxT))
   return _clean(jnp.exp(log_ratio_BxT), mask_BxT)
@@ -134,7 +141,9 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
 def _token_advantages(advantages, mask_BxT):
   """`[B]` or `[B, T]` advantages -> `[B, T]` float32, masked entries 0."""
   if advantages.ndim == 1:
+    chex.assert_shape(advantages, mask_BxT.shape[:1])
     advantages = jnp.broadcast_to(advantages[:, None], mask_BxT.shape)
+  chex.assert_equal_shape([advantages, mask_BxT])
   return _clean(advantages, mask_BxT)
 
 
@@ -157,15 +166,22 @@ def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
       batch (treated as constants).
     advantages: `[batch]` (sequence level) or `[batch, seq]`.
     mask_BxT: `[batch, seq]` bool or 0/1 completion mask.
+    epsilon_low, epsilon_high, epsilon_c: clip range and dual-clip constant.
+    importance: 'token' or 'sequence' (GSPO).
+    tis_weights: optional `[batch, seq]` weights (stop-gradient).
+    aggregation, max_tokens: see `aggregate`.
 
   Returns:
-    `(loss, metrics)`: scalar float32 loss and a dict of scalars `clip_frac_high`
-    / `clip_frac_low` (fraction of valid tokens whose gradient the upper/lower
-    clip removed), `clip_frac_dual`, `approx_kl` (`(r-1) - log r` with the
-    token ratio, a k3 estimate of KL(old || new)) and `ratio_mean`.
+    `(loss, metrics)`: scalar float32 loss and a dict of scalars:
+    `clip_frac_high` / `clip_frac_low` (fraction of valid tokens whose
+    gradient the upper / lower clip removed), `clip_frac_dual`, `approx_kl`
+    (`(r-1) - log r` with the token ratio: a k3 estimate of KL(old || new))
+    and `ratio_mean`.
   """
   if epsilon_c is not None and epsilon_c <= 1.0:
     raise ValueError(f'epsilon_c (dual clip) must be > 1, got {epsilon_c}')
+  chex.assert_rank(mask_BxT, 2)
+  chex.assert_equal_shape([logp_BxT, old_logp_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   old_logp_BxT = jax.lax.stop_gradient(_clean(old_logp_BxT, mask_BxT))
   adv_BxT = jax.lax.stop_gradient(_token_advantages(advantages, mask_BxT))
@@ -180,22 +196,29 @@ def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
   if tis_weights is not None:
     loss_BxT = loss_BxT * jax.lax.stop_gradient(_clean(tis_weights, mask_BxT))
   loss = aggregate(loss_BxT, mask_BxT, aggregation, max_tokens)
+  logp_sg_BxT = jax.lax.stop_gradient(_clean(logp_BxT, mask_BxT))
+  metrics = _policy_metrics(
+      jax.lax.stop_gradient(ratio_BxT), logp_sg_BxT - old_logp_BxT, adv_BxT,
+      dual_BxT, mask_BxT, epsilon_low, epsilon_high)
+  return loss, metrics
 
-  ratio_sg_BxT = jax.lax.stop_gradient(ratio_BxT)
-  high_BxT = (ratio_sg_BxT > 1.0 + epsilon_high) & (adv_BxT > 0) & valid_BxT
-  low_BxT = (ratio_sg_BxT < 1.0 - epsilon_low) & (adv_BxT < 0) & valid_BxT
-  log_ratio_BxT = jax.lax.stop_gradient(_clean(logp_BxT, mask_BxT)) - old_logp_BxT
+
+def _policy_metrics(ratio_BxT, log_ratio_BxT, adv_BxT, dual_BxT, mask_BxT,
+                    epsilon_low, epsilon_high):
+  """Clip fractions, approx KL and mean ratio over valid tokens (scalars)."""
+  valid_BxT = mask_BxT > 0
+  high_BxT = (ratio_BxT > 1.0 + epsilon_high) & (adv_BxT > 0) & valid_BxT
+  low_BxT = (ratio_BxT < 1.0 - epsilon_low) & (adv_BxT < 0) & valid_BxT
   approx_kl_BxT = jnp.expm1(log_ratio_BxT) - log_ratio_BxT
   num_valid = jnp.maximum(jnp.sum(mask_BxT), 1.0)
-  frac = lambda b: jnp.sum(b.astype(jnp.float32) * mask_BxT) / num_valid
-  metrics = {
-      'clip_frac_high': frac(high_BxT),
-      'clip_frac_low': frac(low_BxT),
-      'clip_frac_dual': frac(dual_BxT),
-      'approx_kl': jnp.sum(approx_kl_BxT * mask_BxT) / num_valid,
-      'ratio_mean': jnp.sum(ratio_sg_BxT * mask_BxT) / num_valid,
+  mean = lambda x_BxT: jnp.sum(x_BxT.astype(jnp.float32) * mask_BxT) / num_valid
+  return {
+      'clip_frac_high': mean(high_BxT),
+      'clip_frac_low': mean(low_BxT),
+      'clip_frac_dual': mean(dual_BxT),
+      'approx_kl': mean(approx_kl_BxT),
+      'ratio_mean': mean(ratio_BxT),
   }
-  return loss, metrics
 
 
 def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
@@ -206,6 +229,7 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
   gives the plain squared error. Returns `(loss, {'vf_clip_frac', ...})`, where
   `vf_clip_frac` is the fraction of valid tokens where the clipped term won.
   """
+  chex.assert_equal_shape([values_BxT, old_values_BxT, returns_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   values_BxT = _clean(values_BxT, mask_BxT)
   old_BxT = jax.lax.stop_gradient(_clean(old_values_BxT, mask_BxT))
@@ -214,7 +238,8 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
   if clip_range is None:
     per_token_BxT, clipped_won_BxT = unclipped_BxT, jnp.zeros_like(mask_BxT)
   else:
-    v_clip_BxT = old_BxT + jnp.clip(values_BxT - old_BxT, -clip_range, clip_range)
+    delta_BxT = jnp.clip(values_BxT - old_BxT, -clip_range, clip_range)
+    v_clip_BxT = old_BxT + delta_BxT
     clipped_BxT = jnp.square(v_clip_BxT - returns_BxT)
     per_token_BxT = jnp.maximum(unclipped_BxT, clipped_BxT)
     clipped_won_BxT = (clipped_BxT > unclipped_BxT).astype(jnp.float32)
@@ -230,5 +255,5 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
 
 def entropy_bonus(entropy_BxT, mask_BxT, aggregation='token-mean',
                   max_tokens=None):
-  """Aggregated entropy (scalar); subtract `coef * entropy_bonus` from the loss."""
+  """Aggregated entropy (scalar); the loss subtracts `coef * entropy_bonus`."""
   return aggregate(entropy_BxT, mask_BxT, aggregation, max_tokens)

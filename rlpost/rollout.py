@@ -17,6 +17,7 @@ import numpy as np
 from rlpost import logprobs as logprobs_lib
 from rlpost import sampling
 from rlpost.models import gemma3
+from rlpost.logprobs import causal_attention_mask
 
 
 def rollout_batch(tokens_BxP, lengths_B, out: sampling.SampleOutput, num_samples: int) -> dict:
@@ -81,7 +82,7 @@ def completion_logprobs(params, batch: dict, *, model_config: gemma3.Config, tem
   tokens, valid = batch["tokens"], batch["valid"]
   T = batch["completion_mask"].shape[1]
   P = tokens.shape[1] - T
-  hidden, _ = gemma3.forward(params, tokens, batch["positions"], gemma3.causal_mask(valid),
+  hidden, _ = gemma3.forward(params, tokens, batch["positions"], causal_attention_mask(valid),
                              config=model_config, return_hidden=True, adapters=adapters,
                              lora_scale=lora_scale)
   return logprobs_lib.token_logprobs(hidden[:, P - 1:P + T - 1], params["embed"], tokens[:, P:],

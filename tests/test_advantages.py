@@ -97,8 +97,8 @@ def _np_group_stats(rewards, group):
   return r, r.mean(1, keepdims=True), r.std(1, ddof=1, keepdims=True)
 
 
-group_rewards = st.tuples(st.sampled_from([2, 3, 4]), st.sampled_from([1, 2, 5]),
-                          st.integers(0, 2**16))
+group_rewards = st.tuples(st.sampled_from([2, 3, 4]),
+                          st.sampled_from([1, 2, 5]), st.integers(0, 2**16))
 
 
 @SETTINGS

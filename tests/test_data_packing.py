@@ -7,6 +7,7 @@ import pytest
 
 from rlpost.data import packing
 from rlpost.models import gemma3
+from rlpost.logprobs import causal_attention_mask, segment_attention_mask
 
 CONFIG = gemma3.get_config("tiny")
 
@@ -92,7 +93,7 @@ def test_too_long_example_is_named():
                                 min_size=1, max_size=3))
 def test_segment_mask_matches_definition(segs):
   seg = np.asarray(segs, np.int32)
-  mask = np.asarray(packing.segment_attention_mask(seg))
+  mask = np.asarray(segment_attention_mask(seg))
   B, T = seg.shape
   for b in range(B):
     for t in range(T):
@@ -121,12 +122,12 @@ def test_packed_logits_equal_unpacked_and_segments_are_isolated():
   examples = _examples([5, 12, 7, 3, 10, 20, 4, 9], seed=1)
   packed = packing.pack_examples(examples, seq_len, pad_id=0)
   assert packed["tokens"].shape[0] < len(examples)
-  mask = packing.segment_attention_mask(packed["segment_ids"])
+  mask = segment_attention_mask(packed["segment_ids"])
   got = np.asarray(_logits(params, packed["tokens"], packed["positions"], mask))
   alone = packing.pad_batch(examples, seq_len, pad_id=0)
   valid = alone["segment_ids"] > 0
   want = np.asarray(_logits(params, alone["tokens"], alone["positions"],
-                            gemma3.causal_mask(valid)))
+                            causal_attention_mask(valid)))
   assert np.isfinite(got).all()
   segments = _segments(packed)
   matched = set()
@@ -138,7 +139,7 @@ def test_packed_logits_equal_unpacked_and_segments_are_isolated():
 
   # Without the segment mask the same packed rows give different logits: the check bites.
   leaky = np.asarray(_logits(params, packed["tokens"], packed["positions"],
-                             gemma3.causal_mask(packed["segment_ids"] > 0)))
+                             causal_attention_mask(packed["segment_ids"] > 0)))
   r, _, _, _, _, idx = next(s for s in segments if s[1] == 2)
   assert np.abs(leaky[r, idx] - got[r, idx]).max() > 1e-2
 

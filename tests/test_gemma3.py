@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlpost.models import gemma3
+from rlpost.logprobs import causal_attention_mask
 
 CONFIG = gemma3.get_config("tiny")
 
@@ -73,7 +74,7 @@ def reference_logits(params, tokens, config, window=None):
 def _full_forward(params, tokens_1xT, config=CONFIG):
   T = tokens_1xT.shape[1]
   logits, _ = gemma3.forward(params, tokens_1xT, jnp.arange(T)[None],
-                             gemma3.causal_mask(jnp.ones((1, T), bool)), config=config)
+                             causal_attention_mask(jnp.ones((1, T), bool)), config=config)
   return logits
 
 
@@ -117,7 +118,7 @@ def test_hidden_path_gives_logits_through_tied_embedding():
   params = _random_params(2)
   tokens = jax.random.randint(jax.random.key(0), (1, 7), 0, CONFIG.vocab_size)
   hidden, _ = gemma3.forward(params, tokens, jnp.arange(7)[None],
-                             gemma3.causal_mask(jnp.ones((1, 7), bool)), config=CONFIG,
+                             causal_attention_mask(jnp.ones((1, 7), bool)), config=CONFIG,
                              return_hidden=True)
   chex.assert_shape(hidden, (1, 7, CONFIG.embed_dim))
   chex.assert_trees_all_close(hidden @ params["embed"].T, _full_forward(params, tokens),

@@ -140,7 +140,8 @@ def _logp_grads(hidden, embed, targets, mask, cot, temperature, chunk):
        temperature=st.sampled_from([0.7, 1.0]))
 def test_gradient_matches_naive(shape, chunk, seed, temperature):
   hidden, embed, targets, mask = _random_inputs(seed, *shape)
-  cot = np.random.default_rng(seed).normal(size=targets.shape).astype(np.float32)
+  rng = np.random.default_rng(seed)
+  cot = rng.normal(size=targets.shape).astype(np.float32)
   d_hidden, d_embed = _logp_grads(hidden, embed, targets, mask, cot,
                                   temperature, chunk)
   ref_hidden, ref_embed = _np_logp_grads(hidden, embed, targets, mask,
@@ -210,7 +211,8 @@ def test_full_logits_never_materialized():
                                         return_entropy=True)
     return jnp.sum(logp) + jnp.sum(ent)
 
-  jaxpr = jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(hidden, embed)
+  grad_fn = jax.value_and_grad(loss, argnums=(0, 1))
+  jaxpr = jax.make_jaxpr(grad_fn)(hidden, embed)
   biggest = _max_intermediate_size(jaxpr.jaxpr)
   assert biggest <= chunk * vocab < batch * seq * vocab, biggest
 

@@ -10,6 +10,7 @@ import pytest
 from rlpost import sampling
 from rlpost.models import gemma3
 from test_gemma3 import CONFIG, _random_params
+from rlpost.logprobs import causal_attention_mask
 
 PARAMS = _random_params(5)
 
@@ -25,7 +26,7 @@ def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
   full = jnp.asarray(list(prompt) + list(completion[:n]), jnp.int32)[None]
   T = full.shape[1]
   logits, _ = gemma3.forward(PARAMS, full, jnp.arange(T)[None],
-                             gemma3.causal_mask(jnp.ones((1, T), bool)), config=CONFIG)
+                             causal_attention_mask(jnp.ones((1, T), bool)), config=CONFIG)
   logits = logits[0, len(prompt) - 1:-1] / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]

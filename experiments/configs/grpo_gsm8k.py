@@ -65,7 +65,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict({
       "source": "digit" if tiny else "gsm8k",   # gsm8k | arithmetic | digit
       "data_dir": "",                           # GSM8K jsonl dir; "" = Hugging Face hub
-      "template": "fewshot",                    # fewshot | chat (see README: base model)
+      "template": "plain" if tiny else "fewshot",   # fewshot | chat | plain (see README)
       "fewshot": 2,                             # solved examples in the fewshot prompt
       "shuffle": True,
       "digit": "7",                             # the "digit" task's target answer
@@ -79,7 +79,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "steps": 40 if tiny else 200,
       "batch_prompts": 4 if tiny else 2,        # prompts per step (x G completions)
       "micro_batch_size": 8,                    # rows per micro-batch
-      "learning_rate": 3e-3 if tiny else 3e-6,
+      "learning_rate": 3e-2 if tiny else 3e-6,
       "warmup_fraction": 0.1,
       "weight_decay": 0.1,
       "adam_b1": 0.9,

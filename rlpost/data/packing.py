@@ -23,6 +23,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rlpost.logprobs import segment_attention_mask  # re-exported: the mask packed rows need
 
 Example = tuple[Sequence[int], Sequence[bool]]
 Batch = dict[str, np.ndarray]
@@ -111,15 +112,3 @@ def pack_examples(examples: Sequence[Example], seq_len: int, pad_id: int, *,
 def padding_efficiency(batch: Batch) -> float:
   """Fraction of slots holding real (non-pad) tokens."""
   return float(np.mean(np.asarray(batch["segment_ids"]) != 0))
-
-
-def segment_attention_mask(segment_ids_BxT: jax.Array) -> jax.Array:
-  """[B, T, T] bool: query t attends key s iff s <= t and both are in the same real segment.
-
-  Padding queries attend to nothing (their outputs are meaningless, not NaN).
-  """
-  seg = jnp.asarray(segment_ids_BxT)
-  T = seg.shape[1]
-  causal = jnp.tril(jnp.ones((T, T), bool))[None]
-  same = seg[:, :, None] == seg[:, None, :]
-  return causal & same & (seg[:, None, :] != 0)

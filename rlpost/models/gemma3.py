@@ -80,7 +80,7 @@ PRESETS: dict[str, Config] = {
     "gemma3_1b": Config(vocab_size=262_144, embed_dim=1152, num_layers=26, num_heads=4,
                         num_kv_heads=1, head_dim=256, mlp_dim=6912, sliding_window=512),
     # Tiny random model for tests: 2 of its 4 layers are global, window 8.
-    "tiny": Config(vocab_size=264, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
+    "tiny": Config(vocab_size=261, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
                    head_dim=16, mlp_dim=64, sliding_window=8, global_every=2,
                    query_pre_attn_scalar=16.0),
 }
@@ -300,10 +300,3 @@ def vocab_major_logits(params: Params, hidden_BxD: jax.Array) -> jax.Array:
   embed = params["embed"]
   return jnp.einsum("vd,bd->vb", embed, hidden_BxD.astype(embed.dtype),
                     preferred_element_type=jnp.float32)
-
-
-def causal_mask(valid_BxT: jax.Array) -> jax.Array:
-  """[B, T, T] bool: query t attends key s iff s <= t and key s is valid."""
-  T = valid_BxT.shape[1]
-  causal = jnp.tril(jnp.ones((T, T), bool))
-  return causal[None] & valid_BxT[:, None, :]

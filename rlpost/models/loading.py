@@ -1,4 +1,6 @@
 """Builds (model config, params, tokenizer) from the few settings an experiment names."""
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -50,7 +52,7 @@ def check_architecture(config: gemma3.Config, info: dict, preset: str) -> None:
   """Raises ValueError naming every field where weights' metadata and preset disagree."""
   diffs = [f"{name}: weights {info[name]} vs preset {getattr(config, name)}"
            for name in info if hasattr(config, name) and info[name] is not None
-           and info[name] != getattr(config, name)]
+           and not math.isclose(info[name], getattr(config, name), rel_tol=1e-5)]
   if diffs:
     raise ValueError(f"The weights do not match model.preset={preset!r}: " + "; ".join(diffs)
                      + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)}).")

@@ -52,15 +52,14 @@ def _score_one(fn: RewardFn, name: str, prompts, completions, answers, max_error
 
 def score(reward_fns: dict[str, RewardFn], prompts: Sequence[str], completions: Sequence[str],
           answers: Sequence[str], max_error_fraction: float = 0.5):
-  """Sums the rewards of `reward_fns` (name -> fn).
+  """Scores completions with every function of `reward_fns` (name -> fn).
 
-  Returns (total [N] float32, metrics dict with per-function means and error counts).
+  Returns (per_fn: name -> [N] float32, errors: name -> count of failed examples).
+  The total reward is the sum over functions.
   """
-  total = np.zeros(len(completions), np.float32)
-  metrics = {}
+  per_fn, errors = {}, {}
   for name, fn in reward_fns.items():
-    values, errors = _score_one(fn, name, prompts, completions, answers, max_error_fraction)
-    total += np.asarray(values, np.float32)
-    metrics[f"reward/{name}"] = float(np.mean(values))
-    metrics[f"reward/{name}/errors"] = errors
-  return total, metrics
+    values, errors[name] = _score_one(fn, name, prompts, completions, answers,
+                                      max_error_fraction)
+    per_fn[name] = np.asarray(values, np.float32)
+  return per_fn, errors

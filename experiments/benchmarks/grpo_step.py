@@ -1,0 +1,99 @@
+r"""Seconds per GRPO iteration (rollout + train) and peak RSS, Gemma 3 270M architecture.
+
+Workload (the peer benchmark's): 2 prompts x 4 generations, 32-token prompts,
+64 new tokens (no early stop), random weights, beta > 0 (reference logprobs
+computed every iteration), full-parameter and LoRA. Each mode runs in its own
+subprocess so peak RSS is per mode. Prints ONE JSON object.
+
+  python -m experiments.benchmarks.grpo_step
+"""
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from experiments.configs import grpo_gsm8k
+from rlpost import grpo
+from rlpost.data.cursor import Cursor
+from rlpost.data.gsm8k import Problem
+from rlpost.grpo_experiment import build
+from rlpost.models import loading
+
+_MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
+_ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
+
+
+def _random_reward(prompts, completions, answers):
+  del prompts, answers
+  return [float(hash(c) % 7) for c in completions]
+
+
+def _run_mode(mode: str) -> dict:
+  cfg = grpo_gsm8k.get_config("gemma3_270m")
+  with cfg.unlocked():
+    cfg.model.weights, cfg.model.dtype = "random", _DTYPE.value
+    cfg.lora.enabled = mode == "lora"
+    cfg.data.template = "plain"
+    cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
+    cfg.train.batch_prompts, cfg.train.micro_batch_size = 2, 8
+    cfg.train.steps = _ITERATIONS.value
+  m = cfg.model
+  loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
+  pieces = build(cfg, loaded)
+  setup = dataclasses.replace(pieces.setup,
+                              sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=()))
+  tok = pieces.tokenizer
+  question = " ".join(["hello"] * 31)
+  assert len(tok.encode(question)) == 32, len(tok.encode(question))
+  problems = [Problem(f"{question}", "", "0")] * 8
+  state, cursor, times = pieces.state, Cursor(0), []
+  for index in range(_ITERATIONS.value):
+    start = time.perf_counter()
+    state, cursor, metrics = grpo.iteration(setup, state, pieces.frozen, pieces.ref_params,
+                                            pieces.train_step, problems, cursor, index, tok,
+                                            {"random": _random_reward}, {}, [])
+    jax.block_until_ready(state)
+    times.append({"total_s": time.perf_counter() - start,
+                  "rollout_s": float(metrics["time/rollout_s"]),
+                  "train_s": float(metrics["time/train_s"]),
+                  "completion_tokens": float(metrics["completion_len/mean"]) * 8})
+  steady = times[1:]
+  return {
+      "mode": mode, "param_dtype": _DTYPE.value, "first_iteration_s": round(times[0]["total_s"], 2),
+      "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
+      "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
+      "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
+      "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
+      "completion_tokens_per_iteration": times[-1]["completion_tokens"],
+      "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
+  }
+
+
+def main(argv):
+  del argv
+  if _MODE.value:
+    print(json.dumps(_run_mode(_MODE.value)))
+    return
+  results = {"benchmark": "grpo_step", "jax": jax.__version__,
+             "workload": {"prompts": 2, "generations": 4, "prompt_len": 32, "new_tokens": 64,
+                          "beta": 0.08, "lora_rank": 32},
+             "loadavg_before": open("/proc/loadavg").read().split()[:3]}
+  for mode in ("full", "lora"):
+    out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.grpo_step",
+                          f"--mode={mode}", f"--iterations={_ITERATIONS.value}",
+                          f"--dtype={_DTYPE.value}"], capture_output=True, text=True, check=True)
+    results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+  results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
+  print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,71 @@
+r"""GSM8K test accuracy of the base model and of a trained checkpoint (before/after).
+
+  python -m experiments.eval_gsm8k --workdir=/tmp/grpo_run          # config from the run
+  python -m experiments.eval_gsm8k --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
+      --config.data.data_dir=../shared/data/gsm8k                  # base model only
+
+Writes a JSON report (default: WORKDIR/eval_gsm8k.json) and prints it.
+"""
+import json
+import os
+
+from absl import app
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from rlpost import checkpoint
+from rlpost import evaluation
+from rlpost import grpo
+from rlpost import grpo_experiment
+from rlpost.data import gsm8k
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "GRPO config (when no --workdir).")
+_WORKDIR = flags.DEFINE_string("workdir", "", "A GRPO run directory: evaluates base and trained.")
+_SPLIT = flags.DEFINE_string("split", "test", "GSM8K split.")
+_NUM = flags.DEFINE_integer("num_problems", None, "First N problems (default: config.eval).")
+_PASS_K = flags.DEFINE_integer("pass_k", None, "Samples per problem for pass@k (0: off).")
+_OUTPUT = flags.DEFINE_string("output", "", "Report path (default WORKDIR/eval_gsm8k.json).")
+
+
+def _config():
+  if _WORKDIR.value:
+    with open(os.path.join(_WORKDIR.value, "config.json"), encoding="utf-8") as f:
+      return ml_collections.ConfigDict(json.load(f))
+  if _CONFIG.value is None:
+    raise app.UsageError("Pass --workdir (a GRPO run) or --config")
+  return _CONFIG.value
+
+
+def main(argv):
+  del argv
+  cfg = _config()
+  pieces = grpo_experiment.build(cfg)
+  problems = gsm8k.load_gsm8k(_SPLIT.value, cfg.data.data_dir)
+  problems = problems[:_NUM.value or cfg.eval.num_problems]
+  pass_k = cfg.eval.pass_k if _PASS_K.value is None else _PASS_K.value
+  common = dict(template=cfg.data.template, examples=pieces.task.examples,
+                sampling_config=pieces.setup.sampling, pass_k=pass_k, seed=cfg.seed)
+  base = pieces.frozen if pieces.setup.lora else pieces.ref_params or pieces.state.trainable
+  report = {"split": _SPLIT.value, "base": evaluation.evaluate(
+      base, pieces.setup.model, pieces.tokenizer, problems, desc="base", **common)}
+  if _WORKDIR.value:
+    restored = checkpoint.restore_latest(checkpoint.manager(_WORKDIR.value), pieces.state)
+    if restored is None:
+      raise app.UsageError(f"No checkpoint in {_WORKDIR.value}/checkpoints")
+    state, meta = restored
+    params = grpo.sampling_params(pieces.setup, state.trainable, pieces.frozen)
+    report["trained"] = evaluation.evaluate(params, pieces.setup.model, pieces.tokenizer,
+                                            problems, desc="trained", **common)
+    report["trained"]["iteration"] = meta["iteration"]
+  path = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value
+                           else "")
+  text = json.dumps(report, indent=1)
+  print(text)
+  if path:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  app.run(main)

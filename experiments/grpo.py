@@ -1,0 +1,25 @@
+r"""GRPO-family RL on GSM8K (or the tiny toy task).
+
+  python -m experiments.grpo --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
+      --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/grpo_run
+
+Resumes automatically from the newest checkpoint in --workdir.
+"""
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from rlpost.grpo_experiment import run_experiment
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/grpo_gsm8k.py:tiny",
+                                          "GRPO config (path.py:variant).")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here.")
+
+
+def main(argv):
+  del argv
+  run_experiment(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

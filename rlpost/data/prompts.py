@@ -1,0 +1,37 @@
+"""Prompt texts for RL on math problems: Gemma chat template or plain-text few-shot.
+
+The packaged Gemma 3 270M is the base model, which does not follow the chat
+format by itself; a plain-text few-shot prompt shows it the tag format
+instead, and ends with the opening reasoning tag so that the model starts
+reasoning at once. Rewards see `completion_prefix(template) + completion`:
+the text the answer format is defined on.
+"""
+from rlpost import tokenizer as tokenizer_lib
+from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
+
+TEMPLATES = ("chat", "fewshot", "plain")
+# Multi-token strings that end a completion (applied on the host, see rollout).
+STOP_STRINGS = ("</answer>", "\nQuestion:")
+
+
+def fewshot_prompt(problem: Problem, examples: list[Problem]) -> str:
+  """System text, solved examples in the tag format, then the question."""
+  shots = "".join(f"Question: {ex.question}\nAnswer: {sft_completion(ex)}\n\n" for ex in examples)
+  return (f"{SYSTEM_PROMPT}\n\n{shots}Question: {problem.question}\nAnswer: "
+          f"{completion_prefix('fewshot')}")
+
+
+def completion_prefix(template: str) -> str:
+  """Text that the prompt already opened and that belongs to the scored answer."""
+  return f"{REASONING_START}\n" if template == "fewshot" else ""
+
+
+def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str:
+  """The text fed to the tokenizer (BOS is added by encode)."""
+  if template == "chat":
+    return tokenizer_lib.chat_prompt(problem.question, system=SYSTEM_PROMPT)
+  if template == "fewshot":
+    return fewshot_prompt(problem, examples)
+  if template == "plain":
+    return problem.question
+  raise ValueError(f"data.template={template!r} is not one of {TEMPLATES}")

@@ -1,0 +1,223 @@
+"""Tokenizers: Gemma 3 SentencePiece rebuilt from a GGUF vocabulary, a byte
+tokenizer for tiny test models, and the Gemma chat format.
+
+Special tokens: control-token text written in a string (`<start_of_turn>`,
+`<end_of_turn>`, `<bos>`, ...) becomes its single id when `parse_special=True`
+(the default), as Hugging Face and llama.cpp do; with `parse_special=False` it
+is tokenized as plain text. Decoding drops control tokens by default
+(`skip_special=True`) and writes them back as their text otherwise, so
+`decode(encode(s, add_bos=False), skip_special=False) == s`.
+"""
+import dataclasses
+import functools
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
+
+START_OF_TURN = "<start_of_turn>"
+END_OF_TURN = "<end_of_turn>"
+_ROLES = {"user": "user", "assistant": "model", "model": "model"}
+_BYTE_OFFSET = 5  # byte tokenizer: ids 0..4 are special, byte b is id b + 5
+_PIECE = sp_pb2.ModelProto.SentencePiece
+_GGUF_TYPES = {1: _PIECE.NORMAL, 2: _PIECE.UNKNOWN, 3: _PIECE.CONTROL,
+               4: _PIECE.USER_DEFINED, 5: _PIECE.UNUSED, 6: _PIECE.BYTE}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tokenizer:
+  """A tokenizer with Gemma's special ids (hashable by identity).
+
+  Attributes:
+    processor: the SentencePieceProcessor, or None for the byte tokenizer.
+    bos_id, eos_id, pad_id, start_of_turn_id, end_of_turn_id: special ids.
+    vocab_size: number of ids the tokenizer knows (a model may have more rows).
+    special_tokens: control-token text -> id, parsed from text on request.
+  """
+  processor: spm.SentencePieceProcessor | None
+  bos_id: int
+  eos_id: int
+  pad_id: int
+  start_of_turn_id: int
+  end_of_turn_id: int
+  vocab_size: int
+  special_tokens: Mapping[str, int] = dataclasses.field(repr=False)
+
+  @functools.cached_property
+  def _special_re(self) -> re.Pattern:
+    alternatives = sorted(self.special_tokens, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, alternatives)))
+
+  @functools.cached_property
+  def _special_text(self) -> dict[int, str]:
+    return {i: s for s, i in self.special_tokens.items()}
+
+  def _encode_plain(self, text: str) -> list[int]:
+    if not text:
+      return []
+    if self.processor is None:
+      return [b + _BYTE_OFFSET for b in text.encode("utf-8")]
+    return self.processor.encode(text)
+
+  def _decode_plain(self, ids: list[int]) -> str:
+    if self.processor is None:
+      return bytes(i - _BYTE_OFFSET for i in ids).decode("utf-8", errors="replace")
+    return self.processor.decode(ids)
+
+  def encode(self, text: str, *, add_bos: bool = True,
+             parse_special: bool = True) -> list[int]:
+    """Token ids of `text`, BOS first if `add_bos`; see the module doc for specials."""
+    ids = [self.bos_id] if add_bos else []
+    if not parse_special:
+      return ids + self._encode_plain(text)
+    pos = 0
+    for match in self._special_re.finditer(text):
+      ids += self._encode_plain(text[pos:match.start()])
+      ids.append(self.special_tokens[match.group()])
+      pos = match.end()
+    return ids + self._encode_plain(text[pos:])
+
+  def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+    """Text of `ids` (list or int array).
+
+    Control tokens (pad, bos, eos, turn markers, ...) are dropped when
+    `skip_special`, else written as their text. Ids >= vocab_size (extra rows
+    of a model's embedding) are dropped; negative ids raise ValueError.
+    """
+    pieces, run = [], []
+    for i in map(int, ids):
+      if i < 0:
+        raise ValueError(f"decode got token id {i}; ids must be >= 0")
+      if i >= self.vocab_size:
+        continue
+      if i in self._special_text:
+        if not skip_special:
+          pieces += [self._decode_plain(run), self._special_text[i]]
+          run = []
+        continue
+      run.append(i)
+    return "".join(pieces) + self._decode_plain(run)
+
+
+def byte_tokenizer() -> Tokenizer:
+  """UTF-8 byte tokenizer for tiny test models: 0 pad, 1 eos, 2 bos,
+  3 <start_of_turn>, 4 <end_of_turn>, byte b -> 5 + b; vocab_size 261."""
+  specials = {"<pad>": 0, "<eos>": 1, "<bos>": 2, START_OF_TURN: 3, END_OF_TURN: 4}
+  return Tokenizer(None, bos_id=2, eos_id=1, pad_id=0, start_of_turn_id=3,
+                   end_of_turn_id=4, vocab_size=_BYTE_OFFSET + 256, special_tokens=specials)
+
+
+def chat_messages(messages: Sequence[Mapping[str, str]],
+                  add_generation_prompt: bool = True) -> str:
+  """Gemma chat text (no BOS; `encode` adds it) for alternating user/model turns.
+
+  Roles: "user", "assistant" (or "model"), and "system" only as the first
+  message: Gemma has no system role, so its text plus "\\n\\n" is prepended to
+  the first user turn. Contents are used verbatim (HF's template also strips
+  them). Each turn is `<start_of_turn>{role}\\n{content}<end_of_turn>\\n`;
+  `add_generation_prompt` appends `<start_of_turn>model\\n`.
+  """
+  turns = list(messages)
+  for k, m in enumerate(turns):
+    if not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
+      raise ValueError(f"messages[{k}] = {m!r} needs string 'role' and 'content'")
+  system = turns.pop(0)["content"] if turns and turns[0]["role"] == "system" else None
+  if system is not None and not turns:
+    raise ValueError("a system message must be followed by a user message")
+  parts = []
+  for k, m in enumerate(turns):
+    want = "user" if k % 2 == 0 else "model"
+    if _ROLES.get(m["role"]) != want:
+      raise ValueError(f"message {k + (system is not None)} has role {m['role']!r}, "
+                       f"expected {want!r}: roles must alternate user/assistant starting "
+                       "with user; 'system' may only come first")
+    content = m["content"] if k or system is None else f"{system}\n\n{m['content']}"
+    parts.append(f"{START_OF_TURN}{want}\n{content}{END_OF_TURN}\n")
+  if add_generation_prompt:
+    parts.append(f"{START_OF_TURN}model\n")
+  return "".join(parts)
+
+
+def chat_prompt(user_text: str, *, system: str | None = None) -> str:
+  """Single-turn Gemma prompt ending with `<start_of_turn>model\\n` (no BOS)."""
+  messages = [{"role": "system", "content": system}] if system is not None else []
+  return chat_messages(messages + [{"role": "user", "content": user_text}])
+
+
+def _model_proto(metadata: Mapping[str, Any], source: str) -> sp_pb2.ModelProto:
+  """SentencePiece BPE ModelProto from GGUF `tokenizer.ggml.*` metadata."""
+  tokens = metadata["tokenizer.ggml.tokens"]
+  scores = metadata["tokenizer.ggml.scores"].tolist()
+  types = metadata["tokenizer.ggml.token_type"].tolist()
+  unk = int(metadata.get("tokenizer.ggml.unknown_token_id", 3))
+  proto = sp_pb2.ModelProto()
+  for i, (token, score, kind) in enumerate(zip(tokens, scores, types)):
+    piece = proto.pieces.add()
+    # The GGUF stores whitespace-run pieces with literal spaces ("  " is id 138)
+    # but SentencePiece escapes spaces as U+2581.
+    piece.piece = token.replace(" ", "\u2581")
+    piece.score = score
+    piece.type = _PIECE.UNKNOWN if i == unk else _GGUF_TYPES[kind]
+  spec = proto.trainer_spec
+  spec.model_type = sp_pb2.TrainerSpec.BPE
+  spec.vocab_size = len(tokens)
+  spec.byte_fallback = True
+  spec.allow_whitespace_only_pieces = True
+  for name in ("unk", "bos", "eos", "pad"):
+    key = {"unk": "unknown", "pad": "padding"}.get(name, name)
+    idx = int(metadata.get(f"tokenizer.ggml.{key}_token_id", -1))
+    setattr(spec, f"{name}_id", idx)
+    if idx >= 0:
+      setattr(spec, f"{name}_piece", tokens[idx])
+  norm = proto.normalizer_spec
+  norm.name = "identity"
+  norm.add_dummy_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", False))
+  norm.remove_extra_whitespaces = False
+  norm.escape_whitespaces = True
+  return proto
+
+
+def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any],
+                                 source: str = "GGUF") -> Tokenizer:
+  """Builds the Tokenizer from a GGUF's `tokenizer.ggml.*` metadata."""
+  model = metadata.get("tokenizer.ggml.model")
+  if model != "llama":
+    raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; only SentencePiece "
+                     "vocabularies ('llama', as in Gemma GGUFs) are supported")
+  keys = ("tokens", "scores", "token_type", "bos_token_id", "eos_token_id",
+          "padding_token_id")
+  missing = [f"tokenizer.ggml.{k}" for k in keys if f"tokenizer.ggml.{k}" not in metadata]
+  if missing:
+    raise ValueError(f"{source}: tokenizer metadata lacks {missing}")
+  proto = _model_proto(metadata, source)
+  processor = spm.SentencePieceProcessor()
+  processor.LoadFromSerializedProto(proto.SerializeToString())
+  specials = {p.piece: i for i, p in enumerate(proto.pieces)
+              if p.type in (_PIECE.CONTROL, _PIECE.UNKNOWN)}
+  turns = [specials.get(s) for s in (START_OF_TURN, END_OF_TURN)]
+  if None in turns:
+    raise ValueError(f"{source}: the vocabulary has no {START_OF_TURN} / {END_OF_TURN} "
+                     "control tokens; is this a Gemma tokenizer?")
+  return Tokenizer(
+      processor, bos_id=int(metadata["tokenizer.ggml.bos_token_id"]),
+      eos_id=int(metadata["tokenizer.ggml.eos_token_id"]),
+      pad_id=int(metadata["tokenizer.ggml.padding_token_id"]),
+      start_of_turn_id=turns[0], end_of_turn_id=turns[1],
+      vocab_size=processor.get_piece_size(), special_tokens=specials)
+
+
+def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
+  """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
+  if path is None:
+    from rlpost.weights import gguf  # pylint: disable=g-import-not-at-top
+    path = gguf.default_gguf_path()
+  return _load_cached(os.path.realpath(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str) -> Tokenizer:
+  from rlpost.weights import gguf_file  # pylint: disable=g-import-not-at-top
+  return tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

@@ -1,0 +1,168 @@
+"""Tests for rlpost.algorithms: config validation and loss composition."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost import advantages as adv_lib
+from rlpost import algorithms
+from rlpost import losses
+
+GRPO, PPO = algorithms.GRPOConfig, algorithms.PPOConfig
+
+
+@pytest.mark.parametrize('cls,kwargs,field,hint', [
+    (GRPO, dict(advantage_estimator='ppo'), 'advantage_estimator',
+     'grpo, drgrpo, rloo, reinforce_pp'),
+    (GRPO, dict(num_generations=1), 'num_generations', '>= 2'),
+    (GRPO, dict(advantage_estimator='rloo', num_generations=1),
+     'num_generations', '>= 2'),
+    (GRPO, dict(num_generations=0, advantage_estimator='reinforce_pp'),
+     'num_generations', 'at least 1'),
+    (GRPO, dict(epsilon_c=1.0), 'epsilon_c', '> 1'),
+    (GRPO, dict(epsilon_low=1.0), 'epsilon_low', '[0, 1)'),
+    (GRPO, dict(kl_kind='k4'), 'kl_kind', 'low_var_kl'),
+    (GRPO, dict(aggregation='sum'), 'aggregation', 'seq-mean-token-sum-norm'),
+    (GRPO, dict(aggregation='seq-mean-token-sum-norm'), 'max_tokens',
+     'generation budget'),
+    (GRPO, dict(importance='seq'), 'importance', 'token, sequence'),
+    (GRPO, dict(beta=-0.1), 'beta', '>= 0'),
+    (GRPO, dict(tis_cap=0.0), 'tis_cap', 'positive'),
+    (PPO, dict(gamma=1.5), 'gamma', '[0, 1]'),
+    (PPO, dict(lam=-0.1), 'lam', '[0, 1]'),
+    (PPO, dict(value_clip=0.0), 'value_clip', 'positive'),
+    (PPO, dict(kl_kind='kl2'), 'kl_kind', 'k3'),
+])
+def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
+  with pytest.raises(ValueError) as err:
+    cls(**kwargs)
+  message = str(err.value)
+  assert message.startswith(f'{cls.__name__}.{field}='), message
+  assert hint in message, message
+
+
+def test_configs_are_frozen_hashable_static_args():
+  config = GRPO(advantage_estimator='reinforce_pp', num_generations=1)
+  assert hash(config) == hash(dataclasses.replace(config))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    config.beta = 1.0  # pytype: disable=not-writable
+  hash(PPO())
+
+
+@pytest.mark.parametrize('name', algorithms.ADVANTAGE_ESTIMATORS)
+def test_grpo_advantages_dispatch(name):
+  rewards = jnp.asarray([1.0, 0.0, 0.5, 0.5, 2.0, 1.0, 0.0, 3.0])
+  config = GRPO(advantage_estimator=name, num_generations=4)
+  direct = {'grpo': lambda r: adv_lib.grpo(r, 4),
+            'drgrpo': lambda r: adv_lib.drgrpo(r, 4),
+            'rloo': lambda r: adv_lib.rloo(r, 4),
+            'reinforce_pp': adv_lib.reinforce_pp}[name]
+  np.testing.assert_array_equal(algorithms.grpo_advantages(rewards, config),
+                                direct(rewards))
+
+
+def _batch(seed=0, batch=4, seq=5):
+  rng = np.random.default_rng(seed)
+  mask = rng.random((batch, seq)) < 0.8
+  mask[:, 0] = True
+  old = -rng.exponential(size=(batch, seq)).astype(np.float32)
+  logp = old + rng.uniform(-0.5, 0.5, (batch, seq)).astype(np.float32)
+  ref = -rng.exponential(size=(batch, seq)).astype(np.float32)
+  entropy = rng.uniform(0, 2, (batch, seq)).astype(np.float32)
+  adv = rng.normal(size=batch).astype(np.float32)
+  return mask, old, logp, ref, entropy, adv
+
+
+def test_grpo_loss_at_ratio_one_matches_numpy():
+  mask, old, _, ref, entropy, adv = _batch()
+  config = GRPO(beta=0.1, entropy_coef=0.01, kl_kind='k3')
+  loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config,
+                                       entropy=entropy)
+  d = old.astype(np.float64) - ref
+  k3 = np.exp(-d) + d - 1
+  adv_bt = np.broadcast_to(adv[:, None], mask.shape)
+  want = (-adv_bt[mask].mean() + 0.1 * k3[mask].mean()
+          - 0.01 * entropy[mask].mean())
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  np.testing.assert_allclose(metrics['kl'], k3[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics['entropy'], entropy[mask].mean(),
+                             rtol=1e-5)
+  assert float(metrics['loss']) == float(loss)
+
+
+@pytest.mark.parametrize('importance', ['token', 'sequence'])
+def test_grpo_loss_composes_pieces(importance):
+  mask, old, logp, ref, entropy, adv = _batch(1)
+  sampler = old + 0.05
+  config = GRPO(beta=0.04, kl_kind='k1', importance=importance,
+                aggregation='seq-mean-token-mean', epsilon_high=0.28,
+                tis_cap=1.5, entropy_coef=0.001)
+  step = jax.jit(algorithms.grpo_loss, static_argnames='config')
+  loss, metrics = step(logp, old, ref, adv, mask, config=config,
+                       entropy=entropy, sampler_logp=sampler)
+  tis = losses.truncated_is_weights(old, sampler, mask, 1.5)
+  pg, _ = losses.policy_loss(logp, old, adv, mask, epsilon_high=0.28,
+                             importance=importance, tis_weights=tis,
+                             aggregation='seq-mean-token-mean')
+  agg = lambda x: losses.aggregate(x, mask, 'seq-mean-token-mean')
+  want = pg + 0.04 * agg(logp - ref) - 0.001 * agg(entropy)
+  np.testing.assert_allclose(loss, want, rtol=1e-6)
+  np.testing.assert_allclose(metrics['pg_loss'], pg, rtol=1e-6)
+
+
+def test_grpo_loss_missing_inputs_raise():
+  mask, old, logp, ref, entropy, adv = _batch(2)
+  with pytest.raises(ValueError, match='ref_logp'):
+    algorithms.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.1))
+  with pytest.raises(ValueError, match='sampler_logp'):
+    algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(tis_cap=2.0))
+  with pytest.raises(ValueError, match='return_entropy'):
+    algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(entropy_coef=0.1))
+  loss, metrics = algorithms.grpo_loss(logp, old, None, adv, mask,
+                                       GRPO(beta=0.0), entropy=entropy)
+  assert 'kl' not in metrics and np.isfinite(float(loss))
+
+
+def _np_ppo_advantages(scores, values, logp, ref, mask, beta, gamma, lam):
+  """Loop reference: last-token score, k1 penalty, GAE recursion, whitening."""
+  adv = np.zeros(mask.shape)
+  for b in range(mask.shape[0]):
+    idx = list(np.flatnonzero(mask[b]))
+    next_value, next_adv = 0.0, 0.0
+    for k, t in reversed(list(enumerate(idx))):
+      reward = -beta * (float(logp[b, t]) - float(ref[b, t]))
+      if k == len(idx) - 1:
+        reward += scores[b]
+      delta = reward + gamma * next_value - values[b, t]
+      next_adv = delta + gamma * lam * next_adv
+      next_value = values[b, t]
+      adv[b, t] = next_adv
+  returns = np.where(mask, adv + values, 0.0)
+  valid = adv[mask]
+  white = np.where(mask, (adv - valid.mean()) / np.sqrt(valid.var() + 1e-8), 0)
+  return white, returns
+
+
+def test_ppo_advantages_and_loss():
+  mask, old, logp, ref, entropy, _ = _batch(3)
+  rng = np.random.default_rng(3)
+  scores = rng.normal(size=mask.shape[0]).astype(np.float32)
+  values = rng.normal(size=mask.shape).astype(np.float32)
+  config = PPO(gamma=0.95, lam=0.9, kl_beta=0.1, entropy_coef=0.01)
+  adv, returns = algorithms.ppo_advantages(scores, values, old, ref, mask,
+                                           config)
+  want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1,
+                                          0.95, 0.9)
+  np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
+  new_values = values + 0.3
+  loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
+                                      returns, mask, config,
+                                      entropy=entropy)
+  pg, _ = losses.policy_loss(logp, old, adv, mask)
+  vf, _ = losses.value_loss(new_values, values, returns, mask)
+  want = pg + 0.1 * vf - 0.01 * losses.entropy_bonus(entropy, mask)
+  np.testing.assert_allclose(loss, want, rtol=1e-6)
+  np.testing.assert_allclose(metrics['vf_loss'], vf, rtol=1e-6)
