@@ -116,8 +116,8 @@ def fit(cfg, workdir: str, *, state, frozen, train_step, next_batch: Callable,
       started = time.perf_counter()
       batch, cursor, host = next_batch(cursor)
       state, metrics = train_step(state, frozen, batch)
-      record = {**jax.device_get(metrics), **host, "step_seconds": 0.0}
-      record["step_seconds"] = time.perf_counter() - started
+      record = {**jax.device_get(metrics), **host,
+                "step_seconds": time.perf_counter() - started}
       done = it + 1
       if evaluate is not None and cfg.eval.every and (done % cfg.eval.every == 0 or
                                                       done == steps):

@@ -1,4 +1,6 @@
 """SFT: loss-token gather against full logits, loss-mask invariance, packing, overfit, resume."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,11 +186,22 @@ def test_resume_is_bitwise(tmp_path):
   assert (tmp_path / "b" / "curves.png").exists()
 
 
-def test_eval_loss_reported(tmp_path):
-  cfg = _tiny_config(train__steps=2, checkpoint__every=100)
-  cfg.eval.every, cfg.eval.num_examples = 2, 5
-  _, record = supervised.train_sft(cfg, str(tmp_path))
+def test_jsonl_messages_with_held_out_eval(tmp_path):
+  """A JSONL of multi-turn messages trains; the last records are held out for eval."""
+  path = tmp_path / "chats.jsonl"
+  with open(path, "w", encoding="utf-8") as f:
+    for r in sft.synthetic_records(12, seed=7):
+      turns = [{"role": "user", "content": r["prompt"]},
+               {"role": "assistant", "content": r["completion"]}] * 2
+      f.write(json.dumps({"messages": turns}) + "\n")
+  cfg = _tiny_config(train__steps=2, checkpoint__every=100, data__source="jsonl",
+                     data__path=str(path), data__seq_len=64)
+  cfg.eval.every, cfg.eval.num_examples = 2, 4
+  _, record = supervised.train_sft(cfg, str(tmp_path / "run"))
   assert np.isclose(record["eval_perplexity"], np.exp(record["eval_loss"]))
+  assert record["examples"] == cfg.train.batch_size
+  first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+  assert first["step"] == 0 and "eval_loss" in first       # baseline before training
 
 
 @pytest.mark.parametrize("section,name,value,field", [
