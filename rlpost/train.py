@@ -94,13 +94,16 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       (loss, metrics), grads = grad_fn(state.trainable, frozen, mb)
       return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
 
-    zero_grads = jax.tree.map(jnp.zeros_like, state.trainable)
-    first = jax.tree.map(lambda x: x[0], micro)
-    metric_shapes = jax.eval_shape(lambda: loss_fn(state.trainable, frozen, first)[1])
-    zeros = (zero_grads, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                                     metric_shapes))
-    (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
     n = rows // micro_batch_size
+    first = jax.tree.map(lambda x: x[0], micro)
+    if n == 1:  # no accumulator: saves a zeroed gradient-sized buffer and an add
+      (loss, metrics), grads = grad_fn(state.trainable, frozen, first)
+    else:
+      zero_grads = jax.tree.map(jnp.zeros_like, state.trainable)
+      metric_shapes = jax.eval_shape(lambda: loss_fn(state.trainable, frozen, first)[1])
+      zeros = (zero_grads, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                       metric_shapes))
+      (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
     grads, loss, metrics = jax.tree.map(lambda x: jax.lax.pmean(x / n, DATA_AXIS),
                                         (grads, loss, metrics))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)

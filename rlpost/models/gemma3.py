@@ -32,6 +32,11 @@ Params = dict[str, Any]
 Cache = dict[str, jax.Array]
 
 _MASKED = -2.3819763e38  # most negative bfloat16-representable float32
+_REMAT_POLICIES = {
+    None: None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +204,7 @@ def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: C
 def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             attn_mask_BxTxS: jax.Array, cache: Cache | None = None, *, config: Config,
             return_hidden: bool = False, adapters: Params | None = None,
-            lora_scale: float = 1.0):
+            lora_scale: float = 1.0, remat: str | None = None):
   """Runs the decoder on `tokens_BxT`.
 
   Args:
@@ -217,12 +222,18 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
     adapters: optional LoRA adapters {"layers": {name: {"a": [L, in, r],
       "b": [L, r, out]}}} applied unmerged (see rlpost.models.lora).
     lora_scale: alpha / rank multiplier of the adapters' contribution.
+    remat: training memory policy for the layer scan (no cache only): None
+      keeps every activation for the backward pass; "dots" keeps only matmul
+      outputs and recomputes the elementwise work (norms, RoPE, softmax, GELU);
+      "full" keeps only each layer's input and recomputes the layer.
 
   Returns:
     (logits or hidden, new cache or None).
   """
   c = config
   B, T = tokens_BxT.shape
+  if remat not in _REMAT_POLICIES:
+    raise ValueError(f"remat={remat!r} is not one of {sorted(map(str, _REMAT_POLICIES))}")
   if cache is not None and T > cache["k"].shape[2]:
     raise ValueError(f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
                      "allocate a larger cache with init_cache(..., size=...)")
@@ -244,6 +255,8 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
       layer, lora, glob = inputs
       x, _ = _block(x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale)
       return x, None
+    if remat is not None:
+      body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
     x, _ = jax.lax.scan(body, x, (params["layers"], lora_layers, is_global))
     new_cache = None
   else:

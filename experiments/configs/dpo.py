@@ -1,0 +1,55 @@
+"""DPO: `--config=experiments/configs/dpo.py:VARIANT`.
+
+VARIANT:
+  gemma3_270m  real Gemma 3 270M weights, LoRA; needs `--config.data.path=FILE.jsonl`
+               of {"prompt", "chosen", "rejected"[, "system"]} records.
+  tiny         random tiny model + byte tokenizer, a synthetic preference set
+               (prompt "a+b=", chosen the sum, rejected a refusal); full params.
+
+The reference policy is the base params with adapters off (LoRA) or a copy of the
+initial params (`--config.lora.enabled=False`); its logprobs are computed once per
+batch outside the train step.
+"""
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  tiny = variant == "tiny"
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = common.model_config(variant)
+  c.lora = ml_collections.ConfigDict({
+      "enabled": not tiny,
+      "rank": 16 if tiny else 32,
+      "alpha": 32.0,
+      "targets": "q,k,v,o,gate,up,down",
+  })
+  c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0})
+  c.data = ml_collections.ConfigDict({
+      "source": "synthetic" if tiny else "jsonl",   # jsonl | synthetic
+      "path": "",                  # JSONL of {"prompt", "chosen", "rejected"} records
+      "num_synthetic": 32,
+      "num_examples": 0,           # first N records only (0: all)
+      "seq_len": 32 if tiny else 512,
+      "shuffle": True,
+  })
+  c.train = ml_collections.ConfigDict({
+      "steps": 40 if tiny else 300,
+      "batch_size": 8 if tiny else 4,    # preference pairs per step
+      "micro_batch_size": 4 if tiny else 1,
+      "learning_rate": 3e-3 if tiny else 5e-5,
+      "warmup_fraction": 0.05,
+      "weight_decay": 0.0,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "max_grad_norm": 1.0,
+      "logprob_chunk": 512,              # tokens per output-projection chunk
+      "remat": "dots",                   # none | dots | full (activation memory policy)
+      "gather_bucket": 64,
+  })
+  c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics
+  c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
+  c.lock()
+  return c

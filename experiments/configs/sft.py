@@ -1,0 +1,59 @@
+"""Supervised fine-tuning: `--config=experiments/configs/sft.py:VARIANT`.
+
+VARIANT:
+  gemma3_270m  real Gemma 3 270M weights, GSM8K train as the SFT set (reasoning/answer
+               format, rlpost.data.chat.gsm8k_sft_records), GSM8K test for eval; LoRA.
+  tiny         random tiny model + byte tokenizer, synthetic "a+b=" records; full params.
+
+Data: `--config.data.source=jsonl --config.data.path=FILE.jsonl` trains on a JSONL of
+{"messages": [...]} or {"prompt", "completion"[, "system"]} records (the loss is
+taken on assistant tokens only); `data.eval_path` gives a held-out file, else the
+last `eval.num_examples` records are held out. `--config.lora.enabled=False` trains
+all parameters.
+"""
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  tiny = variant == "tiny"
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = common.model_config(variant)
+  c.lora = ml_collections.ConfigDict({
+      "enabled": not tiny,
+      "rank": 16 if tiny else 32,
+      "alpha": 32.0,
+      "targets": "q,k,v,o,gate,up,down",   # comma-separated names in params["layers"]
+  })
+  c.data = ml_collections.ConfigDict({
+      "source": "synthetic" if tiny else "gsm8k",   # gsm8k | jsonl | synthetic
+      "path": "",                  # JSONL of SFT records (data.source=jsonl)
+      "eval_path": "",             # optional held-out JSONL (else the last records)
+      "data_dir": "",              # GSM8K jsonl dir; "" = Hugging Face hub
+      "num_synthetic": 64,         # records of the synthetic set
+      "num_examples": 0,           # train on the first N records only (0: all)
+      "seq_len": 48 if tiny else 384,
+      "pack": False,               # first-fit pack several examples per row
+      "shuffle": True,
+  })
+  c.train = ml_collections.ConfigDict({
+      "steps": 60 if tiny else 500,
+      "batch_size": 8 if tiny else 4,    # rows per step (packed rows hold several examples)
+      "micro_batch_size": 4 if tiny else 2,
+      "learning_rate": 3e-3 if tiny else 1e-4,
+      "warmup_fraction": 0.05,
+      "weight_decay": 0.0,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "max_grad_norm": 1.0,              # 0: no clipping
+      "logprob_chunk": 512,              # tokens per output-projection chunk
+      "remat": "dots",                   # none | dots | full (activation memory policy)
+      "gather_bucket": 64,               # loss-token gather size is a multiple of this
+  })
+  c.eval = ml_collections.ConfigDict({"every": 20 if tiny else 100,   # 0: never
+                                      "num_examples": 16 if tiny else 64})
+  c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
+  c.lock()
+  return c

@@ -1,0 +1,25 @@
+r"""Supervised fine-tuning (loss on assistant tokens only).
+
+  python -m experiments.sft --config=experiments/configs/sft.py:gemma3_270m \
+      --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/sft_run
+  python -m experiments.sft --config=experiments/configs/sft.py:tiny --workdir=/tmp/sft_tiny
+"""
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from rlpost import supervised
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sft.py:tiny",
+                                          "SFT config (path.py:variant).")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics; resumes from it.")
+
+
+def main(argv):
+  del argv
+  _, record = supervised.train_sft(_CONFIG.value, _WORKDIR.value)
+  print({k: v for k, v in record.items() if isinstance(v, (int, float))})
+
+
+if __name__ == "__main__":
+  app.run(main)

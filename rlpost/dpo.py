@@ -1,0 +1,110 @@
+"""DPO: pair batches, reference logprobs computed once per batch, and the loss function.
+
+A pair batch is `{"chosen": sft batch, "rejected": sft batch, "ref_chosen": [N],
+"ref_rejected": [N]}`: row i of both halves is pair i (prompt + response,
+right-padded, loss mask on the response), built with `rlpost.sft.make_batch`, so
+only response positions are projected onto the vocabulary. The reference
+sequence logprobs are filled in by `make_reference_fn` outside the train step
+(the reference never needs gradients): the base params with adapters off under
+LoRA, a copy of the initial params for full-parameter DPO.
+"""
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost import sft
+from rlpost import sft_losses
+from rlpost.data import chat
+from rlpost.models import gemma3
+
+Pair = tuple[np.ndarray, np.ndarray, np.ndarray]   # prompt, chosen, rejected ids
+
+
+def tokenize_pairs(records: Sequence[dict], tokenizer, max_len: int) -> list[Pair]:
+  """`chat.tokenize_dpo` of every record."""
+  return [chat.tokenize_dpo(r, tokenizer, max_len) for r in records]
+
+
+def make_pair_batch(pairs: Sequence[Pair], *, seq_len: int, pad_id: int,
+                    micro_batch_size: int, gather_bucket: int = 64) -> dict:
+  """Pair batch (module docstring) with zero reference logprobs (see `with_reference`)."""
+  halves = {}
+  for name, col in (("chosen", 1), ("rejected", 2)):
+    examples = [chat.concat_prompt_response(p[0], p[col]) for p in pairs]
+    halves[name] = sft.make_batch(examples, seq_len=seq_len, pad_id=pad_id,
+                                  micro_batch_size=micro_batch_size,
+                                  gather_bucket=gather_bucket)
+  zeros = np.zeros((len(pairs),), np.float32)
+  return {**halves, "ref_chosen": zeros, "ref_rejected": zeros.copy()}
+
+
+def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk, remat=None):
+  logp = sft.target_logprobs(params, adapters, half, config=config, lora_scale=lora_scale,
+                             chunk=chunk, remat=remat)
+  return sft_losses.sequence_logprob(logp, half["target_mask"])
+
+
+def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: int = 256):
+  """Jitted `ref_fn(params, batch) -> batch` with "ref_chosen"/"ref_rejected" [N] filled.
+
+  `params` is the reference (no adapters). Runs `micro_batch_size` rows at a time
+  (lax.map), so its memory is that of one forward pass of a micro-batch.
+  """
+  def per_micro(params, half):
+    return _sequence_logprobs(params, None, half, config=config, lora_scale=1.0, chunk=chunk)
+
+  @jax.jit
+  def ref_fn(params, batch):
+    out = dict(batch)
+    for name in ("chosen", "rejected"):
+      half = batch[name]
+      rows = half["tokens"].shape[0]
+      micro = jax.tree.map(
+          lambda x: x.reshape((rows // micro_batch_size, micro_batch_size) + x.shape[1:]), half)
+      logp = jax.lax.map(lambda mb: per_micro(params, mb), micro)
+      out[f"ref_{name}"] = jax.lax.stop_gradient(logp.reshape(rows))
+    return out
+  return ref_fn
+
+
+def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
+                 beta: float = 0.1, label_smoothing: float = 0.0, chunk: int = 256,
+                 remat: str | None = None):
+  """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)` for `make_train_step`.
+
+  Sigmoid DPO (`sft_losses.dpo_loss`) of the micro-batch's pairs; metrics are
+  chosen/rejected rewards, reward margin and preference accuracy (batch means).
+  chunk / remat: as in `rlpost.sft.make_loss_fn`.
+  """
+  def loss_fn(trainable, frozen, micro_batch):
+    params, adapters = sft.split_params(trainable, frozen, lora)
+    seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], config=config,
+                                    lora_scale=lora_scale, chunk=chunk, remat=remat)
+           for name in ("chosen", "rejected")}
+    loss, metrics = sft_losses.dpo_loss(
+        seq["chosen"], seq["rejected"], micro_batch["ref_chosen"], micro_batch["ref_rejected"],
+        beta=beta, label_smoothing=label_smoothing)
+    metrics = {k: v for k, v in metrics.items() if k != "loss"}
+    return loss, metrics
+  return loss_fn
+
+
+def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
+  """Tiny preference set: prompt "a+b=", chosen the sum, rejected a refusal."""
+  rng = np.random.default_rng(seed)
+  pairs = rng.integers(0, 50, size=(num_pairs, 2))
+  return [{"prompt": f"{a}+{b}=", "chosen": str(int(a + b)), "rejected": "I don't know."}
+          for a, b in pairs]
+
+
+def pair_stats(batch: dict) -> dict[str, float]:
+  """Host-side facts: response tokens of the chosen and rejected halves."""
+  return {"chosen_tokens": int(batch["chosen"]["target_mask"].sum()),
+          "rejected_tokens": int(batch["rejected"]["target_mask"].sum())}
+
+
+def initial_reference(params):
+  """A copy of the params (full-parameter DPO: the train state's params are donated)."""
+  return jax.tree.map(jnp.copy, params)
