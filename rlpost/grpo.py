@@ -107,7 +107,8 @@ def make_loss_fn(setup: Setup):
     params, adapters = policy_parts(setup, trainable, frozen)
     logp, entropy = rollout.completion_logprobs(
         params, mb, model_config=setup.model, temperature=setup.sampling.temperature,
-        adapters=adapters, lora_scale=scale, chunk=setup.logprob_chunk, return_entropy=True)
+        adapters=adapters, lora_scale=scale, chunk=setup.logprob_chunk, return_entropy=True,
+        remat="dots")
     mask = mb["completion_mask"]
     old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
     loss, metrics = algorithms.grpo_loss(logp, old, mb.get("ref_logp"), mb["advantages"], mask,

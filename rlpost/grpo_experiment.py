@@ -44,8 +44,13 @@ def build(cfg, loaded=None) -> Pieces:
       learning_rate=t.learning_rate, total_steps=t.steps * setup.num_iterations,
       warmup_fraction=t.warmup_fraction, weight_decay=t.weight_decay, b1=t.adam_b1,
       b2=t.adam_b2, max_grad_norm=t.max_grad_norm)
-  state = train.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1))
-  train_step = train.make_train_step(grpo.make_loss_fn(setup), optimizer, train.make_mesh(),
+  mesh = train.make_mesh()
+  # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
+  state = train.replicate(train.init_train_state(trainable, optimizer,
+                                                 jax.random.fold_in(key, 1)), mesh)
+  frozen = train.replicate(frozen, mesh)
+  ref_params = frozen if setup.lora else train.replicate(ref_params, mesh)
+  train_step = train.make_train_step(grpo.make_loss_fn(setup), optimizer, mesh,
                                      setup.micro_batch_size)
   return Pieces(setup, tokenizer, task, state, frozen, ref_params, train_step)
 

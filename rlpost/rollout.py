@@ -73,18 +73,19 @@ def completion_texts(batch: dict, tokenizer) -> list[str]:
 
 def completion_logprobs(params, batch: dict, *, model_config: gemma3.Config, temperature: float,
                         adapters=None, lora_scale: float = 1.0, chunk: int = 256,
-                        return_entropy: bool = False):
+                        return_entropy: bool = False, remat: str | None = None):
   """Per-token logprobs [N, T] (and entropy) of the completion tokens under `params`.
 
   Uses the same forward and temperature scaling as the sampler, so with the
-  sampler's own params it reproduces `sampler_logp` (float32, ~1e-5).
+  sampler's own params it reproduces `sampler_logp` (float32, ~1e-5). `remat` is
+  `gemma3.forward`'s activation-checkpointing policy (training only).
   """
   tokens, valid = batch["tokens"], batch["valid"]
   T = batch["completion_mask"].shape[1]
   P = tokens.shape[1] - T
   hidden, _ = gemma3.forward(params, tokens, batch["positions"], causal_attention_mask(valid),
                              config=model_config, return_hidden=True, adapters=adapters,
-                             lora_scale=lora_scale)
+                             lora_scale=lora_scale, remat=remat)
   return logprobs_lib.token_logprobs(hidden[:, P - 1:P + T - 1], params["embed"], tokens[:, P:],
                                      batch["completion_mask"] > 0, temperature=temperature,
                                      chunk=chunk, return_entropy=return_entropy)
