@@ -89,23 +89,28 @@ def pad_prompts(prompts: list[list[int]], config: SamplingConfig):
   return jnp.asarray(tokens, jnp.int32), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
-def _categorical(key: jax.Array, logits_VxB: jax.Array) -> jax.Array:
-  """Exact sample from softmax(logits) over axis 0, by two-level inverse CDF. Returns [B] int32.
+def _categorical(key: jax.Array, logits_VxB: jax.Array):
+  """Exact sample from softmax(logits) over axis 0, by two-level inverse CDF.
 
   Much cheaper on CPU than Gumbel-max over a 262k vocabulary (one uniform per
   level instead of one random number per token): split the vocabulary into
   ~sqrt(V) blocks, pick a block by its mass, then a token inside it.
+  Returns (tokens [B] int32, logsumexp of the logits [B] float32), the latter
+  from the same pass over the vocabulary.
   """
   V, B = logits_VxB.shape
   size = max(1, int(round(V ** 0.5)))
   nblocks = -(-V // size)
   logits = jnp.pad(logits_VxB.astype(jnp.float32), ((0, nblocks * size - V), (0, 0)),
                    constant_values=_NEG_INF)
-  probs = jnp.exp(logits - jnp.max(logits, axis=0, keepdims=True)).reshape(nblocks, size, B)
+  top = jnp.max(logits, axis=0, keepdims=True)
+  probs = jnp.exp(logits - top).reshape(nblocks, size, B)
+  block_mass = probs.sum(1)
   k1, k2 = jax.random.split(key)
-  block = _inverse_cdf(k1, probs.sum(1))
+  block = _inverse_cdf(k1, block_mass)
   inner = jnp.take_along_axis(probs, block[None, None, :], axis=0)[0]
-  return block * size + _inverse_cdf(k2, inner)
+  lse = top[0] + jnp.log(block_mass.sum(0))
+  return block * size + _inverse_cdf(k2, inner), lse
 
 
 def _inverse_cdf(key: jax.Array, weights_KxB: jax.Array) -> jax.Array:
@@ -134,8 +139,8 @@ def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig)
     return token, _take(logits, token) - jax.nn.logsumexp(logits, axis=0)
   scaled = logits / config.temperature
   if config.top_k is None and config.top_p >= 1:
-    token = _categorical(key, scaled)
-    return token, _take(scaled, token) - jax.nn.logsumexp(scaled, axis=0)
+    token, lse = _categorical(key, scaled)
+    return token, _take(scaled, token) - lse
   k = config.top_k if config.top_k is not None else config.nucleus_candidates
   vals, idx = jax.lax.top_k(scaled.T, min(k, scaled.shape[0]))   # [B, k], descending
   vals, idx = vals.T, idx.T
