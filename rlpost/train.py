@@ -108,7 +108,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
                                         (grads, loss, metrics))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, trainable, opt_state, state.key), metrics
 
   sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)),
