@@ -150,3 +150,23 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
     assert np.isfinite(record[name]), name
   # A random model never closes the tags: the approximate-format reward is negative.
   assert record["reward/match_format_approximately"] < 0
+
+
+def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+  from rlpost.grpo_experiment import build  # pylint: disable=g-import-not-at-top
+  cfg = _config("tiny,dapo", **{"train.batch_prompts": 4})
+  pieces = build(cfg)
+  problems = pieces.task.problems[:8]
+  signal_prompts = {p.question for p in problems[::2]}   # half of the prompts carry signal
+
+  def reward(prompts, completions, answers):
+    del answers
+    return [float(len(c)) if p in signal_prompts else 1.0 for p, c in zip(prompts, completions)]
+  params = grpo.sampling_params(pieces.setup, pieces.state.trainable, pieces.frozen)
+  groups, metrics, cursor = grpo.collect(pieces.setup, params, problems, Cursor(0, 0, 0),
+                                         pieces.tokenizer, jax.random.key(0), {"r": reward}, [])
+  assert len(groups) == 4 and metrics["dynamic/filled"] == 0
+  assert metrics["dynamic/rounds"] >= 2          # the first 4 prompts held only 2 with signal
+  assert all(np.ptp(g["rewards"]) > 0 for g in groups)
+  assert cursor.position + cursor.epoch * len(problems) == 4 * metrics["dynamic/rounds"]
