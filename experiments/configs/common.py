@@ -19,3 +19,13 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
       "path": "",            # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",    # float32 | bfloat16
   })
+
+
+def lora_config(tiny: bool) -> ml_collections.ConfigDict:
+  """The `lora` block of SFT and DPO: adapters on every projection (off for tiny)."""
+  return ml_collections.ConfigDict({
+      "enabled": not tiny,
+      "rank": 16 if tiny else 32,
+      "alpha": 32.0,
+      "targets": "q,k,v,o,gate,up,down",   # comma-separated names in params["layers"]
+  })

@@ -20,12 +20,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = common.model_config(variant)
-  c.lora = ml_collections.ConfigDict({
-      "enabled": not tiny,
-      "rank": 16 if tiny else 32,
-      "alpha": 32.0,
-      "targets": "q,k,v,o,gate,up,down",
-  })
+  c.lora = common.lora_config(tiny)
   c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0})
   c.data = ml_collections.ConfigDict({
       "source": "synthetic" if tiny else "jsonl",   # jsonl | synthetic

@@ -21,12 +21,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = common.model_config(variant)
-  c.lora = ml_collections.ConfigDict({
-      "enabled": not tiny,
-      "rank": 16 if tiny else 32,
-      "alpha": 32.0,
-      "targets": "q,k,v,o,gate,up,down",   # comma-separated names in params["layers"]
-  })
+  c.lora = common.lora_config(tiny)
   c.data = ml_collections.ConfigDict({
       "source": "synthetic" if tiny else "gsm8k",   # gsm8k | jsonl | synthetic
       "path": "",                  # JSONL of SFT records (data.source=jsonl)
