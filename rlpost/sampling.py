@@ -206,6 +206,7 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
   """
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
+  params = gemma3.unstack_layers(params)   # sliced once, not at every decode step
   limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
   limit = jnp.clip(limit, 0, N)
   logits, cache = prefill(params, tokens_BxP, lengths_B, model_config=model_config,
@@ -218,19 +219,24 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
   slot_ids = jnp.arange(P + N)[None, :]
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
 
-  def cond(carry):
-    t, done = carry[0], carry[1]
-    return (t < limit) & ~jnp.all(done)
-
-  def body(carry):
-    t, done, logits, cache, tokens, logprobs = carry
+  def emit(t, done, logits, tokens, logprobs):
+    """Samples token t of every row from `logits` and records it (pads after a stop)."""
     token, logp = select_tokens(jax.random.fold_in(key, t), logits, config)
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
     logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))
-    done = done | jnp.isin(token, stop_ids)
-    slot = P + t
-    mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= slot))[:, None, :]
+    return token, done | jnp.isin(token, stop_ids), tokens, logprobs
+
+  # The loop emits tokens 0 .. limit-2, each followed by the forward that gives the
+  # next logits; the last token is emitted after it (no forward would use its logits).
+  def cond(carry):
+    t, done = carry[0], carry[1]
+    return (t + 1 < limit) & ~jnp.all(done)
+
+  def body(carry):
+    t, done, logits, cache, tokens, logprobs = carry
+    token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
+    mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= P + t))[:, None, :]
     hidden, cache = gemma3.forward(params, token[:, None], (lengths + t)[:, None], mask,
                                    cache, config=model_config, return_hidden=True)
     logits = gemma3.vocab_major_logits(params, hidden[:, 0])
@@ -238,7 +244,9 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
 
   carry = (jnp.zeros((), jnp.int32), jnp.zeros((rows,), bool), logits, cache,
            jnp.full((rows, N), config.pad_id, jnp.int32), jnp.zeros((rows, N), jnp.float32))
-  t_end, _, _, _, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  t_last, done, logits, _, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
+  t_end = t_last + 1
   mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
   return SampleOutput(tokens=jnp.where(mask, tokens, config.pad_id),
                       logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,

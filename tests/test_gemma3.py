@@ -92,8 +92,10 @@ def test_forward_matches_slow_reference_beyond_sliding_window():
                              atol=1e-9)
 
 
-def test_cached_token_by_token_decoding_equals_full_forward():
+@pytest.mark.parametrize("layout", ["stacked", "unstacked"])
+def test_cached_token_by_token_decoding_equals_full_forward(layout):
   params = _random_params(1)
+  decode_params = params if layout == "stacked" else gemma3.unstack_layers(params)
   T = 2 * CONFIG.sliding_window + 5
   tokens = jax.random.randint(jax.random.key(3), (2, T), 0, CONFIG.vocab_size)
   full = jax.vmap(lambda t: _full_forward(params, t[None])[0])(tokens)
@@ -103,12 +105,12 @@ def test_cached_token_by_token_decoding_equals_full_forward():
   prefix = 4
   slots = jnp.arange(T + 3)
   mask = jnp.broadcast_to((slots[None, :] <= jnp.arange(prefix)[:, None])[None], (2, prefix, T + 3))
-  logits, cache = step(params, tokens[:, :prefix], jnp.broadcast_to(jnp.arange(prefix), (2, prefix)),
-                       mask, cache)
+  logits, cache = step(decode_params, tokens[:, :prefix],
+                       jnp.broadcast_to(jnp.arange(prefix), (2, prefix)), mask, cache)
   outs = [logits]
   for t in range(prefix, T):
     mask = jnp.broadcast_to((slots <= t)[None, None], (2, 1, T + 3))
-    logits, cache = step(params, tokens[:, t:t + 1], jnp.full((2, 1), t), mask, cache)
+    logits, cache = step(decode_params, tokens[:, t:t + 1], jnp.full((2, 1), t), mask, cache)
     outs.append(logits)
   chex.assert_trees_all_close(jnp.concatenate(outs, 1), full, atol=2e-4, rtol=1e-4)
   assert int(cache["index"]) == T
@@ -141,3 +143,20 @@ def test_tokens_longer_than_cache_raise():
   with pytest.raises(ValueError, match="do not fit in a KV cache of 4 slots"):
     gemma3.forward(params, jnp.zeros((1, 5), jnp.int32), jnp.arange(5)[None],
                    jnp.ones((1, 5, 4), bool), cache, config=CONFIG)
+
+
+def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
+  """The decode layout (unrolled layers, fused q/k/v and gate/up) keeps LoRA paths exact."""
+  from rlpost.models import lora as lora_lib
+  params = _random_params(2)
+  lcfg = lora_lib.LoraConfig(rank=4, alpha=8)
+  adapters = lora_lib.init_adapters(jax.random.key(5), params, lcfg)
+  adapters = jax.tree.map(lambda x: x + 0.1, adapters)     # B starts at zero: make it matter
+  tokens = jax.random.randint(jax.random.key(6), (2, 6), 0, CONFIG.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  mask = jnp.broadcast_to(jnp.tril(jnp.ones((6, 8), bool)), (2, 6, 8))
+  run = lambda p: gemma3.forward(p, tokens, pos, mask, gemma3.init_cache(CONFIG, 2, 8),
+                                 config=CONFIG, adapters=adapters, lora_scale=lcfg.scale)[0]
+  stacked, unstacked = run(params), run(gemma3.unstack_layers(params))
+  chex.assert_trees_all_close(unstacked, stacked, atol=1e-4, rtol=1e-5)
+  assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]
