@@ -160,3 +160,19 @@ def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   stacked, unstacked = run(params), run(gemma3.unstack_layers(params))
   chex.assert_trees_all_close(unstacked, stacked, atol=1e-4, rtol=1e-5)
   assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]
+
+
+def test_gated_gelu_gradient_equals_autodiff_of_the_formula():
+  gate = 4 * jax.random.normal(jax.random.key(7), (3, 5, 64))
+  up = jax.random.normal(jax.random.key(8), (3, 5, 64))
+  cot = jax.random.normal(jax.random.key(9), (3, 5, 64))
+  plain = lambda g, u: jnp.sum(jax.nn.gelu(g, approximate=True) * u * cot)
+  custom = lambda g, u: jnp.sum(gemma3.gated_gelu(g, u) * cot)
+  chex.assert_trees_all_close(custom(gate, up), plain(gate, up), rtol=1e-6)
+  chex.assert_trees_all_close(jax.grad(custom, (0, 1))(gate, up),
+                              jax.grad(plain, (0, 1))(gate, up), atol=1e-5, rtol=1e-5)
+  # Under the "dots" remat policy inside jit, too.
+  remat = jax.jit(jax.grad(jax.checkpoint(custom, policy=jax.checkpoint_policies.save_only_these_names(
+      "gated_gelu")), (0, 1)))
+  chex.assert_trees_all_close(remat(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5,
+                              rtol=1e-5)
