@@ -3,7 +3,8 @@ r"""Decode throughput of the sampler on the Gemma 3 270M architecture (random we
 Prints ONE JSON object:
   ceiling      a jitted step doing only this architecture's weight matmuls at the
                decode batch, each weight read once in the sampler's layout (the
-               memory-bandwidth bound of a decode step)
+               memory-bandwidth bound of a decode step); scan_ceiling: the same
+               matmuls scanned over the stacked weights (the issue's probe)
   batch        B prompts x P tokens, N new tokens: compile seconds, steady tokens/s,
                and tokens/s as a fraction of the ceiling
   single       batch 1, 64-token prompt, 128 new tokens
@@ -69,6 +70,25 @@ def _ceiling(params, config, batch, repeats):
   return min(times)
 
 
+def _scan_ceiling(params, batch, repeats):
+  """The same matmuls over the stacked [L, ...] weights under `lax.scan`.
+
+  This is the probe the decode issue quotes (~87 ms at batch 8 on the CI
+  machine): the scan slices each weight out of its stack, a copy per layer and
+  step, so it is slower than `_ceiling`; reported for comparison only.
+  """
+  @jax.jit
+  def step(params, x):
+    def body(x, layer):
+      h = x @ layer["q"] @ layer["o"] + (x @ layer["k"]).sum() + (x @ layer["v"]).sum()
+      return (h + (x @ layer["gate"] * (x @ layer["up"])) @ layer["down"]).astype(x.dtype), None
+    x, _ = jax.lax.scan(body, x, params["layers"])
+    return jnp.einsum("vd,bd->vb", params["embed"], x)
+  x = jnp.ones((batch, params["embed"].shape[1]), params["embed"].dtype)
+  _, times = _timed(lambda: step(params, x), repeats + 2)
+  return min(times)
+
+
 def _decode(params, config, batch, prompt_len, new_tokens, repeats):
   sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, stop_ids=(),
                                prompt_bucket=prompt_len)
@@ -110,6 +130,9 @@ def main(argv):
                                          / batched["ceiling_tokens_per_s"], 3)
   batched["decode_only_fraction_of_ceiling"] = round(batched["decode_only_tokens_per_s"]
                                                      / batched["ceiling_tokens_per_s"], 3)
+  scan_s = _scan_ceiling(params, _BATCH.value, _REPEATS.value)
+  batched["scan_ceiling_step_ms"] = round(1000 * scan_s, 2)
+  batched["fraction_of_scan_ceiling"] = round(batched["tokens_per_s"] * scan_s / _BATCH.value, 3)
   single = _decode(params, config, 1, 64, 128, _REPEATS.value)
   single["ceiling_tokens_per_s"] = round(1 / _ceiling(params, config, 1, _REPEATS.value), 2)
   pre = jax.jit(lambda p, t, l: sampling.prefill(p, t, l, model_config=config, cache_size=513)[0])

@@ -17,6 +17,10 @@ query_pre_attn_scalar**-0.5; layer i is global (full causal, RoPE base
 `global_rope_base`) iff i % global_every == global_every - 1, the others are
 local (sliding window, RoPE base `local_rope_base`); final RMSNorm; tied output.
 
+`unstack_layers` turns the stacks into a tuple of per-layer dicts (q/k/v and
+gate/up concatenated) that `forward` with a cache unrolls: the sampler's
+decode layout.
+
 The KV cache is one dict of a few large arrays (see `init_cache`); new keys
 and values are written at slot `cache["index"]` for every row, so rows use
 left padding and per-row positions.
