@@ -176,3 +176,12 @@ def test_gated_gelu_gradient_equals_autodiff_of_the_formula():
       "gated_gelu")), (0, 1)))
   chex.assert_trees_all_close(remat(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5,
                               rtol=1e-5)
+
+
+def test_gated_gelu_forward_under_grad_is_bitwise_the_primal():
+  """The trainer's logprobs (under grad) and reference logprobs (no grad) must agree exactly."""
+  gate = 3 * jax.random.normal(jax.random.key(10), (4, 256))
+  up = jax.random.normal(jax.random.key(11), (4, 256))
+  primal = jax.jit(gemma3.gated_gelu)(gate, up)
+  under_grad, _ = jax.jit(lambda g, u: jax.vjp(gemma3.gated_gelu, g, u))(gate, up)
+  np.testing.assert_array_equal(np.asarray(under_grad), np.asarray(primal))

@@ -176,8 +176,8 @@ def gated_gelu(gate: jax.Array, up: jax.Array) -> jax.Array:
 
 def _gated_gelu_fwd(gate, up):
   x = gate
+  gelu = jax.nn.gelu(x, approximate=True)       # the primal's exact values
   t = jnp.tanh(_GELU_C * (x + 0.044715 * x * x * x))
-  gelu = 0.5 * x * (1.0 + t)
   dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
   saved = (checkpoint_name(up * dgelu, "gated_gelu"), checkpoint_name(gelu, "gated_gelu"))
   return gelu * up, saved
