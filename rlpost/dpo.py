@@ -40,20 +40,25 @@ def make_pair_batch(pairs: Sequence[Pair], *, seq_len: int, pad_id: int,
   return {**halves, "ref_chosen": zeros, "ref_rejected": zeros.copy()}
 
 
-def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk, remat=None):
+def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk, remat=None,
+                       compute_dtype=None):
   logp = sft.target_logprobs(params, adapters, half, config=config, lora_scale=lora_scale,
-                             chunk=chunk, remat=remat)
+                             chunk=chunk, remat=remat, compute_dtype=compute_dtype)
   return sft_losses.sequence_logprob(logp, half["target_mask"])
 
 
-def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: int = 256):
+def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: int = 256,
+                      compute_dtype=None):
   """Jitted `ref_fn(params, batch) -> batch` with "ref_chosen"/"ref_rejected" [N] filled.
 
   `params` is the reference (no adapters). Runs `micro_batch_size` rows at a time
   (lax.map), so its memory is that of one forward pass of a micro-batch.
+  `compute_dtype` should be the loss function's, so that the policy's first
+  logprobs equal the reference's.
   """
   def per_micro(params, half):
-    return _sequence_logprobs(params, None, half, config=config, lora_scale=1.0, chunk=chunk)
+    return _sequence_logprobs(params, None, half, config=config, lora_scale=1.0, chunk=chunk,
+                              compute_dtype=compute_dtype)
 
   @jax.jit
   def ref_fn(params, batch):
@@ -71,17 +76,18 @@ def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: in
 
 def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
                  beta: float = 0.1, label_smoothing: float = 0.0, chunk: int = 256,
-                 remat: str | None = None):
+                 remat: str | None = None, compute_dtype=None):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)` for `make_train_step`.
 
   Sigmoid DPO (`sft_losses.dpo_loss`) of the micro-batch's pairs; metrics are
   chosen/rejected rewards, reward margin and preference accuracy (batch means).
-  chunk / remat: as in `rlpost.sft.make_loss_fn`.
+  chunk / remat / compute_dtype: as in `rlpost.sft.make_loss_fn`.
   """
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = sft.split_params(trainable, frozen, lora)
     seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], config=config,
-                                    lora_scale=lora_scale, chunk=chunk, remat=remat)
+                                    lora_scale=lora_scale, chunk=chunk, remat=remat,
+                                    compute_dtype=compute_dtype)
            for name in ("chosen", "rejected")}
     loss, metrics = sft_losses.dpo_loss(
         seq["chosen"], seq["rejected"], micro_batch["ref_chosen"], micro_batch["ref_rejected"],

@@ -44,6 +44,7 @@ class Setup:
   overlong_buffer: int
   overlong_penalty: float
   logprob_chunk: int
+  compute_dtype: str      # matmul inputs of the trainer's forward/backward (rollout: params')
   template: str
   shuffle: bool
 
@@ -69,6 +70,8 @@ def validate(cfg) -> None:
     raise ValueError(f"data.template={cfg.data.template!r} is not one of {prompts_lib.TEMPLATES}")
   if t.steps < 1:
     raise ValueError(f"train.steps={t.steps} must be >= 1")
+  if t.compute_dtype not in ("float32", "bfloat16"):
+    raise ValueError(f"train.compute_dtype={t.compute_dtype!r} is not one of float32, bfloat16")
 
 
 def make_setup(cfg, model_config: gemma3.Config, tokenizer) -> Setup:
@@ -91,6 +94,7 @@ def make_setup(cfg, model_config: gemma3.Config, tokenizer) -> Setup:
                micro_batch_size=cfg.train.micro_batch_size, dynamic_sampling=a.dynamic_sampling,
                max_resample_rounds=a.max_resample_rounds, overlong_buffer=a.overlong_buffer,
                overlong_penalty=a.overlong_penalty, logprob_chunk=cfg.train.logprob_chunk,
+               compute_dtype=cfg.train.compute_dtype,
                template=cfg.data.template, shuffle=cfg.data.shuffle)
 
 
@@ -108,7 +112,7 @@ def make_loss_fn(setup: Setup):
     logp, entropy = rollout.completion_logprobs(
         params, mb, model_config=setup.model, temperature=setup.sampling.temperature,
         adapters=adapters, lora_scale=scale, chunk=setup.logprob_chunk, return_entropy=True,
-        remat="dots")
+        remat="dots", compute_dtype=setup.compute_dtype)
     mask = mb["completion_mask"]
     old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
     loss, metrics = algorithms.grpo_loss(logp, old, mb.get("ref_logp"), mb["advantages"], mask,
@@ -250,7 +254,8 @@ def iteration(setup: Setup, state, frozen, ref_params, train_step, problems, cur
   params, adapters = policy_parts(setup, state.trainable, frozen)
   lp = lambda p, a: rollout.completion_logprobs_jit(
       p, batch, a, model_config=setup.model, temperature=setup.sampling.temperature,
-      lora_scale=setup.lora.scale if setup.lora else 1.0, chunk=setup.logprob_chunk)
+      lora_scale=setup.lora.scale if setup.lora else 1.0, chunk=setup.logprob_chunk,
+      compute_dtype=setup.compute_dtype)
   if setup.algo.beta > 0:
     batch["ref_logp"] = lp(ref_params, None)
   if setup.num_iterations > 1:

@@ -73,27 +73,32 @@ def completion_texts(batch: dict, tokenizer) -> list[str]:
 
 def completion_logprobs(params, batch: dict, *, model_config: gemma3.Config, temperature: float,
                         adapters=None, lora_scale: float = 1.0, chunk: int = 256,
-                        return_entropy: bool = False, remat: str | None = None):
+                        return_entropy: bool = False, remat: str | None = None,
+                        compute_dtype=None):
   """Per-token logprobs [N, T] (and entropy) of the completion tokens under `params`.
 
   Uses the same forward and temperature scaling as the sampler, so with the
   sampler's own params it reproduces `sampler_logp` (float32, ~1e-5). `remat` is
-  `gemma3.forward`'s activation-checkpointing policy (training only).
+  `gemma3.forward`'s activation-checkpointing policy (training only);
+  `compute_dtype` its matmul input dtype (None: the params' dtype).
   """
   tokens, valid = batch["tokens"], batch["valid"]
   T = batch["completion_mask"].shape[1]
   P = tokens.shape[1] - T
   hidden, _ = gemma3.forward(params, tokens, batch["positions"], causal_attention_mask(valid),
                              config=model_config, return_hidden=True, adapters=adapters,
-                             lora_scale=lora_scale, remat=remat)
+                             lora_scale=lora_scale, remat=remat, compute_dtype=compute_dtype)
   return logprobs_lib.token_logprobs(hidden[:, P - 1:P + T - 1], params["embed"], tokens[:, P:],
                                      batch["completion_mask"] > 0, temperature=temperature,
-                                     chunk=chunk, return_entropy=return_entropy)
+                                     chunk=chunk, return_entropy=return_entropy,
+                                     compute_dtype=compute_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "temperature", "lora_scale", "chunk"))
+@functools.partial(jax.jit, static_argnames=("model_config", "temperature", "lora_scale", "chunk",
+                                             "compute_dtype"))
 def completion_logprobs_jit(params, batch, adapters=None, *, model_config, temperature,
-                            lora_scale=1.0, chunk=256):
+                            lora_scale=1.0, chunk=256, compute_dtype=None):
   """Jitted `completion_logprobs` without entropy (reference / old-policy logprobs)."""
   return completion_logprobs(params, batch, model_config=model_config, temperature=temperature,
-                             adapters=adapters, lora_scale=lora_scale, chunk=chunk)
+                             adapters=adapters, lora_scale=lora_scale, chunk=chunk,
+                             compute_dtype=compute_dtype)

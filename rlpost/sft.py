@@ -117,18 +117,19 @@ def next_examples(cursor: cursor_lib.Cursor, lengths: Sequence[int], *, rows: in
 
 def target_logprobs(params, adapters, micro_batch: Batch, *, config: gemma3.Config,
                     lora_scale: float = 1.0, chunk: int = 256,
-                    remat: str | None = None) -> jax.Array:
+                    remat: str | None = None, compute_dtype=None) -> jax.Array:
   """logp [m, T] float32 of `targets` where `target_mask` (0 elsewhere) for m rows.
 
   Runs the decoder on all tokens (segment attention mask, per-segment
-  positions; `remat` as in `gemma3.forward`), then projects only the gathered
-  hidden states onto the vocabulary, `chunk` tokens at a time.
+  positions; `remat` and `compute_dtype` as in `gemma3.forward`), then
+  projects only the gathered hidden states onto the vocabulary, `chunk` tokens
+  at a time (matmul inputs in `compute_dtype` too).
   """
   mb = micro_batch
   mask = packing.segment_attention_mask(mb["segment_ids"])
   hidden, _ = gemma3.forward(params, mb["tokens"], mb["positions"], mask, config=config,
                              return_hidden=True, adapters=adapters, lora_scale=lora_scale,
-                             remat=remat)
+                             remat=remat, compute_dtype=compute_dtype)
   m, t, d = hidden.shape
   index = mb["gather_index"].reshape(-1)
   valid = mb["gather_valid"].reshape(-1)
@@ -136,7 +137,7 @@ def target_logprobs(params, adapters, micro_batch: Batch, *, config: gemma3.Conf
   h_MxD = jnp.take(hidden.reshape(m * t, d), index, axis=0).astype(embed.dtype)
   targets_M = jnp.take(mb["targets"].reshape(-1), index)
   logp_M = logprobs_lib.token_logprobs(h_MxD[None], embed, targets_M[None], valid[None],
-                                       chunk=chunk)[0]
+                                       chunk=chunk, compute_dtype=compute_dtype)[0]
   dense = jnp.zeros((m * t,), jnp.float32).at[index].add(jnp.where(valid, logp_M, 0.0))
   return dense.reshape(m, t)
 
@@ -147,17 +148,19 @@ def split_params(trainable, frozen, lora: bool):
 
 
 def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 chunk: int = 256, remat: str | None = None):
+                 chunk: int = 256, remat: str | None = None, compute_dtype=None):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, {})` for `train.make_train_step`.
 
   trainable/frozen: (adapters, base params) with `lora`, else (params, None).
-  chunk: tokens per output-projection chunk; remat: `gemma3.forward`'s policy.
+  chunk: tokens per output-projection chunk; remat, compute_dtype: as in
+  `gemma3.forward` (compute_dtype "bfloat16": mixed-precision matmuls).
   The loss is this micro-batch's share of the batch's token-mean NLL (module docstring).
   """
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = split_params(trainable, frozen, lora)
     logp = target_logprobs(params, adapters, micro_batch, config=config,
-                           lora_scale=lora_scale, chunk=chunk, remat=remat)
+                           lora_scale=lora_scale, chunk=chunk, remat=remat,
+                           compute_dtype=compute_dtype)
     loss, _ = sft_losses.sft_loss(logp, micro_batch["target_mask"],
                                   num_tokens=micro_batch["token_divisor"][0])
     return loss, {}
@@ -165,13 +168,13 @@ def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
 
 
 def make_eval_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 chunk: int = 256):
+                 chunk: int = 256, compute_dtype=None):
   """Jitted `eval_fn(trainable, frozen, batch) -> (nll_sum [], tokens [])` for one micro-batch."""
   @jax.jit
   def eval_fn(trainable, frozen, batch):
     params, adapters = split_params(trainable, frozen, lora)
     logp = target_logprobs(params, adapters, batch, config=config, lora_scale=lora_scale,
-                           chunk=chunk)
+                           chunk=chunk, compute_dtype=compute_dtype)
     mask = batch["target_mask"]
     return -jnp.sum(sft_losses.sequence_logprob(logp, mask)), jnp.sum(mask.astype(jnp.float32))
   return eval_fn

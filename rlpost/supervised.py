@@ -25,6 +25,7 @@ from rlpost.models import lora as lora_lib
 SFT_SOURCES = ("gsm8k", "jsonl", "synthetic")
 DPO_SOURCES = ("jsonl", "synthetic")
 REMAT = {"none": None, "dots": "dots", "full": "full"}   # config name -> gemma3.forward's
+COMPUTE_DTYPES = ("float32", "bfloat16")                  # train.compute_dtype values
 
 
 def _fail(field: str, value, fix: str):
@@ -46,6 +47,8 @@ def check_config(cfg, sources: tuple[str, ...]) -> None:
     _fail("train.learning_rate", t.learning_rate, "must be > 0")
   if t.remat not in REMAT:
     _fail("train.remat", t.remat, f"unknown; valid: {tuple(REMAT)}")
+  if t.compute_dtype not in COMPUTE_DTYPES:
+    _fail("train.compute_dtype", t.compute_dtype, f"unknown; valid: {COMPUTE_DTYPES}")
   if t.gather_bucket < 1:
     _fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
   d = cfg.data
@@ -167,7 +170,8 @@ def train_sft(cfg, workdir: str, stop_after: int | None = None):
   lengths = [len(e[0]) for e in examples]
   optimizer = make_optimizer(cfg)
   loss_fn = sft.make_loss_fn(model_config, lora=cfg.lora.enabled, lora_scale=scale,
-                             chunk=t.logprob_chunk, remat=REMAT[t.remat])
+                             chunk=t.logprob_chunk, remat=REMAT[t.remat],
+                             compute_dtype=t.compute_dtype)
   train_step = train.make_train_step(loss_fn, optimizer, train.make_mesh(), t.micro_batch_size)
   state = train.init_train_state(trainable, optimizer, jax.random.key(cfg.seed))
   batch_args = dict(seq_len=d.seq_len, pad_id=tokenizer.pad_id, gather_bucket=t.gather_bucket)
@@ -182,7 +186,7 @@ def train_sft(cfg, workdir: str, stop_after: int | None = None):
   evaluate = None
   if eval_examples:
     eval_fn = sft.make_eval_fn(model_config, lora=cfg.lora.enabled, lora_scale=scale,
-                               chunk=t.logprob_chunk)
+                               chunk=t.logprob_chunk, compute_dtype=t.compute_dtype)
     evaluate = lambda state: sft.evaluate(eval_fn, state.trainable, frozen, eval_examples,
                                           rows=t.micro_batch_size, **batch_args)
   return fit(cfg, workdir, state=state, frozen=frozen, train_step=train_step,
@@ -216,9 +220,11 @@ def train_dpo(cfg, workdir: str, stop_after: int | None = None):
   optimizer = make_optimizer(cfg)
   loss_fn = dpo.make_loss_fn(model_config, lora=cfg.lora.enabled, lora_scale=scale,
                              beta=cfg.dpo.beta, label_smoothing=cfg.dpo.label_smoothing,
-                             chunk=t.logprob_chunk, remat=REMAT[t.remat])
+                             chunk=t.logprob_chunk, remat=REMAT[t.remat],
+                             compute_dtype=t.compute_dtype)
   train_step = train.make_train_step(loss_fn, optimizer, train.make_mesh(), t.micro_batch_size)
-  ref_fn = dpo.make_reference_fn(model_config, t.micro_batch_size, chunk=t.logprob_chunk)
+  ref_fn = dpo.make_reference_fn(model_config, t.micro_batch_size, chunk=t.logprob_chunk,
+                                 compute_dtype=t.compute_dtype)
   state = train.init_train_state(trainable, optimizer, jax.random.key(cfg.seed))
 
   def next_batch(cursor):

@@ -82,6 +82,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
   Metrics are means over micro-batches and devices, plus "grad_norm" and "loss".
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  # On a 1-device mesh the mean is the identity; XLA:CPU would still copy every
+  # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
+  mean_over_devices = ((lambda x: x) if mesh.shape[DATA_AXIS] == 1
+                       else (lambda x: jax.lax.pmean(x, DATA_AXIS)))
 
   def per_device(state: TrainState, frozen, batch):
     rows = jax.tree.leaves(batch)[0].shape[0]
@@ -104,7 +108,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
       zeros = (zero_grads, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                                        metric_shapes))
       (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    grads, loss, metrics = jax.tree.map(lambda x: jax.lax.pmean(x / n, DATA_AXIS),
+    grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n),
                                         (grads, loss, metrics))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)

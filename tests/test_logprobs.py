@@ -173,6 +173,28 @@ def test_entropy_gradient_matches_naive():
   chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_gradients_with_entropy_and_temperature_match_autodiff_of_full_logits():
+  hidden, embed, targets, mask = _random_inputs(11, 2, 6, 23)
+  rng = np.random.default_rng(2)
+  cot_logp, cot_ent = (rng.normal(size=targets.shape).astype(np.float32) for _ in range(2))
+
+  def chunked(h, e, temp):
+    logp, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=5, temperature=temp,
+                                        return_entropy=True)
+    return jnp.sum(cot_logp * logp) + jnp.sum(cot_ent * ent)
+
+  def naive(h, e, temp):
+    logp_all = jax.nn.log_softmax(jnp.einsum('btd,vd->btv', h, e) / temp, -1)
+    logp = jnp.take_along_axis(logp_all, jnp.maximum(targets, 0)[..., None], -1)[..., 0]
+    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return (jnp.sum(jnp.where(mask, cot_logp * logp, 0.0))
+            + jnp.sum(jnp.where(mask, cot_ent * ent, 0.0)))
+
+  got = jax.grad(chunked, argnums=(0, 1, 2))(hidden, embed, 0.8)
+  want = jax.grad(naive, argnums=(0, 1, 2))(hidden, embed, 0.8)
+  chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_bfloat16_inputs_accumulate_in_float32():
   hidden, embed, targets, mask = _random_inputs(3, 2, 8, 32)
   hidden_bf = jnp.asarray(hidden * 3, jnp.bfloat16)

@@ -212,6 +212,7 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
     ("lora", "targets", "q,attn", "lora.targets"),
     ("data", "seq_len", 1, "data.seq_len"),
     ("train", "remat", "all", "train.remat"),
+    ("train", "compute_dtype", "float16", "train.compute_dtype"),
 ])
 def test_config_validation_names_field(section, name, value, field):
   cfg = _tiny_config(lora__enabled=True)

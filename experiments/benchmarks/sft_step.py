@@ -29,6 +29,8 @@ _STEPS = flags.DEFINE_integer("steps", 4, "Timed steps after the first (compile)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 4, "Rows per micro-batch.")
 _CHUNK = flags.DEFINE_integer("chunk", 512, "Tokens per output-projection chunk.")
+_COMPUTE = flags.DEFINE_enum("compute_dtype", "none", ["none", "float32", "bfloat16"],
+                             "Matmul input dtype (none: the params' dtype).")
 _REMAT = flags.DEFINE_enum("remat", "dots", ["none", "dots", "full"], "Activation policy.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the square matmul peak probe.")
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
@@ -71,7 +73,9 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
   optimizer = train.make_optimizer(learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0,
                                    max_grad_norm=None)
   remat = None if _REMAT.value == "none" else _REMAT.value
-  loss_fn = sft.make_loss_fn(config, lora=False, chunk=_CHUNK.value, remat=remat)
+  compute = None if _COMPUTE.value == "none" else _COMPUTE.value
+  loss_fn = sft.make_loss_fn(config, lora=False, chunk=_CHUNK.value, remat=remat,
+                             compute_dtype=compute)
   mesh = train.make_mesh()
   step = train.make_train_step(loss_fn, optimizer, mesh, _MICRO.value)
   state = train.replicate(train.init_train_state(params, optimizer, jax.random.key(0)), mesh)
@@ -102,7 +106,7 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
 def main(argv):
   del argv
   result = {"library": "rlpost", "model": f"{_PRESET.value}, random init",
-            "param_dtype": _DTYPE.value, "batch": _BATCH.value, "seq_len": _SEQ.value,
+            "param_dtype": _DTYPE.value, "compute_dtype": _COMPUTE.value, "batch": _BATCH.value, "seq_len": _SEQ.value,
             "logprob_chunk": _CHUNK.value, "remat": _REMAT.value,
             "optimizer": "optax adamw(1e-5) (rlpost.train.make_optimizer, no clipping)",
             "loadavg_start": open("/proc/loadavg", encoding="utf-8").read().strip(),

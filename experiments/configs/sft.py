@@ -45,6 +45,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 1.0,              # 0: no clipping
       "logprob_chunk": 512,              # tokens per output-projection chunk
       "remat": "dots",                   # none | dots | full (activation memory policy)
+      "compute_dtype": "float32" if tiny else "bfloat16",  # matmul inputs (fp32 accumulation)
       "gather_bucket": 64,               # loss-token gather size is a multiple of this
   })
   c.eval = ml_collections.ConfigDict({"every": 20 if tiny else 100,   # 0: never

@@ -26,6 +26,7 @@ and values are written at slot `cache["index"]` for every row, so rows use
 left padding and per-row positions.
 """
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -191,13 +192,46 @@ def _gated_gelu_bwd(saved, g):
 gated_gelu.defvjp(_gated_gelu_fwd, _gated_gelu_bwd)
 
 
-def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x @ w with float32 output, inputs cast to the weight dtype."""
-  return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+def _dense(x: jax.Array, w: jax.Array, compute_dtype=None) -> jax.Array:
+  """x @ w with float32 output; inputs cast to `compute_dtype`, or to the weight dtype."""
+  if compute_dtype is None or jnp.dtype(compute_dtype) == w.dtype == x.dtype:
+    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+  return _mixed_dense(x, w, jnp.dtype(compute_dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mixed_dense(x_NxI: jax.Array, w_IxO: jax.Array, compute_dtype) -> jax.Array:
+  """x @ w, float32 output, with both inputs rounded to `compute_dtype` (mixed precision).
+
+  Its backward pass also runs in `compute_dtype` with float32 accumulation:
+  dx = g @ w.T and dw = x.T @ g on the rounded values and the rounded
+  cotangent, returned in the dtypes of x and w (float32 master weights get
+  float32 gradients). Autodiff of the cast would instead feed each backward
+  matmul a float32 cotangent and run it in float32.
+  """
+  return jnp.matmul(x_NxI.astype(compute_dtype), w_IxO.astype(compute_dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def _mixed_dense_fwd(x_NxI, w_IxO, compute_dtype):
+  x_c, w_c = x_NxI.astype(compute_dtype), w_IxO.astype(compute_dtype)
+  like = (jnp.zeros((0,), x_NxI.dtype), jnp.zeros((0,), w_IxO.dtype))
+  return jnp.matmul(x_c, w_c, preferred_element_type=jnp.float32), (x_c, w_c, like)
+
+
+def _mixed_dense_bwd(compute_dtype, residuals, g_NxO):
+  x_c, w_c, (x_like, w_like) = residuals
+  g_c = g_NxO.astype(compute_dtype)
+  dx = jnp.einsum("...o,io->...i", g_c, w_c, preferred_element_type=jnp.float32)
+  dw = jnp.einsum("...i,...o->io", x_c, g_c, preferred_element_type=jnp.float32)
+  return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
+
+
+_mixed_dense.defvjp(_mixed_dense_fwd, _mixed_dense_bwd)
 
 
 def _proj(x: jax.Array, layer, adapters, names: tuple[str, ...], sizes: tuple[int, ...],
-          lora_scale: float) -> list[jax.Array]:
+          lora_scale: float, compute_dtype=None) -> list[jax.Array]:
   """[x @ W_name for name in names] (output widths `sizes`), each plus its LoRA path.
 
   The unmerged LoRA path of a name with an adapter is (x @ A) @ B * lora_scale.
@@ -207,10 +241,11 @@ def _proj(x: jax.Array, layer, adapters, names: tuple[str, ...], sizes: tuple[in
   fused = "+".join(names)
   if fused in layer:
     points = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
-    ys = jnp.split(_dense(x, layer[fused]), points, axis=-1)
+    ys = jnp.split(_dense(x, layer[fused], compute_dtype), points, axis=-1)
   else:
-    ys = [_dense(x, layer[name]) for name in names]
-  return [y + lora_scale * _dense(_dense(x, adapters[name]["a"]), adapters[name]["b"])
+    ys = [_dense(x, layer[name], compute_dtype) for name in names]
+  dense = lambda x, w: _dense(x, w, compute_dtype)
+  return [y + lora_scale * dense(dense(x, adapters[name]["a"]), adapters[name]["b"])
           if adapters is not None and name in adapters else y
           for name, y in zip(names, ys)]
 
@@ -236,11 +271,12 @@ def _pick(is_global, local_and_global):
 
 
 def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: Config,
-           lora_scale: float):
+           lora_scale: float, compute_dtype=None):
   """One decoder block. `keys_fn(k, v) -> (k_all, v_all, carry_out)` handles the cache."""
   c = config
   B, T, _ = x_BxTxD.shape
-  proj = lambda x, names, sizes: _proj(x, layer, adapters, names, sizes, lora_scale)
+  proj = lambda x, names, sizes: _proj(x, layer, adapters, names, sizes, lora_scale,
+                                       compute_dtype)
   qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   h = rms_norm(x_BxTxD, layer["attn_norm"], c.rms_eps)
   q, k, v = proj(h, ("q", "k", "v"), (qd, kd, kd))
@@ -300,7 +336,7 @@ def unstack_layers(params: Params) -> Params:
 def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
             attn_mask_BxTxS: jax.Array, cache: Cache | None = None, *, config: Config,
             return_hidden: bool = False, adapters: Params | None = None,
-            lora_scale: float = 1.0, remat: str | None = None):
+            lora_scale: float = 1.0, remat: str | None = None, compute_dtype=None):
   """Runs the decoder on `tokens_BxT`.
 
   Args:
@@ -322,6 +358,10 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
       keeps every activation for the backward pass; "dots" keeps only matmul
       outputs and recomputes the elementwise work (norms, RoPE, softmax, GELU);
       "full" keeps only each layer's input and recomputes the layer.
+    compute_dtype: None runs the layer matmuls in the weights' dtype; e.g.
+      "bfloat16" rounds the inputs of every layer matmul (forward and
+      backward) to it and accumulates in float32 (mixed-precision training:
+      weights, gradients and the residual stream stay in their own dtypes).
 
   Returns:
     (logits or hidden, new cache or None).
@@ -349,7 +389,8 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
   if cache is None:
     def body(x, inputs):
       layer, lora, glob = inputs
-      x, _ = _block(x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale)
+      x, _ = _block(x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale,
+                    compute_dtype)
       return x, None
     if remat is not None:
       body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
@@ -360,7 +401,7 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
     for l, layer in enumerate(params["layers"]):
       lora = None if lora_layers is None else jax.tree.map(lambda a, l=l: a[l], lora_layers)
       x, (ck, cv) = _block(x, layer, lora, c.global_layers[l], _cache_writer(ck, cv, l, idx),
-                           masks, ropes, c, lora_scale)
+                           masks, ropes, c, lora_scale, compute_dtype)
   else:
     idx = cache["index"]
 
@@ -368,7 +409,7 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
       x, ck, cv = carry
       layer, lora, glob, l = inputs
       x, (ck, cv) = _block(x, layer, lora, glob, _cache_writer(ck, cv, l, idx), masks, ropes, c,
-                           lora_scale)
+                           lora_scale, compute_dtype)
       return (x, ck, cv), None
     (x, ck, cv), _ = jax.lax.scan(
         body, (x, cache["k"], cache["v"]),
