@@ -29,6 +29,9 @@ from rlpost.models import loading
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
+_COMPUTE = flags.DEFINE_enum("compute_dtype", None, ["float32", "bfloat16"],
+                             "Trainer matmul input dtype (default: the config's).")
+_CHUNK = flags.DEFINE_integer("logprob_chunk", None, "Projection chunk (default: the config's).")
 
 
 def _random_reward(prompts, completions, answers):
@@ -45,6 +48,8 @@ def _run_mode(mode: str) -> dict:
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
     cfg.train.batch_prompts, cfg.train.micro_batch_size = 2, 8
     cfg.train.steps = _ITERATIONS.value
+    cfg.train.compute_dtype = _COMPUTE.value or cfg.train.compute_dtype
+    cfg.train.logprob_chunk = _CHUNK.value or cfg.train.logprob_chunk
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   pieces = build(cfg, loaded)
@@ -67,7 +72,8 @@ def _run_mode(mode: str) -> dict:
                   "completion_tokens": float(metrics["completion_len/mean"]) * 8})
   steady = times[1:]
   return {
-      "mode": mode, "param_dtype": _DTYPE.value, "first_iteration_s": round(times[0]["total_s"], 2),
+      "mode": mode, "param_dtype": _DTYPE.value, "compute_dtype": cfg.train.compute_dtype,
+      "logprob_chunk": cfg.train.logprob_chunk, "first_iteration_s": round(times[0]["total_s"], 2),
       "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
       "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
       "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
@@ -89,7 +95,9 @@ def main(argv):
   for mode in ("full", "lora"):
     out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.grpo_step",
                           f"--mode={mode}", f"--iterations={_ITERATIONS.value}",
-                          f"--dtype={_DTYPE.value}"], capture_output=True, text=True, check=True)
+                          f"--dtype={_DTYPE.value}"]
+                         + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK) if f.value],
+                         capture_output=True, text=True, check=True)
     results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
   results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
   print(json.dumps(results, indent=1))

@@ -1,6 +1,7 @@
 r"""SFT step benchmark: full-parameter AdamW on the Gemma 3 270M architecture (random weights).
 
-  python -m experiments.benchmarks.sft_step [--dtype=float32] [--steps=4]
+  python -m experiments.benchmarks.sft_step [--dtype=float32] [--compute_dtype=bfloat16]
+      [--steps=4]
 
 Prints ONE JSON object: the machine's matmul peak (float32, bfloat16), then for a
 loss mask on every target and for one on half of them (the second half of each
@@ -29,8 +30,9 @@ _STEPS = flags.DEFINE_integer("steps", 4, "Timed steps after the first (compile)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 4, "Rows per micro-batch.")
 _CHUNK = flags.DEFINE_integer("chunk", 512, "Tokens per output-projection chunk.")
-_COMPUTE = flags.DEFINE_enum("compute_dtype", "none", ["none", "float32", "bfloat16"],
-                             "Matmul input dtype (none: the params' dtype).")
+_COMPUTE = flags.DEFINE_enum("compute_dtype", "bfloat16", ["float32", "bfloat16"],
+                             "Matmul input dtype, float32 accumulation (the configs' "
+                             "train.compute_dtype).")
 _REMAT = flags.DEFINE_enum("remat", "dots", ["none", "dots", "full"], "Activation policy.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the square matmul peak probe.")
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
@@ -73,9 +75,8 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
   optimizer = train.make_optimizer(learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0,
                                    max_grad_norm=None)
   remat = None if _REMAT.value == "none" else _REMAT.value
-  compute = None if _COMPUTE.value == "none" else _COMPUTE.value
   loss_fn = sft.make_loss_fn(config, lora=False, chunk=_CHUNK.value, remat=remat,
-                             compute_dtype=compute)
+                             compute_dtype=_COMPUTE.value)
   mesh = train.make_mesh()
   step = train.make_train_step(loss_fn, optimizer, mesh, _MICRO.value)
   state = train.replicate(train.init_train_state(params, optimizer, jax.random.key(0)), mesh)

@@ -161,8 +161,8 @@ def apply_rope(x_BxTxNxH: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Arra
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
-@jax.custom_vjp
-def gated_gelu(gate: jax.Array, up: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def gated_gelu(gate: jax.Array, up: jax.Array, saved_dtype=None) -> jax.Array:
   """gelu_tanh(gate) * up, whose backward pass reuses two products of the forward.
 
   Autodiff of the tanh approximation recomputes a long elementwise chain in the
@@ -170,23 +170,26 @@ def gated_gelu(gate: jax.Array, up: jax.Array) -> jax.Array:
   weight-gradient matmul: that fusion ran unvectorized (~20-60 ms per layer on
   the CI machine). Here the forward keeps `up * gelu'(gate)` and `gelu(gate)`
   (named "gated_gelu", saved by the "dots" remat policy), so the backward is
-  two multiplies.
+  two multiplies. `saved_dtype` (mixed precision: the matmul compute dtype,
+  which the gradients are rounded to next anyway) stores those two products
+  at lower precision; None keeps the input dtype.
   """
   return jax.nn.gelu(gate, approximate=True) * up
 
 
-def _gated_gelu_fwd(gate, up):
+def _gated_gelu_fwd(gate, up, saved_dtype):
   x = gate
   gelu = jax.nn.gelu(x, approximate=True)       # the primal's exact values
   t = jnp.tanh(_GELU_C * (x + 0.044715 * x * x * x))
   dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
-  saved = (checkpoint_name(up * dgelu, "gated_gelu"), checkpoint_name(gelu, "gated_gelu"))
-  return gelu * up, saved
+  store = lambda x: checkpoint_name(x if saved_dtype is None else x.astype(saved_dtype),
+                                    "gated_gelu")
+  return gelu * up, (store(up * dgelu), store(gelu))
 
 
-def _gated_gelu_bwd(saved, g):
+def _gated_gelu_bwd(saved_dtype, saved, g):
   up_dgelu, gelu = saved
-  return g * up_dgelu, g * gelu
+  return g * up_dgelu.astype(g.dtype), g * gelu.astype(g.dtype)
 
 
 gated_gelu.defvjp(_gated_gelu_fwd, _gated_gelu_bwd)
@@ -295,7 +298,7 @@ def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: C
                          c.rms_eps)
   h = rms_norm(x, layer["mlp_norm"], c.rms_eps)
   gate, up = proj(h, ("gate", "up"), (c.mlp_dim, c.mlp_dim))
-  mlp = gated_gelu(gate, up)
+  mlp = gated_gelu(gate, up, compute_dtype)
   x = x + rms_norm(proj(mlp, ("down",), (c.embed_dim,))[0], layer["post_mlp_norm"], c.rms_eps)
   return x, carry_out
 
