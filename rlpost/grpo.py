@@ -22,6 +22,7 @@ from rlpost import advantages as adv_lib
 from rlpost import algorithms
 from rlpost import rewards as rewards_lib
 from rlpost import rollout
+from rlpost import host_memory
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.cursor import Cursor, next_indices
@@ -45,6 +46,7 @@ class Setup:
   overlong_penalty: float
   logprob_chunk: int
   compute_dtype: str      # matmul inputs of the trainer's forward/backward (rollout: params')
+  remat: str              # activation policy of the trainer's forward: dots | full
   template: str
   shuffle: bool
 
@@ -72,6 +74,9 @@ def validate(cfg) -> None:
     raise ValueError(f"train.steps={t.steps} must be >= 1")
   if t.compute_dtype not in ("float32", "bfloat16"):
     raise ValueError(f"train.compute_dtype={t.compute_dtype!r} is not one of float32, bfloat16")
+  if t.remat not in ("dots", "full"):
+    raise ValueError(f"train.remat={t.remat!r} is not one of dots (keep matmul outputs), "
+                     "full (keep layer inputs only: less memory, one more forward)")
 
 
 def make_setup(cfg, model_config: gemma3.Config, tokenizer) -> Setup:
@@ -94,7 +99,7 @@ def make_setup(cfg, model_config: gemma3.Config, tokenizer) -> Setup:
                micro_batch_size=cfg.train.micro_batch_size, dynamic_sampling=a.dynamic_sampling,
                max_resample_rounds=a.max_resample_rounds, overlong_buffer=a.overlong_buffer,
                overlong_penalty=a.overlong_penalty, logprob_chunk=cfg.train.logprob_chunk,
-               compute_dtype=cfg.train.compute_dtype,
+               compute_dtype=cfg.train.compute_dtype, remat=cfg.train.remat,
                template=cfg.data.template, shuffle=cfg.data.shuffle)
 
 
@@ -112,7 +117,7 @@ def make_loss_fn(setup: Setup):
     logp, entropy = rollout.completion_logprobs(
         params, mb, model_config=setup.model, temperature=setup.sampling.temperature,
         adapters=adapters, lora_scale=scale, chunk=setup.logprob_chunk, return_entropy=True,
-        remat="dots", compute_dtype=setup.compute_dtype)
+        remat=setup.remat, compute_dtype=setup.compute_dtype)
     mask = mb["completion_mask"]
     old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
     loss, metrics = algorithms.grpo_loss(logp, old, mb.get("ref_logp"), mb["advantages"], mask,
@@ -248,6 +253,7 @@ def iteration(setup: Setup, state, frozen, ref_params, train_step, problems, cur
   groups, metrics, cursor = collect(setup, params_s, problems, cursor, tokenizer, key,
                                     reward_fns, examples)
   del params_s
+  host_memory.release_freed_memory()   # the sampler's weight copies, before the train step
   metrics.update(rollout_metrics(groups, accuracy_fns))
   batch = train_batch(setup, groups)
   rollout_s = time.perf_counter() - start

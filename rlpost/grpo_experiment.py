@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost import grpo
+from rlpost import host_memory
 from rlpost import run
 from rlpost import train
 from rlpost.data.cursor import Cursor
@@ -52,6 +53,7 @@ def build(cfg, loaded=None) -> Pieces:
   ref_params = frozen if setup.lora else train.replicate(ref_params, mesh)
   train_step = train.make_train_step(grpo.make_loss_fn(setup), optimizer, mesh,
                                      setup.micro_batch_size)
+  host_memory.release_freed_memory()   # weight loading / initialization temporaries
   return Pieces(setup, tokenizer, task, state, frozen, ref_params, train_step)
 
 

@@ -84,6 +84,7 @@ def test_resume_is_exact(overrides, tmp_path):
     ({"algo.advantage": "vtrace"}, "vtrace"),
     ({"data.source": "mnist"}, "data.source"),
     ({"train.compute_dtype": "float16"}, "train.compute_dtype"),
+    ({"train.remat": "none"}, "train.remat"),
 ])
 def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):

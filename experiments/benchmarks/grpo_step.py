@@ -5,7 +5,8 @@ Workload (the peer benchmark's): 2 prompts x 4 generations, 32-token prompts,
 computed every iteration), full-parameter and LoRA. Each mode runs in its own
 subprocess so peak RSS is per mode. Prints ONE JSON object.
 
-  python -m experiments.benchmarks.grpo_step
+  python -m experiments.benchmarks.grpo_step [--dtype=bfloat16] [--compute_dtype=bfloat16]
+      [--remat=full] [--modes=full,lora]
 """
 import dataclasses
 import json
@@ -32,6 +33,9 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param d
 _COMPUTE = flags.DEFINE_enum("compute_dtype", None, ["float32", "bfloat16"],
                              "Trainer matmul input dtype (default: the config's).")
 _CHUNK = flags.DEFINE_integer("logprob_chunk", None, "Projection chunk (default: the config's).")
+_REMAT = flags.DEFINE_enum("remat", None, ["dots", "full"],
+                           "Trainer activation policy (default: the config's).")
+_MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
 
 
 def _random_reward(prompts, completions, answers):
@@ -50,6 +54,7 @@ def _run_mode(mode: str) -> dict:
     cfg.train.steps = _ITERATIONS.value
     cfg.train.compute_dtype = _COMPUTE.value or cfg.train.compute_dtype
     cfg.train.logprob_chunk = _CHUNK.value or cfg.train.logprob_chunk
+    cfg.train.remat = _REMAT.value or cfg.train.remat
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   pieces = build(cfg, loaded)
@@ -73,7 +78,8 @@ def _run_mode(mode: str) -> dict:
   steady = times[1:]
   return {
       "mode": mode, "param_dtype": _DTYPE.value, "compute_dtype": cfg.train.compute_dtype,
-      "logprob_chunk": cfg.train.logprob_chunk, "first_iteration_s": round(times[0]["total_s"], 2),
+      "logprob_chunk": cfg.train.logprob_chunk, "remat": cfg.train.remat,
+      "first_iteration_s": round(times[0]["total_s"], 2),
       "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
       "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
       "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
@@ -92,11 +98,11 @@ def main(argv):
              "workload": {"prompts": 2, "generations": 4, "prompt_len": 32, "new_tokens": 64,
                           "beta": 0.08, "lora_rank": 32},
              "loadavg_before": open("/proc/loadavg").read().split()[:3]}
-  for mode in ("full", "lora"):
+  for mode in _MODES.value:
     out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.grpo_step",
                           f"--mode={mode}", f"--iterations={_ITERATIONS.value}",
                           f"--dtype={_DTYPE.value}"]
-                         + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK) if f.value],
+                         + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT) if f.value],
                          capture_output=True, text=True, check=True)
     results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
   results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]

@@ -87,6 +87,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,
       "logprob_chunk": 256,
       "compute_dtype": "float32",               # trainer matmul inputs: float32 | bfloat16
+      "remat": "dots",                          # dots | full (activation memory policy)
   })
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
   c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
