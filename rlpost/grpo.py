@@ -72,8 +72,9 @@ def validate(cfg) -> None:
     raise ValueError(f"data.template={cfg.data.template!r} is not one of {prompts_lib.TEMPLATES}")
   if t.steps < 1:
     raise ValueError(f"train.steps={t.steps} must be >= 1")
-  if t.compute_dtype not in ("float32", "bfloat16"):
-    raise ValueError(f"train.compute_dtype={t.compute_dtype!r} is not one of float32, bfloat16")
+  if t.compute_dtype not in gemma3.COMPUTE_DTYPES:
+    raise ValueError(f"train.compute_dtype={t.compute_dtype!r} is not one of "
+                     f"{gemma3.COMPUTE_DTYPES}")
   if t.remat not in ("dots", "full"):
     raise ValueError(f"train.remat={t.remat!r} is not one of dots (keep matmul outputs), "
                      "full (keep layer inputs only: less memory, one more forward)")

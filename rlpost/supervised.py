@@ -19,13 +19,13 @@ from rlpost import train
 from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
 from rlpost.data import gsm8k
+from rlpost.models import gemma3
 from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 
 SFT_SOURCES = ("gsm8k", "jsonl", "synthetic")
 DPO_SOURCES = ("jsonl", "synthetic")
 REMAT = {"none": None, "dots": "dots", "full": "full"}   # config name -> gemma3.forward's
-COMPUTE_DTYPES = ("float32", "bfloat16")                  # train.compute_dtype values
 
 
 def _fail(field: str, value, fix: str):
@@ -47,8 +47,8 @@ def check_config(cfg, sources: tuple[str, ...]) -> None:
     _fail("train.learning_rate", t.learning_rate, "must be > 0")
   if t.remat not in REMAT:
     _fail("train.remat", t.remat, f"unknown; valid: {tuple(REMAT)}")
-  if t.compute_dtype not in COMPUTE_DTYPES:
-    _fail("train.compute_dtype", t.compute_dtype, f"unknown; valid: {COMPUTE_DTYPES}")
+  if t.compute_dtype not in gemma3.COMPUTE_DTYPES:
+    _fail("train.compute_dtype", t.compute_dtype, f"unknown; valid: {gemma3.COMPUTE_DTYPES}")
   if t.gather_bucket < 1:
     _fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
   d = cfg.data

@@ -37,6 +37,7 @@ from jax.ad_checkpoint import checkpoint_name
 Params = dict[str, Any]
 Cache = dict[str, jax.Array]
 
+COMPUTE_DTYPES = ("float32", "bfloat16")   # training matmul input dtypes (`compute_dtype`)
 _MASKED = -2.3819763e38  # most negative bfloat16-representable float32
 _REMAT_POLICIES = {
     None: None,
