@@ -39,6 +39,23 @@ def rollout_batch(tokens_BxP, lengths_B, out: sampling.SampleOutput, num_samples
   }
 
 
+def _stop_length(tokens: list[int], tokenizer, stop_strings) -> int | None:
+  """Fewest leading tokens whose decoded text contains a stop string (None: never).
+
+  Decodes whole prefixes (decoding token by token would drop SentencePiece's
+  word-initial spaces); containment only grows with the prefix, so a binary
+  search needs O(log n) decodes.
+  """
+  hit = lambda n: any(s in tokenizer.decode(tokens[:n]) for s in stop_strings)
+  if not tokens or not hit(len(tokens)):
+    return None
+  lo, hi = 1, len(tokens)         # hit(hi) holds; find the smallest such n
+  while lo < hi:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if hit(mid) else (mid + 1, hi)
+  return lo
+
+
 def truncate_at_stop_strings(batch: dict, tokenizer, stop_strings) -> dict:
   """Ends each completion at the token that completes any of `stop_strings` (host side).
 
@@ -52,12 +69,9 @@ def truncate_at_stop_strings(batch: dict, tokenizer, stop_strings) -> dict:
   P = batch["tokens"].shape[1] - mask.shape[1]
   for row in range(mask.shape[0]):
     n = int(mask[row].sum())
-    text = ""
-    for t in range(n):
-      text += tokenizer.decode([int(batch["tokens"][row, P + t])])
-      if any(s in text for s in stop_strings):
-        mask[row, t + 1:] = 0
-        break
+    end = _stop_length([int(t) for t in batch["tokens"][row, P:P + n]], tokenizer, stop_strings)
+    if end is not None:
+      mask[row, end:] = 0
   valid = batch["valid"].copy()
   valid[:, P:] = mask > 0
   return {**batch, "completion_mask": mask, "valid": valid}

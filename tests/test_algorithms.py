@@ -157,12 +157,24 @@ def test_ppo_advantages_and_loss():
                                           0.95, 0.9)
   np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
-  new_values = values + 0.3
+  new_values = values + rng.uniform(-0.3, 0.3, values.shape).astype(np.float32)
+  # Non-default clip ranges, checked against NumPy (mutation caught: ppo_loss ignoring
+  # value_clip, epsilon_low or epsilon_high and using the library defaults).
+  config = PPO(gamma=0.95, lam=0.9, kl_beta=0.1, entropy_coef=0.01, epsilon_low=0.1,
+               epsilon_high=0.3, value_clip=0.05, vf_coef=0.5)
+  adv = np.asarray(adv)
   loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
                                       returns, mask, config,
                                       entropy=entropy)
-  pg, _ = losses.policy_loss(logp, old, adv, mask)
-  vf, _ = losses.value_loss(new_values, values, returns, mask)
-  want = pg + 0.1 * vf - 0.01 * losses.entropy_bonus(entropy, mask)
-  np.testing.assert_allclose(loss, want, rtol=1e-6)
-  np.testing.assert_allclose(metrics['vf_loss'], vf, rtol=1e-6)
+  ratio = np.exp(logp.astype(np.float64) - old)
+  pg_tok = np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.9, 1.3))
+  v_clip = values + np.clip(new_values - values, -0.05, 0.05)
+  vf_tok = 0.5 * np.maximum((new_values - want_ret) ** 2, (v_clip - want_ret) ** 2)
+  mean = lambda x: x[mask].mean()
+  # The clip ranges matter on this batch: each bound is hit and each term has clipped tokens.
+  assert ((ratio < 0.9) & mask).any() and ((ratio > 1.1) & (ratio < 1.3) & mask).any()
+  assert (((new_values - values) ** 2 > 0.05 ** 2) & mask).any()
+  np.testing.assert_allclose(metrics['pg_loss'], mean(pg_tok), rtol=1e-5)
+  np.testing.assert_allclose(metrics['vf_loss'], mean(vf_tok), rtol=1e-5)
+  np.testing.assert_allclose(loss, mean(pg_tok) + 0.5 * mean(vf_tok) - 0.01 * mean(entropy),
+                             rtol=1e-5)

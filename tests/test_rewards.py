@@ -20,7 +20,10 @@ CASES = {
     "The answer is 7": (0.0, -2.0, 0.0, 0.0),
     "<answer>7</answer>": (0.0, 0.0, 3.0, 1.5),
     GOOD + " trailing": (0.0, 2.0, 3.0, 1.5),
-    "<reasoning><reasoning>x</reasoning><answer>7</answer><answer>7</answer>": (3.0, -1.0, 3.0, 1.5),
+    # Two reasoning or answer blocks are not the exact format.
+    "<reasoning><reasoning>x</reasoning><answer>7</answer><answer>7</answer>": (0.0, -1.0, 3.0, 1.5),
+    "<reasoning>x</reasoning><answer>7</answer><reasoning>y</reasoning><answer>7</answer>":
+        (0.0, -2.0, 3.0, 1.5),
     "": (0.0, -2.0, 0.0, 0.0),
 }
 

@@ -130,6 +130,46 @@ def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
 _draws = jax.jit(lambda key, logits: sampling._categorical(key, logits)[0])
 
 
+def _np_nucleus(logits, temperature, top_p):
+  """Float64 reference: softmax(logits / T) restricted to the smallest prefix (by
+  descending probability) whose mass reaches top_p, renormalised."""
+  probs = np.exp(logits / temperature - np.max(logits / temperature))
+  probs /= probs.sum()
+  order = np.argsort(-probs, kind="stable")
+  mass_before = np.cumsum(probs[order]) - probs[order]
+  keep = np.zeros_like(probs, bool)
+  keep[order[mass_before < top_p]] = True
+  nucleus = np.where(keep, probs, 0.0)
+  return nucleus / nucleus.sum()
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(st.sampled_from([5, 40, 300]), st.floats(0.3, 0.95), st.floats(0.5, 1.5),
+                  st.integers(0, 2 ** 31 - 1))
+def test_top_p_samples_the_renormalised_nucleus(vocab, top_p, temperature, seed):
+  """Nucleus sampling draws from the truncated, renormalised softmax and reports its logprobs.
+
+  Mutation caught: the `top_p < 1` branch deleted (tokens outside the nucleus appear,
+  and the logprobs are those of the untruncated distribution).
+  """
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=vocab) * 2.0
+  want = _np_nucleus(logits, temperature, top_p)
+  hypothesis.assume(want.max() < 0.999)            # a one-token nucleus shows nothing
+  n = 4000
+  sc = sampling.SamplingConfig(temperature=temperature, top_p=top_p)
+  tokens, logp = _select(jax.random.key(seed), jnp.broadcast_to(
+      jnp.asarray(logits, jnp.float32)[:, None], (vocab, n)), sc)
+  tokens, logp = np.asarray(tokens), np.asarray(logp)
+  counts = np.bincount(tokens, minlength=vocab)
+  assert counts[want == 0].sum() == 0, "sampled a token outside the nucleus"
+  assert 0.5 * np.abs(counts / n - want).sum() < 0.5 * np.sqrt(vocab / n) + 0.02
+  np.testing.assert_allclose(logp, np.log(want[tokens]), atol=1e-5)
+
+
+_select = jax.jit(sampling.select_tokens, static_argnums=2)
+
+
 def test_invalid_sampling_settings_raise():
   with pytest.raises(ValueError, match="temperature=-0.5 must be >= 0"):
     sampling.SamplingConfig(temperature=-0.5)

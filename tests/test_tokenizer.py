@@ -9,7 +9,7 @@ import pytest
 
 from rlpost import tokenizer as tok_lib
 from rlpost.weights import gguf as gguf_loader
-from conftest import FIXTURES, require_shared
+from conftest import FIXTURES, require_shared, skip_or_fail
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def tok():
   try:
     return tok_lib.load_gguf_tokenizer()
   except ImportError as e:
-    pytest.skip(str(e))
+    skip_or_fail(str(e))
 
 
 def fixture_strings():

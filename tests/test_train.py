@@ -7,6 +7,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import REPO_ROOT
@@ -19,23 +20,49 @@ def _linear_loss(w, frozen, mb):
   return jnp.mean(err ** 2), {"mse": jnp.mean(err ** 2)}
 
 
-def _run(num_devices: int, micro: int, steps: int = 3):
-  opt = train.make_optimizer(learning_rate=0.05, total_steps=steps, max_grad_norm=1.0)
+def _run(num_devices: int, micro: int, steps: int = 3, optimizer: str = "sgd"):
+  """Trains w [4] from zero; returns (w, last loss, first-step grad_norm).
+
+  SGD by default: its update is proportional to the gradient, so a gradient
+  summed instead of averaged (over micro-batches or devices) changes the weights.
+  AdamW after global-norm clipping is blind to that scale.
+  """
+  if optimizer == "sgd":
+    opt = optax.sgd(0.05)
+  else:
+    opt = train.make_optimizer(learning_rate=0.05, total_steps=steps, max_grad_norm=1.0)
   mesh = train.make_mesh(num_devices)
   state = train.replicate(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
   step = train.make_train_step(_linear_loss, opt, mesh, micro)
-  x = jax.random.normal(jax.random.key(1), (8, 4))
-  batch = {"x": x, "y": x @ jnp.arange(1.0, 5.0)}
+  x, y = _data()
+  norms = []
   for _ in range(steps):
-    state, metrics = step(state, None, batch)
-  return np.asarray(state.trainable), float(metrics["loss"])
+    state, metrics = step(state, None, {"x": x, "y": y})
+    norms.append(float(metrics["grad_norm"]))
+  return np.asarray(state.trainable), float(metrics["loss"]), norms[0]
+
+
+def _data():
+  x = jax.random.normal(jax.random.key(1), (8, 4))
+  return x, x @ jnp.arange(1.0, 5.0)
+
+
+def _analytic_first_grad_norm() -> float:
+  """|d/dw mean((x w - y)^2)| at w = 0 is |-2 x^T y / N| (float64 NumPy)."""
+  x, y = (np.asarray(a, np.float64) for a in _data())
+  return float(np.linalg.norm(-2.0 * x.T @ y / len(y)))
 
 
 def test_micro_batches_equal_one_batch():
-  w1, l1 = _run(1, 8)
-  w4, l4 = _run(1, 2)
+  """Mutation caught: gradients summed over micro-batches (only loss/metrics divided)."""
+  w1, l1, g1 = _run(1, 8)
+  w4, l4, g4 = _run(1, 2)
   np.testing.assert_allclose(w4, w1, rtol=1e-5, atol=1e-6)
   assert abs(l4 - l1) < 1e-5
+  np.testing.assert_allclose([g1, g4], _analytic_first_grad_norm(), rtol=1e-5)
+  # AdamW is still exact across micro-batch splits (a weaker check: scale-blind).
+  np.testing.assert_allclose(_run(1, 2, optimizer="adamw")[0], _run(1, 8, optimizer="adamw")[0],
+                             rtol=1e-5, atol=1e-6)
 
 
 def test_rows_not_divisible_by_micro_batch_raise():
@@ -44,15 +71,19 @@ def test_rows_not_divisible_by_micro_batch_raise():
 
 
 def test_two_devices_equal_one_device():
-  """Data-parallel over a 2-device CPU mesh (subprocess: device count is fixed at start-up)."""
+  """Data-parallel over a 2-device CPU mesh (subprocess: device count is fixed at start-up).
+
+  Mutation caught: gradients summed over devices (psum) instead of averaged (pmean).
+  """
   code = textwrap.dedent("""
       import sys; sys.path.insert(0, "tests")
       import numpy as np
       import test_train
-      w2, l2 = test_train._run(2, 2)
-      w1, l1 = test_train._run(1, 4)
+      w2, l2, g2 = test_train._run(2, 2)
+      w1, l1, g1 = test_train._run(1, 4)
       np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
       assert abs(l2 - l1) < 1e-5
+      np.testing.assert_allclose([g1, g2], test_train._analytic_first_grad_norm(), rtol=1e-5)
       import jax; assert len(jax.devices()) == 2
       print("OK")
   """)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from conftest import skip_or_fail
 from rlpost.weights import common
 from rlpost.weights import gguf as gguf_loader
 from rlpost.weights import gguf_file
@@ -334,7 +335,7 @@ def real_path():
   try:
     return gguf_loader.default_gguf_path()
   except ImportError as e:
-    pytest.skip(str(e))
+    skip_or_fail(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,13 @@ def load_gsm8k(split: str, data_dir: str = "") -> list[Problem]:
   if split not in SPLITS:
     raise ValueError(f"GSM8K split {split!r} does not exist; use one of {SPLITS}")
   if data_dir:
-    return load_jsonl_problems(os.path.join(data_dir, f"{split}.jsonl"))
+    path = os.path.join(data_dir, f"{split}.jsonl")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(
+          f"data.data_dir={data_dir!r}: {path} not found; --config.data.data_dir must name a "
+          "directory holding train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k), or be '' "
+          "to load GSM8K from the Hugging Face hub")
+    return load_jsonl_problems(path)
   fix = ("or set data_dir (config.data.data_dir / --config.data.data_dir=...) to a "
          "directory holding train.jsonl and test.jsonl")
   try:

@@ -26,17 +26,24 @@ def _to_number(text: str) -> float | None:
     return None
 
 
+_TAGS = (REASONING_START, REASONING_END, ANSWER_START, ANSWER_END)
+
+
+def _exact_format(completion: str) -> bool:
+  """Exactly one reasoning block, then exactly one answer block, nothing else around them."""
+  return bool(_FULL_FORMAT.search(completion)) and all(completion.count(t) == 1 for t in _TAGS)
+
+
 def match_format_exactly(prompts, completions, answers) -> list[float]:
-  """3.0 when the completion is exactly reasoning tags, then answer tags (else 0)."""
+  """3.0 when the completion is exactly one reasoning block, then one answer block (else 0)."""
   del prompts, answers
-  return [3.0 if _FULL_FORMAT.search(c) else 0.0 for c in completions]
+  return [3.0 if _exact_format(c) else 0.0 for c in completions]
 
 
 def match_format_approximately(prompts, completions, answers) -> list[float]:
   """+0.5 per tag that appears exactly once, -0.5 per tag missing or repeated."""
   del prompts, answers
-  tags = (REASONING_START, REASONING_END, ANSWER_START, ANSWER_END)
-  return [sum(0.5 if c.count(t) == 1 else -0.5 for t in tags) for c in completions]
+  return [sum(0.5 if c.count(t) == 1 else -0.5 for t in _TAGS) for c in completions]
 
 
 def check_answer(prompts, completions, answers) -> list[float]:
