@@ -8,7 +8,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from rlpost import supervised
+from rlpost.recipes import dpo
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/dpo.py:tiny",
                                           "DPO config (path.py:variant).")
@@ -17,7 +17,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics; resumes 
 
 def main(argv):
   del argv
-  _, record = supervised.train_dpo(_CONFIG.value, _WORKDIR.value)
+  _, record = dpo.run(_CONFIG.value, _WORKDIR.value)
   print({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
 

@@ -14,11 +14,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
-from rlpost import checkpoint
-from rlpost import evaluation
-from rlpost import grpo
-from rlpost import grpo_experiment
-from rlpost.data import gsm8k
+from rlpost.recipes import eval as eval_recipe
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "GRPO config (when no --workdir).")
 _WORKDIR = flags.DEFINE_string("workdir", "", "A GRPO run directory: evaluates base and trained.")
@@ -39,25 +35,8 @@ def _config():
 
 def main(argv):
   del argv
-  cfg = _config()
-  pieces = grpo_experiment.build(cfg)
-  problems = gsm8k.load_gsm8k(_SPLIT.value, cfg.data.data_dir)
-  problems = problems[:_NUM.value or cfg.eval.num_problems]
-  pass_k = cfg.eval.pass_k if _PASS_K.value is None else _PASS_K.value
-  common = dict(template=cfg.data.template, examples=pieces.task.examples,
-                sampling_config=pieces.setup.sampling, pass_k=pass_k, seed=cfg.seed)
-  base = pieces.frozen if pieces.setup.lora else pieces.ref_params or pieces.state.trainable
-  report = {"split": _SPLIT.value, "base": evaluation.evaluate(
-      base, pieces.setup.model, pieces.tokenizer, problems, desc="base", **common)}
-  if _WORKDIR.value:
-    restored = checkpoint.restore_latest(checkpoint.manager(_WORKDIR.value), pieces.state)
-    if restored is None:
-      raise app.UsageError(f"No checkpoint in {_WORKDIR.value}/checkpoints")
-    state, meta = restored
-    params = grpo.sampling_params(pieces.setup, state.trainable, pieces.frozen)
-    report["trained"] = evaluation.evaluate(params, pieces.setup.model, pieces.tokenizer,
-                                            problems, desc="trained", **common)
-    report["trained"]["iteration"] = meta["iteration"]
+  report = eval_recipe.evaluate_run(_config(), _WORKDIR.value, split=_SPLIT.value,
+                                    num_problems=_NUM.value, pass_k=_PASS_K.value)
   path = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value
                            else "")
   text = json.dumps(report, indent=1)

@@ -9,7 +9,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from rlpost.grpo_experiment import run_experiment
+from rlpost.recipes import grpo
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/grpo_gsm8k.py:tiny",
                                           "GRPO config (path.py:variant).")
@@ -18,7 +18,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here."
 
 def main(argv):
   del argv
-  run_experiment(_CONFIG.value, _WORKDIR.value)
+  grpo.run(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import jax
 from ml_collections import config_flags
 
 from rlpost import sampling
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import loading
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sample.py:tiny",

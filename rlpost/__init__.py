@@ -1,0 +1,30 @@
+"""rlpost: post-training for language models as pure JAX functions over explicit pytrees.
+
+Where things live (one job per module):
+  models/      gemma3 (config, init, forward, cache), lora, policy (ForwardConfig, trainable vs
+               frozen), loading, tokenizer, weights/ (gguf, safetensors): a new model goes here
+  ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
+  sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
+  rl/          batch (the typed RLBatch), advantages (ESTIMATORS table: a new estimator goes
+               here), losses (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS tables: a new loss
+               goes here), objectives (GRPOConfig / PPOConfig and their loss functions)
+  rewards/     reward functions `(prompts, completions, answers) -> list[float]`, scoring
+  data/        GSM8K, synthetic tasks, chat records, packing, the resumable cursor
+  supervised/  sft, dpo and their losses
+  train/       step (TrainState, the one jitted train step), loop (the one run loop),
+               checkpoint, metrics, host_memory
+  recipes/     grpo, sft, dpo, eval: the only modules that read ConfigDicts
+
+Shape suffixes on names at public boundaries (`tokens_BxS`, `logp_BxT`):
+  B  rows of a batch (sequences; in RL often N = B * G)
+  N  rows of an RL batch (B prompts x G samples, prompt-major)
+  G  samples per prompt (group size)
+  P  context (prompt) slots, left-padded
+  T  completion slots (or tokens of a row, where there is no prompt/completion split)
+  S  all slots of a row (P + T), or cache slots in the sampler
+  V  vocabulary size
+  D  model width
+  K  tokens in one chunk of the output projection (or candidates in top-k sampling)
+  L  layers
+  M  gathered loss tokens of a micro-batch (SFT)
+"""

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import advantages as adv
+from rlpost.rl import advantages as adv
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

@@ -7,7 +7,7 @@ import pytest
 
 from rlpost.data import packing
 from rlpost.models import gemma3
-from rlpost.logprobs import causal_attention_mask, segment_attention_mask
+from rlpost.ops.masks import causal_attention_mask, segment_attention_mask
 
 CONFIG = gemma3.get_config("tiny")
 

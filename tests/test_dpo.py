@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from experiments.configs import dpo as dpo_configs
-from rlpost import dpo
-from rlpost import sft
-from rlpost import supervised
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.supervised import dpo
+from rlpost.supervised import sft
+from rlpost.recipes import dpo as dpo_recipe
+from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import gemma3
+from rlpost.models import policy
 from conftest import assert_adapters_trained
 
 CONFIG = gemma3.get_config("tiny")
+FWD = policy.ForwardConfig(CONFIG)
 TOK = tokenizer_lib.byte_tokenizer()
 SEQ = 32
 BETA = 0.1
@@ -27,7 +29,7 @@ def _pair_batch(n, seed=0, micro=None):
 
 @jax.jit
 def _sequence_sum(params, half):
-  logp = sft.target_logprobs(params, None, half, config=CONFIG)
+  logp = sft.target_logprobs(params, None, half, FWD)
   return jnp.sum(jnp.where(half["target_mask"], logp, 0.0))
 
 
@@ -36,10 +38,10 @@ def test_policy_equals_reference(label_smoothing):
   """Loss is log 2 and grad = -(1 - 2 ls) beta / (2 N) * grad(sum chosen - sum rejected)."""
   params = gemma3.init_params(jax.random.key(0), CONFIG)
   n = 4
-  batch = jax.device_get(dpo.make_reference_fn(CONFIG, 2)(params, _pair_batch(n, micro=2)))
+  batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(n, micro=2)))
   batch_one = _pair_batch(n)     # one micro-batch, as the loss function sees it
   batch_one["ref_chosen"], batch_one["ref_rejected"] = batch["ref_chosen"], batch["ref_rejected"]
-  loss_fn = dpo.make_loss_fn(CONFIG, lora=False, beta=BETA, label_smoothing=label_smoothing)
+  loss_fn = dpo.make_loss_fn(FWD, beta=BETA, label_smoothing=label_smoothing)
   (loss, metrics), grads = jax.jit(jax.value_and_grad(
       lambda p: loss_fn(p, None, batch_one), has_aux=True))(params)
   np.testing.assert_allclose(loss, math.log(2.0), rtol=1e-6)
@@ -59,10 +61,10 @@ def test_policy_equals_reference(label_smoothing):
 
 def test_reference_matches_sequence_logprobs():
   params = gemma3.init_params(jax.random.key(1), CONFIG)
-  batch = jax.device_get(dpo.make_reference_fn(CONFIG, 2)(params, _pair_batch(4, micro=2)))
+  batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(4, micro=2)))
   whole = _pair_batch(4)
   for name in ("chosen", "rejected"):
-    logp = sft.target_logprobs(params, None, whole[name], config=CONFIG)
+    logp = sft.target_logprobs(params, None, whole[name], FWD)
     expected = np.sum(np.where(whole[name]["target_mask"], logp, 0.0), axis=1)
     np.testing.assert_allclose(batch[f"ref_{name}"], expected, rtol=1e-5)
 
@@ -71,7 +73,7 @@ def test_learns_synthetic_preferences(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.train.steps = 30
   cfg.checkpoint.every = 1000
-  state, record = supervised.train_dpo(cfg, str(tmp_path))
+  state, record = dpo_recipe.run(cfg, str(tmp_path))
   assert record["reward_accuracy"] > 0.9, record
   # Preference accuracy over the whole training set, policy vs the initial params.
   n = cfg.data.num_synthetic
@@ -79,7 +81,7 @@ def test_learns_synthetic_preferences(tmp_path):
   batch = dpo.make_pair_batch(pairs, seq_len=cfg.data.seq_len, pad_id=TOK.pad_id,
                               micro_batch_size=n)
   initial = gemma3.init_params(jax.random.key(cfg.seed), CONFIG)
-  ref_fn = dpo.make_reference_fn(CONFIG, n)
+  ref_fn = dpo.make_reference_fn(FWD, n)
   ref, policy = ref_fn(initial, batch), ref_fn(state.trainable, batch)
   margin = ((policy["ref_chosen"] - ref["ref_chosen"])
             - (policy["ref_rejected"] - ref["ref_rejected"]))
@@ -89,12 +91,12 @@ def test_learns_synthetic_preferences(tmp_path):
 def test_lora_dpo_runs_and_validates(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.lora.enabled, cfg.train.steps = True, 2
-  state, record = supervised.train_dpo(cfg, str(tmp_path))
+  state, record = dpo_recipe.run(cfg, str(tmp_path))
   assert np.isfinite(record["loss"]) and "reward_margin" in record
   assert_adapters_trained(jax.device_get(state.trainable))
   cfg.dpo.beta = 0.0
   with pytest.raises(ValueError, match=r"dpo\.beta"):
-    supervised.check_dpo_config(cfg)
+    dpo_recipe.check_config(cfg)
   cfg.dpo.beta, cfg.data.source = 0.1, "jsonl"
   with pytest.raises(ValueError, match=r"data\.path"):
-    supervised.check_dpo_config(cfg)
+    dpo_recipe.check_config(cfg)

@@ -2,12 +2,12 @@
 import jax
 import pytest
 
-from rlpost import evaluation
+from rlpost.recipes import eval as evaluation
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
 from rlpost.models import gemma3
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import tokenizer as tokenizer_lib
 
 PROBLEMS = [Problem("q0", "a\n#### 7", "7"), Problem("q1", "b\n#### 12", "12"),
             Problem("q2", "c\n#### 3", "3")]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlpost.models import gemma3
-from rlpost.logprobs import causal_attention_mask
+from rlpost.ops.masks import causal_attention_mask
 
 CONFIG = gemma3.get_config("tiny")
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import grpo_gsm8k
-from rlpost import checkpoint
-from rlpost import grpo
-from rlpost.grpo_experiment import run_experiment
+from rlpost.models import policy
+from rlpost.recipes import grpo
+from rlpost.train import checkpoint
 from conftest import GSM8K_DIR, REPO_ROOT, assert_adapters_trained, require_gemma3, require_shared
 
 _TIMING = ("time/", "tokens_per_s")
@@ -41,7 +41,7 @@ def _metrics(workdir):
 @pytest.mark.parametrize("algo", ["grpo", "drgrpo", "dapo", "gspo"])
 def test_tiny_grpo_variants_learn(algo, tmp_path):
   cfg = _config(f"tiny,{algo}", **{"train.steps": 22, "checkpoint.every": 100})
-  run_experiment(cfg, str(tmp_path))
+  grpo.run(cfg, str(tmp_path))
   rewards = [r["reward/mean"] for r in _metrics(tmp_path)]
   start, end = np.mean(rewards[:3]), np.mean(rewards[-4:])
   assert end > 3.0 and end > start + 2.5, f"{algo}: reward {start:.2f} -> {end:.2f}: {rewards}"
@@ -58,7 +58,7 @@ def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
   for lora, compute in ((False, "float32"), (True, "float32"), (True, "bfloat16")):
     cfg = _config("tiny", **{"train.steps": 5, "lora.enabled": lora, "algo.beta": 0.1,
                              "algo.num_iterations": 2, "train.compute_dtype": compute})
-    state = run_experiment(cfg, str(tmp_path / f"{lora}{compute}"))
+    state = grpo.run(cfg, str(tmp_path / f"{lora}{compute}"))
     records = _metrics(tmp_path / f"{lora}{compute}")
     for r in records:
       assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, compute, r["step"])
@@ -80,9 +80,9 @@ def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
 ])
 def test_resume_is_exact(overrides, tmp_path):
   cfg = _config("tiny", **{"train.steps": 4, "checkpoint.every": 2, **overrides})
-  straight = run_experiment(cfg, str(tmp_path / "straight"))
-  run_experiment(cfg, str(tmp_path / "split"), stop_after=2)
-  resumed = run_experiment(cfg, str(tmp_path / "split"))
+  straight = grpo.run(cfg, str(tmp_path / "straight"))
+  grpo.run(cfg, str(tmp_path / "split"), stop_after=2)
+  resumed = grpo.run(cfg, str(tmp_path / "split"))
   for a, b in zip(jax.tree.leaves(straight.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert _metrics(tmp_path / "straight") == _metrics(tmp_path / "split")
@@ -91,23 +91,29 @@ def test_resume_is_exact(overrides, tmp_path):
 @pytest.mark.parametrize("overrides,field", [
     ({"train.micro_batch_size": 5}, "train.micro_batch_size"),
     ({"algo.num_generations": 1}, "algo.num_generations"),
-    ({"algo.name": "ppo2"}, "algo.name"),
-    ({"algo.aggregation": "token-median"}, "token-median"),
-    ({"algo.advantage": "vtrace"}, "vtrace"),
+    ({"algo.policy_loss": "ppo2"}, "algo.policy_loss"),
+    ({"algo.loss_agg_mode": "token-median"}, "token-median"),
+    ({"algo.advantage_estimator": "vtrace"}, "vtrace"),
     ({"data.source": "mnist"}, "data.source"),
     ({"train.compute_dtype": "float16"}, "train.compute_dtype"),
-    ({"train.remat": "none"}, "train.remat"),
+    ({"train.remat": "all"}, "train.remat"),
+    ({"rollout.overlong_buffer": 0}, "rollout.overlong_buffer"),
+    ({"algo.nosuch": 1}, "algo.nosuch"),
+    # Old names fail and name the new field.
+    ({"algo.name": "ppo2"}, "algo.name is no longer a field: use config.name"),
+    ({"algo.kl": "k1"}, "use config.algo.kl_method"),
+    ({"algo.dynamic_sampling": True}, "use config.rollout.dynamic_sampling"),
 ])
 def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    run_experiment(_config("tiny", **overrides), str(tmp_path))
+    grpo.run(_config("tiny", **overrides), str(tmp_path))
 
 
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
   cfg = _config("tiny", **{"data.source": "gsm8k", "data.data_dir": str(tmp_path / "nope"),
                            "data.template": "fewshot"})
   with pytest.raises((ValueError, FileNotFoundError), match=r"data\.data_dir"):
-    run_experiment(cfg, str(tmp_path / "run"))
+    grpo.run(cfg, str(tmp_path / "run"))
 
 
 def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
@@ -149,7 +155,7 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
       "data.data_dir": str(GSM8K_DIR), "train.steps": 1, "train.batch_prompts": 2,
       "algo.num_generations": 2, "train.micro_batch_size": 2, "sampling.max_new_tokens": 8,
       "data.fewshot": 1})
-  run_experiment(cfg, str(tmp_path))
+  grpo.run(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
   # float32 sampler and trainer agree on the real model; the reference is the policy at step 1.
@@ -164,7 +170,7 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
   cfg = _config("tiny", **{"data.source": "arithmetic", "data.template": "fewshot",
                            "train.steps": 1, "sampling.max_new_tokens": 16,
                            "sampling.prompt_bucket": 64})
-  run_experiment(cfg, str(tmp_path))
+  grpo.run(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
   for name in ("answer_accuracy", "format_accuracy", "reward/check_answer",
                "reward/match_format_approximately"):
@@ -175,18 +181,17 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
 
 def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
-  from rlpost.grpo_experiment import build  # pylint: disable=g-import-not-at-top
   cfg = _config("tiny,dapo", **{"train.batch_prompts": 4})
-  pieces = build(cfg)
+  pieces = grpo.build(cfg)
   problems = pieces.task.problems[:8]
   signal_prompts = {p.question for p in problems[::2]}   # half of the prompts carry signal
 
   def reward(prompts, completions, answers):
     del answers
     return [float(len(c)) if p in signal_prompts else 1.0 for p, c in zip(prompts, completions)]
-  params = grpo.sampling_params(pieces.setup, pieces.state.trainable, pieces.frozen)
-  groups, metrics, cursor = grpo.collect(pieces.setup, params, problems, Cursor(0, 0, 0),
-                                         pieces.tokenizer, jax.random.key(0), {"r": reward}, [])
+  pieces = pieces._replace(task=pieces.task._replace(problems=problems, reward_fns={"r": reward}))
+  params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
+  groups, metrics, cursor = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
   assert len(groups) == 4 and metrics["dynamic/filled"] == 0
   assert metrics["dynamic/rounds"] >= 2          # the first 4 prompts held only 2 with signal
   assert all(np.ptp(g["rewards"]) > 0 for g in groups)

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from rlpost import host_memory
+from rlpost.train import host_memory
 
 
 def _rss_kib() -> int:

@@ -5,13 +5,15 @@ import numpy as np
 import optax
 import pytest
 
-from rlpost import rollout
 from rlpost import sampling
-from rlpost import train
+from rlpost.models import policy
+from rlpost.rl import batch as batch_lib
+from rlpost.rl import objectives
+from rlpost.train import step as train
 from rlpost.models import gemma3
 from rlpost.models import lora
 from test_gemma3 import CONFIG, _random_params
-from rlpost.logprobs import causal_attention_mask
+from rlpost.ops.masks import causal_attention_mask
 
 CFG = lora.LoraConfig(rank=4, alpha=8.0)
 
@@ -51,10 +53,9 @@ def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   tokens, lengths = sampling.pad_prompts([[2, 40, 41, 42], [2, 50]], sc)
   out = sampling.sample(lora.merge(params, ad, CFG), tokens, lengths, jax.random.key(0),
                         model_config=CONFIG, config=sc, num_samples=2)
-  batch = rollout.rollout_batch(tokens, lengths, jax.device_get(out), 2)
-  batch = jax.tree.map(jnp.asarray, batch)
-  logp = rollout.completion_logprobs(params, batch, model_config=CONFIG, temperature=0.8,
-                                     adapters=ad, lora_scale=CFG.scale)
+  batch = batch_lib.to_device(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
+  fwd = policy.ForwardConfig(CONFIG, lora=CFG, temperature=0.8)
+  logp = objectives.completion_logprobs(params, ad, batch, fwd)
   np.testing.assert_allclose(np.asarray(logp), np.asarray(out.logprobs), atol=1e-4)
 
 

@@ -1,17 +1,18 @@
-"""Property tests for rlpost.losses against hand-written numpy references."""
+"""Property tests for rlpost.rl.losses against hand-written numpy references."""
 from hypothesis import given, settings, strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import losses
+from rlpost.rl import losses
 
 SETTINGS = settings(max_examples=30, deadline=None)
-MODES = losses.AGGREGATIONS
+MODES = tuple(losses.AGGREGATIONS)
+POLICY_LOSSES = tuple(losses.POLICY_LOSSES)
 MAX_TOKENS = 16
 
-_STATIC = ('epsilon_low', 'epsilon_high', 'epsilon_c', 'importance',
+_STATIC = ('epsilon_low', 'epsilon_high', 'epsilon_c', 'name',
            'aggregation', 'max_tokens')
 _policy_loss = jax.jit(losses.policy_loss, static_argnames=_STATIC)
 
@@ -95,13 +96,13 @@ def test_aggregate_errors_list_valid_modes():
 
 @SETTINGS
 @given(seed=st.integers(0, 2**16), mode=st.sampled_from(MODES),
-       importance=st.sampled_from(losses.IMPORTANCE_LEVELS),
+       name=st.sampled_from(POLICY_LOSSES),
        seq_adv=st.booleans())
-def test_ratio_one_is_plain_policy_gradient(seed, mode, importance, seq_adv):
+def test_ratio_one_is_plain_policy_gradient(seed, mode, name, seq_adv):
   _, _, old_logp, mask, adv_seq, adv_tok = _inputs(seed)
   advantages = adv_seq if seq_adv else adv_tok
   adv_bt = np.broadcast_to(adv_seq[:, None], mask.shape) if seq_adv else adv_tok
-  kwargs = dict(aggregation=mode, max_tokens=MAX_TOKENS, importance=importance)
+  kwargs = dict(aggregation=mode, max_tokens=MAX_TOKENS, name=name)
   loss, metrics = _policy_loss(old_logp, old_logp, advantages, mask, **kwargs)
   grad = _policy_grad_jit(old_logp, old_logp, advantages, mask, **kwargs)
   np.testing.assert_allclose(loss, _np_aggregate(-adv_bt, mask, mode,
@@ -196,7 +197,7 @@ def test_gspo_ratio_is_sequence_geometric_mean(seed):
 def test_gspo_loss_gradient_matches_sequence_objective(seed):
   """Unclipped, seq-mean-token-mean GSPO = the paper's sequence objective."""
   _, logp, old_logp, mask, adv, _ = _inputs(seed, log_ratio_scale=0.3)
-  kwargs = dict(importance='sequence', aggregation='seq-mean-token-mean',
+  kwargs = dict(name='gspo', aggregation='seq-mean-token-mean',
                 epsilon_low=0.99, epsilon_high=100.0)
   grad = _policy_grad_jit(logp, old_logp, adv, mask, **kwargs)
 
@@ -215,7 +216,7 @@ def test_gspo_clipped_sequence_has_zero_gradient():
   logp = old_logp + np.array([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0]], np.float32)
   mask = np.ones((2, 3), bool)
   grad = _policy_grad_jit(logp, old_logp, np.array([1.0, 1.0], np.float32),
-                          mask, importance='sequence')
+                          mask, name='gspo')
   assert np.all(np.asarray(grad)[0] == 0.0)
   assert np.all(np.asarray(grad)[1] < 0.0)
 
@@ -326,13 +327,13 @@ def _poisoned(x, mask, fill):
 
 
 @pytest.mark.parametrize('mode', MODES)
-@pytest.mark.parametrize('importance', losses.IMPORTANCE_LEVELS)
-def test_losses_finite_with_inf_and_nan_at_masked_positions(mode, importance):
+@pytest.mark.parametrize('name', POLICY_LOSSES)
+def test_losses_finite_with_inf_and_nan_at_masked_positions(mode, name):
   _, logp, old_logp, mask, adv_seq, adv_tok = _inputs(5)
   mask[1] = False
   ref = old_logp - 0.3
   kwargs = dict(aggregation=mode, max_tokens=MAX_TOKENS, epsilon_c=3.0,
-                importance=importance)
+                name=name)
 
   def total(lp, old, rf, adv, vals, rets, ent, sampler):
     tis = losses.truncated_is_weights(old, sampler, mask, 2.0)

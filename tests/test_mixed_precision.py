@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import logprobs
-from rlpost import sft
+from rlpost.ops import logprobs
+from rlpost.supervised import sft
 from rlpost.models import gemma3
+from rlpost.models import policy
 
 CONFIG = gemma3.get_config("tiny")
 BF16 = jnp.bfloat16
@@ -49,8 +50,8 @@ def _tiny_batch(seed=0, rows=2, seq=16):
 
 
 def _loss_and_grads(compute_dtype, params, batch, remat="dots"):
-  loss_fn = sft.make_loss_fn(CONFIG, lora=False, chunk=8, remat=remat,
-                             compute_dtype=compute_dtype)
+  loss_fn = sft.make_loss_fn(policy.ForwardConfig(
+      CONFIG, compute_dtype=compute_dtype, remat=remat or "none", logprob_chunk=8))
   return jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
 
 
@@ -87,7 +88,8 @@ def test_every_weight_matmul_of_a_bf16_train_step_runs_in_bf16():
   output projection; attention's batched einsums stay float32) takes bf16 operands."""
   params = gemma3.init_params(jax.random.key(0), CONFIG)
   batch = _tiny_batch()
-  loss_fn = sft.make_loss_fn(CONFIG, lora=False, chunk=8, remat="dots", compute_dtype="bfloat16")
+  loss_fn = sft.make_loss_fn(policy.ForwardConfig(CONFIG, compute_dtype="bfloat16", remat="dots",
+                                                  logprob_chunk=8))
   jaxpr = jax.make_jaxpr(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
   dots = _dot_operand_dtypes(jaxpr.jaxpr, [])
   weight_dots = [dtypes for dtypes, batched in dots if not batched]

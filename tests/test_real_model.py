@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, require_gemma3, require_shared
 from rlpost import sampling
 from rlpost.models import gemma3
-from rlpost.logprobs import causal_attention_mask
+from rlpost.ops.masks import causal_attention_mask
 
 pytestmark = pytest.mark.real_model
 

@@ -10,7 +10,7 @@ import pytest
 from rlpost import sampling
 from rlpost.models import gemma3
 from test_gemma3 import CONFIG, _random_params
-from rlpost.logprobs import causal_attention_mask
+from rlpost.ops.masks import causal_attention_mask
 
 PARAMS = _random_params(5)
 

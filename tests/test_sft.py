@@ -8,12 +8,14 @@ import optax
 import pytest
 
 from experiments.configs import sft as sft_configs
-from rlpost import sft
-from rlpost import supervised
-from rlpost import train
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.supervised import sft
+from rlpost.recipes import sft as sft_recipe
+from rlpost.train import step as train
+from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.data import chat
 from rlpost.models import gemma3
+from rlpost.models import policy
+from rlpost.data.cursor import Cursor
 from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
 
 CONFIG = gemma3.get_config("tiny")
@@ -41,7 +43,7 @@ def _dense_reference_nll(params, batch):
   return -jnp.sum(jnp.where(m, picked, 0.0)) / jnp.sum(m)
 
 
-_LOSS_FN = sft.make_loss_fn(CONFIG, lora=False, remat="dots")   # the configs' default
+_LOSS_FN = sft.make_loss_fn(policy.ForwardConfig(CONFIG, remat="dots"))   # the configs' default
 
 
 @jax.jit
@@ -73,14 +75,14 @@ def test_remat_policies_agree():
   params = _params(4)
   batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
   loss, grads = _loss_and_grad(params, batch)
-  for remat in (None, "full"):
-    loss_fn = sft.make_loss_fn(CONFIG, lora=False, remat=remat)
+  for remat in ("none", "full"):
+    loss_fn = sft.make_loss_fn(policy.ForwardConfig(CONFIG, remat=remat))
     loss2, grads2 = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
     np.testing.assert_allclose(loss, loss2, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                  grads, grads2)
   with pytest.raises(ValueError, match="remat"):
-    sft.make_loss_fn(CONFIG, lora=False, remat="some")(params, None, batch)
+    policy.ForwardConfig(CONFIG, remat="some")
 
 
 def test_loss_mask_invariance():
@@ -138,7 +140,8 @@ def test_token_mean_is_exact_across_micro_batches():
   want_loss, want_grads = jax.jit(jax.value_and_grad(_dense_reference_nll))(params, whole)
   for micro in (1, 2, 4):
     batch = sft.make_batch(examples, seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=micro)
-    step = train.make_train_step(sft.make_loss_fn(CONFIG, lora=False), opt, mesh, micro)
+    step = train.make_train_step(sft.make_loss_fn(policy.ForwardConfig(CONFIG)), opt, mesh,
+                                 micro)
     state = train.init_train_state(jax.tree.map(jnp.copy, params), opt, jax.random.key(0))
     state, metrics = step(state, None, batch)
     np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-5)
@@ -150,7 +153,7 @@ def test_token_mean_is_exact_across_micro_batches():
 
 def test_next_examples_packed_consumes_what_fits():
   lengths = [30, 20, 25, 10, 40, 5]
-  taken, cursor = sft.next_examples(supervised.cursor_lib.Cursor(0), lengths, rows=2,
+  taken, cursor = sft.next_examples(Cursor(0), lengths, rows=2,
                                     seq_len=48, pack=True, shuffle=False)
   assert taken == [0, 1, 2, 3]          # 30+10 | 20+25; 40 does not fit
   assert cursor.position == 4
@@ -170,22 +173,22 @@ def _tiny_config(**overrides):
 def test_overfits_16_examples(tmp_path):
   cfg = _tiny_config(data__num_synthetic=16, train__batch_size=16, train__micro_batch_size=16,
                      train__steps=150, train__learning_rate=1e-2, checkpoint__every=1000)
-  _, record = supervised.train_sft(cfg, str(tmp_path))
+  _, record = sft_recipe.run(cfg, str(tmp_path))
   assert record["loss"] < 0.05, record
 
 
 def test_lora_trains_adapters_only(tmp_path):
   cfg = _tiny_config(lora__enabled=True, train__steps=3, data__pack=True, checkpoint__every=100)
-  state, record = supervised.train_sft(cfg, str(tmp_path))
+  state, record = sft_recipe.run(cfg, str(tmp_path))
   assert_adapters_trained(jax.device_get(state.trainable))
   assert np.isfinite(record["loss"]) and 0 < record["padding_efficiency"] <= 1
 
 
 def test_resume_is_bitwise(tmp_path):
   cfg = _tiny_config(train__steps=4, checkpoint__every=2, data__pack=True)
-  straight, _ = supervised.train_sft(cfg, str(tmp_path / "a"))
-  supervised.train_sft(cfg, str(tmp_path / "b"), stop_after=2)
-  resumed, _ = supervised.train_sft(cfg, str(tmp_path / "b"))
+  straight, _ = sft_recipe.run(cfg, str(tmp_path / "a"))
+  sft_recipe.run(cfg, str(tmp_path / "b"), stop_after=2)
+  resumed, _ = sft_recipe.run(cfg, str(tmp_path / "b"))
   assert int(resumed.step) == 4
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(straight.trainable),
                jax.device_get(resumed.trainable))
@@ -206,7 +209,7 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
   cfg = _tiny_config(train__steps=2, checkpoint__every=100, data__source="jsonl",
                      data__path=str(path), data__seq_len=64)
   cfg.eval.every, cfg.eval.num_examples = 2, 5
-  _, record = supervised.train_sft(cfg, str(tmp_path / "run"))
+  _, record = sft_recipe.run(cfg, str(tmp_path / "run"))
   assert np.isclose(record["eval_perplexity"], np.exp(record["eval_loss"]))
   assert record["examples"] == cfg.train.batch_size
   first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
@@ -234,7 +237,7 @@ def test_config_validation_names_field(section, name, value, field):
   cfg = _tiny_config(lora__enabled=True)
   cfg[section][name] = value
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    supervised.check_config(cfg, supervised.SFT_SOURCES)
+    sft_recipe.check_config(cfg)
 
 
 def test_unknown_variant():
@@ -252,7 +255,7 @@ def test_real_model_one_lora_sft_step_on_gsm8k(tmp_path):
   cfg.data.num_examples = 2
   cfg.train.steps, cfg.train.batch_size, cfg.train.micro_batch_size = 1, 2, 2
   cfg.eval.every = 0
-  state, record = supervised.train_sft(cfg, str(tmp_path))
+  state, record = sft_recipe.run(cfg, str(tmp_path))
   assert cfg.lora.enabled and set(state.trainable) == {"layers"}
   # The pretrained model already predicts worked solutions far better than chance
   # (uniform over 262,144 tokens would be 12.5 nats).

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import sft_losses
+from rlpost.supervised import losses as sft_losses
 
 
 def _np_log_sigmoid(x):

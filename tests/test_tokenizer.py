@@ -1,4 +1,4 @@
-"""Tests for rlpost.tokenizer against the reference ids in ../shared."""
+"""Tests for rlpost.models.tokenizer against the reference ids in ../shared."""
 import json
 import re
 import time
@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as hst
 import numpy as np
 import pytest
 
-from rlpost import tokenizer as tok_lib
-from rlpost.weights import gguf as gguf_loader
+from rlpost.models import tokenizer as tok_lib
+from rlpost.models.weights import gguf as gguf_loader
 from conftest import FIXTURES, require_shared, skip_or_fail
 
 

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from conftest import REPO_ROOT
-from rlpost import train
+from rlpost.train import step as train
 
 
 def _linear_loss(w, frozen, mb):

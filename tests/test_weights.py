@@ -1,4 +1,4 @@
-"""Tests for rlpost.weights: GGUF reading/loading and HF safetensors load/export."""
+"""Tests for rlpost.models.weights: GGUF reading/loading and HF safetensors load/export."""
 import json
 import sys
 
@@ -9,10 +9,10 @@ import pytest
 import safetensors.numpy
 
 from conftest import skip_or_fail
-from rlpost.weights import common
-from rlpost.weights import gguf as gguf_loader
-from rlpost.weights import gguf_file
-from rlpost.weights import safetensors as st
+from rlpost.models.weights import common
+from rlpost.models.weights import gguf as gguf_loader
+from rlpost.models.weights import gguf_file
+from rlpost.models.weights import safetensors as st
 
 GEMMA3_270M_INFO = {
     "vocab_size": 262144, "embed_dim": 640, "num_layers": 18, "num_heads": 4,

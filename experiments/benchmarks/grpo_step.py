@@ -21,11 +21,10 @@ import jax
 import numpy as np
 
 from experiments.configs import grpo_gsm8k
-from rlpost import grpo
 from rlpost.data.cursor import Cursor
 from rlpost.data.gsm8k import Problem
-from rlpost.grpo_experiment import build
 from rlpost.models import loading
+from rlpost.recipes import grpo
 
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
@@ -57,19 +56,19 @@ def _run_mode(mode: str) -> dict:
     cfg.train.remat = _REMAT.value or cfg.train.remat
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
-  pieces = build(cfg, loaded)
-  setup = dataclasses.replace(pieces.setup,
-                              sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=()))
+  pieces = grpo.build(cfg, loaded)
   tok = pieces.tokenizer
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
   problems = [Problem(f"{question}", "", "0")] * 8
+  setup = dataclasses.replace(pieces.setup, template="plain", sampling=dataclasses.replace(
+      pieces.setup.sampling, stop_ids=()))
+  pieces = pieces._replace(setup=setup, task=pieces.task._replace(
+      problems=problems, reward_fns={"random": _random_reward}, accuracy_fns={}, examples=[]))
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()
-    state, cursor, metrics = grpo.iteration(setup, state, pieces.frozen, pieces.ref_params,
-                                            pieces.train_step, problems, cursor, index, tok,
-                                            {"random": _random_reward}, {}, [])
+    state, cursor, metrics = grpo.iteration(pieces, state, cursor, index)
     jax.block_until_ready(state)
     times.append({"total_s": time.perf_counter() - start,
                   "rollout_s": float(metrics["time/rollout_s"]),

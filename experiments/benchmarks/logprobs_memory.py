@@ -42,7 +42,7 @@ def _worker():
   """Builds inputs in place, times the chunked call, prints a JSON line."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from rlpost import logprobs  # pylint: disable=g-import-not-at-top
+  from rlpost.ops import logprobs  # pylint: disable=g-import-not-at-top
 
   batch, seq, vocab, dim = _BATCH.value, _SEQ.value, _VOCAB.value, _DIM.value
   dtype = jnp.dtype(_DTYPE.value)

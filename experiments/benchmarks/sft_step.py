@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost import sft
-from rlpost import train
 from rlpost.models import gemma3
+from rlpost.models import policy
+from rlpost.supervised import sft
+from rlpost.train import step as train
 
 _BATCH = flags.DEFINE_integer("batch", 4, "Rows per step.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
@@ -74,9 +75,9 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
   rows, seq_len = _BATCH.value, _SEQ.value
   optimizer = train.make_optimizer(learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0,
                                    max_grad_norm=None)
-  remat = None if _REMAT.value == "none" else _REMAT.value
-  loss_fn = sft.make_loss_fn(config, lora=False, chunk=_CHUNK.value, remat=remat,
-                             compute_dtype=_COMPUTE.value)
+  fwd = policy.ForwardConfig(model=config, compute_dtype=_COMPUTE.value, remat=_REMAT.value,
+                             logprob_chunk=_CHUNK.value)
+  loss_fn = sft.make_loss_fn(fwd)
   mesh = train.make_mesh()
   step = train.make_train_step(loss_fn, optimizer, mesh, _MICRO.value)
   state = train.replicate(train.init_train_state(params, optimizer, jax.random.key(0)), mesh)
@@ -109,7 +110,7 @@ def main(argv):
   result = {"library": "rlpost", "model": f"{_PRESET.value}, random init",
             "param_dtype": _DTYPE.value, "compute_dtype": _COMPUTE.value, "batch": _BATCH.value, "seq_len": _SEQ.value,
             "logprob_chunk": _CHUNK.value, "remat": _REMAT.value,
-            "optimizer": "optax adamw(1e-5) (rlpost.train.make_optimizer, no clipping)",
+            "optimizer": "optax adamw(1e-5) (rlpost.train.step.make_optimizer, no clipping)",
             "loadavg_start": open("/proc/loadavg", encoding="utf-8").read().strip(),
             "devices": [str(d) for d in jax.devices()]}
   result["matmul_peak"] = matmul_peak(_MATMUL_N.value)

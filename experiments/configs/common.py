@@ -21,11 +21,11 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
   })
 
 
-def lora_config(tiny: bool) -> ml_collections.ConfigDict:
-  """The `lora` block of SFT and DPO: adapters on every projection (off for tiny)."""
+def lora_config(enabled: bool, rank: int) -> ml_collections.ConfigDict:
+  """The `lora` block: adapters on every projection when enabled."""
   return ml_collections.ConfigDict({
-      "enabled": not tiny,
-      "rank": 16 if tiny else 32,
+      "enabled": enabled,
+      "rank": rank,
       "alpha": 32.0,
       "targets": "q,k,v,o,gate,up,down",   # comma-separated names in params["layers"]
   })

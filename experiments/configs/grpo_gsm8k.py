@@ -6,6 +6,7 @@ VARIANT is `MODEL[,ALGORITHM]`:
 e.g. `:gemma3_270m`, `:tiny,dapo`, `:gspo` (= gemma3_270m,gspo).
 """
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from experiments.configs import common
 
@@ -13,39 +14,48 @@ ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo")
 
 
 def _algorithm(name: str) -> ml_collections.ConfigDict:
-  """Loss / estimator settings; the variants differ only here."""
+  """The `algo` block: exactly the fields of rlpost.rl.objectives.GRPOConfig.
+
+  The variants differ only here (and DAPO in the `rollout` block).
+  """
   algo = ml_collections.ConfigDict({
-      "name": name,
-      "advantage": "grpo",              # grpo | drgrpo | rloo | reinforce_pp
       "num_generations": 4,             # G completions per prompt
       "num_iterations": 1,              # mu: optimisation passes per rollout batch
+      "advantage_estimator": "grpo",    # grpo | drgrpo | rloo | reinforce_pp
+      "policy_loss": "clipped",         # clipped | gspo (rlpost.rl.losses.POLICY_LOSSES)
       "beta": 0.08,                     # KL(policy || reference) coefficient
-      "kl": "k3",                       # k1 | k2 | k3
+      "kl_method": "k3",                # k1 | k2 | k3
+      "kl_clamp": placeholder(float),     # None: no clamp
       "epsilon_low": 0.2,
       "epsilon_high": 0.2,
-      "epsilon_c": 0.0,                 # dual-clip constant (> 1 enables it)
-      "importance": "token",            # token | sequence (GSPO)
-      "aggregation": "seq-mean-token-mean",
-      "dynamic_sampling": False,        # DAPO: drop zero-signal groups, resample
-      "max_resample_rounds": 3,
-      "overlong_buffer": 0,             # DAPO soft overlong penalty window, in tokens
-      "overlong_penalty": 1.0,
-      "tis_cap": 0.0,                   # truncated importance sampling cap (0: off)
+      "epsilon_c": placeholder(float),   # dual-clip constant (> 1); None: off
+      "loss_agg_mode": "seq-mean-token-mean",
+      "entropy_coef": 0.0,
+      "tis_cap": placeholder(float),     # truncated importance sampling cap; None: off
   })
   if name == "drgrpo":
-    algo.advantage = "drgrpo"
-    algo.aggregation = "seq-mean-token-sum-norm"
+    algo.advantage_estimator = "drgrpo"
+    algo.loss_agg_mode = "seq-mean-token-sum-norm"
   elif name == "dapo":
     algo.beta = 0.0
     algo.epsilon_high = 0.28
-    algo.aggregation = "token-mean"
-    algo.dynamic_sampling = True
+    algo.loss_agg_mode = "token-mean"
   elif name == "gspo":
-    algo.importance = "sequence"
+    algo.policy_loss = "gspo"
     algo.epsilon_low = 3e-4
     algo.epsilon_high = 4e-4
     algo.beta = 0.0
   return algo
+
+
+def _rollout(name: str) -> ml_collections.ConfigDict:
+  """The `rollout` block (rlpost.recipes.grpo.RolloutConfig): how groups are collected."""
+  return ml_collections.ConfigDict({
+      "dynamic_sampling": name == "dapo",   # DAPO: drop zero-signal groups, resample
+      "max_resample_rounds": 3,
+      "overlong_buffer": placeholder(int),   # DAPO soft overlong penalty window in tokens; None: off
+      "overlong_penalty": 1.0,
+  })
 
 
 def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
@@ -58,10 +68,12 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
                      f"algorithms: {list(ALGORITHMS)}")
   tiny = model == "tiny"
   c = ml_collections.ConfigDict()
+  c.name = algo                                 # the run's label (progress bar, curves)
   c.seed = 0
   c.model = common.model_config(model)
-  c.lora = ml_collections.ConfigDict({"enabled": not tiny, "rank": 32, "alpha": 32.0})
+  c.lora = common.lora_config(enabled=not tiny, rank=32)
   c.algo = _algorithm(algo)
+  c.rollout = _rollout(algo)
   c.data = ml_collections.ConfigDict({
       "source": "digit" if tiny else "gsm8k",   # gsm8k | arithmetic | digit
       "data_dir": "",                           # GSM8K jsonl dir; "" = Hugging Face hub
@@ -87,7 +99,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,
       "logprob_chunk": 256,
       "compute_dtype": "float32",               # trainer matmul inputs: float32 | bfloat16
-      "remat": "dots",                          # dots | full (activation memory policy)
+      "remat": "dots",                          # none | dots | full (activation memory policy)
   })
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
   c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})

@@ -21,7 +21,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.model = common.model_config(variant)
-  c.lora = common.lora_config(tiny)
+  c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
   c.data = ml_collections.ConfigDict({
       "source": "synthetic" if tiny else "gsm8k",   # gsm8k | jsonl | synthetic
       "path": "",                  # JSONL of SFT records (data.source=jsonl)

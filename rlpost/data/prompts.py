@@ -6,7 +6,7 @@ instead, and ends with the opening reasoning tag so that the model starts
 reasoning at once. Rewards see `completion_prefix(template) + completion`:
 the text the answer format is defined on.
 """
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
 
 TEMPLATES = ("chat", "fewshot", "plain")

@@ -4,7 +4,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import gemma3
 
 WEIGHT_SOURCES = ("gguf", "hf", "random")
@@ -34,11 +34,11 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
       return config, params, tokenizer_lib.byte_tokenizer()
     return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
   if weights == "gguf":
-    from rlpost.weights import gguf  # pylint: disable=g-import-not-at-top
+    from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
     params, info = gguf.load_gguf(path or gguf.default_gguf_path(), dtype=jdtype)
     tok = tokenizer_lib.load_gguf_tokenizer(path or None)
   else:
-    from rlpost.weights import safetensors  # pylint: disable=g-import-not-at-top
+    from rlpost.models.weights import safetensors  # pylint: disable=g-import-not-at-top
     if not path:
       raise ValueError("model.path must name a Hugging Face checkpoint directory when "
                        "model.weights='hf'")

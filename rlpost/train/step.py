@@ -2,7 +2,8 @@
 
 The loss is a plain function `loss_fn(trainable, frozen, micro_batch) ->
 (loss, metrics)`; GRPO, PPO, SFT and DPO differ only in that function and in
-the batch they pass. Inside `train_step`:
+the batch they pass (an `rl.batch.RLBatch`, or the supervised dicts: any
+pytree whose leaves have rows on axis 0). Inside `train_step`:
 
   batch [N, ...] --shard_map over mesh axis "data"--> per device [N/d, ...]
     -> reshape to [num_micro, micro, ...] -> lax.scan accumulating grads
@@ -15,6 +16,7 @@ sequence-level aggregation with equal-size micro-batches).
 import functools
 from typing import Any, Callable, NamedTuple
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,8 +66,8 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
 
 
 def _micro_batches(batch, num_micro: int):
-  return jax.tree.map(lambda x: x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:]),
-                      batch)
+  """Every leaf [rows, ...] -> [num_micro, rows / num_micro, ...] (consecutive rows)."""
+  return jax.tree.map(lambda x: einops.rearrange(x, "(n m) ... -> n m ...", n=num_micro), batch)
 
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,

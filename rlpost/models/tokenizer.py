@@ -212,12 +212,12 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any],
 def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
   """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
   if path is None:
-    from rlpost.weights import gguf  # pylint: disable=g-import-not-at-top
+    from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
     path = gguf.default_gguf_path()
   return _load_cached(os.path.realpath(path))
 
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str) -> Tokenizer:
-  from rlpost.weights import gguf_file  # pylint: disable=g-import-not-at-top
+  from rlpost.models.weights import gguf_file  # pylint: disable=g-import-not-at-top
   return tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

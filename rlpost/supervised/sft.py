@@ -16,7 +16,7 @@ with:
                                 the same in every row
 
 Only the gathered hidden states go through the [*, V] output projection
-(`token_logprobs`, chunked, so [B, T, V] logits never exist): with half the
+(`ops.logprobs.token_logprobs`, chunked, so [B, T, V] logits never exist): with half the
 positions masked, the projection, its backward and the embedding gradient cost
 half. m*K is the largest per-micro-batch target count rounded up to a multiple
 of `gather_bucket` (then to a multiple of m), so shapes, and compilations, stay few.
@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost import logprobs as logprobs_lib
-from rlpost import sft_losses
 from rlpost.data import cursor as cursor_lib
 from rlpost.data import packing
-from rlpost.models import gemma3
+from rlpost.models import policy
+from rlpost.ops import masks
+from rlpost.supervised import losses as sft_losses
 
 Batch = dict[str, np.ndarray]
 
@@ -115,66 +115,50 @@ def next_examples(cursor: cursor_lib.Cursor, lengths: Sequence[int], *, rows: in
   return taken, cursor
 
 
-def target_logprobs(params, adapters, micro_batch: Batch, *, config: gemma3.Config,
-                    lora_scale: float = 1.0, chunk: int = 256,
-                    remat: str | None = None, compute_dtype=None) -> jax.Array:
+def target_logprobs(params, adapters, micro_batch: Batch, fwd: policy.ForwardConfig) -> jax.Array:
   """logp [m, T] float32 of `targets` where `target_mask` (0 elsewhere) for m rows.
 
   Runs the decoder on all tokens (segment attention mask, per-segment
-  positions; `remat` and `compute_dtype` as in `gemma3.forward`), then
-  projects only the gathered hidden states onto the vocabulary, `chunk` tokens
-  at a time (matmul inputs in `compute_dtype` too).
+  positions), then projects only the gathered hidden states onto the
+  vocabulary, `fwd.logprob_chunk` tokens at a time.
   """
   mb = micro_batch
-  mask = packing.segment_attention_mask(mb["segment_ids"])
-  hidden, _ = gemma3.forward(params, mb["tokens"], mb["positions"], mask, config=config,
-                             return_hidden=True, adapters=adapters, lora_scale=lora_scale,
-                             remat=remat, compute_dtype=compute_dtype)
+  mask = masks.segment_attention_mask(mb["segment_ids"])
+  hidden = policy.hidden_states(params, adapters, mb["tokens"], mb["positions"], mask, fwd)
   m, t, d = hidden.shape
   index = mb["gather_index"].reshape(-1)
   valid = mb["gather_valid"].reshape(-1)
   embed = params["embed"]
   h_MxD = jnp.take(hidden.reshape(m * t, d), index, axis=0).astype(embed.dtype)
   targets_M = jnp.take(mb["targets"].reshape(-1), index)
-  logp_M = logprobs_lib.token_logprobs(h_MxD[None], embed, targets_M[None], valid[None],
-                                       chunk=chunk, compute_dtype=compute_dtype)[0]
+  logp_M = policy.token_logprobs(h_MxD[None], embed, targets_M[None], valid[None], fwd)[0]
   dense = jnp.zeros((m * t,), jnp.float32).at[index].add(jnp.where(valid, logp_M, 0.0))
   return dense.reshape(m, t)
 
 
-def split_params(trainable, frozen, lora: bool):
-  """(params, adapters): LoRA trains adapters over frozen base params; full trains params."""
-  return (frozen, trainable) if lora else (trainable, None)
+def make_loss_fn(fwd: policy.ForwardConfig):
+  """`loss_fn(trainable, frozen, micro_batch) -> (loss, {})` for `train.step.make_train_step`.
 
-
-def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 chunk: int = 256, remat: str | None = None, compute_dtype=None):
-  """`loss_fn(trainable, frozen, micro_batch) -> (loss, {})` for `train.make_train_step`.
-
-  trainable/frozen: (adapters, base params) with `lora`, else (params, None).
-  chunk: tokens per output-projection chunk; remat, compute_dtype: as in
-  `gemma3.forward` (compute_dtype "bfloat16": mixed-precision matmuls).
-  The loss is this micro-batch's share of the batch's token-mean NLL (module docstring).
+  trainable/frozen: see `policy.policy_params`. The loss is this micro-batch's
+  share of the batch's token-mean NLL (module docstring).
   """
   def loss_fn(trainable, frozen, micro_batch):
-    params, adapters = split_params(trainable, frozen, lora)
-    logp = target_logprobs(params, adapters, micro_batch, config=config,
-                           lora_scale=lora_scale, chunk=chunk, remat=remat,
-                           compute_dtype=compute_dtype)
+    params, adapters = policy.policy_params(trainable, frozen, fwd)
+    logp = target_logprobs(params, adapters, micro_batch, fwd)
     loss, _ = sft_losses.sft_loss(logp, micro_batch["target_mask"],
                                   num_tokens=micro_batch["token_divisor"][0])
     return loss, {}
   return loss_fn
 
 
-def make_eval_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 chunk: int = 256, compute_dtype=None):
+def make_eval_fn(fwd: policy.ForwardConfig):
   """Jitted `eval_fn(trainable, frozen, batch) -> (nll_sum [], tokens [])` for one micro-batch."""
+  fwd = fwd.without_remat()
+
   @jax.jit
   def eval_fn(trainable, frozen, batch):
-    params, adapters = split_params(trainable, frozen, lora)
-    logp = target_logprobs(params, adapters, batch, config=config, lora_scale=lora_scale,
-                           chunk=chunk, compute_dtype=compute_dtype)
+    params, adapters = policy.policy_params(trainable, frozen, fwd)
+    logp = target_logprobs(params, adapters, batch, fwd)
     mask = batch["target_mask"]
     return -jnp.sum(sft_losses.sequence_logprob(logp, mask)), jnp.sum(mask.astype(jnp.float32))
   return eval_fn

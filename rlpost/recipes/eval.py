@@ -1,14 +1,22 @@
-"""GSM8K-style evaluation: greedy answer/format accuracy and pass@k with sampling."""
+"""GSM8K-style evaluation: greedy answer/format accuracy and pass@k with sampling.
+
+`evaluate_run` is what experiments/eval_gsm8k.py runs: the base model and,
+given a GRPO run directory, its newest checkpoint, on the same problems.
+"""
 import dataclasses
 
 import jax
 import numpy as np
 import tqdm
 
-from rlpost import rollout
 from rlpost import sampling
+from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
+from rlpost.models import policy
+from rlpost.recipes import grpo
 from rlpost.rewards import gsm8k as gsm8k_rewards
+from rlpost.rl import batch as batch_lib
+from rlpost.train import checkpoint
 
 
 def _completions(params, model_config, tokenizer, problems, template, examples, sc, key, k):
@@ -16,11 +24,11 @@ def _completions(params, model_config, tokenizer, problems, template, examples, 
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], sc)
   out = jax.device_get(sampling.sample(params, tokens, lengths, key, model_config=model_config,
                                        config=sc, num_samples=k))
-  batch = rollout.rollout_batch(tokens, lengths, out, k)
+  batch = batch_lib.from_samples(tokens, lengths, out, k)
   if template != "plain":
-    batch = rollout.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
+    batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
   prefix = prompts_lib.completion_prefix(template)
-  return [prefix + c for c in rollout.completion_texts(batch, tokenizer)]
+  return [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
 
 
 def accuracy_report(problems, greedy: list[str], samples: list[str], pass_k: int) -> dict:
@@ -75,4 +83,32 @@ def evaluate(params, model_config, tokenizer, problems, *, template: str, exampl
   report = {**accuracy_report(problems, greedy, samples, pass_k), "template": template}
   if pass_k:
     report["sampling_temperature"] = temperature
+  return report
+
+
+def evaluate_run(cfg, workdir: str = "", *, split: str = "test", num_problems: int | None = None,
+                 pass_k: int | None = None) -> dict:
+  """Report {"split", "base": ..., "trained": ...} for a GRPO ConfigDict.
+
+  "trained" (with the checkpoint's iteration) only when `workdir` holds a run.
+  num_problems / pass_k: None takes the config's `eval` block.
+  """
+  p = grpo.build(cfg)
+  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems or cfg.eval.num_problems]
+  pass_k = cfg.eval.pass_k if pass_k is None else pass_k
+  setup = p.setup
+  common = dict(template=setup.template, examples=p.task.examples, sampling_config=setup.sampling,
+                pass_k=pass_k, seed=cfg.seed)
+  base = p.frozen if setup.forward.lora else p.ref_params or p.state.trainable
+  report = {"split": split, "base": evaluate(base, setup.forward.model, p.tokenizer, problems,
+                                             desc="base", **common)}
+  if workdir:
+    restored = checkpoint.restore_latest(checkpoint.manager(workdir), p.state)
+    if restored is None:
+      raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
+    state, meta = restored
+    params = policy.sampling_params(state.trainable, p.frozen, setup.forward)
+    report["trained"] = evaluate(params, setup.forward.model, p.tokenizer, problems,
+                                 desc="trained", **common)
+    report["trained"]["iteration"] = meta["iteration"]
   return report

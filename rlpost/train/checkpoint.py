@@ -9,7 +9,7 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
-from rlpost.train import TrainState
+from rlpost.train.step import TrainState
 
 
 def manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:

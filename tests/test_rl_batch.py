@@ -1,19 +1,19 @@
-"""Rollout batches: stop-string truncation and re-padding prompts of different buckets."""
+"""RLBatch building: stop-string truncation and re-padding prompts of different buckets."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from rlpost import grpo
-from rlpost import rollout
 from rlpost import sampling
-from rlpost import tokenizer as tokenizer_lib
+from rlpost.models import policy
+from rlpost.rl import batch as batch_lib
+from rlpost.rl import objectives
+from rlpost.models import tokenizer as tokenizer_lib
 from conftest import require_gemma3
 from test_gemma3 import CONFIG, _random_params
 
 TOK = tokenizer_lib.byte_tokenizer()
 
 
-def _text_batch(prompt: str, completions: list[str], T: int, tokenizer=TOK) -> dict:
+def _text_batch(prompt: str, completions: list[str], T: int, tokenizer=TOK):
   """A hand-made RL batch: one encoded prompt, then each completion's tokens (right-padded)."""
   p = tokenizer.encode(prompt)
   rows = [tokenizer.encode(c, add_bos=False) for c in completions]
@@ -24,25 +24,25 @@ def _text_batch(prompt: str, completions: list[str], T: int, tokenizer=TOK) -> d
     tokens[i, len(p):len(p) + len(r)] = r
     mask[i, :len(r)] = 1
   valid = np.concatenate([np.ones((len(rows), len(p)), bool), mask > 0], 1)
-  return {"tokens": tokens, "valid": valid, "completion_mask": mask,
-          "positions": np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy(),
-          "sampler_logp": np.zeros_like(mask)}
+  return batch_lib.RLBatch(
+      tokens=tokens, valid=valid, loss_mask=mask, sampler_logp=np.zeros_like(mask),
+      positions=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy())
 
 
 def test_truncate_at_stop_strings_on_hand_made_batch():
   stops = ("</answer>", "\nQuestion:")
   batch = _text_batch("Q", ["<answer>7</answer> and more", "no stop here",
                             "3\nQuestion: next", "</answer>"], T=32)
-  out = rollout.truncate_at_stop_strings(batch, TOK, stops)
-  assert rollout.completion_texts(out, TOK) == ["<answer>7</answer>", "no stop here",
+  out = batch_lib.truncate_at_stop_strings(batch, TOK, stops)
+  assert batch_lib.completion_texts(out, TOK) == ["<answer>7</answer>", "no stop here",
                                                 "3\nQuestion:", "</answer>"]
-  P = batch["tokens"].shape[1] - 32
-  np.testing.assert_array_equal(out["valid"][:, P:], out["completion_mask"] > 0)
-  np.testing.assert_array_equal(out["valid"][:, :P], batch["valid"][:, :P])
-  assert rollout.truncate_at_stop_strings(batch, TOK, ()) is batch
+  P = batch.prompt_len
+  np.testing.assert_array_equal(out.valid[:, P:], out.loss_mask > 0)
+  np.testing.assert_array_equal(out.valid[:, :P], batch.valid[:, :P])
+  assert batch_lib.truncate_at_stop_strings(batch, TOK, ()) is batch
   # A multi-byte stop string: per-token decoding of byte tokens would never see it.
-  out = rollout.truncate_at_stop_strings(_text_batch("Q", ["x = 5 Ω then"], T=16), TOK, ("Ω",))
-  assert rollout.completion_texts(out, TOK) == ["x = 5 Ω"]
+  out = batch_lib.truncate_at_stop_strings(_text_batch("Q", ["x = 5 Ω then"], T=16), TOK, ("Ω",))
+  assert batch_lib.completion_texts(out, TOK) == ["x = 5 Ω"]
 
 
 def test_truncate_at_stop_strings_with_sentencepiece_spaces():
@@ -50,8 +50,8 @@ def test_truncate_at_stop_strings_with_sentencepiece_spaces():
   require_gemma3()
   tok = tokenizer_lib.load_gguf_tokenizer()
   batch = _text_batch("Q", ["so the answer is 7. Then more text"], T=24, tokenizer=tok)
-  out = rollout.truncate_at_stop_strings(batch, tok, (" is 7.",))
-  assert rollout.completion_texts(out, tok) == ["so the answer is 7."]
+  out = batch_lib.truncate_at_stop_strings(batch, tok, (" is 7.",))
+  assert batch_lib.completion_texts(out, tok) == ["so the answer is 7."]
 
 
 def test_concat_batches_re_pads_prompts_of_different_buckets():
@@ -64,16 +64,17 @@ def test_concat_batches_re_pads_prompts_of_different_buckets():
     tokens, lengths = sampling.pad_prompts(prompts, sc)
     out = sampling.sample(params, tokens, lengths, jax.random.key(k), model_config=CONFIG,
                           config=sc, num_samples=2)
-    batches.append(rollout.rollout_batch(tokens, lengths, jax.device_get(out), 2))
-  assert [b["tokens"].shape[1] - 6 for b in batches] == [8, 16]
-  joined = grpo.concat_batches(batches, pad_id=0)
-  assert joined["tokens"].shape == (6, 16 + 6)
-  first = joined["tokens"][:2]
+    batches.append(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
+  assert [b.prompt_len for b in batches] == [8, 16]
+  joined = batch_lib.concatenate(batches, pad_id=0)
+  assert joined.tokens.shape == (6, 16 + 6)
+  first = joined.tokens[:2]
   np.testing.assert_array_equal(first[:, :8], 0)       # the new slots are left padding
-  assert not joined["valid"][:2, :8].any() and (joined["positions"][:2, :8] == 0).all()
-  np.testing.assert_array_equal(first[:, 8:], batches[0]["tokens"])
-  logp = lambda b: np.asarray(rollout.completion_logprobs(
-      params, jax.tree.map(jnp.asarray, b), model_config=CONFIG, temperature=1.0))
+  assert not joined.valid[:2, :8].any() and (joined.positions[:2, :8] == 0).all()
+  np.testing.assert_array_equal(first[:, 8:], batches[0].tokens)
+  fwd = policy.ForwardConfig(CONFIG)
+  logp = lambda b: np.asarray(objectives.completion_logprobs(params, None,
+                                                             batch_lib.to_device(b), fwd))
   np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]),
                              atol=1e-5)
-  np.testing.assert_allclose(logp(joined), joined["sampler_logp"], atol=1e-4)
+  np.testing.assert_allclose(logp(joined), joined.sampler_logp, atol=1e-4)

@@ -6,6 +6,7 @@ Masks are `[batch, seq]` bool or 0/1 over completion tokens; masked positions of
 every `[batch, seq]` output are 0 and never influence valid positions.
 """
 import chex
+import einops
 import jax
 import jax.numpy as jnp
 
@@ -16,7 +17,7 @@ def _groups(rewards_N, group_size):
   if rewards_N.ndim != 1 or group_size < 1 or num % group_size:
     raise ValueError(f'rewards must be [N] with N a multiple of group_size; '
                      f'got shape {rewards_N.shape}, group_size={group_size}')
-  return rewards_N.astype(jnp.float32).reshape(num // group_size, group_size)
+  return einops.rearrange(rewards_N.astype(jnp.float32), '(p g) -> p g', g=group_size)
 
 
 def _all_equal(r_PxG):
@@ -224,3 +225,24 @@ def overlong_penalty(lengths_N, *, max_len, buffer_len, penalty_factor=1.0):
                      f'buffer_len={buffer_len}, max_len={max_len}')
   excess_N = lengths_N.astype(jnp.float32) - (max_len - buffer_len)
   return -penalty_factor * jnp.clip(excess_N / buffer_len, 0.0, 1.0)
+
+
+def batch_whitened(rewards_N, group_size):
+  """REINFORCE++ at sequence level: rewards whitened over the batch, `[N]` f32.
+
+  `group_size` is unused (no group baseline); it keeps the table's signature.
+  """
+  del group_size
+  return reinforce_pp(rewards_N)
+
+
+# Sequence-level estimators, by config name: `fn(rewards_N, group_size) -> [N]`.
+# A new estimator is a function of that signature and one entry here.
+ESTIMATORS = {
+    'grpo': grpo,
+    'drgrpo': drgrpo,
+    'rloo': rloo,
+    'reinforce_pp': batch_whitened,
+}
+# Estimators that compare the samples of a group: they need group_size >= 2.
+GROUP_ESTIMATORS = ('grpo', 'drgrpo', 'rloo')

@@ -8,16 +8,17 @@ sequence logprobs are filled in by `make_reference_fn` outside the train step
 (the reference never needs gradients): the base params with adapters off under
 LoRA, a copy of the initial params for full-parameter DPO.
 """
+import dataclasses
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost import sft
-from rlpost import sft_losses
 from rlpost.data import chat
-from rlpost.models import gemma3
+from rlpost.models import policy
+from rlpost.supervised import losses as sft_losses
+from rlpost.supervised import sft
 
 Pair = tuple[np.ndarray, np.ndarray, np.ndarray]   # prompt, chosen, rejected ids
 
@@ -40,25 +41,20 @@ def make_pair_batch(pairs: Sequence[Pair], *, seq_len: int, pad_id: int,
   return {**halves, "ref_chosen": zeros, "ref_rejected": zeros.copy()}
 
 
-def _sequence_logprobs(params, adapters, half, *, config, lora_scale, chunk, remat=None,
-                       compute_dtype=None):
-  logp = sft.target_logprobs(params, adapters, half, config=config, lora_scale=lora_scale,
-                             chunk=chunk, remat=remat, compute_dtype=compute_dtype)
+def _sequence_logprobs(params, adapters, half, fwd: policy.ForwardConfig):
+  logp = sft.target_logprobs(params, adapters, half, fwd)
   return sft_losses.sequence_logprob(logp, half["target_mask"])
 
 
-def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: int = 256,
-                      compute_dtype=None):
+def make_reference_fn(fwd: policy.ForwardConfig, micro_batch_size: int):
   """Jitted `ref_fn(params, batch) -> batch` with "ref_chosen"/"ref_rejected" [N] filled.
 
   `params` is the reference (no adapters). Runs `micro_batch_size` rows at a time
-  (lax.map), so its memory is that of one forward pass of a micro-batch.
-  `compute_dtype` should be the loss function's, so that the policy's first
-  logprobs equal the reference's.
+  (lax.map), so its memory is that of one forward pass of a micro-batch. `fwd`
+  is the loss function's, so that the policy's first logprobs equal the
+  reference's (its LoRA and remat settings are not used here).
   """
-  def per_micro(params, half):
-    return _sequence_logprobs(params, None, half, config=config, lora_scale=1.0, chunk=chunk,
-                              compute_dtype=compute_dtype)
+  fwd = dataclasses.replace(fwd.without_remat(), lora=None)
 
   @jax.jit
   def ref_fn(params, batch):
@@ -68,26 +64,21 @@ def make_reference_fn(config: gemma3.Config, micro_batch_size: int, *, chunk: in
       rows = half["tokens"].shape[0]
       micro = jax.tree.map(
           lambda x: x.reshape((rows // micro_batch_size, micro_batch_size) + x.shape[1:]), half)
-      logp = jax.lax.map(lambda mb: per_micro(params, mb), micro)
+      logp = jax.lax.map(lambda mb: _sequence_logprobs(params, None, mb, fwd), micro)
       out[f"ref_{name}"] = jax.lax.stop_gradient(logp.reshape(rows))
     return out
   return ref_fn
 
 
-def make_loss_fn(config: gemma3.Config, *, lora: bool, lora_scale: float = 1.0,
-                 beta: float = 0.1, label_smoothing: float = 0.0, chunk: int = 256,
-                 remat: str | None = None, compute_dtype=None):
+def make_loss_fn(fwd: policy.ForwardConfig, *, beta: float = 0.1, label_smoothing: float = 0.0):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)` for `make_train_step`.
 
-  Sigmoid DPO (`sft_losses.dpo_loss`) of the micro-batch's pairs; metrics are
-  chosen/rejected rewards, reward margin and preference accuracy (batch means).
-  chunk / remat / compute_dtype: as in `rlpost.sft.make_loss_fn`.
+  Sigmoid DPO (`supervised.losses.dpo_loss`) of the micro-batch's pairs; metrics
+  are chosen/rejected rewards, reward margin and preference accuracy (batch means).
   """
   def loss_fn(trainable, frozen, micro_batch):
-    params, adapters = sft.split_params(trainable, frozen, lora)
-    seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], config=config,
-                                    lora_scale=lora_scale, chunk=chunk, remat=remat,
-                                    compute_dtype=compute_dtype)
+    params, adapters = policy.policy_params(trainable, frozen, fwd)
+    seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], fwd)
            for name in ("chosen", "rejected")}
     loss, metrics = sft_losses.dpo_loss(
         seq["chosen"], seq["rejected"], micro_batch["ref_chosen"], micro_batch["ref_rejected"],

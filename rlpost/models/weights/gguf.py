@@ -14,8 +14,8 @@ from typing import Any
 import gguf as gguf_lib
 import numpy as np
 
-from rlpost.weights import common
-from rlpost.weights import gguf_file
+from rlpost.models.weights import common
+from rlpost.models.weights import gguf_file
 
 ARCHITECTURE = "gemma3"
 _LAYER_TENSORS = {  # GGUF name inside "blk.N." -> params["layers"] leaf
@@ -134,7 +134,7 @@ def load_gguf(path: str | os.PathLike | None = None,
       float32 and rounded once.
 
   Returns:
-    (params, info): numpy params pytree (layout in `rlpost.weights.common`) and
+    (params, info): numpy params pytree (layout in `rlpost.models.weights.common`) and
     a dict of the `rlpost.models.gemma3.Config` fields read from the metadata.
   """
   gf = gguf_file.read_gguf(default_gguf_path() if path is None else path)

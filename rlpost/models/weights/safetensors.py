@@ -17,7 +17,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from rlpost.weights import common
+from rlpost.models.weights import common
 
 _LAYER_NAMES = {  # params["layers"] leaf -> HF module inside "layers.N."
     "attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",

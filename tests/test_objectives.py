@@ -1,4 +1,4 @@
-"""Tests for rlpost.algorithms: config validation and loss composition."""
+"""Tests for rlpost.rl.objectives: config validation and loss composition."""
 import dataclasses
 
 import jax
@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import advantages as adv_lib
-from rlpost import algorithms
-from rlpost import losses
+from rlpost.rl import advantages as adv_lib
+from rlpost.rl import losses
+from rlpost.rl import objectives as algorithms
 
 GRPO, PPO = algorithms.GRPOConfig, algorithms.PPOConfig
 
@@ -23,17 +23,16 @@ GRPO, PPO = algorithms.GRPOConfig, algorithms.PPOConfig
      'num_generations', 'at least 1'),
     (GRPO, dict(epsilon_c=1.0), 'epsilon_c', '> 1'),
     (GRPO, dict(epsilon_low=1.0), 'epsilon_low', '[0, 1)'),
-    (GRPO, dict(kl_kind='k4'), 'kl_kind', 'low_var_kl'),
-    (GRPO, dict(aggregation='sum'), 'aggregation', 'seq-mean-token-sum-norm'),
-    (GRPO, dict(aggregation='seq-mean-token-sum-norm'), 'max_tokens',
-     'generation budget'),
-    (GRPO, dict(importance='seq'), 'importance', 'token, sequence'),
+    (GRPO, dict(kl_method='k4'), 'kl_method', 'low_var_kl'),
+    (GRPO, dict(loss_agg_mode='sum'), 'loss_agg_mode', 'seq-mean-token-sum-norm'),
+    (GRPO, dict(policy_loss='seq'), 'policy_loss', 'clipped, gspo'),
+    (GRPO, dict(num_iterations=0), 'num_iterations', '>= 1'),
     (GRPO, dict(beta=-0.1), 'beta', '>= 0'),
     (GRPO, dict(tis_cap=0.0), 'tis_cap', 'positive'),
     (PPO, dict(gamma=1.5), 'gamma', '[0, 1]'),
-    (PPO, dict(lam=-0.1), 'lam', '[0, 1]'),
-    (PPO, dict(value_clip=0.0), 'value_clip', 'positive'),
-    (PPO, dict(kl_kind='kl2'), 'kl_kind', 'k3'),
+    (PPO, dict(gae_lambda=-0.1), 'gae_lambda', '[0, 1]'),
+    (PPO, dict(clip_range_value=0.0), 'clip_range_value', 'positive'),
+    (PPO, dict(kl_method='kl2'), 'kl_method', 'k3'),
 ])
 def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
   with pytest.raises(ValueError) as err:
@@ -51,7 +50,7 @@ def test_configs_are_frozen_hashable_static_args():
   hash(PPO())
 
 
-@pytest.mark.parametrize('name', algorithms.ADVANTAGE_ESTIMATORS)
+@pytest.mark.parametrize('name', list(adv_lib.ESTIMATORS))
 def test_grpo_advantages_dispatch(name):
   rewards = jnp.asarray([1.0, 0.0, 0.5, 0.5, 2.0, 1.0, 0.0, 3.0])
   config = GRPO(advantage_estimator=name, num_generations=4)
@@ -77,7 +76,7 @@ def _batch(seed=0, batch=4, seq=5):
 
 def test_grpo_loss_at_ratio_one_matches_numpy():
   mask, old, _, ref, entropy, adv = _batch()
-  config = GRPO(beta=0.1, entropy_coef=0.01, kl_kind='k3')
+  config = GRPO(beta=0.1, entropy_coef=0.01, kl_method='k3')
   loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config,
                                        entropy=entropy)
   d = old.astype(np.float64) - ref
@@ -92,19 +91,19 @@ def test_grpo_loss_at_ratio_one_matches_numpy():
   assert float(metrics['loss']) == float(loss)
 
 
-@pytest.mark.parametrize('importance', ['token', 'sequence'])
-def test_grpo_loss_composes_pieces(importance):
+@pytest.mark.parametrize('policy_loss', list(losses.POLICY_LOSSES))
+def test_grpo_loss_composes_pieces(policy_loss):
   mask, old, logp, ref, entropy, adv = _batch(1)
   sampler = old + 0.05
-  config = GRPO(beta=0.04, kl_kind='k1', importance=importance,
-                aggregation='seq-mean-token-mean', epsilon_high=0.28,
+  config = GRPO(beta=0.04, kl_method='k1', policy_loss=policy_loss,
+                loss_agg_mode='seq-mean-token-mean', epsilon_high=0.28,
                 tis_cap=1.5, entropy_coef=0.001)
   step = jax.jit(algorithms.grpo_loss, static_argnames='config')
   loss, metrics = step(logp, old, ref, adv, mask, config=config,
                        entropy=entropy, sampler_logp=sampler)
   tis = losses.truncated_is_weights(old, sampler, mask, 1.5)
   pg, _ = losses.policy_loss(logp, old, adv, mask, epsilon_high=0.28,
-                             importance=importance, tis_weights=tis,
+                             name=policy_loss, tis_weights=tis,
                              aggregation='seq-mean-token-mean')
   agg = lambda x: losses.aggregate(x, mask, 'seq-mean-token-mean')
   want = pg + 0.04 * agg(logp - ref) - 0.001 * agg(entropy)
@@ -150,7 +149,7 @@ def test_ppo_advantages_and_loss():
   rng = np.random.default_rng(3)
   scores = rng.normal(size=mask.shape[0]).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
-  config = PPO(gamma=0.95, lam=0.9, kl_beta=0.1, entropy_coef=0.01)
+  config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01)
   adv, returns = algorithms.ppo_advantages(scores, values, old, ref, mask,
                                            config)
   want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1,
@@ -159,9 +158,9 @@ def test_ppo_advantages_and_loss():
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
   new_values = values + rng.uniform(-0.3, 0.3, values.shape).astype(np.float32)
   # Non-default clip ranges, checked against NumPy (mutation caught: ppo_loss ignoring
-  # value_clip, epsilon_low or epsilon_high and using the library defaults).
-  config = PPO(gamma=0.95, lam=0.9, kl_beta=0.1, entropy_coef=0.01, epsilon_low=0.1,
-               epsilon_high=0.3, value_clip=0.05, vf_coef=0.5)
+  # clip_range_value, epsilon_low or epsilon_high and using the library defaults).
+  config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01, epsilon_low=0.1,
+               epsilon_high=0.3, clip_range_value=0.05, vf_coef=0.5)
   adv = np.asarray(adv)
   loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
                                       returns, mask, config,

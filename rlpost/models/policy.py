@@ -1,0 +1,95 @@
+"""The policy seen by a trainer: one static forward config, and which weights train.
+
+`ForwardConfig` holds every setting of a training-side forward pass besides the
+weights (architecture, LoRA, matmul dtype, activation remat, logprob chunk,
+sampling temperature): one frozen, hashable value to close over or pass as a
+static argument, instead of five keyword arguments threaded through each call.
+
+Trainable vs frozen: with LoRA the train state holds the adapters and the base
+params are passed alongside, frozen; without LoRA the train state holds the
+params. `policy_params` turns (trainable, frozen) back into (params, adapters).
+"""
+import dataclasses
+
+import jax
+
+from rlpost.models import gemma3
+from rlpost.models import lora as lora_lib
+from rlpost.ops import logprobs as logprobs_lib
+
+REMAT = {"none": None, "dots": "dots", "full": "full"}   # name -> gemma3.forward's policy
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardConfig:
+  """Static settings of the trainer's forward pass.
+
+  model: the architecture.
+  lora: adapter config when LoRA trains (adapters unmerged in the forward), else None.
+  compute_dtype: matmul input dtype of the trainer (float32 accumulation; see
+    `gemma3.forward`); None: the params' dtype.
+  remat: activation policy for the backward pass, one of REMAT.
+  logprob_chunk: tokens per chunk of the [chunk, V] output projection.
+  temperature: logits are divided by it (the sampler's, so that trainer and
+    sampler compute the same logprobs); 1 for SFT / DPO.
+  """
+  model: gemma3.Config
+  lora: lora_lib.LoraConfig | None = None
+  compute_dtype: str | None = None
+  remat: str = "none"
+  logprob_chunk: int = 256
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.compute_dtype is not None and self.compute_dtype not in gemma3.COMPUTE_DTYPES:
+      raise ValueError(f"ForwardConfig.compute_dtype={self.compute_dtype!r}: use one of "
+                       f"{gemma3.COMPUTE_DTYPES}")
+    if self.remat not in REMAT:
+      raise ValueError(f"ForwardConfig.remat={self.remat!r}: use one of {tuple(REMAT)} (none "
+                       "keeps every activation, dots keeps matmul outputs, full keeps layer "
+                       "inputs only)")
+    if self.logprob_chunk < 1:
+      raise ValueError(f"ForwardConfig.logprob_chunk={self.logprob_chunk}: use >= 1 tokens")
+    if not self.temperature > 0:
+      raise ValueError(f"ForwardConfig.temperature={self.temperature}: the trainer needs a "
+                       "temperature > 0 (greedy sampling has no logprobs to train on)")
+
+  @property
+  def lora_scale(self) -> float:
+    return self.lora.scale if self.lora else 1.0
+
+  def without_remat(self) -> "ForwardConfig":
+    """The same forward for calls without gradients (reference / old-policy logprobs)."""
+    return dataclasses.replace(self, remat="none")
+
+
+def policy_params(trainable, frozen, fwd: ForwardConfig):
+  """(params, adapters): LoRA trains adapters over frozen base params; else the params train."""
+  return (frozen, trainable) if fwd.lora else (trainable, None)
+
+
+_merge = jax.jit(lora_lib.merge, static_argnums=2)
+
+
+def sampling_params(trainable, frozen, fwd: ForwardConfig):
+  """Weights the sampler reads: LoRA merged once per rollout (exactly the trained policy)."""
+  params, adapters = policy_params(trainable, frozen, fwd)
+  return params if adapters is None else _merge(params, adapters, fwd.lora)
+
+
+def hidden_states(params, adapters, tokens_BxS, positions_BxS, attn_mask_BxSxS,
+                  fwd: ForwardConfig) -> jax.Array:
+  """Final-normed hidden states [B, S, D] float32 of the policy (no logits)."""
+  hidden_BxSxD, _ = gemma3.forward(
+      params, tokens_BxS, positions_BxS, attn_mask_BxSxS, config=fwd.model, return_hidden=True,
+      adapters=adapters, lora_scale=fwd.lora_scale, remat=REMAT[fwd.remat],
+      compute_dtype=fwd.compute_dtype)
+  return hidden_BxSxD
+
+
+def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, fwd: ForwardConfig,
+                   return_entropy: bool = False):
+  """`ops.logprobs.token_logprobs` with the config's temperature, chunk and matmul dtype."""
+  return logprobs_lib.token_logprobs(
+      hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, temperature=fwd.temperature,
+      chunk=fwd.logprob_chunk, return_entropy=return_entropy, compute_dtype=fwd.compute_dtype)

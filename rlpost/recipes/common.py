@@ -1,0 +1,103 @@
+"""ConfigDict -> static dataclasses, shared by the recipes (the only modules reading ConfigDicts).
+
+A config block whose fields are a dataclass's fields is built with
+`from_block(Dataclass, cfg.block, "block")`: an unknown field lists the valid
+ones, a renamed field names its new place, and a dataclass's own validation
+error names the config field (`block.field`), not the class.
+"""
+import dataclasses
+
+import jax
+
+from rlpost.models import gemma3
+from rlpost.models import loading
+from rlpost.models import lora as lora_lib
+from rlpost.models import policy
+from rlpost.train import step as step_lib
+
+
+def fail(field: str, value, fix: str):
+  raise ValueError(f"config.{field}={value!r}: {fix}")
+
+
+def check_renamed(block, prefix: str, renamed: dict[str, str]) -> None:
+  """Raises ValueError for a field of `block` that `renamed` maps to its new name."""
+  for name in block:
+    if f"{prefix}.{name}" in renamed:
+      raise ValueError(f"config.{prefix}.{name} is no longer a field: use "
+                       f"config.{renamed[f'{prefix}.{name}']}")
+
+
+def from_block(cls, block, prefix: str, renamed: dict[str, str] | None = None, **extra):
+  """`cls(**block, **extra)`, with errors that name `prefix.field` and the fix."""
+  block = dict(block)
+  check_renamed(block, prefix, renamed or {})
+  valid = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
+  unknown = sorted(set(block) - set(valid))
+  if unknown:
+    names = ", ".join(f"config.{prefix}.{name}" for name in unknown)
+    raise ValueError(f"{names}: no such field; valid fields of config.{prefix}: {valid}")
+  return renaming_errors(cls, {n: prefix for n in valid}, **block, **extra)
+
+
+def renaming_errors(cls, where: dict[str, str], **kwargs):
+  """`cls(**kwargs)`; a ValueError `Cls.field=...` is re-raised as `config.<where>.field=...`."""
+  try:
+    return cls(**kwargs)
+  except ValueError as e:
+    message = str(e)
+    for name, prefix in where.items():
+      message = message.replace(f"{cls.__name__}.{name}=", f"config.{prefix}.{name}=")
+    raise ValueError(message) from None
+
+
+def lora_config(cfg) -> lora_lib.LoraConfig | None:
+  """The `lora` block: None when disabled."""
+  if not cfg.lora.enabled:
+    return None
+  targets = tuple(s.strip() for s in cfg.lora.targets.split(",") if s.strip())
+  try:
+    return lora_lib.LoraConfig(rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=targets)
+  except ValueError as e:
+    raise ValueError(f"config.{e}") from None
+
+
+def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
+  """The trainer's forward: model preset, `lora`, `train.{compute_dtype, remat, logprob_chunk}`."""
+  t = cfg.train
+  where = {"compute_dtype": "train", "remat": "train", "logprob_chunk": "train",
+           "temperature": "sampling"}
+  return renaming_errors(policy.ForwardConfig, where, model=model_preset(cfg),
+                         lora=lora_config(cfg), compute_dtype=t.compute_dtype, remat=t.remat,
+                         logprob_chunk=t.logprob_chunk, temperature=temperature)
+
+
+def model_preset(cfg) -> gemma3.Config:
+  try:
+    return gemma3.get_config(cfg.model.preset)
+  except ValueError as e:
+    raise ValueError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
+
+
+def load_model(cfg):
+  """(gemma3.Config, params, tokenizer) of the `model` block."""
+  m = cfg.model
+  return loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
+
+
+def make_optimizer(cfg, total_steps: int):
+  """AdamW of the `train` block, its schedule over `total_steps` optimizer steps."""
+  t = cfg.train
+  if not t.learning_rate > 0:
+    fail("train.learning_rate", t.learning_rate, "must be > 0")
+  return step_lib.make_optimizer(
+      learning_rate=t.learning_rate, total_steps=total_steps, warmup_fraction=t.warmup_fraction,
+      weight_decay=t.weight_decay, b1=t.adam_b1, b2=t.adam_b2,
+      max_grad_norm=t.max_grad_norm or None)
+
+
+def trainable_and_frozen(params, fwd: policy.ForwardConfig, key: jax.Array):
+  """(trainable, frozen): fresh adapters over frozen params with LoRA, else (params, None)."""
+  if fwd.lora:
+    return lora_lib.init_adapters(key, params, fwd.lora), params
+  return params, None

@@ -1,0 +1,148 @@
+"""Supervised fine-tuning from a ConfigDict (experiments/configs/sft.py).
+
+`run(cfg, workdir)`: per step a host batch (numpy) from the resumable data
+cursor, one jitted train step, the metrics record, a held-out evaluation every
+`eval.every` steps (and once before training), through the one run loop
+(`rlpost.train.loop`). `check_config` is shared with the DPO recipe.
+"""
+import functools
+import os
+import time
+
+import jax
+
+from rlpost.data import chat
+from rlpost.data import gsm8k
+from rlpost.models import policy
+from rlpost.recipes import common
+from rlpost.supervised import sft
+from rlpost.train import loop as loop_lib
+from rlpost.train import step as step_lib
+
+SOURCES = ("gsm8k", "jsonl", "synthetic")
+
+
+def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfig:
+  """Raises ValueError naming the first invalid field, its value and the fix.
+
+  Returns the trainer's forward config (temperature 1).
+  """
+  fail, t = common.fail, cfg.train
+  if t.steps < 1:
+    fail("train.steps", t.steps, "must be >= 1")
+  if t.micro_batch_size < 1 or t.batch_size < 1 or t.batch_size % t.micro_batch_size:
+    fail("train.batch_size", t.batch_size, f"must be a positive multiple of "
+         f"train.micro_batch_size={t.micro_batch_size}")
+  if t.batch_size % jax.device_count():
+    fail("train.batch_size", t.batch_size, f"must be divisible by the {jax.device_count()} "
+         "devices")
+  if t.learning_rate <= 0:
+    fail("train.learning_rate", t.learning_rate, "must be > 0")
+  if t.gather_bucket < 1:
+    fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
+  d = cfg.data
+  if d.path and d.source != "jsonl":
+    fail("data.source", d.source, f"data.path={d.path!r} is set: use data.source='jsonl' "
+         "(or clear data.path)")
+  if d.source not in sources:
+    fail("data.source", d.source, f"unknown; valid sources: {sources}")
+  if d.source == "jsonl" and not d.path:
+    fail("data.path", d.path, "data.source='jsonl' needs a JSONL file: "
+         "--config.data.path=FILE.jsonl")
+  for field in ("path", "eval_path"):
+    if d.get(field) and not os.path.isfile(d[field]):
+      fail(f"data.{field}", d[field], "no such file")
+  if d.seq_len < 2:
+    fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
+  if cfg.get("eval") is not None and cfg.eval.every < 0:
+    fail("eval.every", cfg.eval.every, "must be >= 0 (0: never)")
+  if cfg.checkpoint.every < 1:
+    fail("checkpoint.every", cfg.checkpoint.every, "must be >= 1")
+  return common.forward_config(cfg, temperature=1.0)
+
+
+def setup(cfg, fwd: policy.ForwardConfig):
+  """(model config, params, tokenizer, state, frozen): LoRA adapters or all params train."""
+  model_config, params, tokenizer = common.load_model(cfg)
+  trainable, frozen = common.trainable_and_frozen(params, fwd, jax.random.key(cfg.seed + 1))
+  optimizer = common.make_optimizer(cfg, cfg.train.steps)
+  # Replicated on the mesh up front: the step's output state has that sharding, so the
+  # second step reuses the first step's compilation.
+  mesh = step_lib.make_mesh()
+  state = step_lib.replicate(
+      step_lib.init_train_state(trainable, optimizer, jax.random.key(cfg.seed)), mesh)
+  return model_config, params, tokenizer, state, step_lib.replicate(frozen, mesh), optimizer
+
+
+def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor, index):
+  """The loop's step_fn for SFT and DPO: host batch, train step, metrics, due evaluation.
+
+  next_batch(cursor) -> (batch, cursor, host metrics); evaluate(state) -> metrics or None.
+  """
+  started = time.perf_counter()
+  batch, cursor, host = next_batch(cursor)
+  state, metrics = train_step(state, frozen, batch)
+  record = {**jax.device_get(metrics), **host, "step_seconds": time.perf_counter() - started}
+  done, every = index + 1, cfg.eval.every if evaluate else 0
+  if every and (done % every == 0 or done == cfg.train.steps):
+    record.update(evaluate(state))
+  return state, cursor, record
+
+
+def loop_config(cfg, title: str, curves) -> loop_lib.LoopConfig:
+  return loop_lib.LoopConfig(steps=cfg.train.steps, checkpoint_every=cfg.checkpoint.every,
+                             keep=cfg.checkpoint.keep, title=title, curves=tuple(curves),
+                             postfix=("loss",), seed=cfg.seed)
+
+
+def records(cfg) -> tuple[list[dict], list[dict]]:
+  """(train records, held-out eval records) of `data.source` (configs/sft.py)."""
+  d, n_eval = cfg.data, cfg.eval.num_examples
+  if d.source == "gsm8k":
+    train_records = chat.gsm8k_sft_records(gsm8k.load_gsm8k("train", d.data_dir))
+    eval_records = chat.gsm8k_sft_records(gsm8k.load_gsm8k("test", d.data_dir)[:n_eval])
+  else:
+    if d.source == "jsonl":
+      all_records = chat.load_sft_jsonl(d.path)
+    else:
+      all_records = sft.synthetic_records(d.num_synthetic, cfg.seed)
+    if d.eval_path:
+      train_records, eval_records = all_records, chat.load_sft_jsonl(d.eval_path)[:n_eval]
+    else:
+      n_eval = min(n_eval, len(all_records) - 1) if cfg.eval.every else 0
+      cut = len(all_records) - n_eval
+      train_records, eval_records = all_records[:cut], all_records[cut:]
+  if d.num_examples:
+    train_records = train_records[:d.num_examples]
+  return train_records, eval_records
+
+
+def run(cfg, workdir: str, stop_after: int | None = None):
+  """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record)."""
+  fwd = check_config(cfg)
+  _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd)
+  d, t = cfg.data, cfg.train
+  train_records, eval_records = records(cfg)
+  examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in train_records]
+  eval_examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in eval_records]
+  lengths = [len(e[0]) for e in examples]
+  train_step = step_lib.make_train_step(sft.make_loss_fn(fwd), optimizer, step_lib.make_mesh(),
+                                        t.micro_batch_size)
+  batch_args = dict(seq_len=d.seq_len, pad_id=tokenizer.pad_id, gather_bucket=t.gather_bucket)
+
+  def next_batch(cursor):
+    indices, cursor = sft.next_examples(cursor, lengths, rows=t.batch_size, seq_len=d.seq_len,
+                                        pack=d.pack, shuffle=d.shuffle)
+    batch = sft.make_batch([examples[i] for i in indices], micro_batch_size=t.micro_batch_size,
+                           pack=d.pack, num_rows=t.batch_size, **batch_args)
+    return batch, cursor, sft.batch_stats(batch)
+
+  evaluate = None
+  if eval_examples and cfg.eval.every:
+    eval_fn = sft.make_eval_fn(fwd)
+    evaluate = lambda state: sft.evaluate(eval_fn, state.trainable, frozen, eval_examples,
+                                          rows=t.micro_batch_size, **batch_args)
+  step_fn = functools.partial(supervised_step, train_step, frozen, next_batch, evaluate, cfg)
+  loop = loop_config(cfg, "sft", ["loss", "eval_loss", "eval_perplexity", "padding_efficiency"])
+  return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, initial_metrics=evaluate,
+                           stop_after=stop_after)

@@ -1,0 +1,172 @@
+"""The typed RL batch every RL family trains on, and building it from sampler output.
+
+One row per sampled sequence (N rows; GRPO: N = B * G, prompt-major). The
+sequence is S = P + T slots: a left-padded context of P slots, then T slots of
+completion. Every loss, KL, entropy, whitening statistic and denominator uses
+`loss_mask`, never `valid`: tokens that are valid context but must receive no
+gradient (tool outputs, environment text inside a multi-turn completion) are
+`valid` with `loss_mask = 0`.
+
+Optional fields are None until a step fills them (`dataclasses.replace`); the
+train step's compiled program depends on which are set, never on dict keys.
+Host code holds NumPy arrays; `to_device` makes them jax arrays.
+"""
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost import sampling
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RLBatch:
+  """Rows of sampled sequences and what the losses need about them.
+
+  tokens         [N, S] int32    left-padded context, then the completion slots
+  positions      [N, S] int32    per-row RoPE positions (padding slots: 0)
+  valid          [N, S] bool     real tokens: attention may read them
+  loss_mask      [N, T] float32  1 on completion tokens that receive gradient
+  sampler_logp   [N, T] float32  logprobs the sampler reported (0 off loss_mask)
+  advantages     [N] or [N, T] float32   sequence- or token-level advantages
+  old_logp       [N, T] float32  logprobs of the policy that sampled (num_iterations > 1)
+  ref_logp       [N, T] float32  reference-policy logprobs (KL term)
+  values         [N, T] float32  critic values at sampling time (PPO)
+  returns        [N, T] float32  value targets (PPO)
+  token_rewards  [N, T] float32  per-token rewards before advantage estimation
+  turn_ids       [N, T] int32    which turn of a multi-turn episode a slot belongs to
+  policy_version [N] int32       optimizer step of the weights that sampled the row
+  """
+  tokens: jax.Array | np.ndarray
+  positions: jax.Array | np.ndarray
+  valid: jax.Array | np.ndarray
+  loss_mask: jax.Array | np.ndarray
+  sampler_logp: jax.Array | np.ndarray
+  advantages: jax.Array | np.ndarray | None = None
+  old_logp: jax.Array | np.ndarray | None = None
+  ref_logp: jax.Array | np.ndarray | None = None
+  values: jax.Array | np.ndarray | None = None
+  returns: jax.Array | np.ndarray | None = None
+  token_rewards: jax.Array | np.ndarray | None = None
+  turn_ids: jax.Array | np.ndarray | None = None
+  policy_version: jax.Array | np.ndarray | None = None
+
+  @property
+  def completion_len(self) -> int:
+    """T: completion slots (the width of `loss_mask`)."""
+    return self.loss_mask.shape[1]
+
+  @property
+  def prompt_len(self) -> int:
+    """P: context slots before the completion."""
+    return self.tokens.shape[1] - self.loss_mask.shape[1]
+
+  def check_shapes(self) -> None:
+    """Asserts the documented shapes (call at module boundaries; free under jit)."""
+    n, s = self.tokens.shape
+    t = self.completion_len
+    chex.assert_shape([self.positions, self.valid], (n, s))
+    chex.assert_shape([self.loss_mask, self.sampler_logp], (n, t))
+    for name in ("old_logp", "ref_logp", "values", "returns", "token_rewards", "turn_ids"):
+      if getattr(self, name) is not None:
+        chex.assert_shape(getattr(self, name), (n, t))
+    if self.advantages is not None:
+      chex.assert_shape(self.advantages, (n,) if self.advantages.ndim == 1 else (n, t))
+    if self.policy_version is not None:
+      chex.assert_shape(self.policy_version, (n,))
+
+
+def to_device(batch: RLBatch) -> RLBatch:
+  return jax.tree.map(jnp.asarray, batch)
+
+
+def select_rows(batch: RLBatch, rows) -> RLBatch:
+  """The rows `rows` (a slice or index array) of every set field."""
+  return jax.tree.map(lambda x: x[rows], batch)
+
+
+def from_samples(tokens_BxP, lengths_B, out: sampling.SampleOutput,
+                 num_samples: int) -> RLBatch:
+  """Joins left-padded prompts (repeated per sample) and the sampled completions.
+
+  Every generated token (the stop token included) is valid and in the loss mask.
+  """
+  prompts_NxP = np.repeat(np.asarray(tokens_BxP), num_samples, axis=0)
+  lengths_N = np.repeat(np.asarray(lengths_B), num_samples)
+  _, P = prompts_NxP.shape
+  T = out.tokens.shape[1]
+  mask_NxT = np.asarray(out.mask)
+  prompt_valid = np.arange(P)[None, :] >= (P - lengths_N)[:, None]
+  prompt_pos = np.maximum(np.arange(P)[None, :] - (P - lengths_N)[:, None], 0)
+  completion_pos = lengths_N[:, None] + np.arange(T)[None, :]
+  return RLBatch(
+      tokens=np.concatenate([prompts_NxP, np.asarray(out.tokens)], 1).astype(np.int32),
+      positions=np.concatenate([prompt_pos, completion_pos], 1).astype(np.int32),
+      valid=np.concatenate([prompt_valid, mask_NxT], 1),
+      loss_mask=mask_NxT.astype(np.float32),
+      sampler_logp=np.asarray(out.logprobs, np.float32))
+
+
+def _left_pad(batch: RLBatch, prompt_len: int, pad_id: int) -> RLBatch:
+  """Re-pads the context part on the left to `prompt_len` slots."""
+  extra = prompt_len - batch.prompt_len
+  if extra == 0:
+    return batch
+  pad = lambda x, v: np.pad(x, ((0, 0), (extra, 0)), constant_values=v)
+  return dataclasses.replace(batch, tokens=pad(batch.tokens, pad_id),
+                             positions=pad(batch.positions, 0), valid=pad(batch.valid, False))
+
+
+def concatenate(batches: list[RLBatch], pad_id: int) -> RLBatch:
+  """Row-concatenates batches whose context lengths may differ (left re-padding)."""
+  prompt_len = max(b.prompt_len for b in batches)
+  batches = [_left_pad(b, prompt_len, pad_id) for b in batches]
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
+
+
+def _stop_length(tokens: list[int], tokenizer, stop_strings) -> int | None:
+  """Fewest leading tokens whose decoded text contains a stop string (None: never).
+
+  Decodes whole prefixes (decoding token by token would split multi-byte
+  characters and drop SentencePiece's word-initial spaces); containment only
+  grows with the prefix, so a binary search needs O(log n) decodes.
+  """
+  hit = lambda n: any(s in tokenizer.decode(tokens[:n]) for s in stop_strings)
+  if not tokens or not hit(len(tokens)):
+    return None
+  lo, hi = 1, len(tokens)         # hit(hi) holds; find the smallest such n
+  while lo < hi:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if hit(mid) else (mid + 1, hi)
+  return lo
+
+
+def truncate_at_stop_strings(batch: RLBatch, tokenizer, stop_strings) -> RLBatch:
+  """Ends each completion at the token that completes any of `stop_strings` (host side).
+
+  The sampler stops on token ids only; multi-token stops (e.g. a few-shot
+  prompt's "</answer>") are applied here by shrinking `loss_mask` and `valid`,
+  exactly as if generation had stopped there.
+  """
+  if not stop_strings:
+    return batch
+  mask = batch.loss_mask.copy()
+  P = batch.prompt_len
+  for row in range(mask.shape[0]):
+    n = int(mask[row].sum())
+    end = _stop_length([int(t) for t in batch.tokens[row, P:P + n]], tokenizer, stop_strings)
+    if end is not None:
+      mask[row, end:] = 0
+  valid = batch.valid.copy()
+  valid[:, P:] = mask > 0
+  return dataclasses.replace(batch, loss_mask=mask, valid=valid)
+
+
+def completion_texts(batch: RLBatch, tokenizer) -> list[str]:
+  """Decoded completion slots (valid tokens only: sampled text and any tool outputs)."""
+  P = batch.prompt_len
+  return [tokenizer.decode([int(t) for t, ok in zip(row, ok_row) if ok])
+          for row, ok_row in zip(batch.tokens[:, P:], batch.valid[:, P:])]

@@ -1,0 +1,153 @@
+"""The one run loop every experiment uses, and the files of a run in `--workdir`.
+
+  start -> resume -> for step: step_fn -> log -> checkpoint -> progress -> finish/curves
+
+A step function has one contract:
+
+  step_fn(state: TrainState, cursor: Cursor, index: int) -> (state, cursor, metrics)
+
+`index` counts steps from 0 across resumes; `cursor` is the data position
+(checkpointed with the state, so a resumed run reads the same data next).
+
+  workdir/config.json     the resolved ConfigDict
+  workdir/metrics.jsonl   one record per step ({"step": ..., metric: value, ...})
+  workdir/tb/             TensorBoard events (when tensorboardX is installed)
+  workdir/checkpoints/    orbax checkpoints (TrainState + JSON meta: step, cursor)
+  workdir/curves.png      the main curves, written at the end
+
+Resuming is automatic: the newest finished checkpoint is restored and metric
+records written after it are dropped, so a killed run continues exactly where
+its last checkpoint left it.
+"""
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Callable, NamedTuple
+
+import tqdm
+
+from rlpost.data.cursor import Cursor
+from rlpost.train import checkpoint
+from rlpost.train import metrics as metrics_lib
+from rlpost.train.step import TrainState
+
+StepFn = Callable[[TrainState, Cursor, int], tuple[TrainState, Cursor, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """What the loop needs besides the step function.
+
+  steps: total steps of the run (resumes continue towards it).
+  checkpoint_every: save every this many steps (and after the last one of a call).
+  keep: newest checkpoints kept.
+  title: progress-bar and curves title.
+  curves: metric names plotted in curves.png.
+  postfix: metric names shown on the progress bar.
+  seed: seeds the fresh data cursor.
+  """
+  steps: int
+  checkpoint_every: int
+  keep: int = 3
+  title: str = "train"
+  curves: tuple[str, ...] = ("loss",)
+  postfix: tuple[str, ...] = ("loss",)
+  seed: int = 0
+
+
+class Run(NamedTuple):
+  workdir: str
+  metrics_path: str
+  checkpoints: Any          # orbax CheckpointManager
+  tensorboard: Any          # tensorboardX SummaryWriter or None
+
+
+def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3):
+  """Opens the run and resumes it. Returns (Run, state, meta, resumed: bool)."""
+  if not workdir:
+    raise ValueError("--workdir is required (checkpoints and metrics are written there)")
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
+            else json.dumps(config, indent=2))
+  run = Run(workdir, os.path.join(workdir, "metrics.jsonl"),
+            checkpoint.manager(workdir, max_to_keep=keep),
+            metrics_lib.tensorboard_writer(workdir))
+  restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
+  if restored is None:
+    metrics_lib.truncate_jsonl(run.metrics_path, -1)
+    return run, fresh_state, fresh_meta, False
+  state, meta = restored
+  metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]))
+  return run, state, meta, True
+
+
+def log(run: Run, iteration: int, record: dict) -> dict:
+  """Writes one step's metrics (arrays become floats) to JSONL and TensorBoard."""
+  record = {"step": iteration, **metrics_lib.to_python(record)}
+  metrics_lib.append_jsonl(run.metrics_path, record)
+  metrics_lib.write_tensorboard(run.tensorboard, iteration, record)
+  return record
+
+
+def save(run: Run, state: TrainState, meta: dict) -> None:
+  """Checkpoints state + meta (meta["iteration"] = completed steps)."""
+  checkpoint.save(run.checkpoints, int(meta["iteration"]), state, meta)
+
+
+def finish(run: Run, keys, title: str) -> str | None:
+  """Writes workdir/curves.png with one panel per metric in `keys`; closes writers."""
+  if run.tensorboard is not None:
+    run.tensorboard.close()
+  run.checkpoints.close()
+  return metrics_lib.plot_curves(run.metrics_path, list(keys),
+                                 os.path.join(run.workdir, "curves.png"), title)
+
+
+def _postfix(record: dict, keys) -> dict[str, str]:
+  """Progress-bar fields; a value that is not a finite number is shown as it is."""
+  shown = {}
+  for key in keys:
+    value = record.get(key)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+      shown[key] = f"{value:.4g}"
+    elif value is not None:
+      shown[key] = str(value)
+  return shown
+
+
+def run_loop(workdir: str, config, state: TrainState, step_fn: StepFn, loop: LoopConfig, *,
+             initial_metrics: Callable[[TrainState], dict] | None = None,
+             stop_after: int | None = None) -> tuple[TrainState, dict]:
+  """Runs (or resumes) the steps of one experiment; returns (final state, last record).
+
+  Args:
+    workdir: the run directory (module docstring).
+    config: the experiment's ConfigDict (written to config.json).
+    state: the fresh TrainState (restored over when a checkpoint exists).
+    step_fn: the step contract in the module docstring.
+    loop: steps, checkpointing, progress and curves settings.
+    initial_metrics: metrics of the fresh state, logged as step 0 (e.g. a
+      held-out evaluation before training); not called when resuming.
+    stop_after: leave after this many steps of this call (tests of resumption).
+  """
+  fresh_meta = {"iteration": 0, "cursor": Cursor(loop.seed)._asdict()}
+  run, state, meta, resumed = start(workdir, config, state, fresh_meta, keep=loop.keep)
+  first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
+  last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
+  if not resumed and initial_metrics is not None:
+    log(run, 0, initial_metrics(state))
+  record = {}
+  with tqdm.tqdm(total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True) as bar:
+    for index in range(first, last):
+      state, cursor, metrics = step_fn(state, cursor, index)
+      done = index + 1
+      record = log(run, done, metrics)
+      if done % loop.checkpoint_every == 0 or done == last:
+        save(run, state, {"iteration": done, "cursor": cursor._asdict()})
+      bar.update(1)
+      bar.set_postfix(_postfix(record, loop.postfix))
+  png = finish(run, loop.curves, loop.title)
+  print(f"metrics: {run.metrics_path}  curves: {png}")
+  return state, record
