@@ -110,8 +110,8 @@ def test_ratio_one_is_plain_policy_gradient(seed, mode, name, seq_adv):
   # Plain REINFORCE: d/dlogp aggregate(-A * logp) = -A * d aggregate / d x.
   np.testing.assert_allclose(grad, -adv_bt * _np_agg_weights(
       mask, mode, MAX_TOKENS), atol=1e-6)
-  assert float(metrics['clip_frac_high']) == 0.0
-  assert float(metrics['clip_frac_low']) == 0.0
+  assert float(metrics.get('clip_frac_high', 0.0)) == 0.0
+  assert float(metrics.get('clip_frac_low', 0.0)) == 0.0
   np.testing.assert_allclose(metrics['ratio_mean'], 1.0 if mask.any() else 0.0)
 
 
@@ -150,6 +150,34 @@ def test_clipped_tokens_have_zero_gradient(seed, mode, eps, epsilon_c):
   np.testing.assert_allclose(metrics['approx_kl'],
                              ((ratio - 1 - log_r) * mask).sum() / count,
                              rtol=1e-4, atol=1e-7)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), mode=st.sampled_from(MODES),
+       epsilon_high=st.sampled_from([0.2, 0.28, 5.0]))
+def test_cispo_gradient_is_truncated_weight_times_policy_gradient(seed, mode, epsilon_high):
+  """CISPO: d loss / d logp = -min(r, 1 + epsilon_high) * A * d aggregate / d x, on every
+  valid token: where the clipped surrogate's gradient is 0, CISPO's is not."""
+  _, logp, old_logp, mask, _, adv = _inputs(seed, log_ratio_scale=1.5)
+  kwargs = dict(name='cispo', epsilon_high=epsilon_high, aggregation=mode,
+                max_tokens=MAX_TOKENS)
+  loss, metrics = _policy_loss(logp, old_logp, adv, mask, **kwargs)
+  grad = np.asarray(_policy_grad_jit(logp, old_logp, adv, mask, **kwargs))
+  ratio = np.exp(logp.astype(np.float64) - old_logp)
+  weight = np.minimum(ratio, 1 + epsilon_high)
+  weights = _np_agg_weights(mask, mode, MAX_TOKENS)
+  np.testing.assert_allclose(grad, -weight * adv * weights, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(loss, _np_aggregate(-weight * adv, mask, mode, MAX_TOKENS),
+                             rtol=1e-5, atol=1e-6)
+  count = max(mask.sum(), 1)
+  truncated = (ratio > 1 + epsilon_high) & mask
+  np.testing.assert_allclose(metrics['clip_frac_high'], truncated.sum() / count)
+  # The clipped surrogate drops these tokens' gradient; CISPO keeps it.
+  clipped = np.asarray(_policy_grad_jit(logp, old_logp, adv, mask, name='clipped',
+                                        epsilon_high=epsilon_high, aggregation=mode,
+                                        max_tokens=MAX_TOKENS))
+  kept = truncated & (adv > 0) & (weights > 0)
+  assert np.all(clipped[kept] == 0.0) and np.all(grad[kept] != 0.0)
 
 
 @SETTINGS

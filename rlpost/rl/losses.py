@@ -229,11 +229,34 @@ def gspo_surrogate(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low,
   return loss_BxT, metrics
 
 
+def cispo(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_high,
+          epsilon_c):
+  """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS weight, not the update.
+
+  Per token the weight `w = sg(min(r, 1 + epsilon_high))` multiplies the
+  policy gradient: the gradient is `-w * A * grad logp` for EVERY token, so
+  tokens far off-policy still learn (the clipped surrogate drops their
+  gradient). The value is `-w * A` (written as `-w * A * exp(logp - sg(logp))`),
+  the surrogate's value at the current point. No lower bound (the paper sets
+  epsilon_low^IS large); `epsilon_low` and `epsilon_c` are unused.
+  """
+  del epsilon_low, epsilon_c
+  ratio_BxT = jax.lax.stop_gradient(
+      importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, 'token'))
+  weight_BxT = jnp.minimum(ratio_BxT, 1.0 + epsilon_high)
+  logp_BxT = _clean(logp_BxT, mask_BxT)
+  unit_BxT = jnp.exp(logp_BxT - jax.lax.stop_gradient(logp_BxT))   # value 1, gradient dlogp
+  loss_BxT = -weight_BxT * adv_BxT * unit_BxT
+  truncated_BxT = (ratio_BxT > 1.0 + epsilon_high) & (mask_BxT > 0)
+  return loss_BxT, {'clip_frac_high': _valid_mean(truncated_BxT, mask_BxT)}
+
+
 # Policy losses by config name (signature in the module docstring). Inputs
 # arrive cleaned: old_logp and advantages are stop-gradient, masked entries 0.
 POLICY_LOSSES = {
     'clipped': clipped_surrogate,
     'gspo': gspo_surrogate,
+    'cispo': cispo,
 }
 
 
