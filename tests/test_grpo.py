@@ -38,9 +38,12 @@ def _metrics(workdir):
             for line in f]
 
 
-@pytest.mark.parametrize("algo", ["grpo", "drgrpo", "dapo", "gspo"])
-def test_tiny_grpo_variants_learn(algo, tmp_path):
-  cfg = _config(f"tiny,{algo}", **{"train.steps": 22, "checkpoint.every": 100})
+@pytest.mark.parametrize("algo,overrides", [
+    ("grpo", {}), ("drgrpo", {}), ("dapo", {}), ("gspo", {}),
+    ("grpo", {"algo.policy_loss": "cispo"}),
+])
+def test_tiny_grpo_variants_learn(algo, overrides, tmp_path):
+  cfg = _config(f"tiny,{algo}", **{"train.steps": 22, "checkpoint.every": 100, **overrides})
   grpo.run(cfg, str(tmp_path))
   rewards = [r["reward/mean"] for r in _metrics(tmp_path)]
   start, end = np.mean(rewards[:3]), np.mean(rewards[-4:])
