@@ -4,14 +4,16 @@ r"""Direct preference optimisation (sigmoid DPO against a frozen reference).
       --config.data.path=prefs.jsonl --workdir=/tmp/dpo_run
   python -m experiments.dpo --config=experiments/configs/dpo.py:tiny --workdir=/tmp/dpo_tiny
 """
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from rlpost.recipes import dpo
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/dpo.py:tiny",
-                                          "DPO config (path.py:variant).")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/configs/dpo.py:tiny", "DPO config (path.py:variant)."
+)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics; resumes from it.")
 
 

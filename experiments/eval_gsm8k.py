@@ -6,6 +6,7 @@ r"""GSM8K test accuracy of the base model and of a trained checkpoint (before/af
 
 Writes a JSON report (default: WORKDIR/eval_gsm8k.json) and prints it.
 """
+
 import json
 import os
 
@@ -35,10 +36,12 @@ def _config():
 
 def main(argv):
   del argv
-  report = eval_recipe.evaluate_run(_config(), _WORKDIR.value, split=_SPLIT.value,
-                                    num_problems=_NUM.value, pass_k=_PASS_K.value)
-  path = _OUTPUT.value or (os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value
-                           else "")
+  report = eval_recipe.evaluate_run(
+    _config(), _WORKDIR.value, split=_SPLIT.value, num_problems=_NUM.value, pass_k=_PASS_K.value
+  )
+  path = _OUTPUT.value or (
+    os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value else ""
+  )
   text = json.dumps(report, indent=1)
   print(text)
   if path:

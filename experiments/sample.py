@@ -3,6 +3,7 @@ r"""Samples completions for prompts given by flags, the config, or a file.
   python -m experiments.sample --config=experiments/configs/sample.py:gemma3_270m \
       --prompt="The capital of France is" --config.sampling.temperature=0.7
 """
+
 import json
 import time
 
@@ -15,10 +16,12 @@ from rlpost import sampling
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import loading
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sample.py:tiny",
-                                          "Sampling config (path.py:variant).")
-_PROMPT = flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for several. "
-                                    "Overrides config.prompts and config.prompt_file.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/configs/sample.py:tiny", "Sampling config (path.py:variant)."
+)
+_PROMPT = flags.DEFINE_multi_string(
+  "prompt", [], "Prompt text; repeat for several. Overrides config.prompts and config.prompt_file."
+)
 _OUTPUT = flags.DEFINE_string("output", "", "Optional JSONL file for the completions.")
 
 
@@ -27,8 +30,14 @@ def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
   s = cfg.sampling
   stops = (tokenizer.eos_id, tokenizer.end_of_turn_id) if s.stop_at_eos else ()
   return sampling.SamplingConfig(
-      temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p, stop_ids=stops,
-      max_new_tokens=s.max_new_tokens, pad_id=tokenizer.pad_id, prompt_bucket=s.prompt_bucket)
+    temperature=s.temperature,
+    top_k=s.top_k or None,
+    top_p=s.top_p,
+    stop_ids=stops,
+    max_new_tokens=s.max_new_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=s.prompt_bucket,
+  )
 
 
 def read_prompts(cfg) -> list[str]:
@@ -44,8 +53,9 @@ def main(argv):
   del argv
   cfg = _CONFIG.value
   m = cfg.model
-  model_config, params, tokenizer = loading.load_model(m.preset, m.weights, m.path, m.dtype,
-                                                       cfg.seed)
+  model_config, params, tokenizer = loading.load_model(
+    m.preset, m.weights, m.path, m.dtype, cfg.seed
+  )
   sc = sampling_config(cfg, tokenizer)
   texts = read_prompts(cfg)
   if not texts:
@@ -56,17 +66,30 @@ def main(argv):
     texts_in = texts
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts_in], sc)
   start = time.perf_counter()
-  out = sampling.sample(params, tokens, lengths, jax.random.key(cfg.seed),
-                        model_config=model_config, config=sc, num_samples=cfg.num_samples)
+  out = sampling.sample(
+    params,
+    tokens,
+    lengths,
+    jax.random.key(cfg.seed),
+    model_config=model_config,
+    config=sc,
+    num_samples=cfg.num_samples,
+  )
   out = jax.device_get(out)
   seconds = time.perf_counter() - start
   records = []
   for row in range(out.tokens.shape[0]):
-    ids = out.tokens[row, :out.lengths[row]].tolist()
+    ids = out.tokens[row, : out.lengths[row]].tolist()
     prompt = texts[row // cfg.num_samples]
-    records.append({"prompt": prompt, "sample": row % cfg.num_samples,
-                    "completion": tokenizer.decode(ids), "tokens": ids,
-                    "logprob": float(out.logprobs[row].sum())})
+    records.append(
+      {
+        "prompt": prompt,
+        "sample": row % cfg.num_samples,
+        "completion": tokenizer.decode(ids),
+        "tokens": ids,
+        "logprob": float(out.logprobs[row].sum()),
+      }
+    )
     print(f"--- [{row}] {prompt!r}\n{records[-1]['completion']}")
   print(f"({int(out.lengths.sum())} tokens in {seconds:.1f} s, compile included)")
   if _OUTPUT.value:

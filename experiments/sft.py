@@ -4,14 +4,16 @@ r"""Supervised fine-tuning (loss on assistant tokens only).
       --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/sft_run
   python -m experiments.sft --config=experiments/configs/sft.py:tiny --workdir=/tmp/sft_tiny
 """
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from rlpost.recipes import sft
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sft.py:tiny",
-                                          "SFT config (path.py:variant).")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "experiments/configs/sft.py:tiny", "SFT config (path.py:variant)."
+)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics; resumes from it.")
 
 

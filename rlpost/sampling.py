@@ -14,6 +14,7 @@ top_p=1) that is exactly `log_softmax(logits / temperature)[token]`, the
 quantity the trainer recomputes. Greedy decoding (temperature 0) reports the
 log-probability under the untempered full softmax.
 """
+
 import dataclasses
 import functools
 
@@ -39,6 +40,7 @@ class SamplingConfig:
   pad_id: written after a row stops.
   prompt_bucket: prompt lengths are padded up to a multiple of this.
   """
+
   temperature: float = 1.0
   top_k: int | None = None
   top_p: float = 1.0
@@ -50,11 +52,13 @@ class SamplingConfig:
 
   def __post_init__(self):
     if not self.temperature >= 0:
-      raise ValueError(f"SamplingConfig.temperature={self.temperature} must be >= 0 "
-                       "(0 means greedy)")
+      raise ValueError(
+        f"SamplingConfig.temperature={self.temperature} must be >= 0 (0 means greedy)"
+      )
     if not 0 < self.top_p <= 1:
-      raise ValueError(f"SamplingConfig.top_p={self.top_p} must be in (0, 1]; "
-                       "use 1.0 to disable nucleus sampling")
+      raise ValueError(
+        f"SamplingConfig.top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling"
+      )
     if self.top_k is not None and self.top_k < 1:
       raise ValueError(f"SamplingConfig.top_k={self.top_k} must be >= 1 or None")
     if self.max_new_tokens < 1:
@@ -73,6 +77,7 @@ class SampleOutput:
   mask is True on generated tokens (the stop token included); tokens after a
   stop are `pad_id` and their logprobs 0.
   """
+
   tokens: jax.Array
   logprobs: jax.Array
   mask: jax.Array
@@ -99,10 +104,11 @@ def _categorical(key: jax.Array, logits_VxB: jax.Array):
   from the same pass over the vocabulary.
   """
   V, B = logits_VxB.shape
-  size = max(1, int(round(V ** 0.5)))
+  size = max(1, int(round(V**0.5)))
   nblocks = -(-V // size)
-  logits = jnp.pad(logits_VxB.astype(jnp.float32), ((0, nblocks * size - V), (0, 0)),
-                   constant_values=_NEG_INF)
+  logits = jnp.pad(
+    logits_VxB.astype(jnp.float32), ((0, nblocks * size - V), (0, 0)), constant_values=_NEG_INF
+  )
   top = jnp.max(logits, axis=0, keepdims=True)
   probs = jnp.exp(logits - top).reshape(nblocks, size, B)
   block_mass = probs.sum(1)
@@ -142,7 +148,7 @@ def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig)
     token, lse = _categorical(key, scaled)
     return token, _take(scaled, token) - lse
   k = config.top_k if config.top_k is not None else config.nucleus_candidates
-  vals, idx = jax.lax.top_k(scaled.T, min(k, scaled.shape[0]))   # [B, k], descending
+  vals, idx = jax.lax.top_k(scaled.T, min(k, scaled.shape[0]))  # [B, k], descending
   vals, idx = vals.T, idx.T
   if config.top_p < 1:
     probs = jnp.exp(vals - jax.nn.logsumexp(scaled, axis=0, keepdims=True))
@@ -167,8 +173,9 @@ def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache
   causal = jnp.arange(cache_size)[None, :] <= jnp.arange(P)[:, None]
   mask = causal[None] & key_valid[:, None, :]
   cache = gemma3.init_cache(model_config, B, cache_size, params["embed"].dtype)
-  hidden, cache = gemma3.forward(params, tokens_BxP, positions, mask, cache,
-                                 config=model_config, return_hidden=True)
+  hidden, cache = gemma3.forward(
+    params, tokens_BxP, positions, mask, cache, config=model_config, return_hidden=True
+  )
   return gemma3.vocab_major_logits(params, hidden[:, -1]), cache
 
 
@@ -184,11 +191,20 @@ def _repeat_rows(tree, n: int):
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "num_samples"),
-                   donate_argnames=())
-def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
-           model_config: gemma3.Config, config: SamplingConfig,
-           num_samples: int = 1) -> SampleOutput:
+@functools.partial(
+  jax.jit, static_argnames=("model_config", "config", "num_samples"), donate_argnames=()
+)
+def sample(
+  params,
+  tokens_BxP,
+  lengths_B,
+  key,
+  max_new_tokens=None,
+  *,
+  model_config: gemma3.Config,
+  config: SamplingConfig,
+  num_samples: int = 1,
+) -> SampleOutput:
   """Samples `num_samples` completions per left-padded prompt.
 
   Args:
@@ -206,11 +222,12 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
   """
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
-  params = gemma3.unstack_layers(params)   # sliced once, not at every decode step
+  params = gemma3.unstack_layers(params)  # sliced once, not at every decode step
   limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
   limit = jnp.clip(limit, 0, N)
-  logits, cache = prefill(params, tokens_BxP, lengths_B, model_config=model_config,
-                          cache_size=P + N)
+  logits, cache = prefill(
+    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
+  )
   logits = jnp.repeat(logits, num_samples, axis=1)
   cache = _repeat_rows(cache, num_samples)
   lengths = jnp.repeat(lengths_B, num_samples)
@@ -237,20 +254,36 @@ def sample(params, tokens_BxP, lengths_B, key, max_new_tokens=None, *,
     t, done, logits, cache, tokens, logprobs = carry
     token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
     mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= P + t))[:, None, :]
-    hidden, cache = gemma3.forward(params, token[:, None], (lengths + t)[:, None], mask,
-                                   cache, config=model_config, return_hidden=True)
+    hidden, cache = gemma3.forward(
+      params,
+      token[:, None],
+      (lengths + t)[:, None],
+      mask,
+      cache,
+      config=model_config,
+      return_hidden=True,
+    )
     logits = gemma3.vocab_major_logits(params, hidden[:, 0])
     return t + 1, done, logits, cache, tokens, logprobs
 
-  carry = (jnp.zeros((), jnp.int32), jnp.zeros((rows,), bool), logits, cache,
-           jnp.full((rows, N), config.pad_id, jnp.int32), jnp.zeros((rows, N), jnp.float32))
+  carry = (
+    jnp.zeros((), jnp.int32),
+    jnp.zeros((rows,), bool),
+    logits,
+    cache,
+    jnp.full((rows, N), config.pad_id, jnp.int32),
+    jnp.zeros((rows, N), jnp.float32),
+  )
   t_last, done, logits, _, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
   _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
   t_end = t_last + 1
   mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
-  return SampleOutput(tokens=jnp.where(mask, tokens, config.pad_id),
-                      logprobs=jnp.where(mask, logprobs, 0.0), mask=mask,
-                      lengths=mask.sum(-1).astype(jnp.int32))
+  return SampleOutput(
+    tokens=jnp.where(mask, tokens, config.pad_id),
+    logprobs=jnp.where(mask, logprobs, 0.0),
+    mask=mask,
+    lengths=mask.sum(-1).astype(jnp.int32),
+  )
 
 
 def _generated_mask(tokens_BxN, stop_ids, steps):

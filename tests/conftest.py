@@ -1,4 +1,5 @@
 """Shared test set-up: strict numerics, paths to ../shared, and skip rules."""
+
 import importlib
 import os
 import pathlib
@@ -33,8 +34,10 @@ def skip_or_fail(reason: str):
 def require_shared(path: pathlib.Path) -> pathlib.Path:
   """Skips (or fails, see REQUIRE_SHARED) the calling test when `path` under ../shared is absent."""
   if not path.exists():
-    skip_or_fail(f"{path} not found: reference data lives in ../shared beside the clone "
-                 "(set RLPOST_SHARED to point elsewhere)")
+    skip_or_fail(
+      f"{path} not found: reference data lives in ../shared beside the clone "
+      "(set RLPOST_SHARED to point elsewhere)"
+    )
   return path
 
 
@@ -61,7 +64,8 @@ def assert_adapters_trained(trainable):
 # compiled once per test session: a persistent cache in a session directory,
 # shared with the subprocesses the tests start.
 _CACHE_DIR = os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "rlpost_test_jax_cache"))
+  "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "rlpost_test_jax_cache")
+)
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

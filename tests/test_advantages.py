@@ -1,4 +1,5 @@
 """Property tests for rlpost.advantages against numpy loop references."""
+
 import functools
 
 from absl.testing import parameterized
@@ -14,14 +15,14 @@ from rlpost.rl import advantages as adv
 SETTINGS = settings(max_examples=40, deadline=None)
 
 _gae = jax.jit(adv.gae)
-_reinforce_pp = jax.jit(adv.reinforce_pp, static_argnames=('group_size',))
+_reinforce_pp = jax.jit(adv.reinforce_pp, static_argnames=("group_size",))
 
 
 def _ragged_mask(rng, batch, seq):
   """Random holes, random trailing padding and sometimes an empty row."""
   mask = rng.random((batch, seq)) < 0.8
   for b in range(batch):
-    mask[b, rng.integers(0, seq + 1):] = False
+    mask[b, rng.integers(0, seq + 1) :] = False
   if batch > 1 and rng.random() < 0.3:
     mask[rng.integers(0, batch)] = False
   return mask
@@ -36,8 +37,7 @@ def _np_gae(rewards, values, mask, gamma, lam):
     v_next = np.append(v[1:], 0.0)
     delta = r + gamma * v_next - v
     for k in range(len(idx)):
-      advantages[b, idx[k]] = sum((gamma * lam) ** (j - k) * delta[j]
-                                  for j in range(k, len(idx)))
+      advantages[b, idx[k]] = sum((gamma * lam) ** (j - k) * delta[j] for j in range(k, len(idx)))
   returns = np.where(mask, advantages + values, 0.0)
   return advantages, returns
 
@@ -46,8 +46,9 @@ token_shapes = st.tuples(st.sampled_from([1, 3]), st.sampled_from([1, 6, 11]))
 
 
 @SETTINGS
-@given(shape=token_shapes, seed=st.integers(0, 2**16),
-       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+@given(
+  shape=token_shapes, seed=st.integers(0, 2**16), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0)
+)
 def test_gae_matches_direct_sum(shape, seed, gamma, lam):
   rng = np.random.default_rng(seed)
   mask = _ragged_mask(rng, *shape)
@@ -76,17 +77,22 @@ def test_gae_gamma_lam_one_is_reward_to_go_minus_values(shape, seed):
 
 
 @SETTINGS
-@given(shape=token_shapes, seed=st.integers(0, 2**16),
-       gamma=st.floats(0.5, 1.0), lam=st.floats(0.5, 1.0),
-       junk=st.sampled_from([np.nan, np.inf, 1e6, -3.0]))
+@given(
+  shape=token_shapes,
+  seed=st.integers(0, 2**16),
+  gamma=st.floats(0.5, 1.0),
+  lam=st.floats(0.5, 1.0),
+  junk=st.sampled_from([np.nan, np.inf, 1e6, -3.0]),
+)
 def test_gae_ignores_masked_positions(shape, seed, gamma, lam, junk):
   rng = np.random.default_rng(seed)
   mask = _ragged_mask(rng, *shape)
   rewards = rng.normal(size=shape).astype(np.float32)
   values = rng.normal(size=shape).astype(np.float32)
   clean = _gae(rewards, values, mask, gamma=gamma, lam=lam)
-  dirty = _gae(np.where(mask, rewards, junk), np.where(mask, values, -junk),
-               mask, gamma=gamma, lam=lam)
+  dirty = _gae(
+    np.where(mask, rewards, junk), np.where(mask, values, -junk), mask, gamma=gamma, lam=lam
+  )
   chex.assert_trees_all_equal(clean, dirty)
   assert np.all(np.asarray(clean[0])[~mask] == 0.0)
   assert np.all(np.asarray(clean[1])[~mask] == 0.0)
@@ -97,8 +103,9 @@ def _np_group_stats(rewards, group):
   return r, r.mean(1, keepdims=True), r.std(1, ddof=1, keepdims=True)
 
 
-group_rewards = st.tuples(st.sampled_from([2, 3, 4]),
-                          st.sampled_from([1, 2, 5]), st.integers(0, 2**16))
+group_rewards = st.tuples(
+  st.sampled_from([2, 3, 4]), st.sampled_from([1, 2, 5]), st.integers(0, 2**16)
+)
 
 
 @SETTINGS
@@ -114,15 +121,12 @@ def test_grpo_properties(spec):
   np.testing.assert_allclose(got.mean(1), 0.0, atol=1e-5)
   shift = np.repeat(rng.normal(size=num_prompts) * 10, group).astype(np.float32)
   scale = np.float32(rng.uniform(0.1, 10.0))
-  np.testing.assert_allclose(adv.grpo(rewards + shift, group), got.reshape(-1),
-                             atol=1e-4)
-  np.testing.assert_allclose(adv.grpo(rewards * scale, group), got.reshape(-1),
-                             atol=1e-4)
+  np.testing.assert_allclose(adv.grpo(rewards + shift, group), got.reshape(-1), atol=1e-4)
+  np.testing.assert_allclose(adv.grpo(rewards * scale, group), got.reshape(-1), atol=1e-4)
 
 
 @SETTINGS
-@given(group=st.sampled_from([2, 3, 5, 8]),
-       value=st.floats(-1e3, 1e3, width=32))
+@given(group=st.sampled_from([2, 3, 5, 8]), value=st.floats(-1e3, 1e3, width=32))
 def test_group_estimators_zero_for_equal_rewards(group, value):
   rewards = np.full(2 * group, value, np.float32)
   for fn in (adv.grpo, adv.drgrpo, adv.rloo):
@@ -139,12 +143,9 @@ class GroupEstimatorTest(parameterized.TestCase):
     rng = np.random.default_rng(seed)
     rewards = rng.integers(0, 3, size=5 * group).astype(np.float32)
     rewards[:group] = 1.0  # At least one zero-signal group.
-    got_rloo = self.variant(functools.partial(adv.rloo, group_size=group))(
-        rewards)
-    got_dr = self.variant(functools.partial(adv.drgrpo, group_size=group))(
-        rewards)
-    got_zero = self.variant(functools.partial(
-        adv.zero_signal_groups, group_size=group))(rewards)
+    got_rloo = self.variant(functools.partial(adv.rloo, group_size=group))(rewards)
+    got_dr = self.variant(functools.partial(adv.drgrpo, group_size=group))(rewards)
+    got_zero = self.variant(functools.partial(adv.zero_signal_groups, group_size=group))(rewards)
     want_rloo, want_dr = np.zeros(len(rewards)), np.zeros(len(rewards))
     want_zero = []
     for p in range(len(rewards) // group):
@@ -160,17 +161,16 @@ class GroupEstimatorTest(parameterized.TestCase):
 
 
 def test_group_estimators_reject_bad_group_sizes():
-  with pytest.raises(ValueError, match='multiple of group_size'):
+  with pytest.raises(ValueError, match="multiple of group_size"):
     adv.drgrpo(jnp.zeros(5), 2)
-  with pytest.raises(ValueError, match='group_size >= 2'):
+  with pytest.raises(ValueError, match="group_size >= 2"):
     adv.grpo(jnp.zeros(4), 1)
-  with pytest.raises(ValueError, match='group_size >= 2'):
+  with pytest.raises(ValueError, match="group_size >= 2"):
     adv.rloo(jnp.zeros(4), 1)
 
 
 @SETTINGS
-@given(shape=token_shapes, seed=st.integers(0, 2**16),
-       shift_mean=st.booleans())
+@given(shape=token_shapes, seed=st.integers(0, 2**16), shift_mean=st.booleans())
 def test_masked_statistics(shape, seed, shift_mean):
   rng = np.random.default_rng(seed)
   mask = _ragged_mask(rng, *shape)
@@ -178,12 +178,11 @@ def test_masked_statistics(shape, seed, shift_mean):
   x = (rng.normal(size=shape) * 3 + 1).astype(np.float32)
   dirty = np.where(mask, x, np.nan)
   valid = x[mask].astype(np.float64)
-  np.testing.assert_allclose(adv.masked_mean(dirty, mask), valid.mean(),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(adv.masked_var(dirty, mask), valid.var(),
-                             rtol=1e-4, atol=1e-6)
-  np.testing.assert_allclose(adv.masked_var(dirty, mask, unbiased=True),
-                             valid.var(ddof=1), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(adv.masked_mean(dirty, mask), valid.mean(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(adv.masked_var(dirty, mask), valid.var(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    adv.masked_var(dirty, mask, unbiased=True), valid.var(ddof=1), rtol=1e-4, atol=1e-6
+  )
   white = np.asarray(adv.masked_whiten(dirty, mask, shift_mean=shift_mean))
   want = (x - valid.mean()) / np.sqrt(valid.var() + 1e-8)
   want = want + valid.mean() if not shift_mean else want
@@ -217,16 +216,21 @@ def _np_reinforce_pp(rewards, mask, kl, beta, gamma, group):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**16), gamma=st.sampled_from([1.0, 0.9]),
-       beta=st.sampled_from([0.0, 0.3]), group=st.sampled_from([None, 2]))
+@given(
+  seed=st.integers(0, 2**16),
+  gamma=st.sampled_from([1.0, 0.9]),
+  beta=st.sampled_from([0.0, 0.3]),
+  group=st.sampled_from([None, 2]),
+)
 def test_reinforce_pp_token_level(seed, gamma, beta, group):
   rng = np.random.default_rng(seed)
   mask = _ragged_mask(rng, 4, 7)
   assume(mask.sum() >= 2)
   rewards = rng.normal(size=4).astype(np.float32)
   kl = rng.normal(size=(4, 7)).astype(np.float32)
-  got = _reinforce_pp(rewards, mask, kl_BxT=np.where(mask, kl, np.nan),
-                      beta=beta, gamma=gamma, group_size=group)
+  got = _reinforce_pp(
+    rewards, mask, kl_BxT=np.where(mask, kl, np.nan), beta=beta, gamma=gamma, group_size=group
+  )
   want = _np_reinforce_pp(rewards, mask, kl, beta, gamma, group)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -236,8 +240,7 @@ def test_reinforce_pp_sequence_level_is_batch_whitened():
   got = adv.reinforce_pp(rewards)
   want = (rewards - rewards.mean()) / np.sqrt(rewards.var() + 1e-8)
   np.testing.assert_allclose(got, want, rtol=1e-5)
-  np.testing.assert_array_equal(adv.reinforce_pp(np.full(4, 0.1, np.float32)),
-                                0.0)
+  np.testing.assert_array_equal(adv.reinforce_pp(np.full(4, 0.1, np.float32)), 0.0)
 
 
 def test_sequence_to_token_rewards_uses_last_valid_token():
@@ -257,16 +260,28 @@ def _np_overlong(length, max_len, buffer_len, factor):
   return -factor
 
 
-@pytest.mark.parametrize('max_len,buffer_len,factor',
-                         [(20, 5, 1.0), (4096, 1024, 0.5), (8, 8, 2.0)])
+@pytest.mark.parametrize(
+  "max_len,buffer_len,factor", [(20, 5, 1.0), (4096, 1024, 0.5), (8, 8, 2.0)]
+)
 def test_overlong_penalty(max_len, buffer_len, factor):
-  lengths = np.array(sorted({0, 1, max_len - buffer_len - 1,
-                             max_len - buffer_len, max_len - buffer_len + 1,
-                             max_len - buffer_len // 2, max_len - 1, max_len,
-                             max_len + 1, 3 * max_len}))
+  lengths = np.array(
+    sorted(
+      {
+        0,
+        1,
+        max_len - buffer_len - 1,
+        max_len - buffer_len,
+        max_len - buffer_len + 1,
+        max_len - buffer_len // 2,
+        max_len - 1,
+        max_len,
+        max_len + 1,
+        3 * max_len,
+      }
+    )
+  )
   lengths = lengths[lengths >= 0]
-  got = adv.overlong_penalty(lengths, max_len=max_len, buffer_len=buffer_len,
-                             penalty_factor=factor)
+  got = adv.overlong_penalty(lengths, max_len=max_len, buffer_len=buffer_len, penalty_factor=factor)
   want = [_np_overlong(n, max_len, buffer_len, factor) for n in lengths]
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   assert float(got[lengths == max_len][0]) == -factor
@@ -274,5 +289,5 @@ def test_overlong_penalty(max_len, buffer_len, factor):
 
 
 def test_overlong_penalty_rejects_bad_buffer():
-  with pytest.raises(ValueError, match='buffer_len'):
+  with pytest.raises(ValueError, match="buffer_len"):
     adv.overlong_penalty(jnp.arange(3), max_len=10, buffer_len=0)

@@ -1,4 +1,5 @@
 """Synthetic arithmetic problems: determinism per seed and correct answers."""
+
 import re
 
 import pytest
@@ -7,10 +8,10 @@ from rlpost.data import arithmetic, gsm8k
 
 # Independent readings of each question text: pattern -> answer from its numbers.
 _READERS = [
-    (r"has (\d+) \w+, buys (\d+) more and then gives (\d+) away", lambda a, b, c: a + b - c),
-    (r"has (\d+) \w+ and buys (\d+) more", lambda a, b: a + b),
-    (r"has (\d+) \w+ and gives (\d+) of them", lambda a, b: a - b),
-    (r"buys (\d+) boxes with (\d+) \w+ in each box", lambda a, b: a * b),
+  (r"has (\d+) \w+, buys (\d+) more and then gives (\d+) away", lambda a, b, c: a + b - c),
+  (r"has (\d+) \w+ and buys (\d+) more", lambda a, b: a + b),
+  (r"has (\d+) \w+ and gives (\d+) of them", lambda a, b: a - b),
+  (r"buys (\d+) boxes with (\d+) \w+ in each box", lambda a, b: a * b),
 ]
 
 
@@ -43,8 +44,7 @@ def test_answers_are_correct(seed):
       assert eval(lhs) == int(rhs)  # pylint: disable=eval-used  (digits and + - * only)
     numbers = [int(x) for x in re.findall(r"\d+", p.question)]
     assert all(2 <= n <= 30 for n in numbers)
-    templates_seen.add(next(i for i, (pat, _) in enumerate(_READERS)
-                            if re.search(pat, p.question)))
+    templates_seen.add(next(i for i, (pat, _) in enumerate(_READERS) if re.search(pat, p.question)))
   assert templates_seen == set(range(len(_READERS)))
 
 

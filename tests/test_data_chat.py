@@ -1,4 +1,5 @@
 """SFT/DPO records: validation, Gemma chat template tokenization, loss-mask boundaries."""
+
 import dataclasses
 import json
 import re
@@ -17,6 +18,7 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in _SPECIALS) + ")")
 @dataclasses.dataclass(frozen=True)
 class ByteTokenizer:
   """Local stand-in with rlpost.models.tokenizer's interface: specials 0..4, bytes at 5..260."""
+
   pad_id: int = 0
   eos_id: int = 1
   bos_id: int = 2
@@ -79,26 +81,33 @@ def _check_rendering(messages, tokens, mask):
   assert len(runs) == len(replies)
   for (start, end), reply in zip(runs, replies):
     assert list(tokens[start:end]) == TOK.encode(reply, add_bos=False, parse_special=False) + [4]
-    assert list(tokens[start - 2:start]) == TOK.encode("l\n", add_bos=False)  # "mode|l\n"
+    assert list(tokens[start - 2 : start]) == TOK.encode("l\n", add_bos=False)  # "mode|l\n"
 
 
 def test_prompt_completion_with_system():
   record = {"system": "Be brief.", "prompt": "2+2?", "completion": "4"}
   tokens, mask = chat.tokenize_sft(record, TOK, max_len=256)
-  messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-              {"role": "assistant", "content": "4"}]
+  messages = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+  ]
   _check_rendering(messages, tokens, mask)
   assert TOK.decode(tokens[mask]) == "4<end_of_turn>"
-  assert TOK.decode(tokens) == ("<bos><start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n"
-                                "<start_of_turn>model\n4<end_of_turn>\n")
+  assert TOK.decode(tokens) == (
+    "<bos><start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n"
+    "<start_of_turn>model\n4<end_of_turn>\n"
+  )
 
 
 _TEXT = st.text(alphabet="ab <>/\n\u00e9", max_size=12)
 
 
 @hypothesis.settings(max_examples=60, deadline=None)
-@hypothesis.given(system=st.one_of(st.none(), _TEXT),
-                  turns=st.lists(st.tuples(_TEXT, _TEXT), min_size=1, max_size=4))
+@hypothesis.given(
+  system=st.one_of(st.none(), _TEXT),
+  turns=st.lists(st.tuples(_TEXT, _TEXT), min_size=1, max_size=4),
+)
 def test_multi_turn_mask_is_exactly_assistant_content_and_end_of_turn(system, turns):
   messages = [{"role": "system", "content": system}] if system is not None else []
   for user, reply in turns:
@@ -108,11 +117,15 @@ def test_multi_turn_mask_is_exactly_assistant_content_and_end_of_turn(system, tu
 
 
 def test_gsm8k_records_prompt_matches_rl_prompt():
-  problem = gsm8k.Problem("Tom has 3 apples and buys 4 more. How many?",
-                          "3 + 4 = <<3+4=7>>7\n#### 7", "7")
+  problem = gsm8k.Problem(
+    "Tom has 3 apples and buys 4 more. How many?", "3 + 4 = <<3+4=7>>7\n#### 7", "7"
+  )
   [record] = chat.gsm8k_sft_records([problem])
-  assert record == {"system": gsm8k.SYSTEM_PROMPT, "prompt": problem.question,
-                    "completion": gsm8k.sft_completion(problem)}
+  assert record == {
+    "system": gsm8k.SYSTEM_PROMPT,
+    "prompt": problem.question,
+    "completion": gsm8k.sft_completion(problem),
+  }
   tokens, mask = chat.tokenize_sft(record, TOK, max_len=1024)
   rl_prompt = TOK.encode(TOK.chat_prompt(problem.question, system=gsm8k.SYSTEM_PROMPT))
   first = int(np.argmax(mask))
@@ -138,7 +151,9 @@ def test_truncation_keeps_prefix_and_rejects_prompt_only():
     chat.tokenize_sft(record, TOK, max_len=first)
 
 
-@pytest.mark.parametrize("record,needle", [
+@pytest.mark.parametrize(
+  "record,needle",
+  [
     ({"text": "x"}, "needs a 'messages' list or 'prompt' and 'completion'"),
     ({"prompt": "x"}, "needs a 'messages' list"),
     ({"prompt": "x", "completion": 3}, "'completion' must be a string"),
@@ -147,10 +162,13 @@ def test_truncation_keeps_prefix_and_rejects_prompt_only():
     ({"messages": [{"role": "user"}]}, r"messages\[0\]: missing field 'content'"),
     ({"messages": [{"role": "bot", "content": "x"}]}, "role 'bot'; valid roles"),
     ({"messages": [{"role": "assistant", "content": "x"}]}, "expected 'user'"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]},
-     r"messages\[1\] has role 'system', expected 'assistant'"),
+    (
+      {"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]},
+      r"messages\[1\] has role 'system', expected 'assistant'",
+    ),
     ({"messages": [{"role": "user", "content": "x"}]}, "last message has role 'user'"),
-])
+  ],
+)
 def test_bad_sft_records(record, needle):
   with pytest.raises(ValueError, match=needle):
     chat.tokenize_sft(record, TOK, max_len=64)
@@ -159,15 +177,25 @@ def test_bad_sft_records(record, needle):
 def test_load_sft_and_dpo_jsonl_errors_name_file_and_line(tmp_path):
   good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
   path = tmp_path / "sft.jsonl"
-  path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n" + json.dumps(good)
-                  + "\n" + json.dumps({"messages": [{"role": "user", "content": "u"}]}) + "\n")
+  path.write_text(
+    json.dumps({"prompt": "p", "completion": "c"})
+    + "\n"
+    + json.dumps(good)
+    + "\n"
+    + json.dumps({"messages": [{"role": "user", "content": "u"}]})
+    + "\n"
+  )
   with pytest.raises(ValueError, match=f"{re.escape(str(path))}:3: the last message"):
     chat.load_sft_jsonl(path)
   path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n" + json.dumps(good))
   assert chat.load_sft_jsonl(path)[1] == good
   dpo = tmp_path / "dpo.jsonl"
-  dpo.write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n"
-                 + json.dumps({"prompt": "p", "chosen": "c"}) + "\n")
+  dpo.write_text(
+    json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"})
+    + "\n"
+    + json.dumps({"prompt": "p", "chosen": "c"})
+    + "\n"
+  )
   with pytest.raises(ValueError, match=f"{re.escape(str(dpo))}:2: missing field 'rejected'"):
     chat.load_dpo_jsonl(dpo)
 
@@ -180,7 +208,7 @@ def test_tokenize_dpo_and_concat():
   assert list(rejected) == TOK.encode("bad", add_bos=False) + [4]
   tokens, mask = chat.concat_prompt_response(prompt, chosen)
   np.testing.assert_array_equal(tokens, np.concatenate([prompt, chosen]))
-  assert not mask[:len(prompt)].any() and mask[len(prompt):].all()
+  assert not mask[: len(prompt)].any() and mask[len(prompt) :].all()
   max_len = len(prompt) + 4
   _, chosen_t, rejected_t = chat.tokenize_dpo(record, TOK, max_len=max_len)
   np.testing.assert_array_equal(chosen_t, chosen[:4])

@@ -1,4 +1,5 @@
 """Resumable data order: stream equality, split-anywhere resume, permutations, errors."""
+
 import json
 
 import hypothesis
@@ -30,8 +31,12 @@ def _run(cursor, size, batch_sizes, shuffle=True):
 
 
 @_SETTINGS
-@hypothesis.given(seed=st.integers(0, 2**31), size=st.integers(1, 20),
-                  batches=st.lists(st.integers(1, 30), max_size=8), shuffle=st.booleans())
+@hypothesis.given(
+  seed=st.integers(0, 2**31),
+  size=st.integers(1, 20),
+  batches=st.lists(st.integers(1, 30), max_size=8),
+  shuffle=st.booleans(),
+)
 def test_batches_concatenate_to_per_epoch_permutations(seed, size, batches, shuffle):
   stream, cursor = _run(Cursor(seed), size, batches, shuffle)
   np.testing.assert_array_equal(stream, _reference_stream(seed, size, sum(batches), shuffle))
@@ -40,9 +45,12 @@ def test_batches_concatenate_to_per_epoch_permutations(seed, size, batches, shuf
 
 
 @_SETTINGS
-@hypothesis.given(seed=st.integers(0, 1000), size=st.integers(1, 15),
-                  batches=st.lists(st.integers(1, 20), min_size=1, max_size=8),
-                  data=st.data())
+@hypothesis.given(
+  seed=st.integers(0, 1000),
+  size=st.integers(1, 15),
+  batches=st.lists(st.integers(1, 20), min_size=1, max_size=8),
+  data=st.data(),
+)
 def test_resume_from_saved_cursor_at_any_point(seed, size, batches, data):
   split = data.draw(st.integers(0, len(batches)))
   full, end = _run(Cursor(seed), size, batches)
@@ -60,7 +68,7 @@ def test_each_epoch_is_a_permutation(seed, size, batch):
   steps = -(-3 * size // batch)
   stream, _ = _run(Cursor(seed), size, [batch] * steps)
   for e in range(3):
-    assert sorted(stream[e * size:(e + 1) * size].tolist()) == list(range(size))
+    assert sorted(stream[e * size : (e + 1) * size].tolist()) == list(range(size))
 
 
 def test_epochs_differ_and_seeds_differ():
@@ -76,12 +84,15 @@ def test_cursor_fields_are_python_ints():
   assert all(type(v) is int for v in cursor)  # pylint: disable=unidiomatic-typecheck
 
 
-@pytest.mark.parametrize("cursor,size,batch,needle", [
+@pytest.mark.parametrize(
+  "cursor,size,batch,needle",
+  [
     (Cursor(0, 0, 11), 10, 2, "position must be in"),
     (Cursor(-1), 10, 2, "seed and epoch"),
     (Cursor(0), 0, 2, "dataset_size=0"),
     (Cursor(0), 10, 0, "batch_size=0"),
-])
+  ],
+)
 def test_bad_arguments(cursor, size, batch, needle):
   with pytest.raises(ValueError, match=needle):
     next_indices(cursor, size, batch)

@@ -1,4 +1,5 @@
 """GSM8K loading (real files, malformed files, Hugging Face path) and the SFT format."""
+
 import json
 import re
 import sys
@@ -10,8 +11,7 @@ from conftest import GSM8K_DIR, require_shared
 from rlpost.data import gsm8k
 
 # Independent statement of the target format (what the GRPO format reward accepts).
-_FORMAT = re.compile(r"\A<reasoning>\n(.+)\n</reasoning>\n<answer>([^<>\n]+)</answer>\Z",
-                     re.DOTALL)
+_FORMAT = re.compile(r"\A<reasoning>\n(.+)\n</reasoning>\n<answer>([^<>\n]+)</answer>\Z", re.DOTALL)
 
 
 def _write(tmp_path, lines, name="data.jsonl"):
@@ -46,15 +46,18 @@ def test_real_splits_parse_and_convert(split, count):
 
 def test_first_train_row_completion_text(tmp_path):
   # GSM8K train row 0, typed in by hand from the dataset card.
-  answer = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-            "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+  answer = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+  )
   path = _write(tmp_path, [_row("How many clips?", answer)])
   [problem] = gsm8k.load_jsonl_problems(path)
   assert problem == gsm8k.Problem("How many clips?", answer, "72")
   assert gsm8k.sft_completion(problem) == (
-      "<reasoning>\nNatalia sold 48/2 = 24 clips in May.\n"
-      "Natalia sold 48+24 = 72 clips altogether in April and May.\n</reasoning>\n"
-      "<answer>72</answer>")
+    "<reasoning>\nNatalia sold 48/2 = 24 clips in May.\n"
+    "Natalia sold 48+24 = 72 clips altogether in April and May.\n</reasoning>\n"
+    "<answer>72</answer>"
+  )
 
 
 def test_commas_removed_and_blank_lines_skipped(tmp_path):
@@ -63,7 +66,9 @@ def test_commas_removed_and_blank_lines_skipped(tmp_path):
   assert [p.final for p in problems] == ["1234567", "2"]
 
 
-@pytest.mark.parametrize("bad_line,needle", [
+@pytest.mark.parametrize(
+  "bad_line,needle",
+  [
     ('{"question": "Q", "answer": ', "invalid JSON"),
     ('["not", "an", "object"]', "expected a JSON object"),
     ('{"question": "Q"}', "missing field 'answer'"),
@@ -71,7 +76,8 @@ def test_commas_removed_and_blank_lines_skipped(tmp_path):
     ('{"question": 5, "answer": "#### 3"}', "'question' must be a string"),
     ('{"question": "Q", "answer": "no final line"}', "no '#### <number>'"),
     ('{"question": "Q", "answer": "x\\n####  "}', "nothing after '####'"),
-])
+  ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, needle):
   path = _write(tmp_path, [_row(), _row(), bad_line, _row()])
   with pytest.raises(ValueError) as err:
@@ -96,6 +102,7 @@ def test_hub_without_datasets_names_data_dir(monkeypatch):
 def test_hub_unreachable_names_data_dir(monkeypatch):
   def load_dataset(*args):
     raise ConnectionError(f"cannot reach hub for {args}")
+
   monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
   with pytest.raises(RuntimeError, match="data_dir") as err:
     gsm8k.load_gsm8k("test")
@@ -107,8 +114,11 @@ def test_hub_rows_are_parsed(monkeypatch):
 
   def load_dataset(*args):
     calls.append(args)
-    return {"train": [{"question": "A?", "answer": "1+1\n#### 2"}],
-            "test": [{"question": "B?", "answer": "oops"}]}
+    return {
+      "train": [{"question": "A?", "answer": "1+1\n#### 2"}],
+      "test": [{"question": "B?", "answer": "oops"}],
+    }
+
   monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
   assert gsm8k.load_gsm8k("train") == [gsm8k.Problem("A?", "1+1\n#### 2", "2")]
   assert calls == [("openai/gsm8k", "main")]
@@ -117,6 +127,5 @@ def test_hub_rows_are_parsed(monkeypatch):
 
 
 def test_system_prompt_names_all_tags():
-  for tag in (gsm8k.REASONING_START, gsm8k.REASONING_END, gsm8k.ANSWER_START,
-              gsm8k.ANSWER_END):
+  for tag in (gsm8k.REASONING_START, gsm8k.REASONING_END, gsm8k.ANSWER_START, gsm8k.ANSWER_END):
     assert tag in gsm8k.SYSTEM_PROMPT

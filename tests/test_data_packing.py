@@ -1,4 +1,5 @@
 """Padding and packing: layout invariants, segment mask, and packed == unpacked logits."""
+
 import hypothesis
 from hypothesis import strategies as st
 import jax
@@ -23,14 +24,19 @@ def _segments(batch):
   for r, seg_row in enumerate(batch["segment_ids"]):
     for s in np.unique(seg_row[seg_row > 0]):
       idx = np.flatnonzero(seg_row == s)
-      out.append((r, s, batch["tokens"][r, idx], batch["loss_mask"][r, idx],
-                  batch["positions"][r, idx], idx))
+      out.append(
+        (r, s, batch["tokens"][r, idx], batch["loss_mask"][r, idx], batch["positions"][r, idx], idx)
+      )
   return out
 
 
 def _check_layout(batch, examples, seq_len, pad_id):
-  for key, dtype in (("tokens", np.int32), ("loss_mask", bool), ("positions", np.int32),
-                     ("segment_ids", np.int32)):
+  for key, dtype in (
+    ("tokens", np.int32),
+    ("loss_mask", bool),
+    ("positions", np.int32),
+    ("segment_ids", np.int32),
+  ):
     assert batch[key].dtype == dtype and batch[key].shape[1] == seq_len
   found = _segments(batch)
   assert len(found) == len(examples)
@@ -41,8 +47,9 @@ def _check_layout(batch, examples, seq_len, pad_id):
     assert not mask[0]
     np.testing.assert_array_equal(positions, np.arange(len(idx)))
     np.testing.assert_array_equal(idx, idx[0] + np.arange(len(idx)))  # contiguous
-  for seg_row, tok_row, pos_row, mask_row in zip(batch["segment_ids"], batch["tokens"],
-                                                 batch["positions"], batch["loss_mask"]):
+  for seg_row, tok_row, pos_row, mask_row in zip(
+    batch["segment_ids"], batch["tokens"], batch["positions"], batch["loss_mask"]
+  ):
     real = seg_row > 0
     n = real.sum()
     assert real[:n].all()  # padding only at the tail
@@ -71,8 +78,9 @@ def test_pack_layout_invariants(lengths, seq_len):
 def test_first_fit_placement():
   batch = packing.pack_examples(_examples([6, 5, 3, 2]), seq_len=8, pad_id=0)
   np.testing.assert_array_equal(batch["segment_ids"], [[1] * 6 + [2] * 2, [1] * 5 + [2] * 3])
-  np.testing.assert_array_equal(batch["positions"], [[0, 1, 2, 3, 4, 5, 0, 1],
-                                                     [0, 1, 2, 3, 4, 0, 1, 2]])
+  np.testing.assert_array_equal(
+    batch["positions"], [[0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 2, 3, 4, 0, 1, 2]]
+  )
   fixed = packing.pack_examples(_examples([6, 5, 3, 2]), seq_len=8, pad_id=0, num_rows=3)
   assert fixed["tokens"].shape == (3, 8) and not fixed["segment_ids"][2].any()
   with pytest.raises(ValueError, match="need 2 rows.*num_rows=1"):
@@ -89,8 +97,9 @@ def test_too_long_example_is_named():
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
-@hypothesis.given(segs=st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6),
-                                min_size=1, max_size=3))
+@hypothesis.given(
+  segs=st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6), min_size=1, max_size=3)
+)
 def test_segment_mask_matches_definition(segs):
   seg = np.asarray(segs, np.int32)
   mask = np.asarray(segment_attention_mask(seg))
@@ -106,8 +115,12 @@ def _model_params():
   params = gemma3.init_params(jax.random.key(0), CONFIG)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(1), len(leaves))
-  leaves = [x * 20 if x.ndim == 3 or x.shape[0] == CONFIG.vocab_size
-            else 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  leaves = [
+    x * 20
+    if x.ndim == 3 or x.shape[0] == CONFIG.vocab_size
+    else 0.3 * jax.random.normal(k, x.shape)
+    for x, k in zip(leaves, keys)
+  ]
   return jax.tree.unflatten(treedef, leaves)
 
 
@@ -126,20 +139,27 @@ def test_packed_logits_equal_unpacked_and_segments_are_isolated():
   got = np.asarray(_logits(params, packed["tokens"], packed["positions"], mask))
   alone = packing.pad_batch(examples, seq_len, pad_id=0)
   valid = alone["segment_ids"] > 0
-  want = np.asarray(_logits(params, alone["tokens"], alone["positions"],
-                            causal_attention_mask(valid)))
+  want = np.asarray(
+    _logits(params, alone["tokens"], alone["positions"], causal_attention_mask(valid))
+  )
   assert np.isfinite(got).all()
   segments = _segments(packed)
   matched = set()
   for r, _, tokens, _, _, idx in segments:
     i = next(i for i, (t, _) in enumerate(examples) if np.array_equal(t, tokens))
     matched.add(i)
-    np.testing.assert_allclose(got[r, idx], want[i, :len(idx)], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got[r, idx], want[i, : len(idx)], atol=1e-4, rtol=0)
   assert matched == set(range(len(examples)))
 
   # Without the segment mask the same packed rows give different logits: the check bites.
-  leaky = np.asarray(_logits(params, packed["tokens"], packed["positions"],
-                             causal_attention_mask(packed["segment_ids"] > 0)))
+  leaky = np.asarray(
+    _logits(
+      params,
+      packed["tokens"],
+      packed["positions"],
+      causal_attention_mask(packed["segment_ids"] > 0),
+    )
+  )
   r, _, _, _, _, idx = next(s for s in segments if s[1] == 2)
   assert np.abs(leaky[r, idx] - got[r, idx]).max() > 1e-2
 

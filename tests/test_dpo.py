@@ -1,4 +1,5 @@
 """DPO: log 2 at policy == reference, gradient direction, learning a synthetic preference set."""
+
 import math
 
 import jax
@@ -39,23 +40,25 @@ def test_policy_equals_reference(label_smoothing):
   params = gemma3.init_params(jax.random.key(0), CONFIG)
   n = 4
   batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(n, micro=2)))
-  batch_one = _pair_batch(n)     # one micro-batch, as the loss function sees it
+  batch_one = _pair_batch(n)  # one micro-batch, as the loss function sees it
   batch_one["ref_chosen"], batch_one["ref_rejected"] = batch["ref_chosen"], batch["ref_rejected"]
   loss_fn = dpo.make_loss_fn(FWD, beta=BETA, label_smoothing=label_smoothing)
-  (loss, metrics), grads = jax.jit(jax.value_and_grad(
-      lambda p: loss_fn(p, None, batch_one), has_aux=True))(params)
+  (loss, metrics), grads = jax.jit(
+    jax.value_and_grad(lambda p: loss_fn(p, None, batch_one), has_aux=True)
+  )(params)
   np.testing.assert_allclose(loss, math.log(2.0), rtol=1e-6)
   np.testing.assert_allclose(metrics["reward_margin"], 0.0, atol=1e-6)
   g_chosen = jax.grad(_sequence_sum)(params, batch_one["chosen"])
   g_rejected = jax.grad(_sequence_sum)(params, batch_one["rejected"])
   scale = -(1 - 2 * label_smoothing) * BETA / (2 * n)
   expected = jax.tree.map(lambda c, r: scale * (c - r), g_chosen, g_rejected)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
-               grads, expected)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads, expected)
   # A small step against the gradient raises chosen logprobs relative to rejected ones.
   stepped = jax.tree.map(lambda p, g: p - 1e-1 * g, params, grads)
   before = _sequence_sum(params, batch_one["chosen"]) - _sequence_sum(params, batch_one["rejected"])
-  after = _sequence_sum(stepped, batch_one["chosen"]) - _sequence_sum(stepped, batch_one["rejected"])
+  after = _sequence_sum(stepped, batch_one["chosen"]) - _sequence_sum(
+    stepped, batch_one["rejected"]
+  )
   assert after > before
 
 
@@ -78,13 +81,15 @@ def test_learns_synthetic_preferences(tmp_path):
   # Preference accuracy over the whole training set, policy vs the initial params.
   n = cfg.data.num_synthetic
   pairs = dpo.tokenize_pairs(dpo.synthetic_pairs(n, cfg.seed), TOK, cfg.data.seq_len)
-  batch = dpo.make_pair_batch(pairs, seq_len=cfg.data.seq_len, pad_id=TOK.pad_id,
-                              micro_batch_size=n)
+  batch = dpo.make_pair_batch(
+    pairs, seq_len=cfg.data.seq_len, pad_id=TOK.pad_id, micro_batch_size=n
+  )
   initial = gemma3.init_params(jax.random.key(cfg.seed), CONFIG)
   ref_fn = dpo.make_reference_fn(FWD, n)
   ref, policy = ref_fn(initial, batch), ref_fn(state.trainable, batch)
-  margin = ((policy["ref_chosen"] - ref["ref_chosen"])
-            - (policy["ref_rejected"] - ref["ref_rejected"]))
+  margin = (policy["ref_chosen"] - ref["ref_chosen"]) - (
+    policy["ref_rejected"] - ref["ref_rejected"]
+  )
   assert float(jnp.mean(margin > 0)) > 0.9
 
 

@@ -1,4 +1,5 @@
 """Evaluation accuracies and pass@k on hand-made completions; the few-shot prompt text."""
+
 import jax
 import pytest
 
@@ -9,8 +10,11 @@ from rlpost.data.gsm8k import Problem
 from rlpost.models import gemma3
 from rlpost.models import tokenizer as tokenizer_lib
 
-PROBLEMS = [Problem("q0", "a\n#### 7", "7"), Problem("q1", "b\n#### 12", "12"),
-            Problem("q2", "c\n#### 3", "3")]
+PROBLEMS = [
+  Problem("q0", "a\n#### 7", "7"),
+  Problem("q1", "b\n#### 12", "12"),
+  Problem("q2", "c\n#### 3", "3"),
+]
 
 
 def _done(number: str) -> str:
@@ -19,10 +23,18 @@ def _done(number: str) -> str:
 
 def test_accuracy_report_on_hand_made_completions():
   """Mutation caught: pass@k as ALL samples correct (`.all(1)`) instead of ANY."""
-  greedy = [_done("7"), "<answer>12</answer>", _done("4")]   # right+format, right, wrong+format
-  samples = [_done("1"), _done("7"), "no",                    # q0: one of three right
-             _done("12"), "<answer>12</answer>", _done("12"),  # q1: all three right
-             _done("2"), "3", "<answer>4</answer>"]            # q2: none right
+  greedy = [_done("7"), "<answer>12</answer>", _done("4")]  # right+format, right, wrong+format
+  samples = [
+    _done("1"),
+    _done("7"),
+    "no",  # q0: one of three right
+    _done("12"),
+    "<answer>12</answer>",
+    _done("12"),  # q1: all three right
+    _done("2"),
+    "3",
+    "<answer>4</answer>",
+  ]  # q2: none right
   report = evaluation.accuracy_report(PROBLEMS, greedy, samples, pass_k=3)
   assert report["greedy_answer_accuracy"] == pytest.approx(2 / 3)
   assert report["greedy_format_accuracy"] == pytest.approx(2 / 3)
@@ -41,9 +53,17 @@ def test_evaluate_runs_the_sampler_per_problem():
   config = gemma3.get_config("tiny")
   params = gemma3.init_params(jax.random.key(0), config)
   sc = sampling.SamplingConfig(max_new_tokens=4, prompt_bucket=8, stop_ids=(1,))
-  report = evaluation.evaluate(params, config, tokenizer_lib.byte_tokenizer(), PROBLEMS,
-                               template="plain", examples=[], sampling_config=sc,
-                               batch_size=2, pass_k=2)
+  report = evaluation.evaluate(
+    params,
+    config,
+    tokenizer_lib.byte_tokenizer(),
+    PROBLEMS,
+    template="plain",
+    examples=[],
+    sampling_config=sc,
+    batch_size=2,
+    pass_k=2,
+  )
   assert report["num_problems"] == 3 and report["template"] == "plain"
   assert report["pass@2"] == 0.0 and report["greedy_answer_accuracy"] == 0.0
   assert [e["question"] for e in report["examples"]] == ["q0", "q1", "q2"]
@@ -51,17 +71,19 @@ def test_evaluate_runs_the_sampler_per_problem():
 
 def test_fewshot_prompt_text():
   """System text, each solved example in the tag format, the question, the opened tag."""
-  example = Problem("How many legs do 2 cats have?",
-                    "Each cat has 4 legs.\n2 * 4 = <<2*4=8>>8\n#### 8", "8")
+  example = Problem(
+    "How many legs do 2 cats have?", "Each cat has 4 legs.\n2 * 4 = <<2*4=8>>8\n#### 8", "8"
+  )
   problem = Problem("What is 3 + 4?", "3 + 4 = 7\n#### 7", "7")
   text = prompts_lib.prompt_text(problem, "fewshot", [example])
   assert text == (
-      prompts_lib.SYSTEM_PROMPT + "\n\n"
-      "Question: How many legs do 2 cats have?\n"
-      "Answer: <reasoning>\nEach cat has 4 legs.\n2 * 4 = 8\n</reasoning>\n"
-      "<answer>8</answer>\n\n"
-      "Question: What is 3 + 4?\n"
-      "Answer: <reasoning>\n")
+    prompts_lib.SYSTEM_PROMPT + "\n\n"
+    "Question: How many legs do 2 cats have?\n"
+    "Answer: <reasoning>\nEach cat has 4 legs.\n2 * 4 = 8\n</reasoning>\n"
+    "<answer>8</answer>\n\n"
+    "Question: What is 3 + 4?\n"
+    "Answer: <reasoning>\n"
+  )
   assert prompts_lib.completion_prefix("fewshot") == "<reasoning>\n"
   assert prompts_lib.completion_prefix("chat") == ""
   assert prompts_lib.prompt_text(problem, "plain", [example]) == "What is 3 + 4?"

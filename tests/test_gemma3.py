@@ -1,4 +1,5 @@
 """Gemma 3 forward: agreement with a slow NumPy reference, KV-cache consistency, errors."""
+
 import math
 
 import chex
@@ -18,8 +19,12 @@ def _random_params(seed=0, config=CONFIG):
   params = gemma3.init_params(jax.random.key(seed), config)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
-  leaves = [x * 20 if x.ndim == 3 or x.shape[0] == config.vocab_size
-            else 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  leaves = [
+    x * 20
+    if x.ndim == 3 or x.shape[0] == config.vocab_size
+    else 0.3 * jax.random.normal(k, x.shape)
+    for x, k in zip(leaves, keys)
+  ]
   return jax.tree.unflatten(treedef, leaves)
 
 
@@ -32,8 +37,9 @@ def _np_rope(x, pos, base):
   freq = base ** (-np.arange(half) * 2.0 / x.shape[-1])
   ang = pos * freq
   x1, x2 = x[..., :half], x[..., half:]
-  return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang),
-                         x2 * np.cos(ang) + x1 * np.sin(ang)], -1)
+  return np.concatenate(
+    [x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)], -1
+  )
 
 
 def reference_logits(params, tokens, config, window=None):
@@ -56,25 +62,31 @@ def reference_logits(params, tokens, config, window=None):
     for t in range(T):
       for n in range(c.num_heads):
         qt = _np_rope(_np_rms(q[t, n], lp["q_norm"], c.rms_eps), t, base)
-        qt = qt * c.query_pre_attn_scalar ** -0.5
+        qt = qt * c.query_pre_attn_scalar**-0.5
         keys = [s for s in range(t + 1) if is_global or t - s < window]
-        scores = np.array([qt @ _np_rope(_np_rms(k[s, n // group], lp["k_norm"], c.rms_eps), s, base)
-                           for s in keys])
+        scores = np.array(
+          [qt @ _np_rope(_np_rms(k[s, n // group], lp["k_norm"], c.rms_eps), s, base) for s in keys]
+        )
         w = np.exp(scores - scores.max())
         w /= w.sum()
         attn[t, n] = sum(wi * v[s, n // group] for wi, s in zip(w, keys))
     x = x + _np_rms(attn.reshape(T, -1) @ lp["o"], lp["post_attn_norm"], c.rms_eps)
     h = _np_rms(x, lp["mlp_norm"], c.rms_eps)
     g = h @ lp["gate"]
-    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
     x = x + _np_rms((gelu * (h @ lp["up"])) @ lp["down"], lp["post_mlp_norm"], c.rms_eps)
   return _np_rms(x, p["final_norm"], c.rms_eps) @ p["embed"].T
 
 
 def _full_forward(params, tokens_1xT, config=CONFIG):
   T = tokens_1xT.shape[1]
-  logits, _ = gemma3.forward(params, tokens_1xT, jnp.arange(T)[None],
-                             causal_attention_mask(jnp.ones((1, T), bool)), config=config)
+  logits, _ = gemma3.forward(
+    params,
+    tokens_1xT,
+    jnp.arange(T)[None],
+    causal_attention_mask(jnp.ones((1, T), bool)),
+    config=config,
+  )
   return logits
 
 
@@ -86,10 +98,11 @@ def test_forward_matches_slow_reference_beyond_sliding_window():
   want = reference_logits(params, tokens, CONFIG)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
   # The window matters: without it the reference differs past the window.
-  no_window = reference_logits(params, tokens, CONFIG, window=10 ** 6)
-  assert np.abs(no_window[CONFIG.sliding_window:] - want[CONFIG.sliding_window:]).max() > 1e-2
-  np.testing.assert_allclose(no_window[:CONFIG.sliding_window], want[:CONFIG.sliding_window],
-                             atol=1e-9)
+  no_window = reference_logits(params, tokens, CONFIG, window=10**6)
+  assert np.abs(no_window[CONFIG.sliding_window :] - want[CONFIG.sliding_window :]).max() > 1e-2
+  np.testing.assert_allclose(
+    no_window[: CONFIG.sliding_window], want[: CONFIG.sliding_window], atol=1e-9
+  )
 
 
 @pytest.mark.parametrize("layout", ["stacked", "unstacked"])
@@ -105,12 +118,17 @@ def test_cached_token_by_token_decoding_equals_full_forward(layout):
   prefix = 4
   slots = jnp.arange(T + 3)
   mask = jnp.broadcast_to((slots[None, :] <= jnp.arange(prefix)[:, None])[None], (2, prefix, T + 3))
-  logits, cache = step(decode_params, tokens[:, :prefix],
-                       jnp.broadcast_to(jnp.arange(prefix), (2, prefix)), mask, cache)
+  logits, cache = step(
+    decode_params,
+    tokens[:, :prefix],
+    jnp.broadcast_to(jnp.arange(prefix), (2, prefix)),
+    mask,
+    cache,
+  )
   outs = [logits]
   for t in range(prefix, T):
     mask = jnp.broadcast_to((slots <= t)[None, None], (2, 1, T + 3))
-    logits, cache = step(decode_params, tokens[:, t:t + 1], jnp.full((2, 1), t), mask, cache)
+    logits, cache = step(decode_params, tokens[:, t : t + 1], jnp.full((2, 1), t), mask, cache)
     outs.append(logits)
   chex.assert_trees_all_close(jnp.concatenate(outs, 1), full, atol=2e-4, rtol=1e-4)
   assert int(cache["index"]) == T
@@ -119,19 +137,27 @@ def test_cached_token_by_token_decoding_equals_full_forward(layout):
 def test_hidden_path_gives_logits_through_tied_embedding():
   params = _random_params(2)
   tokens = jax.random.randint(jax.random.key(0), (1, 7), 0, CONFIG.vocab_size)
-  hidden, _ = gemma3.forward(params, tokens, jnp.arange(7)[None],
-                             causal_attention_mask(jnp.ones((1, 7), bool)), config=CONFIG,
-                             return_hidden=True)
+  hidden, _ = gemma3.forward(
+    params,
+    tokens,
+    jnp.arange(7)[None],
+    causal_attention_mask(jnp.ones((1, 7), bool)),
+    config=CONFIG,
+    return_hidden=True,
+  )
   chex.assert_shape(hidden, (1, 7, CONFIG.embed_dim))
-  chex.assert_trees_all_close(hidden @ params["embed"].T, _full_forward(params, tokens),
-                              atol=1e-4, rtol=1e-5)
+  chex.assert_trees_all_close(
+    hidden @ params["embed"].T, _full_forward(params, tokens), atol=1e-4, rtol=1e-5
+  )
 
 
 def test_layer_pattern_and_presets():
   c = gemma3.get_config("gemma3_270m")
   assert [i for i, g in enumerate(c.global_layers) if g] == [5, 11, 17]
   assert gemma3.get_config("gemma3_270m", sliding_window=4).sliding_window == 4
-  with pytest.raises(ValueError, match=r"Unknown model preset 'gemma9'.*gemma3_1b.*gemma3_270m.*tiny"):
+  with pytest.raises(
+    ValueError, match=r"Unknown model preset 'gemma9'.*gemma3_1b.*gemma3_270m.*tiny"
+  ):
     gemma3.get_config("gemma9")
   with pytest.raises(ValueError, match="num_kv_heads"):
     gemma3.get_config("tiny", num_kv_heads=3)
@@ -141,22 +167,37 @@ def test_tokens_longer_than_cache_raise():
   params = _random_params()
   cache = gemma3.init_cache(CONFIG, 1, 4)
   with pytest.raises(ValueError, match="do not fit in a KV cache of 4 slots"):
-    gemma3.forward(params, jnp.zeros((1, 5), jnp.int32), jnp.arange(5)[None],
-                   jnp.ones((1, 5, 4), bool), cache, config=CONFIG)
+    gemma3.forward(
+      params,
+      jnp.zeros((1, 5), jnp.int32),
+      jnp.arange(5)[None],
+      jnp.ones((1, 5, 4), bool),
+      cache,
+      config=CONFIG,
+    )
 
 
 def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   """The decode layout (unrolled layers, fused q/k/v and gate/up) keeps LoRA paths exact."""
   from rlpost.models import lora as lora_lib
+
   params = _random_params(2)
   lcfg = lora_lib.LoraConfig(rank=4, alpha=8)
   adapters = lora_lib.init_adapters(jax.random.key(5), params, lcfg)
-  adapters = jax.tree.map(lambda x: x + 0.1, adapters)     # B starts at zero: make it matter
+  adapters = jax.tree.map(lambda x: x + 0.1, adapters)  # B starts at zero: make it matter
   tokens = jax.random.randint(jax.random.key(6), (2, 6), 0, CONFIG.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = jnp.broadcast_to(jnp.tril(jnp.ones((6, 8), bool)), (2, 6, 8))
-  run = lambda p: gemma3.forward(p, tokens, pos, mask, gemma3.init_cache(CONFIG, 2, 8),
-                                 config=CONFIG, adapters=adapters, lora_scale=lcfg.scale)[0]
+  run = lambda p: gemma3.forward(
+    p,
+    tokens,
+    pos,
+    mask,
+    gemma3.init_cache(CONFIG, 2, 8),
+    config=CONFIG,
+    adapters=adapters,
+    lora_scale=lcfg.scale,
+  )[0]
   stacked, unstacked = run(params), run(gemma3.unstack_layers(params))
   chex.assert_trees_all_close(unstacked, stacked, atol=1e-4, rtol=1e-5)
   assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]
@@ -169,13 +210,19 @@ def test_gated_gelu_gradient_equals_autodiff_of_the_formula():
   plain = lambda g, u: jnp.sum(jax.nn.gelu(g, approximate=True) * u * cot)
   custom = lambda g, u: jnp.sum(gemma3.gated_gelu(g, u) * cot)
   chex.assert_trees_all_close(custom(gate, up), plain(gate, up), rtol=1e-6)
-  chex.assert_trees_all_close(jax.grad(custom, (0, 1))(gate, up),
-                              jax.grad(plain, (0, 1))(gate, up), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(
+    jax.grad(custom, (0, 1))(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5, rtol=1e-5
+  )
   # Under the "dots" remat policy inside jit, too.
-  remat = jax.jit(jax.grad(jax.checkpoint(custom, policy=jax.checkpoint_policies.save_only_these_names(
-      "gated_gelu")), (0, 1)))
-  chex.assert_trees_all_close(remat(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5,
-                              rtol=1e-5)
+  remat = jax.jit(
+    jax.grad(
+      jax.checkpoint(custom, policy=jax.checkpoint_policies.save_only_these_names("gated_gelu")),
+      (0, 1),
+    )
+  )
+  chex.assert_trees_all_close(
+    remat(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5, rtol=1e-5
+  )
 
 
 def test_gated_gelu_forward_under_grad_is_bitwise_the_primal():

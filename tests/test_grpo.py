@@ -1,4 +1,5 @@
 """GRPO end to end on the tiny model: learning, first-step invariants, exact resume, config errors."""
+
 import copy
 import json
 import os
@@ -34,14 +35,19 @@ def _config(variant="tiny", **overrides):
 
 def _metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)}
-            for line in f]
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)} for line in f]
 
 
-@pytest.mark.parametrize("algo,overrides", [
-    ("grpo", {}), ("drgrpo", {}), ("dapo", {}), ("gspo", {}),
+@pytest.mark.parametrize(
+  "algo,overrides",
+  [
+    ("grpo", {}),
+    ("drgrpo", {}),
+    ("dapo", {}),
+    ("gspo", {}),
     ("grpo", {"algo.policy_loss": "cispo"}),
-])
+  ],
+)
 def test_tiny_grpo_variants_learn(algo, overrides, tmp_path):
   cfg = _config(f"tiny,{algo}", **{"train.steps": 22, "checkpoint.every": 100, **overrides})
   grpo.run(cfg, str(tmp_path))
@@ -59,28 +65,39 @@ def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
   has moved from the reference by step 2), and a LoRA split that ignores the adapters.
   """
   for lora, compute in ((False, "float32"), (True, "float32"), (True, "bfloat16")):
-    cfg = _config("tiny", **{"train.steps": 5, "lora.enabled": lora, "algo.beta": 0.1,
-                             "algo.num_iterations": 2, "train.compute_dtype": compute})
+    cfg = _config(
+      "tiny",
+      **{
+        "train.steps": 5,
+        "lora.enabled": lora,
+        "algo.beta": 0.1,
+        "algo.num_iterations": 2,
+        "train.compute_dtype": compute,
+      },
+    )
     state = grpo.run(cfg, str(tmp_path / f"{lora}{compute}"))
     records = _metrics(tmp_path / f"{lora}{compute}")
     for r in records:
       assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, compute, r["step"])
-    assert abs(records[0]["kl/first_pass"]) < 1e-6   # reference and policy use the same matmuls
-    assert records[-1]["kl/first_pass"] > 1e-6, (lora, compute)   # control: the policy moved
+    assert abs(records[0]["kl/first_pass"]) < 1e-6  # reference and policy use the same matmuls
+    assert records[-1]["kl/first_pass"] > 1e-6, (lora, compute)  # control: the policy moved
     # The float32 sampler and the trainer agree on logprobs; to bf16 rounding with bf16 matmuls.
     first = records[0]
     assert first["sampler_logp_gap"] < (1e-4 if compute == "float32" else 0.1)
     if compute == "bfloat16":
-      assert first["sampler_logp_gap"] > 1e-5   # the trainer really rounds
+      assert first["sampler_logp_gap"] > 1e-5  # the trainer really rounds
     if lora:
       assert_adapters_trained(jax.device_get(state.trainable))
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize(
+  "overrides",
+  [
     {},
     {"algo.num_iterations": 2},
     {"algo.num_iterations": 2, "data.shuffle": False, "lora.enabled": True},
-])
+  ],
+)
 def test_resume_is_exact(overrides, tmp_path):
   cfg = _config("tiny", **{"train.steps": 4, "checkpoint.every": 2, **overrides})
   straight = grpo.run(cfg, str(tmp_path / "straight"))
@@ -91,7 +108,9 @@ def test_resume_is_exact(overrides, tmp_path):
   assert _metrics(tmp_path / "straight") == _metrics(tmp_path / "split")
 
 
-@pytest.mark.parametrize("overrides,field", [
+@pytest.mark.parametrize(
+  "overrides,field",
+  [
     ({"train.micro_batch_size": 5}, "train.micro_batch_size"),
     ({"algo.num_generations": 1}, "algo.num_generations"),
     ({"algo.policy_loss": "ppo2"}, "algo.policy_loss"),
@@ -106,15 +125,18 @@ def test_resume_is_exact(overrides, tmp_path):
     ({"algo.name": "ppo2"}, "algo.name is no longer a field: use config.name"),
     ({"algo.kl": "k1"}, "use config.algo.kl_method"),
     ({"algo.dynamic_sampling": True}, "use config.rollout.dynamic_sampling"),
-])
+  ],
+)
 def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     grpo.run(_config("tiny", **overrides), str(tmp_path))
 
 
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
-  cfg = _config("tiny", **{"data.source": "gsm8k", "data.data_dir": str(tmp_path / "nope"),
-                           "data.template": "fewshot"})
+  cfg = _config(
+    "tiny",
+    **{"data.source": "gsm8k", "data.data_dir": str(tmp_path / "nope"), "data.template": "fewshot"},
+  )
   with pytest.raises((ValueError, FileNotFoundError), match=r"data\.data_dir"):
     grpo.run(cfg, str(tmp_path / "run"))
 
@@ -122,17 +144,33 @@ def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
 def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
   """SIGKILL at random moments (training or saving) never loses more than the last checkpoint."""
   steps = 12
-  args = [sys.executable, "-m", "experiments.grpo", "--config=experiments/configs/grpo_gsm8k.py:tiny",
-          f"--config.train.steps={steps}", "--config.checkpoint.every=1"]
+  args = [
+    sys.executable,
+    "-m",
+    "experiments.grpo",
+    "--config=experiments/configs/grpo_gsm8k.py:tiny",
+    f"--config.train.steps={steps}",
+    "--config.checkpoint.every=1",
+  ]
   env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-  ref = subprocess.run(args + [f"--workdir={tmp_path / 'ref'}"], cwd=REPO_ROOT, env=env,
-                       capture_output=True, timeout=300)
+  ref = subprocess.run(
+    args + [f"--workdir={tmp_path / 'ref'}"],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    timeout=300,
+  )
   assert ref.returncode == 0, ref.stderr.decode()[-3000:]
   workdir = tmp_path / "killed"
   rng = np.random.default_rng(0)
   for _ in range(3):
-    proc = subprocess.Popen(args + [f"--workdir={workdir}"], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+      args + [f"--workdir={workdir}"],
+      cwd=REPO_ROOT,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
     metrics_file = workdir / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -142,8 +180,9 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
       time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  final = subprocess.run(args + [f"--workdir={workdir}"], cwd=REPO_ROOT, env=env,
-                         capture_output=True, timeout=300)
+  final = subprocess.run(
+    args + [f"--workdir={workdir}"], cwd=REPO_ROOT, env=env, capture_output=True, timeout=300
+  )
   assert final.returncode == 0, final.stderr.decode()[-3000:]
   assert _metrics(workdir) == _metrics(tmp_path / "ref")
   mngr = checkpoint.manager(str(workdir))
@@ -154,10 +193,18 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
 def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
   require_shared(GSM8K_DIR)
   require_gemma3()
-  cfg = _config("gemma3_270m", **{
-      "data.data_dir": str(GSM8K_DIR), "train.steps": 1, "train.batch_prompts": 2,
-      "algo.num_generations": 2, "train.micro_batch_size": 2, "sampling.max_new_tokens": 8,
-      "data.fewshot": 1})
+  cfg = _config(
+    "gemma3_270m",
+    **{
+      "data.data_dir": str(GSM8K_DIR),
+      "train.steps": 1,
+      "train.batch_prompts": 2,
+      "algo.num_generations": 2,
+      "train.micro_batch_size": 2,
+      "sampling.max_new_tokens": 8,
+      "data.fewshot": 1,
+    },
+  )
   grpo.run(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
@@ -170,13 +217,24 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
 
 def test_tiny_model_runs_the_math_pipeline(tmp_path):
   """Few-shot prompts, stop strings, GSM8K rewards and accuracies, on synthetic arithmetic."""
-  cfg = _config("tiny", **{"data.source": "arithmetic", "data.template": "fewshot",
-                           "train.steps": 1, "sampling.max_new_tokens": 16,
-                           "sampling.prompt_bucket": 64})
+  cfg = _config(
+    "tiny",
+    **{
+      "data.source": "arithmetic",
+      "data.template": "fewshot",
+      "train.steps": 1,
+      "sampling.max_new_tokens": 16,
+      "sampling.prompt_bucket": 64,
+    },
+  )
   grpo.run(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
-  for name in ("answer_accuracy", "format_accuracy", "reward/check_answer",
-               "reward/match_format_approximately"):
+  for name in (
+    "answer_accuracy",
+    "format_accuracy",
+    "reward/check_answer",
+    "reward/match_format_approximately",
+  ):
     assert np.isfinite(record[name]), name
   # A random model never closes the tags: the approximate-format reward is negative.
   assert record["reward/match_format_approximately"] < 0
@@ -184,18 +242,20 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
 
 def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+
   cfg = _config("tiny,dapo", **{"train.batch_prompts": 4})
   pieces = grpo.build(cfg)
   problems = pieces.task.problems[:8]
-  signal_prompts = {p.question for p in problems[::2]}   # half of the prompts carry signal
+  signal_prompts = {p.question for p in problems[::2]}  # half of the prompts carry signal
 
   def reward(prompts, completions, answers):
     del answers
     return [float(len(c)) if p in signal_prompts else 1.0 for p, c in zip(prompts, completions)]
+
   pieces = pieces._replace(task=pieces.task._replace(problems=problems, reward_fns={"r": reward}))
   params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
   groups, metrics, cursor = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
   assert len(groups) == 4 and metrics["dynamic/filled"] == 0
-  assert metrics["dynamic/rounds"] >= 2          # the first 4 prompts held only 2 with signal
+  assert metrics["dynamic/rounds"] >= 2  # the first 4 prompts held only 2 with signal
   assert all(np.ptp(g["rewards"]) > 0 for g in groups)
   assert cursor.position + cursor.epoch * len(problems) == 4 * metrics["dynamic/rounds"]

@@ -1,4 +1,5 @@
 """host_memory.release_freed_memory really returns freed heap pages (Linux/glibc)."""
+
 import ctypes
 import sys
 
@@ -17,11 +18,11 @@ def test_release_freed_memory_lowers_the_resident_set():
   libc = ctypes.CDLL(None)
   libc.malloc.restype = ctypes.c_void_p
   libc.free.argtypes = [ctypes.c_void_p]
-  size = 64 * 1024                                  # below glibc's mmap threshold: heap
+  size = 64 * 1024  # below glibc's mmap threshold: heap
   blocks = [libc.malloc(size) for _ in range(4096)]  # 256 MiB
   for block in blocks:
     ctypes.memset(block, 1, size)
-  for block in blocks[:-1]:                         # the last one pins the heap top
+  for block in blocks[:-1]:  # the last one pins the heap top
     libc.free(block)
   before = _rss_kib()
   assert host_memory.release_freed_memory()

@@ -1,4 +1,5 @@
 """Tests for rlpost.logprobs against slow, obvious numpy references."""
+
 import functools
 
 import chex
@@ -13,8 +14,7 @@ from rlpost.ops import logprobs
 SETTINGS = settings(max_examples=30, deadline=None)
 DIM = 8
 
-_logprobs_jit = jax.jit(logprobs.token_logprobs,
-                        static_argnames=('chunk', 'return_entropy'))
+_logprobs_jit = jax.jit(logprobs.token_logprobs, static_argnames=("chunk", "return_entropy"))
 
 
 def _np_reference(hidden, embed, targets, mask, temperature):
@@ -42,7 +42,7 @@ def _np_logp_grads(hidden, embed, targets, mask, temperature, cot):
   weight = (cot * mask)[..., None]
   dlogits = weight * (onehot - probs) / temperature
   d_hidden = dlogits @ embed.astype(np.float64)
-  d_embed = np.einsum('btv,btd->vd', dlogits, hidden.astype(np.float64))
+  d_embed = np.einsum("btv,btd->vd", dlogits, hidden.astype(np.float64))
   return d_hidden, d_embed
 
 
@@ -59,21 +59,23 @@ def _random_inputs(seed, batch, seq, vocab, ragged=True):
   return hidden, embed, targets, mask
 
 
-shapes = st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([1, 5, 8]),
-                   st.sampled_from([7, 32]))
+shapes = st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([1, 5, 8]), st.sampled_from([7, 32]))
 chunks = st.sampled_from([1, 3, 4, 7, 16, 1000])
 
 
 @SETTINGS
-@given(shape=shapes, chunk=chunks, seed=st.integers(0, 2**16),
-       temperature=st.sampled_from([0.6, 1.0, 1.5]))
+@given(
+  shape=shapes,
+  chunk=chunks,
+  seed=st.integers(0, 2**16),
+  temperature=st.sampled_from([0.6, 1.0, 1.5]),
+)
 def test_matches_naive_full_logits(shape, chunk, seed, temperature):
   hidden, embed, targets, mask = _random_inputs(seed, *shape)
-  logp, entropy = _logprobs_jit(hidden, embed, targets, mask,
-                                temperature=temperature, chunk=chunk,
-                                return_entropy=True)
-  ref_logp, ref_entropy, _ = _np_reference(hidden, embed, targets, mask,
-                                           temperature)
+  logp, entropy = _logprobs_jit(
+    hidden, embed, targets, mask, temperature=temperature, chunk=chunk, return_entropy=True
+  )
+  ref_logp, ref_entropy, _ = _np_reference(hidden, embed, targets, mask, temperature)
   assert logp.dtype == jnp.float32 and logp.shape == targets.shape
   np.testing.assert_allclose(logp, ref_logp, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
@@ -84,27 +86,30 @@ def test_matches_naive_full_logits(shape, chunk, seed, temperature):
 @given(shape=shapes, chunk_a=chunks, chunk_b=chunks, seed=st.integers(0, 2**16))
 def test_independent_of_chunk_size(shape, chunk_a, chunk_b, seed):
   hidden, embed, targets, mask = _random_inputs(seed, *shape)
-  out_a = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_a,
-                        return_entropy=True)
-  out_b = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_b,
-                        return_entropy=True)
+  out_a = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_a, return_entropy=True)
+  out_b = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk_b, return_entropy=True)
   chex.assert_trees_all_close(out_a, out_b, atol=1e-5, rtol=1e-5)
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**16), split=st.integers(1, 3),
-       chunk=st.sampled_from([3, 5]))
+@given(seed=st.integers(0, 2**16), split=st.integers(1, 3), chunk=st.sampled_from([3, 5]))
 def test_independent_of_microbatch_split(seed, split, chunk):
   hidden, embed, targets, mask = _random_inputs(seed, 4, 6, 11)
   full = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk)
-  parts = [_logprobs_jit(hidden[s], embed, targets[s], mask[s], chunk=chunk)
-           for s in (slice(0, split), slice(split, None))]
+  parts = [
+    _logprobs_jit(hidden[s], embed, targets[s], mask[s], chunk=chunk)
+    for s in (slice(0, split), slice(split, None))
+  ]
   np.testing.assert_allclose(full, np.concatenate(parts), atol=1e-5, rtol=1e-5)
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**16), extra_seq=st.sampled_from([1, 3, 9]),
-       extra_rows=st.sampled_from([0, 2]), chunk=st.sampled_from([4, 6]))
+@given(
+  seed=st.integers(0, 2**16),
+  extra_seq=st.sampled_from([1, 3, 9]),
+  extra_rows=st.sampled_from([0, 2]),
+  chunk=st.sampled_from([4, 6]),
+)
 def test_independent_of_padding_amount(seed, extra_seq, extra_rows, chunk):
   hidden, embed, targets, mask = _random_inputs(seed, 3, 5, 13)
   rng = np.random.default_rng(seed + 1)
@@ -117,40 +122,39 @@ def test_independent_of_padding_amount(seed, extra_seq, extra_rows, chunk):
   targets_p[:batch, :seq] = targets
   mask_p = np.zeros(big_shape, bool)
   mask_p[:batch, :seq] = mask
-  small = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk,
-                        return_entropy=True)
-  big = _logprobs_jit(hidden_p, embed, targets_p, mask_p, chunk=chunk,
-                      return_entropy=True)
+  small = _logprobs_jit(hidden, embed, targets, mask, chunk=chunk, return_entropy=True)
+  big = _logprobs_jit(hidden_p, embed, targets_p, mask_p, chunk=chunk, return_entropy=True)
   for s, b in zip(small, big):
     np.testing.assert_allclose(s, np.asarray(b)[:batch, :seq], atol=1e-5)
     assert np.all(np.asarray(b)[~mask_p] == 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=('chunk',))
+@functools.partial(jax.jit, static_argnames=("chunk",))
 def _logp_grads(hidden, embed, targets, mask, cot, temperature, chunk):
   def objective(h, e):
-    return jnp.sum(cot * logprobs.token_logprobs(
-        h, e, targets, mask, temperature=temperature, chunk=chunk))
+    return jnp.sum(
+      cot * logprobs.token_logprobs(h, e, targets, mask, temperature=temperature, chunk=chunk)
+    )
+
   return jax.grad(objective, argnums=(0, 1))(hidden, embed)
 
 
 @SETTINGS
-@given(shape=shapes, chunk=chunks, seed=st.integers(0, 2**16),
-       temperature=st.sampled_from([0.7, 1.0]))
+@given(
+  shape=shapes, chunk=chunks, seed=st.integers(0, 2**16), temperature=st.sampled_from([0.7, 1.0])
+)
 def test_gradient_matches_naive(shape, chunk, seed, temperature):
   hidden, embed, targets, mask = _random_inputs(seed, *shape)
   rng = np.random.default_rng(seed)
   cot = rng.normal(size=targets.shape).astype(np.float32)
-  d_hidden, d_embed = _logp_grads(hidden, embed, targets, mask, cot,
-                                  temperature, chunk)
-  ref_hidden, ref_embed = _np_logp_grads(hidden, embed, targets, mask,
-                                         temperature, cot)
+  d_hidden, d_embed = _logp_grads(hidden, embed, targets, mask, cot, temperature, chunk)
+  ref_hidden, ref_embed = _np_logp_grads(hidden, embed, targets, mask, temperature, cot)
   np.testing.assert_allclose(d_hidden, ref_hidden, atol=1e-5, rtol=1e-4)
   np.testing.assert_allclose(d_embed, ref_embed, atol=1e-5, rtol=1e-4)
 
 
 def _naive_entropy_jax(hidden, embed, mask):
-  logp_all = jax.nn.log_softmax(jnp.einsum('btd,vd->btv', hidden, embed), -1)
+  logp_all = jax.nn.log_softmax(jnp.einsum("btd,vd->btv", hidden, embed), -1)
   entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
   return jnp.where(mask, entropy, 0.0)
 
@@ -160,8 +164,7 @@ def test_entropy_gradient_matches_naive():
   cot = np.random.default_rng(1).normal(size=targets.shape).astype(np.float32)
 
   def chunked(h, e):
-    _, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=4,
-                                     return_entropy=True)
+    _, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=4, return_entropy=True)
     return jnp.sum(cot * ent)
 
   def naive(h, e):
@@ -178,16 +181,18 @@ def test_gradients_with_entropy_and_temperature_match_autodiff_of_full_logits():
   cot_logp, cot_ent = (rng.normal(size=targets.shape).astype(np.float32) for _ in range(2))
 
   def chunked(h, e, temp):
-    logp, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=5, temperature=temp,
-                                        return_entropy=True)
+    logp, ent = logprobs.token_logprobs(
+      h, e, targets, mask, chunk=5, temperature=temp, return_entropy=True
+    )
     return jnp.sum(cot_logp * logp) + jnp.sum(cot_ent * ent)
 
   def naive(h, e, temp):
-    logp_all = jax.nn.log_softmax(jnp.einsum('btd,vd->btv', h, e) / temp, -1)
+    logp_all = jax.nn.log_softmax(jnp.einsum("btd,vd->btv", h, e) / temp, -1)
     logp = jnp.take_along_axis(logp_all, jnp.maximum(targets, 0)[..., None], -1)[..., 0]
     ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    return (jnp.sum(jnp.where(mask, cot_logp * logp, 0.0))
-            + jnp.sum(jnp.where(mask, cot_ent * ent, 0.0)))
+    return jnp.sum(jnp.where(mask, cot_logp * logp, 0.0)) + jnp.sum(
+      jnp.where(mask, cot_ent * ent, 0.0)
+    )
 
   got = jax.grad(chunked, argnums=(0, 1, 2))(hidden, embed, 0.8)
   want = jax.grad(naive, argnums=(0, 1, 2))(hidden, embed, 0.8)
@@ -201,22 +206,33 @@ def test_bfloat16_inputs_accumulate_in_float32():
   logp = _logprobs_jit(hidden_bf, embed_bf, targets, mask, chunk=5)
   # Reference on the same bf16-rounded values in float64: only accumulation
   # error remains, far below bfloat16 resolution (~1e-2 relative).
-  ref, _, _ = _np_reference(np.asarray(hidden_bf.astype(jnp.float32)),
-                            np.asarray(embed_bf.astype(jnp.float32)),
-                            targets, mask, 1.0)
+  ref, _, _ = _np_reference(
+    np.asarray(hidden_bf.astype(jnp.float32)),
+    np.asarray(embed_bf.astype(jnp.float32)),
+    targets,
+    mask,
+    1.0,
+  )
   assert logp.dtype == jnp.float32
   np.testing.assert_allclose(logp, ref, atol=1e-4, rtol=1e-5)
-  grads = jax.grad(lambda h, e: jnp.sum(logprobs.token_logprobs(
-      h, e, targets, mask, chunk=5)), argnums=(0, 1))(hidden_bf, embed_bf)
+  grads = jax.grad(
+    lambda h, e: jnp.sum(logprobs.token_logprobs(h, e, targets, mask, chunk=5)), argnums=(0, 1)
+  )(hidden_bf, embed_bf)
   assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
   # Values: the float64 analytic gradient on the same bf16-rounded inputs, to bfloat16
   # resolution of the result (mutation caught: a backward that drops or mis-scales a term).
-  want = _np_logp_grads(np.asarray(hidden_bf.astype(jnp.float32)),
-                        np.asarray(embed_bf.astype(jnp.float32)), targets, mask, 1.0,
-                        np.ones(targets.shape))
+  want = _np_logp_grads(
+    np.asarray(hidden_bf.astype(jnp.float32)),
+    np.asarray(embed_bf.astype(jnp.float32)),
+    targets,
+    mask,
+    1.0,
+    np.ones(targets.shape),
+  )
   for got, ref in zip(grads, want):
-    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), ref, rtol=2e-2,
-                               atol=1e-2 * np.abs(ref).max())
+    np.testing.assert_allclose(
+      np.asarray(got.astype(jnp.float32)), ref, rtol=2e-2, atol=1e-2 * np.abs(ref).max()
+    )
 
 
 def _max_intermediate_size(jaxpr):
@@ -235,8 +251,7 @@ def test_full_logits_never_materialized():
   hidden, embed, targets, mask = _random_inputs(0, batch, seq, vocab)
 
   def loss(h, e):
-    logp, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=chunk,
-                                        return_entropy=True)
+    logp, ent = logprobs.token_logprobs(h, e, targets, mask, chunk=chunk, return_entropy=True)
     return jnp.sum(logp) + jnp.sum(ent)
 
   grad_fn = jax.value_and_grad(loss, argnums=(0, 1))

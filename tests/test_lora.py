@@ -1,4 +1,5 @@
 """LoRA: unmerged forward == merged forward; sampler on merged weights == trainer on adapters."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +22,7 @@ CFG = lora.LoraConfig(rank=4, alpha=8.0)
 def _adapters(params, seed=0):
   """Adapters with non-zero B so that they change the model."""
   ad = lora.init_adapters(jax.random.key(seed), params, CFG)
-  return jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(seed + 1), x.shape),
-                      ad)
+  return jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(seed + 1), x.shape), ad)
 
 
 def test_fresh_adapters_change_nothing():
@@ -37,8 +37,11 @@ def test_unmerged_forward_equals_merged_forward():
   params = _random_params()
   ad = _adapters(params)
   tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, CONFIG.vocab_size)
-  args = (tokens, jnp.broadcast_to(jnp.arange(12), (2, 12)),
-          causal_attention_mask(jnp.ones((2, 12), bool)))
+  args = (
+    tokens,
+    jnp.broadcast_to(jnp.arange(12), (2, 12)),
+    causal_attention_mask(jnp.ones((2, 12), bool)),
+  )
   unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
   merged, _ = gemma3.forward(lora.merge(params, ad, CFG), *args, config=CONFIG)
   base, _ = gemma3.forward(params, *args, config=CONFIG)
@@ -51,8 +54,15 @@ def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   ad = _adapters(params, 5)
   sc = sampling.SamplingConfig(temperature=0.8, max_new_tokens=10, prompt_bucket=8, stop_ids=(9,))
   tokens, lengths = sampling.pad_prompts([[2, 40, 41, 42], [2, 50]], sc)
-  out = sampling.sample(lora.merge(params, ad, CFG), tokens, lengths, jax.random.key(0),
-                        model_config=CONFIG, config=sc, num_samples=2)
+  out = sampling.sample(
+    lora.merge(params, ad, CFG),
+    tokens,
+    lengths,
+    jax.random.key(0),
+    model_config=CONFIG,
+    config=sc,
+    num_samples=2,
+  )
   batch = batch_lib.to_device(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
   fwd = policy.ForwardConfig(CONFIG, lora=CFG, temperature=0.8)
   logp = objectives.completion_logprobs(params, ad, batch, fwd)
@@ -71,8 +81,9 @@ def test_merge_is_w_plus_alpha_over_rank_a_b():
   for name in lora.ALL_TARGETS:
     w = np.asarray(params["layers"][name], np.float64)
     a, b = (np.asarray(ad["layers"][name][k], np.float64) for k in ("a", "b"))
-    np.testing.assert_allclose(merged["layers"][name], w + 2.0 * np.einsum("lir,lro->lio", a, b),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      merged["layers"][name], w + 2.0 * np.einsum("lir,lro->lio", a, b), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_unmerged_forward_equals_numpy_merged_forward():
@@ -81,12 +92,18 @@ def test_unmerged_forward_equals_numpy_merged_forward():
   ad = _adapters(params, 2)
   layers = dict(params["layers"])
   for name, ab in ad["layers"].items():
-    layers[name] = jnp.asarray(np.asarray(layers[name], np.float64) + (CFG.alpha / CFG.rank)
-                               * np.einsum("lir,lro->lio", np.asarray(ab["a"], np.float64),
-                                           np.asarray(ab["b"], np.float64)), jnp.float32)
+    layers[name] = jnp.asarray(
+      np.asarray(layers[name], np.float64)
+      + (CFG.alpha / CFG.rank)
+      * np.einsum("lir,lro->lio", np.asarray(ab["a"], np.float64), np.asarray(ab["b"], np.float64)),
+      jnp.float32,
+    )
   tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, CONFIG.vocab_size)
-  args = (tokens, jnp.broadcast_to(jnp.arange(10), (2, 10)),
-          causal_attention_mask(jnp.ones((2, 10), bool)))
+  args = (
+    tokens,
+    jnp.broadcast_to(jnp.arange(10), (2, 10)),
+    causal_attention_mask(jnp.ones((2, 10), bool)),
+  )
   unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
   merged, _ = gemma3.forward({**params, "layers": layers}, *args, config=CONFIG)
   np.testing.assert_allclose(unmerged, merged, atol=2e-4, rtol=1e-4)
@@ -96,9 +113,15 @@ def _nll_loss(adapters, params, batch):
   """Next-token NLL of the LoRA-adapted model (full logits: the model is tiny)."""
   tokens = batch["tokens"]
   T = tokens.shape[1]
-  logits, _ = gemma3.forward(params, tokens, jnp.broadcast_to(jnp.arange(T), tokens.shape),
-                             causal_attention_mask(jnp.ones(tokens.shape, bool)), config=CONFIG,
-                             adapters=adapters, lora_scale=CFG.scale)
+  logits, _ = gemma3.forward(
+    params,
+    tokens,
+    jnp.broadcast_to(jnp.arange(T), tokens.shape),
+    causal_attention_mask(jnp.ones(tokens.shape, bool)),
+    config=CONFIG,
+    adapters=adapters,
+    lora_scale=CFG.scale,
+  )
   logp = jax.nn.log_softmax(logits[:, :-1], -1)
   nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
   return nll, {}

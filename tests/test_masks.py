@@ -1,4 +1,5 @@
 """Mask/position helpers (rlpost.ops.masks) against NumPy loops, with and without jit."""
+
 import functools
 
 from absl.testing import parameterized
@@ -20,14 +21,13 @@ class HelperTest(parameterized.TestCase):
   def test_completion_mask(self, stop_ids):
     stop_ids = stop_ids if stop_ids else 4
     tokens = self.rng.integers(0, 8, size=(6, 12)).astype(np.int32)
-    got = self.variant(functools.partial(masks.completion_mask,
-                                         stop_ids=stop_ids))(tokens)
+    got = self.variant(functools.partial(masks.completion_mask, stop_ids=stop_ids))(tokens)
     stops = set(np.atleast_1d(stop_ids).tolist())
     want = np.ones_like(tokens, bool)
     for b in range(tokens.shape[0]):
       for t in range(tokens.shape[1]):
         if tokens[b, t] in stops:
-          want[b, t + 1:] = False
+          want[b, t + 1 :] = False
           break
     np.testing.assert_array_equal(got, want)
 
@@ -51,9 +51,9 @@ class HelperTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_segment_attention_mask(self):
-    segments = np.array([[1, 1, 2, 2, 2, 0, 0],
-                         [1, 2, 2, 3, 3, 3, 0],
-                         [0, 0, 1, 1, 1, 1, 1]], np.int32)
+    segments = np.array(
+      [[1, 1, 2, 2, 2, 0, 0], [1, 2, 2, 3, 3, 3, 0], [0, 0, 1, 1, 1, 1, 1]], np.int32
+    )
     got = self.variant(masks.segment_attention_mask)(segments)
     want = np.zeros(segments.shape + segments.shape[-1:], bool)
     for b, row in enumerate(segments):

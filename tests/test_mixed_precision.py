@@ -1,4 +1,5 @@
 """Mixed-precision training matmuls (`compute_dtype="bfloat16"`): exact rules, real bf16 dots."""
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ def test_mixed_dense_forward_and_backward_are_bf16_products_accumulated_exactly(
   np.testing.assert_allclose(y, xr @ wr, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(dx, gr @ wr.T, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(dw, np.einsum("bti,bto->io", xr, gr), rtol=1e-5, atol=1e-5)
-  assert y.dtype == dx.dtype == dw.dtype == jnp.float32   # float32 master weights
+  assert y.dtype == dx.dtype == dw.dtype == jnp.float32  # float32 master weights
 
 
 def test_mixed_dense_is_the_plain_matmul_when_nothing_is_cast():
@@ -50,8 +51,11 @@ def _tiny_batch(seed=0, rows=2, seq=16):
 
 
 def _loss_and_grads(compute_dtype, params, batch, remat="dots"):
-  loss_fn = sft.make_loss_fn(policy.ForwardConfig(
-      CONFIG, compute_dtype=compute_dtype, remat=remat or "none", logprob_chunk=8))
+  loss_fn = sft.make_loss_fn(
+    policy.ForwardConfig(
+      CONFIG, compute_dtype=compute_dtype, remat=remat or "none", logprob_chunk=8
+    )
+  )
   return jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
 
 
@@ -63,8 +67,9 @@ def test_bf16_compute_tracks_float32_loss_and_gradient(remat):
   loss32, grads32 = _loss_and_grads("float32", params, batch, remat)
   loss16, grads16 = _loss_and_grads("bfloat16", params, batch, remat)
   assert abs(float(loss16) - float(loss32)) < 2e-2 * abs(float(loss32))
-  for (path, g32), g16 in zip(jax.tree_util.tree_leaves_with_path(grads32),
-                             jax.tree.leaves(grads16)):
+  for (path, g32), g16 in zip(
+    jax.tree_util.tree_leaves_with_path(grads32), jax.tree.leaves(grads16)
+  ):
     name = jax.tree_util.keystr(path)
     assert g16.dtype == jnp.float32
     cos = float(jnp.vdot(g32, g16) / (jnp.linalg.norm(g32) * jnp.linalg.norm(g16) + 1e-30))
@@ -88,8 +93,9 @@ def test_every_weight_matmul_of_a_bf16_train_step_runs_in_bf16():
   output projection; attention's batched einsums stay float32) takes bf16 operands."""
   params = gemma3.init_params(jax.random.key(0), CONFIG)
   batch = _tiny_batch()
-  loss_fn = sft.make_loss_fn(policy.ForwardConfig(CONFIG, compute_dtype="bfloat16", remat="dots",
-                                                  logprob_chunk=8))
+  loss_fn = sft.make_loss_fn(
+    policy.ForwardConfig(CONFIG, compute_dtype="bfloat16", remat="dots", logprob_chunk=8)
+  )
   jaxpr = jax.make_jaxpr(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
   dots = _dot_operand_dtypes(jaxpr.jaxpr, [])
   weight_dots = [dtypes for dtypes, batched in dots if not batched]
@@ -109,8 +115,10 @@ def test_bf16_projection_gradient_matches_float64_rule_on_rounded_values():
   cot = rng.normal(size=(1, 6)).astype(np.float32)
 
   def objective(h, e):
-    return jnp.sum(cot * logprobs.token_logprobs(h, e, targets, mask, chunk=6,
-                                                 compute_dtype="bfloat16"))
+    return jnp.sum(
+      cot * logprobs.token_logprobs(h, e, targets, mask, chunk=6, compute_dtype="bfloat16")
+    )
+
   value, (dh, de) = jax.value_and_grad(objective, argnums=(0, 1))(h, e)
   hr, er = _round_bf16(h[0]), _round_bf16(e)
   z = hr @ er.T
@@ -118,6 +126,6 @@ def test_bf16_projection_gradient_matches_float64_rule_on_rounded_values():
   p /= p.sum(-1, keepdims=True)
   logp = np.log(p[np.arange(6), targets[0]])
   np.testing.assert_allclose(value, np.sum(cot[0] * logp), rtol=1e-5)
-  dz = _round_bf16(cot[0][:, None] * (np.eye(40)[targets[0]] - p))   # dz is rounded too
+  dz = _round_bf16(cot[0][:, None] * (np.eye(40)[targets[0]] - p))  # dz is rounded too
   np.testing.assert_allclose(dh[0], dz @ er, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(de, dz.T @ hr, rtol=1e-4, atol=1e-5)

@@ -1,4 +1,5 @@
 """Tests for rlpost.rl.objectives: config validation and loss composition."""
+
 import dataclasses
 
 import jax
@@ -13,53 +14,64 @@ from rlpost.rl import objectives as algorithms
 GRPO, PPO = algorithms.GRPOConfig, algorithms.PPOConfig
 
 
-@pytest.mark.parametrize('cls,kwargs,field,hint', [
-    (GRPO, dict(advantage_estimator='ppo'), 'advantage_estimator',
-     'grpo, drgrpo, rloo, reinforce_pp'),
-    (GRPO, dict(num_generations=1), 'num_generations', '>= 2'),
-    (GRPO, dict(advantage_estimator='rloo', num_generations=1),
-     'num_generations', '>= 2'),
-    (GRPO, dict(num_generations=0, advantage_estimator='reinforce_pp'),
-     'num_generations', 'at least 1'),
-    (GRPO, dict(epsilon_c=1.0), 'epsilon_c', '> 1'),
-    (GRPO, dict(epsilon_low=1.0), 'epsilon_low', '[0, 1)'),
-    (GRPO, dict(kl_method='k4'), 'kl_method', 'low_var_kl'),
-    (GRPO, dict(loss_agg_mode='sum'), 'loss_agg_mode', 'seq-mean-token-sum-norm'),
-    (GRPO, dict(policy_loss='seq'), 'policy_loss', 'clipped, gspo'),
-    (GRPO, dict(num_iterations=0), 'num_iterations', '>= 1'),
-    (GRPO, dict(beta=-0.1), 'beta', '>= 0'),
-    (GRPO, dict(tis_cap=0.0), 'tis_cap', 'positive'),
-    (PPO, dict(gamma=1.5), 'gamma', '[0, 1]'),
-    (PPO, dict(gae_lambda=-0.1), 'gae_lambda', '[0, 1]'),
-    (PPO, dict(clip_range_value=0.0), 'clip_range_value', 'positive'),
-    (PPO, dict(kl_method='kl2'), 'kl_method', 'k3'),
-])
+@pytest.mark.parametrize(
+  "cls,kwargs,field,hint",
+  [
+    (
+      GRPO,
+      dict(advantage_estimator="ppo"),
+      "advantage_estimator",
+      "grpo, drgrpo, rloo, reinforce_pp",
+    ),
+    (GRPO, dict(num_generations=1), "num_generations", ">= 2"),
+    (GRPO, dict(advantage_estimator="rloo", num_generations=1), "num_generations", ">= 2"),
+    (
+      GRPO,
+      dict(num_generations=0, advantage_estimator="reinforce_pp"),
+      "num_generations",
+      "at least 1",
+    ),
+    (GRPO, dict(epsilon_c=1.0), "epsilon_c", "> 1"),
+    (GRPO, dict(epsilon_low=1.0), "epsilon_low", "[0, 1)"),
+    (GRPO, dict(kl_method="k4"), "kl_method", "low_var_kl"),
+    (GRPO, dict(loss_agg_mode="sum"), "loss_agg_mode", "seq-mean-token-sum-norm"),
+    (GRPO, dict(policy_loss="seq"), "policy_loss", "clipped, gspo"),
+    (GRPO, dict(num_iterations=0), "num_iterations", ">= 1"),
+    (GRPO, dict(beta=-0.1), "beta", ">= 0"),
+    (GRPO, dict(tis_cap=0.0), "tis_cap", "positive"),
+    (PPO, dict(gamma=1.5), "gamma", "[0, 1]"),
+    (PPO, dict(gae_lambda=-0.1), "gae_lambda", "[0, 1]"),
+    (PPO, dict(clip_range_value=0.0), "clip_range_value", "positive"),
+    (PPO, dict(kl_method="kl2"), "kl_method", "k3"),
+  ],
+)
 def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
   with pytest.raises(ValueError) as err:
     cls(**kwargs)
   message = str(err.value)
-  assert message.startswith(f'{cls.__name__}.{field}='), message
+  assert message.startswith(f"{cls.__name__}.{field}="), message
   assert hint in message, message
 
 
 def test_configs_are_frozen_hashable_static_args():
-  config = GRPO(advantage_estimator='reinforce_pp', num_generations=1)
+  config = GRPO(advantage_estimator="reinforce_pp", num_generations=1)
   assert hash(config) == hash(dataclasses.replace(config))
   with pytest.raises(dataclasses.FrozenInstanceError):
     config.beta = 1.0  # pytype: disable=not-writable
   hash(PPO())
 
 
-@pytest.mark.parametrize('name', list(adv_lib.ESTIMATORS))
+@pytest.mark.parametrize("name", list(adv_lib.ESTIMATORS))
 def test_grpo_advantages_dispatch(name):
   rewards = jnp.asarray([1.0, 0.0, 0.5, 0.5, 2.0, 1.0, 0.0, 3.0])
   config = GRPO(advantage_estimator=name, num_generations=4)
-  direct = {'grpo': lambda r: adv_lib.grpo(r, 4),
-            'drgrpo': lambda r: adv_lib.drgrpo(r, 4),
-            'rloo': lambda r: adv_lib.rloo(r, 4),
-            'reinforce_pp': adv_lib.reinforce_pp}[name]
-  np.testing.assert_array_equal(algorithms.grpo_advantages(rewards, config),
-                                direct(rewards))
+  direct = {
+    "grpo": lambda r: adv_lib.grpo(r, 4),
+    "drgrpo": lambda r: adv_lib.drgrpo(r, 4),
+    "rloo": lambda r: adv_lib.rloo(r, 4),
+    "reinforce_pp": adv_lib.reinforce_pp,
+  }[name]
+  np.testing.assert_array_equal(algorithms.grpo_advantages(rewards, config), direct(rewards))
 
 
 def _batch(seed=0, batch=4, seq=5):
@@ -76,52 +88,62 @@ def _batch(seed=0, batch=4, seq=5):
 
 def test_grpo_loss_at_ratio_one_matches_numpy():
   mask, old, _, ref, entropy, adv = _batch()
-  config = GRPO(beta=0.1, entropy_coef=0.01, kl_method='k3')
-  loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config,
-                                       entropy=entropy)
+  config = GRPO(beta=0.1, entropy_coef=0.01, kl_method="k3")
+  loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config, entropy=entropy)
   d = old.astype(np.float64) - ref
   k3 = np.exp(-d) + d - 1
   adv_bt = np.broadcast_to(adv[:, None], mask.shape)
-  want = (-adv_bt[mask].mean() + 0.1 * k3[mask].mean()
-          - 0.01 * entropy[mask].mean())
+  want = -adv_bt[mask].mean() + 0.1 * k3[mask].mean() - 0.01 * entropy[mask].mean()
   np.testing.assert_allclose(loss, want, rtol=1e-5)
-  np.testing.assert_allclose(metrics['kl'], k3[mask].mean(), rtol=1e-5)
-  np.testing.assert_allclose(metrics['entropy'], entropy[mask].mean(),
-                             rtol=1e-5)
-  assert float(metrics['loss']) == float(loss)
+  np.testing.assert_allclose(metrics["kl"], k3[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["entropy"], entropy[mask].mean(), rtol=1e-5)
+  assert float(metrics["loss"]) == float(loss)
 
 
-@pytest.mark.parametrize('policy_loss', list(losses.POLICY_LOSSES))
+@pytest.mark.parametrize("policy_loss", list(losses.POLICY_LOSSES))
 def test_grpo_loss_composes_pieces(policy_loss):
   mask, old, logp, ref, entropy, adv = _batch(1)
   sampler = old + 0.05
-  config = GRPO(beta=0.04, kl_method='k1', policy_loss=policy_loss,
-                loss_agg_mode='seq-mean-token-mean', epsilon_high=0.28,
-                tis_cap=1.5, entropy_coef=0.001)
-  step = jax.jit(algorithms.grpo_loss, static_argnames='config')
-  loss, metrics = step(logp, old, ref, adv, mask, config=config,
-                       entropy=entropy, sampler_logp=sampler)
+  config = GRPO(
+    beta=0.04,
+    kl_method="k1",
+    policy_loss=policy_loss,
+    loss_agg_mode="seq-mean-token-mean",
+    epsilon_high=0.28,
+    tis_cap=1.5,
+    entropy_coef=0.001,
+  )
+  step = jax.jit(algorithms.grpo_loss, static_argnames="config")
+  loss, metrics = step(
+    logp, old, ref, adv, mask, config=config, entropy=entropy, sampler_logp=sampler
+  )
   tis = losses.truncated_is_weights(old, sampler, mask, 1.5)
-  pg, _ = losses.policy_loss(logp, old, adv, mask, epsilon_high=0.28,
-                             name=policy_loss, tis_weights=tis,
-                             aggregation='seq-mean-token-mean')
-  agg = lambda x: losses.aggregate(x, mask, 'seq-mean-token-mean')
+  pg, _ = losses.policy_loss(
+    logp,
+    old,
+    adv,
+    mask,
+    epsilon_high=0.28,
+    name=policy_loss,
+    tis_weights=tis,
+    aggregation="seq-mean-token-mean",
+  )
+  agg = lambda x: losses.aggregate(x, mask, "seq-mean-token-mean")
   want = pg + 0.04 * agg(logp - ref) - 0.001 * agg(entropy)
   np.testing.assert_allclose(loss, want, rtol=1e-6)
-  np.testing.assert_allclose(metrics['pg_loss'], pg, rtol=1e-6)
+  np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-6)
 
 
 def test_grpo_loss_missing_inputs_raise():
   mask, old, logp, ref, entropy, adv = _batch(2)
-  with pytest.raises(ValueError, match='ref_logp'):
+  with pytest.raises(ValueError, match="ref_logp"):
     algorithms.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.1))
-  with pytest.raises(ValueError, match='sampler_logp'):
+  with pytest.raises(ValueError, match="sampler_logp"):
     algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(tis_cap=2.0))
-  with pytest.raises(ValueError, match='return_entropy'):
+  with pytest.raises(ValueError, match="return_entropy"):
     algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(entropy_coef=0.1))
-  loss, metrics = algorithms.grpo_loss(logp, old, None, adv, mask,
-                                       GRPO(beta=0.0), entropy=entropy)
-  assert 'kl' not in metrics and np.isfinite(float(loss))
+  loss, metrics = algorithms.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.0), entropy=entropy)
+  assert "kl" not in metrics and np.isfinite(float(loss))
 
 
 def _np_ppo_advantages(scores, values, logp, ref, mask, beta, gamma, lam):
@@ -150,21 +172,27 @@ def test_ppo_advantages_and_loss():
   scores = rng.normal(size=mask.shape[0]).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
   config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01)
-  adv, returns = algorithms.ppo_advantages(scores, values, old, ref, mask,
-                                           config)
-  want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1,
-                                          0.95, 0.9)
+  adv, returns = algorithms.ppo_advantages(scores, values, old, ref, mask, config)
+  want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1, 0.95, 0.9)
   np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
   new_values = values + rng.uniform(-0.3, 0.3, values.shape).astype(np.float32)
   # Non-default clip ranges, checked against NumPy (mutation caught: ppo_loss ignoring
   # clip_range_value, epsilon_low or epsilon_high and using the library defaults).
-  config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01, epsilon_low=0.1,
-               epsilon_high=0.3, clip_range_value=0.05, vf_coef=0.5)
+  config = PPO(
+    gamma=0.95,
+    gae_lambda=0.9,
+    beta=0.1,
+    entropy_coef=0.01,
+    epsilon_low=0.1,
+    epsilon_high=0.3,
+    clip_range_value=0.05,
+    vf_coef=0.5,
+  )
   adv = np.asarray(adv)
-  loss, metrics = algorithms.ppo_loss(logp, old, adv, new_values, values,
-                                      returns, mask, config,
-                                      entropy=entropy)
+  loss, metrics = algorithms.ppo_loss(
+    logp, old, adv, new_values, values, returns, mask, config, entropy=entropy
+  )
   ratio = np.exp(logp.astype(np.float64) - old)
   pg_tok = np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.9, 1.3))
   v_clip = values + np.clip(new_values - values, -0.05, 0.05)
@@ -172,8 +200,9 @@ def test_ppo_advantages_and_loss():
   mean = lambda x: x[mask].mean()
   # The clip ranges matter on this batch: each bound is hit and each term has clipped tokens.
   assert ((ratio < 0.9) & mask).any() and ((ratio > 1.1) & (ratio < 1.3) & mask).any()
-  assert (((new_values - values) ** 2 > 0.05 ** 2) & mask).any()
-  np.testing.assert_allclose(metrics['pg_loss'], mean(pg_tok), rtol=1e-5)
-  np.testing.assert_allclose(metrics['vf_loss'], mean(vf_tok), rtol=1e-5)
-  np.testing.assert_allclose(loss, mean(pg_tok) + 0.5 * mean(vf_tok) - 0.01 * mean(entropy),
-                             rtol=1e-5)
+  assert (((new_values - values) ** 2 > 0.05**2) & mask).any()
+  np.testing.assert_allclose(metrics["pg_loss"], mean(pg_tok), rtol=1e-5)
+  np.testing.assert_allclose(metrics["vf_loss"], mean(vf_tok), rtol=1e-5)
+  np.testing.assert_allclose(
+    loss, mean(pg_tok) + 0.5 * mean(vf_tok) - 0.01 * mean(entropy), rtol=1e-5
+  )

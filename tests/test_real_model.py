@@ -4,6 +4,7 @@ Tolerances follow the fixtures' README: a float32 JAX forward on CPU matches the
 float32 HF reference within 1e-3 in top-20 logprobs; greedy paths are compared up
 to the first near-tie (top1 - top2 margin < 0.1), where correct engines may flip.
 """
+
 import functools
 import json
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.real_model
 def _model():
   require_gemma3()
   from rlpost.models import loading  # pylint: disable=g-import-not-at-top
+
   return loading.load_model("gemma3_270m", "gguf")
 
 
@@ -36,9 +38,14 @@ def _manifest():
 @functools.partial(jax.jit, static_argnames=("config",))
 def _hidden(params, ids_1xT, config):
   T = ids_1xT.shape[1]
-  hidden, _ = gemma3.forward(params, ids_1xT, jnp.arange(T)[None],
-                             causal_attention_mask(jnp.ones((1, T), bool)), config=config,
-                             return_hidden=True)
+  hidden, _ = gemma3.forward(
+    params,
+    ids_1xT,
+    jnp.arange(T)[None],
+    causal_attention_mask(jnp.ones((1, T), bool)),
+    config=config,
+    return_hidden=True,
+  )
   return hidden[0]
 
 
@@ -53,8 +60,11 @@ def _logprobs_at(params, hidden_TxD, ids_TxK):
   def chunk(_, x):
     logits = gemma3.logits_from_hidden(params, x[0])
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-    return None, (jnp.take_along_axis(logits, x[1], axis=-1) - lse,
-                  jnp.take_along_axis(logits, x[1], axis=-1))
+    return None, (
+      jnp.take_along_axis(logits, x[1], axis=-1) - lse,
+      jnp.take_along_axis(logits, x[1], axis=-1),
+    )
+
   _, (lp, lg) = jax.lax.scan(chunk, None, (h, ids))
   return lp.reshape(-1, ids_TxK.shape[1])[:T], lg.reshape(-1, ids_TxK.shape[1])[:T]
 
@@ -65,10 +75,12 @@ def test_logprobs_match_float32_reference_on_every_prompt_position():
     ref = np.load(FIXTURES / "prompts" / f"{prompt['id']}.npz")
     hidden = _hidden(params, jnp.asarray(ref["input_ids"])[None], config)
     logp, logits = _logprobs_at(params, hidden, jnp.asarray(ref["hf_top_ids"]))
-    np.testing.assert_allclose(np.asarray(logp), ref["hf_top_logprobs"], atol=1e-3,
-                               err_msg=prompt["id"])
-    np.testing.assert_allclose(np.asarray(logits), ref["hf_top_logits"], atol=5e-3,
-                               err_msg=prompt["id"])
+    np.testing.assert_allclose(
+      np.asarray(logp), ref["hf_top_logprobs"], atol=1e-3, err_msg=prompt["id"]
+    )
+    np.testing.assert_allclose(
+      np.asarray(logits), ref["hf_top_logits"], atol=5e-3, err_msg=prompt["id"]
+    )
 
 
 def test_last_position_full_vocabulary_logits_match():
@@ -96,8 +108,9 @@ def test_greedy_continuations_match_reference_until_a_near_tie():
     near_ties = np.flatnonzero(ref["hf_greedy_top2_margin"] < 0.1)
     n = near_ties[0] if len(near_ties) else 48
     np.testing.assert_array_equal(got[:n], ref["hf_greedy_ids"][:n], err_msg=p["id"])
-    np.testing.assert_allclose(got_lp[:n], ref["hf_greedy_logprobs"][:n], atol=2e-3,
-                               err_msg=p["id"])
+    np.testing.assert_allclose(
+      got_lp[:n], ref["hf_greedy_logprobs"][:n], atol=2e-3, err_msg=p["id"]
+    )
     compared += n
   assert compared >= 8 * 20, f"only {compared} greedy tokens were comparable"
   # Decoded text of prompts without near-ties equals the reference engine's text.

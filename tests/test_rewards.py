@@ -1,4 +1,5 @@
 """GSM8K rewards on hand-written completions, and the reward error policy."""
+
 import math
 
 import numpy as np
@@ -9,29 +10,40 @@ from rlpost.rewards import gsm8k as r
 
 GOOD = "<reasoning>\n3 + 4 = 7\n</reasoning>\n<answer>7</answer>"
 CASES = {
-    # completion: (exactly, approximately, check_answer, check_numbers) with truth "7"
-    GOOD: (3.0, 2.0, 3.0, 1.5),
-    "<reasoning>x</reasoning><answer> 7 </answer>": (3.0, 2.0, 1.5, 1.5),
-    "<reasoning>x</reasoning><answer>7.5</answer>": (3.0, 2.0, 0.5, 0.0),
-    "<reasoning>x</reasoning><answer>8.2</answer>": (3.0, 2.0, 0.25, 0.0),
-    "<reasoning>x</reasoning><answer>12</answer>": (3.0, 2.0, -1.0, 0.0),
-    "<reasoning>x</reasoning><answer>seven</answer>": (3.0, 2.0, 0.0, 0.0),
-    "<reasoning>x</reasoning><answer>7 apples</answer>": (3.0, 2.0, 0.0, 1.5),  # not a number
-    "The answer is 7": (0.0, -2.0, 0.0, 0.0),
-    "<answer>7</answer>": (0.0, 0.0, 3.0, 1.5),
-    GOOD + " trailing": (0.0, 2.0, 3.0, 1.5),
-    # Two reasoning or answer blocks are not the exact format.
-    "<reasoning><reasoning>x</reasoning><answer>7</answer><answer>7</answer>": (0.0, -1.0, 3.0, 1.5),
-    "<reasoning>x</reasoning><answer>7</answer><reasoning>y</reasoning><answer>7</answer>":
-        (0.0, -2.0, 3.0, 1.5),
-    "": (0.0, -2.0, 0.0, 0.0),
+  # completion: (exactly, approximately, check_answer, check_numbers) with truth "7"
+  GOOD: (3.0, 2.0, 3.0, 1.5),
+  "<reasoning>x</reasoning><answer> 7 </answer>": (3.0, 2.0, 1.5, 1.5),
+  "<reasoning>x</reasoning><answer>7.5</answer>": (3.0, 2.0, 0.5, 0.0),
+  "<reasoning>x</reasoning><answer>8.2</answer>": (3.0, 2.0, 0.25, 0.0),
+  "<reasoning>x</reasoning><answer>12</answer>": (3.0, 2.0, -1.0, 0.0),
+  "<reasoning>x</reasoning><answer>seven</answer>": (3.0, 2.0, 0.0, 0.0),
+  "<reasoning>x</reasoning><answer>7 apples</answer>": (3.0, 2.0, 0.0, 1.5),  # not a number
+  "The answer is 7": (0.0, -2.0, 0.0, 0.0),
+  "<answer>7</answer>": (0.0, 0.0, 3.0, 1.5),
+  GOOD + " trailing": (0.0, 2.0, 3.0, 1.5),
+  # Two reasoning or answer blocks are not the exact format.
+  "<reasoning><reasoning>x</reasoning><answer>7</answer><answer>7</answer>": (0.0, -1.0, 3.0, 1.5),
+  "<reasoning>x</reasoning><answer>7</answer><reasoning>y</reasoning><answer>7</answer>": (
+    0.0,
+    -2.0,
+    3.0,
+    1.5,
+  ),
+  "": (0.0, -2.0, 0.0, 0.0),
 }
 
 
 @pytest.mark.parametrize("completion", list(CASES))
 def test_reward_functions_on_hand_written_completions(completion):
-  got = tuple(fn([""], [completion], ["7"])[0] for fn in (
-      r.match_format_exactly, r.match_format_approximately, r.check_answer, r.check_numbers))
+  got = tuple(
+    fn([""], [completion], ["7"])[0]
+    for fn in (
+      r.match_format_exactly,
+      r.match_format_approximately,
+      r.check_answer,
+      r.check_numbers,
+    )
+  )
   assert got == CASES[completion]
 
 
@@ -50,9 +62,11 @@ def test_score_returns_per_function_values():
 
 def test_reward_error_policy_zero_for_rare_failures_then_raise():
   def flaky(prompts, completions, answers):
-    return [1.0 / (len(c) - 3) for c in completions]   # ZeroDivisionError on 3-char text
-  per_fn, errors = rewards.score({"flaky": flaky}, ["", "", ""], ["abcd", "abc", "abcde"],
-                                 ["", "", ""])
+    return [1.0 / (len(c) - 3) for c in completions]  # ZeroDivisionError on 3-char text
+
+  per_fn, errors = rewards.score(
+    {"flaky": flaky}, ["", "", ""], ["abcd", "abc", "abcde"], ["", "", ""]
+  )
   np.testing.assert_allclose(per_fn["flaky"], [1.0, 0.0, 0.5])
   assert errors == {"flaky": 1}
   with pytest.raises(RuntimeError, match=r"reward function 'flaky' failed on 2/3.*example 0"):

@@ -1,4 +1,5 @@
 """RLBatch building: stop-string truncation and re-padding prompts of different buckets."""
+
 import jax
 import numpy as np
 
@@ -20,22 +21,31 @@ def _text_batch(prompt: str, completions: list[str], T: int, tokenizer=TOK):
   tokens = np.zeros((len(rows), len(p) + T), np.int32)
   mask = np.zeros((len(rows), T), np.float32)
   for i, r in enumerate(rows):
-    tokens[i, :len(p)] = p
-    tokens[i, len(p):len(p) + len(r)] = r
-    mask[i, :len(r)] = 1
+    tokens[i, : len(p)] = p
+    tokens[i, len(p) : len(p) + len(r)] = r
+    mask[i, : len(r)] = 1
   valid = np.concatenate([np.ones((len(rows), len(p)), bool), mask > 0], 1)
   return batch_lib.RLBatch(
-      tokens=tokens, valid=valid, loss_mask=mask, sampler_logp=np.zeros_like(mask),
-      positions=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy())
+    tokens=tokens,
+    valid=valid,
+    loss_mask=mask,
+    sampler_logp=np.zeros_like(mask),
+    positions=np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape).copy(),
+  )
 
 
 def test_truncate_at_stop_strings_on_hand_made_batch():
   stops = ("</answer>", "\nQuestion:")
-  batch = _text_batch("Q", ["<answer>7</answer> and more", "no stop here",
-                            "3\nQuestion: next", "</answer>"], T=32)
+  batch = _text_batch(
+    "Q", ["<answer>7</answer> and more", "no stop here", "3\nQuestion: next", "</answer>"], T=32
+  )
   out = batch_lib.truncate_at_stop_strings(batch, TOK, stops)
-  assert batch_lib.completion_texts(out, TOK) == ["<answer>7</answer>", "no stop here",
-                                                "3\nQuestion:", "</answer>"]
+  assert batch_lib.completion_texts(out, TOK) == [
+    "<answer>7</answer>",
+    "no stop here",
+    "3\nQuestion:",
+    "</answer>",
+  ]
   P = batch.prompt_len
   np.testing.assert_array_equal(out.valid[:, P:], out.loss_mask > 0)
   np.testing.assert_array_equal(out.valid[:, :P], batch.valid[:, :P])
@@ -62,19 +72,20 @@ def test_concat_batches_re_pads_prompts_of_different_buckets():
   batches = []
   for k, prompts in enumerate(([[2, 40, 41]], [[2] + list(range(50, 62)), [2, 70]])):
     tokens, lengths = sampling.pad_prompts(prompts, sc)
-    out = sampling.sample(params, tokens, lengths, jax.random.key(k), model_config=CONFIG,
-                          config=sc, num_samples=2)
+    out = sampling.sample(
+      params, tokens, lengths, jax.random.key(k), model_config=CONFIG, config=sc, num_samples=2
+    )
     batches.append(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
   assert [b.prompt_len for b in batches] == [8, 16]
   joined = batch_lib.concatenate(batches, pad_id=0)
   assert joined.tokens.shape == (6, 16 + 6)
   first = joined.tokens[:2]
-  np.testing.assert_array_equal(first[:, :8], 0)       # the new slots are left padding
+  np.testing.assert_array_equal(first[:, :8], 0)  # the new slots are left padding
   assert not joined.valid[:2, :8].any() and (joined.positions[:2, :8] == 0).all()
   np.testing.assert_array_equal(first[:, 8:], batches[0].tokens)
   fwd = policy.ForwardConfig(CONFIG)
-  logp = lambda b: np.asarray(objectives.completion_logprobs(params, None,
-                                                             batch_lib.to_device(b), fwd))
-  np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]),
-                             atol=1e-5)
+  logp = lambda b: np.asarray(
+    objectives.completion_logprobs(params, None, batch_lib.to_device(b), fwd)
+  )
+  np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]), atol=1e-5)
   np.testing.assert_allclose(logp(joined), joined.sampler_logp, atol=1e-4)

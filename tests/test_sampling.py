@@ -1,4 +1,5 @@
 """Sampler properties on a random tiny model: logprob convention, padding, stops, sharing."""
+
 import chex
 import hypothesis
 import hypothesis.strategies as st
@@ -17,17 +18,19 @@ PARAMS = _random_params(5)
 
 def _sample(prompts, sc, key=0, **kw):
   tokens, lengths = sampling.pad_prompts(prompts, sc)
-  return sampling.sample(PARAMS, tokens, lengths, jax.random.key(key), model_config=CONFIG,
-                         config=sc, **kw)
+  return sampling.sample(
+    PARAMS, tokens, lengths, jax.random.key(key), model_config=CONFIG, config=sc, **kw
+  )
 
 
 def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
   """log-prob of each completion token from one full forward pass (slow path)."""
   full = jnp.asarray(list(prompt) + list(completion[:n]), jnp.int32)[None]
   T = full.shape[1]
-  logits, _ = gemma3.forward(PARAMS, full, jnp.arange(T)[None],
-                             causal_attention_mask(jnp.ones((1, T), bool)), config=CONFIG)
-  logits = logits[0, len(prompt) - 1:-1] / temperature
+  logits, _ = gemma3.forward(
+    PARAMS, full, jnp.arange(T)[None], causal_attention_mask(jnp.ones((1, T), bool)), config=CONFIG
+  )
+  logits = logits[0, len(prompt) - 1 : -1] / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
@@ -37,8 +40,9 @@ def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, None), (1.3, 5)])
 def test_sampler_logprobs_equal_full_forward_recomputation(temperature, top_k):
-  sc = sampling.SamplingConfig(temperature=temperature, top_k=top_k, max_new_tokens=12,
-                               prompt_bucket=8, stop_ids=(7,))
+  sc = sampling.SamplingConfig(
+    temperature=temperature, top_k=top_k, max_new_tokens=12, prompt_bucket=8, stop_ids=(7,)
+  )
   prompts = [[2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [2, 30, 31]]
   out = _sample(prompts, sc, key=3)
   for b, prompt in enumerate(prompts):
@@ -55,16 +59,19 @@ def test_greedy_independent_of_padding_and_batch_companions():
   alone = _sample([prompt], sc)
   companions = [[2] + list(range(40, 40 + n)) for n in (19, 2)]
   mixed = _sample([companions[0], prompt, companions[1]], sc)
-  padded = _sample([prompt], sampling.SamplingConfig(temperature=0.0, max_new_tokens=16,
-                                                     prompt_bucket=32, stop_ids=()))
+  padded = _sample(
+    [prompt],
+    sampling.SamplingConfig(temperature=0.0, max_new_tokens=16, prompt_bucket=32, stop_ids=()),
+  )
   np.testing.assert_array_equal(alone.tokens[0], mixed.tokens[1])
   np.testing.assert_array_equal(alone.tokens[0], padded.tokens[0])
   np.testing.assert_allclose(alone.logprobs[0], mixed.logprobs[1], atol=1e-5)
 
 
 def test_stops_lengths_and_max_new_tokens():
-  sc = sampling.SamplingConfig(temperature=1.5, max_new_tokens=20, prompt_bucket=8,
-                               stop_ids=(3, 4, 5, 6, 7, 8, 9), pad_id=0)
+  sc = sampling.SamplingConfig(
+    temperature=1.5, max_new_tokens=20, prompt_bucket=8, stop_ids=(3, 4, 5, 6, 7, 8, 9), pad_id=0
+  )
   prompts = [[2, 11 + i, 12] for i in range(8)]
   out = _sample(prompts, sc, key=1, max_new_tokens=jnp.int32(13))
   tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
@@ -74,10 +81,10 @@ def test_stops_lengths_and_max_new_tokens():
   stopped = 0
   for row, m in zip(tokens, mask):
     n = m.sum()
-    assert m[:n].all() and not m[n:].any()      # mask is a prefix
-    assert (row[n:] == 0).all()                 # pad after the end
+    assert m[:n].all() and not m[n:].any()  # mask is a prefix
+    assert (row[n:] == 0).all()  # pad after the end
     stops = np.flatnonzero(np.isin(row[:n], sc.stop_ids))
-    if n < 13:                                  # ended early: by a stop token, the last one
+    if n < 13:  # ended early: by a stop token, the last one
       assert list(stops) == [n - 1]
       stopped += 1
     else:
@@ -112,12 +119,12 @@ def test_same_key_same_output_different_key_different_output():
 
 
 @hypothesis.settings(max_examples=30, deadline=None)
-@hypothesis.given(st.sampled_from([2, 17, 300]), st.floats(0.2, 3.0), st.integers(0, 2 ** 31 - 1))
+@hypothesis.given(st.sampled_from([2, 17, 300]), st.floats(0.2, 3.0), st.integers(0, 2**31 - 1))
 def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
   """The two-level inverse-CDF sampler matches softmax probabilities (chi-square-ish bound)."""
   rng = np.random.default_rng(seed)
   logits = jnp.asarray(rng.normal(size=(1, vocab)) * scale, jnp.float32)
-  logits = logits.at[0, rng.integers(vocab)].set(-jnp.inf)   # a zero-probability token
+  logits = logits.at[0, rng.integers(vocab)].set(-jnp.inf)  # a zero-probability token
   n = 4000
   draws = np.asarray(_draws(jax.random.key(seed), jnp.broadcast_to(logits, (n, vocab)).T))
   probs = np.asarray(jax.nn.softmax(logits[0]))
@@ -144,8 +151,12 @@ def _np_nucleus(logits, temperature, top_p):
 
 
 @hypothesis.settings(max_examples=15, deadline=None)
-@hypothesis.given(st.sampled_from([5, 40, 300]), st.floats(0.3, 0.95), st.floats(0.5, 1.5),
-                  st.integers(0, 2 ** 31 - 1))
+@hypothesis.given(
+  st.sampled_from([5, 40, 300]),
+  st.floats(0.3, 0.95),
+  st.floats(0.5, 1.5),
+  st.integers(0, 2**31 - 1),
+)
 def test_top_p_samples_the_renormalised_nucleus(vocab, top_p, temperature, seed):
   """Nucleus sampling draws from the truncated, renormalised softmax and reports its logprobs.
 
@@ -155,11 +166,14 @@ def test_top_p_samples_the_renormalised_nucleus(vocab, top_p, temperature, seed)
   rng = np.random.default_rng(seed)
   logits = rng.normal(size=vocab) * 2.0
   want = _np_nucleus(logits, temperature, top_p)
-  hypothesis.assume(want.max() < 0.999)            # a one-token nucleus shows nothing
+  hypothesis.assume(want.max() < 0.999)  # a one-token nucleus shows nothing
   n = 4000
   sc = sampling.SamplingConfig(temperature=temperature, top_p=top_p)
-  tokens, logp = _select(jax.random.key(seed), jnp.broadcast_to(
-      jnp.asarray(logits, jnp.float32)[:, None], (vocab, n)), sc)
+  tokens, logp = _select(
+    jax.random.key(seed),
+    jnp.broadcast_to(jnp.asarray(logits, jnp.float32)[:, None], (vocab, n)),
+    sc,
+  )
   tokens, logp = np.asarray(tokens), np.asarray(logp)
   counts = np.bincount(tokens, minlength=vocab)
   assert counts[want == 0].sum() == 0, "sampled a token outside the nucleus"

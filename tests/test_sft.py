@@ -1,4 +1,5 @@
 """SFT: loss-token gather against full logits, loss-mask invariance, packing, overfit, resume."""
+
 import json
 
 import jax
@@ -43,7 +44,7 @@ def _dense_reference_nll(params, batch):
   return -jnp.sum(jnp.where(m, picked, 0.0)) / jnp.sum(m)
 
 
-_LOSS_FN = sft.make_loss_fn(policy.ForwardConfig(CONFIG, remat="dots"))   # the configs' default
+_LOSS_FN = sft.make_loss_fn(policy.ForwardConfig(CONFIG, remat="dots"))  # the configs' default
 
 
 @jax.jit
@@ -52,8 +53,9 @@ def _loss_and_grad(params, batch):
 
 
 def test_batch_targets_and_gather_layout():
-  batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=2,
-                         gather_bucket=8)
+  batch = sft.make_batch(
+    _examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=2, gather_bucket=8
+  )
   np.testing.assert_array_equal(batch["targets"][:, :-1], batch["tokens"][:, 1:])
   np.testing.assert_array_equal(batch["target_mask"][:, :-1], batch["loss_mask"][:, 1:])
   for j in range(2):
@@ -79,8 +81,7 @@ def test_remat_policies_agree():
     loss_fn = sft.make_loss_fn(policy.ForwardConfig(CONFIG, remat=remat))
     loss2, grads2 = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
     np.testing.assert_allclose(loss, loss2, rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-                 grads, grads2)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, grads2)
   with pytest.raises(ValueError, match="remat"):
     policy.ForwardConfig(CONFIG, remat="some")
 
@@ -88,8 +89,7 @@ def test_remat_policies_agree():
 def test_loss_mask_invariance():
   """Targets outside the loss mask and padding tokens change neither loss nor gradient."""
   params = _params(1)
-  batch = sft.make_batch(_examples(4, seed=3), seq_len=SEQ, pad_id=TOK.pad_id,
-                         micro_batch_size=4)
+  batch = sft.make_batch(_examples(4, seed=3), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
   assert (batch["segment_ids"] == 0).any() and (~batch["target_mask"]).any()
   loss, grads = _loss_and_grad(params, batch)
   rng = np.random.default_rng(0)
@@ -110,19 +110,23 @@ def test_packed_equals_unpacked():
   params = _params(2)
   examples = _examples(6, seed=4)
   padded = sft.make_batch(examples, seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=6)
-  packed = sft.make_batch(examples, seq_len=2 * SEQ, pad_id=TOK.pad_id, micro_batch_size=1,
-                          pack=True)
+  packed = sft.make_batch(
+    examples, seq_len=2 * SEQ, pad_id=TOK.pad_id, micro_batch_size=1, pack=True
+  )
   assert packed["tokens"].shape[0] < 6
-  assert (sft.batch_stats(packed)["padding_efficiency"]
-          > sft.batch_stats(padded)["padding_efficiency"])
+  assert (
+    sft.batch_stats(packed)["padding_efficiency"] > sft.batch_stats(padded)["padding_efficiency"]
+  )
   loss_a, grads_a = _loss_and_grad(params, padded)
   rows = packed["tokens"].shape[0]
-  packed = sft.make_batch(examples, seq_len=2 * SEQ, pad_id=TOK.pad_id,
-                          micro_batch_size=rows, pack=True)
+  packed = sft.make_batch(
+    examples, seq_len=2 * SEQ, pad_id=TOK.pad_id, micro_batch_size=rows, pack=True
+  )
   loss_b, grads_b = _loss_and_grad(params, packed)
   np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               grads_a, grads_b)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads_a, grads_b
+  )
 
 
 def test_token_mean_is_exact_across_micro_batches():
@@ -140,22 +144,23 @@ def test_token_mean_is_exact_across_micro_batches():
   want_loss, want_grads = jax.jit(jax.value_and_grad(_dense_reference_nll))(params, whole)
   for micro in (1, 2, 4):
     batch = sft.make_batch(examples, seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=micro)
-    step = train.make_train_step(sft.make_loss_fn(policy.ForwardConfig(CONFIG)), opt, mesh,
-                                 micro)
+    step = train.make_train_step(sft.make_loss_fn(policy.ForwardConfig(CONFIG)), opt, mesh, micro)
     state = train.init_train_state(jax.tree.map(jnp.copy, params), opt, jax.random.key(0))
     state, metrics = step(state, None, batch)
     np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-5)
     grads = jax.tree.map(lambda before, after: before - after, params, state.trainable)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6),
-                 grads, want_grads)
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6), grads, want_grads
+    )
     np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(want_grads), rtol=1e-4)
 
 
 def test_next_examples_packed_consumes_what_fits():
   lengths = [30, 20, 25, 10, 40, 5]
-  taken, cursor = sft.next_examples(Cursor(0), lengths, rows=2,
-                                    seq_len=48, pack=True, shuffle=False)
-  assert taken == [0, 1, 2, 3]          # 30+10 | 20+25; 40 does not fit
+  taken, cursor = sft.next_examples(
+    Cursor(0), lengths, rows=2, seq_len=48, pack=True, shuffle=False
+  )
+  assert taken == [0, 1, 2, 3]  # 30+10 | 20+25; 40 does not fit
   assert cursor.position == 4
   taken, _ = sft.next_examples(cursor, lengths, rows=2, seq_len=48, pack=True, shuffle=False)
   assert taken[:2] == [4, 5]
@@ -171,8 +176,14 @@ def _tiny_config(**overrides):
 
 
 def test_overfits_16_examples(tmp_path):
-  cfg = _tiny_config(data__num_synthetic=16, train__batch_size=16, train__micro_batch_size=16,
-                     train__steps=150, train__learning_rate=1e-2, checkpoint__every=1000)
+  cfg = _tiny_config(
+    data__num_synthetic=16,
+    train__batch_size=16,
+    train__micro_batch_size=16,
+    train__steps=150,
+    train__learning_rate=1e-2,
+    checkpoint__every=1000,
+  )
   _, record = sft_recipe.run(cfg, str(tmp_path))
   assert record["loss"] < 0.05, record
 
@@ -190,8 +201,11 @@ def test_resume_is_bitwise(tmp_path):
   sft_recipe.run(cfg, str(tmp_path / "b"), stop_after=2)
   resumed, _ = sft_recipe.run(cfg, str(tmp_path / "b"))
   assert int(resumed.step) == 4
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(straight.trainable),
-               jax.device_get(resumed.trainable))
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    jax.device_get(straight.trainable),
+    jax.device_get(resumed.trainable),
+  )
   lines_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
   lines_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
   assert len(lines_a) == len(lines_b) == 4
@@ -203,17 +217,24 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
   path = tmp_path / "chats.jsonl"
   with open(path, "w", encoding="utf-8") as f:
     for r in sft.synthetic_records(12, seed=7):
-      turns = [{"role": "user", "content": r["prompt"]},
-               {"role": "assistant", "content": r["completion"]}] * 2
+      turns = [
+        {"role": "user", "content": r["prompt"]},
+        {"role": "assistant", "content": r["completion"]},
+      ] * 2
       f.write(json.dumps({"messages": turns}) + "\n")
-  cfg = _tiny_config(train__steps=2, checkpoint__every=100, data__source="jsonl",
-                     data__path=str(path), data__seq_len=64)
+  cfg = _tiny_config(
+    train__steps=2,
+    checkpoint__every=100,
+    data__source="jsonl",
+    data__path=str(path),
+    data__seq_len=64,
+  )
   cfg.eval.every, cfg.eval.num_examples = 2, 5
   _, record = sft_recipe.run(cfg, str(tmp_path / "run"))
   assert np.isclose(record["eval_perplexity"], np.exp(record["eval_loss"]))
   assert record["examples"] == cfg.train.batch_size
   first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-  assert first["step"] == 0 and "eval_loss" in first       # baseline before training
+  assert first["step"] == 0 and "eval_loss" in first  # baseline before training
   # The baseline is the token-mean NLL of the initial params over the LAST 5 records, from
   # full logits: evaluation goes 4 rows at a time (batches of 4 and 1 + 3 fillers), so a
   # mean of batch means, a filler that counts, or the wrong records all fail here.
@@ -223,7 +244,9 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
   np.testing.assert_allclose(first["eval_loss"], want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("section,name,value,field", [
+@pytest.mark.parametrize(
+  "section,name,value,field",
+  [
     ("train", "batch_size", 6, "train.batch_size"),
     ("data", "source", "jsonl", "data.path"),
     ("data", "source", "parquet", "data.source"),
@@ -232,7 +255,8 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
     ("data", "seq_len", 1, "data.seq_len"),
     ("train", "remat", "all", "train.remat"),
     ("train", "compute_dtype", "float16", "train.compute_dtype"),
-])
+  ],
+)
 def test_config_validation_names_field(section, name, value, field):
   cfg = _tiny_config(lora__enabled=True)
   cfg[section][name] = value

@@ -1,4 +1,5 @@
 """SFT and DPO losses against NumPy references, gradient signs, and mask invariance."""
+
 import math
 
 import chex
@@ -24,7 +25,6 @@ def _random_batch(seed, B=4, T=7):
 
 
 class SFTLossTest(chex.TestCase):
-
   @chex.variants(with_jit=True, without_jit=True)
   def test_matches_numpy_reference(self):
     logp, mask = _random_batch(0)
@@ -35,12 +35,15 @@ class SFTLossTest(chex.TestCase):
     np.testing.assert_allclose(metrics["perplexity"], math.exp(want), rtol=1e-5)
     assert float(metrics["tokens"]) == mask.sum()
     np.testing.assert_allclose(
-        sft_losses.sequence_logprob(logp, mask), (lp * mask).sum(-1), rtol=1e-6)
+      sft_losses.sequence_logprob(logp, mask), (lp * mask).sum(-1), rtol=1e-6
+    )
 
   def test_global_token_count_divisor(self):
     logp, mask = _random_batch(1)
-    halves = [sft_losses.sft_loss(logp[i:i + 2], mask[i:i + 2], num_tokens=mask.sum())[0]
-              for i in (0, 2)]
+    halves = [
+      sft_losses.sft_loss(logp[i : i + 2], mask[i : i + 2], num_tokens=mask.sum())[0]
+      for i in (0, 2)
+    ]
     np.testing.assert_allclose(sum(halves), sft_losses.sft_loss(logp, mask)[0], rtol=1e-6)
 
   def test_all_masked_is_zero_not_nan(self):
@@ -65,10 +68,12 @@ def test_masked_positions_change_neither_loss_nor_gradient(seed, junk):
 def test_dpo_at_reference_is_log2_and_gradient_signs(beta, ls):
   rng = np.random.default_rng(0)
   chosen, rejected = rng.normal(-20, 5, (2, 6)).astype(np.float32)
-  loss_fn = lambda pc, pr: sft_losses.dpo_loss(pc, pr, chosen, rejected, beta=beta,
-                                               label_smoothing=ls)
+  loss_fn = lambda pc, pr: sft_losses.dpo_loss(
+    pc, pr, chosen, rejected, beta=beta, label_smoothing=ls
+  )
   (loss, metrics), (g_chosen, g_rejected) = jax.value_and_grad(
-      loss_fn, argnums=(0, 1), has_aux=True)(chosen, rejected)
+    loss_fn, argnums=(0, 1), has_aux=True
+  )(chosen, rejected)
   np.testing.assert_allclose(loss, math.log(2), rtol=1e-6)
   assert float(metrics["reward_margin"]) == 0.0 and float(metrics["reward_accuracy"]) == 0.0
   # Descent raises the chosen logprob and lowers the rejected one.
@@ -83,7 +88,8 @@ def test_dpo_matches_numpy_reference(ls):
   pc, pr, rc, rr = rng.normal(-30, 10, (4, 16)).astype(np.float32)
   beta = 0.25
   loss, metrics = jax.jit(sft_losses.dpo_loss, static_argnames=("beta", "label_smoothing"))(
-      pc, pr, rc, rr, beta=beta, label_smoothing=ls)
+    pc, pr, rc, rr, beta=beta, label_smoothing=ls
+  )
   f64 = lambda x: x.astype(np.float64)
   r_c, r_r = beta * (f64(pc) - f64(rc)), beta * (f64(pr) - f64(rr))
   m = r_c - r_r
@@ -107,9 +113,14 @@ def test_dpo_from_token_logprobs_end_to_end():
   np.testing.assert_allclose(loss, -_np_log_sigmoid(-1.0), rtol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"beta": 0.0}, "beta=0.0"), ({"label_smoothing": 0.5}, "label_smoothing=0.5"),
-    ({"label_smoothing": -0.1}, "label_smoothing=-0.1")])
+@pytest.mark.parametrize(
+  "kwargs,needle",
+  [
+    ({"beta": 0.0}, "beta=0.0"),
+    ({"label_smoothing": 0.5}, "label_smoothing=0.5"),
+    ({"label_smoothing": -0.1}, "label_smoothing=-0.1"),
+  ],
+)
 def test_dpo_bad_hyperparameters(kwargs, needle):
   x = jnp.zeros(3)
   with pytest.raises(ValueError, match=needle):

@@ -1,4 +1,5 @@
 """Tests for rlpost.models.tokenizer against the reference ids in ../shared."""
+
 import json
 import re
 import time
@@ -38,9 +39,11 @@ def test_every_reference_string_matches_hf_ids(tok):
   assert len(strings) == 41
   mismatches = []
   for s in strings:
-    got = {"hf_bos": tok.encode(s["text"]),
-           "hf_nobos": tok.encode(s["text"], add_bos=False),
-           "hf_nobos_literal": tok.encode(s["text"], add_bos=False, parse_special=False)}
+    got = {
+      "hf_bos": tok.encode(s["text"]),
+      "hf_nobos": tok.encode(s["text"], add_bos=False),
+      "hf_nobos_literal": tok.encode(s["text"], add_bos=False, parse_special=False),
+    }
     mismatches += [(s["id"], k, v, s[k]) for k, v in got.items() if v != s[k]]
   assert not mismatches
 
@@ -113,31 +116,46 @@ def test_tokenizer_loads_fast_and_is_cached(tok):
 
 def test_chat_prompt_format():
   assert tok_lib.chat_prompt("Hi") == (
-      "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+    "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+  )
   assert tok_lib.chat_prompt("Hi", system="Be brief.") == (
-      "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n")
+    "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+  )
 
 
 def test_chat_messages_multi_turn():
-  messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"},
-              {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+  messages = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Bye"},
+  ]
   assert tok_lib.chat_messages(messages) == (
-      "<start_of_turn>user\nS\n\nHi<end_of_turn>\n"
-      "<start_of_turn>model\nHello!<end_of_turn>\n"
-      "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    "<start_of_turn>user\nS\n\nHi<end_of_turn>\n"
+    "<start_of_turn>model\nHello!<end_of_turn>\n"
+    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+  )
   assert tok_lib.chat_messages(messages[1:3], add_generation_prompt=False) == (
-      "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n")
+    "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+  )
 
 
-@pytest.mark.parametrize("messages, match", [
+@pytest.mark.parametrize(
+  "messages, match",
+  [
     ([{"role": "assistant", "content": "x"}], "message 0 has role 'assistant'"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
-     "message 1 has role 'user', expected 'model'"),
-    ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
-     "'system' may only come first"),
+    (
+      [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+      "message 1 has role 'user', expected 'model'",
+    ),
+    (
+      [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+      "'system' may only come first",
+    ),
     ([{"role": "system", "content": "s"}], "followed by a user message"),
     ([{"role": "user"}], "needs string 'role' and 'content'"),
-])
+  ],
+)
 def test_chat_messages_errors(messages, match):
   with pytest.raises(ValueError, match=match):
     tok_lib.chat_messages(messages)
@@ -145,8 +163,14 @@ def test_chat_messages_errors(messages, match):
 
 def test_byte_tokenizer_ids_and_specials():
   tok = tok_lib.byte_tokenizer()
-  assert (tok.pad_id, tok.eos_id, tok.bos_id, tok.start_of_turn_id,
-          tok.end_of_turn_id, tok.vocab_size) == (0, 1, 2, 3, 4, 261)
+  assert (
+    tok.pad_id,
+    tok.eos_id,
+    tok.bos_id,
+    tok.start_of_turn_id,
+    tok.end_of_turn_id,
+    tok.vocab_size,
+  ) == (0, 1, 2, 3, 4, 261)
   assert tok.encode("A") == [2, 5 + 65]
   prompt = tok_lib.chat_prompt("hi")
   ids = tok.encode(prompt)
@@ -158,8 +182,9 @@ def test_byte_tokenizer_ids_and_specials():
 
 
 _SPECIALS = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<", ">"]
-_TEXT_WITH_SPECIALS = hst.lists(hst.one_of(hst.text(max_size=5),
-                                           hst.sampled_from(_SPECIALS))).map("".join)
+_TEXT_WITH_SPECIALS = hst.lists(hst.one_of(hst.text(max_size=5), hst.sampled_from(_SPECIALS))).map(
+  "".join
+)
 
 
 @settings(max_examples=200, deadline=None)

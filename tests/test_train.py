@@ -1,4 +1,5 @@
 """train_step: micro-batch accumulation and data-parallel shard_map agree with one big step."""
+
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from rlpost.train import step as train
 def _linear_loss(w, frozen, mb):
   del frozen
   err = mb["x"] @ w - mb["y"]
-  return jnp.mean(err ** 2), {"mse": jnp.mean(err ** 2)}
+  return jnp.mean(err**2), {"mse": jnp.mean(err**2)}
 
 
 def _run(num_devices: int, micro: int, steps: int = 3, optimizer: str = "sgd"):
@@ -61,8 +62,9 @@ def test_micro_batches_equal_one_batch():
   assert abs(l4 - l1) < 1e-5
   np.testing.assert_allclose([g1, g4], _analytic_first_grad_norm(), rtol=1e-5)
   # AdamW is still exact across micro-batch splits (a weaker check: scale-blind).
-  np.testing.assert_allclose(_run(1, 2, optimizer="adamw")[0], _run(1, 8, optimizer="adamw")[0],
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    _run(1, 2, optimizer="adamw")[0], _run(1, 8, optimizer="adamw")[0], rtol=1e-5, atol=1e-6
+  )
 
 
 def test_rows_not_divisible_by_micro_batch_raise():
@@ -87,8 +89,18 @@ def test_two_devices_equal_one_device():
       import jax; assert len(jax.devices()) == 2
       print("OK")
   """)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-         "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    "PYTHONPATH": str(REPO_ROOT),
+    "JAX_PLATFORMS": "cpu",
+  }
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

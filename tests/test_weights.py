@@ -1,4 +1,5 @@
 """Tests for rlpost.models.weights: GGUF reading/loading and HF safetensors load/export."""
+
 import json
 import sys
 
@@ -15,25 +16,51 @@ from rlpost.models.weights import gguf_file
 from rlpost.models.weights import safetensors as st
 
 GEMMA3_270M_INFO = {
-    "vocab_size": 262144, "embed_dim": 640, "num_layers": 18, "num_heads": 4,
-    "num_kv_heads": 1, "head_dim": 256, "mlp_dim": 2048, "sliding_window": 512,
-    "global_every": 6, "local_rope_base": 10000.0, "global_rope_base": 1000000.0,
-    "query_pre_attn_scalar": 256, "rms_eps": float(np.float32(1e-6)),
+  "vocab_size": 262144,
+  "embed_dim": 640,
+  "num_layers": 18,
+  "num_heads": 4,
+  "num_kv_heads": 1,
+  "head_dim": 256,
+  "mlp_dim": 2048,
+  "sliding_window": 512,
+  "global_every": 6,
+  "local_rope_base": 10000.0,
+  "global_rope_base": 1000000.0,
+  "query_pre_attn_scalar": 256,
+  "rms_eps": float(np.float32(1e-6)),
 }
 TINY_INFO = {
-    "vocab_size": 64, "embed_dim": 16, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-    "head_dim": 8, "mlp_dim": 32, "sliding_window": 4, "global_every": 2,
-    "local_rope_base": 10000.0, "global_rope_base": 1000000.0,
-    "query_pre_attn_scalar": 8, "rms_eps": 1e-6,
+  "vocab_size": 64,
+  "embed_dim": 16,
+  "num_layers": 2,
+  "num_heads": 2,
+  "num_kv_heads": 1,
+  "head_dim": 8,
+  "mlp_dim": 32,
+  "sliding_window": 4,
+  "global_every": 2,
+  "local_rope_base": 10000.0,
+  "global_rope_base": 1000000.0,
+  "query_pre_attn_scalar": 8,
+  "rms_eps": 1e-6,
 }
 GGUF_PARTS = {  # our layer leaf -> GGUF name inside blk.N
-    "attn_norm": "attn_norm", "post_attn_norm": "post_attention_norm",
-    "mlp_norm": "ffn_norm", "post_mlp_norm": "post_ffw_norm", "q_norm": "attn_q_norm",
-    "k_norm": "attn_k_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v",
-    "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down",
+  "attn_norm": "attn_norm",
+  "post_attn_norm": "post_attention_norm",
+  "mlp_norm": "ffn_norm",
+  "post_mlp_norm": "post_ffw_norm",
+  "q_norm": "attn_q_norm",
+  "k_norm": "attn_k_norm",
+  "q": "attn_q",
+  "k": "attn_k",
+  "v": "attn_v",
+  "o": "attn_output",
+  "gate": "ffn_gate",
+  "up": "ffn_up",
+  "down": "ffn_down",
 }
-NORM_LEAVES = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm",
-               "k_norm")
+NORM_LEAVES = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
 
 
 def random_params(info, seed=0):
@@ -41,8 +68,11 @@ def random_params(info, seed=0):
   rng = np.random.default_rng(seed)
   shapes = common.param_shapes(info)
   draw = lambda s: rng.normal(size=s).astype(np.float32)
-  return {"embed": draw(shapes["embed"]), "final_norm": draw(shapes["final_norm"]) * 0.1,
-          "layers": {k: draw(s) for k, s in shapes["layers"].items()}}
+  return {
+    "embed": draw(shapes["embed"]),
+    "final_norm": draw(shapes["final_norm"]) * 0.1,
+    "layers": {k: draw(s) for k, s in shapes["layers"].items()},
+  }
 
 
 def assert_same(got, want, name):
@@ -66,13 +96,16 @@ def assert_params_equal(a, b):
 
 def gguf_tensors(params, info):
   """GGUF name -> float32 array in GGUF numpy layout ([out, in]; norms 1 + w)."""
-  out = {"token_embd.weight": params["embed"],
-         "output_norm.weight": params["final_norm"] + np.float32(1)}
+  out = {
+    "token_embd.weight": params["embed"],
+    "output_norm.weight": params["final_norm"] + np.float32(1),
+  }
   for i in range(info["num_layers"]):
     for leaf, part in GGUF_PARTS.items():
       w = params["layers"][leaf][i]
-      out[f"blk.{i}.{part}.weight"] = (w + np.float32(1) if leaf in NORM_LEAVES
-                                       else np.ascontiguousarray(w.T))
+      out[f"blk.{i}.{part}.weight"] = (
+        w + np.float32(1) if leaf in NORM_LEAVES else np.ascontiguousarray(w.T)
+      )
   return out
 
 
@@ -135,8 +168,9 @@ def test_synthetic_gguf_other_storage_types(tmp_path, qtype):
   loaded, _ = gguf_loader.load_gguf(path)
   want = gguf.quants.dequantize(gguf.quants.quantize(tensors["blk.1.attn_q.weight"], q), q)
   np.testing.assert_array_equal(loaded["layers"]["q"][1], want.T)
-  np.testing.assert_allclose(loaded["layers"]["q"][1], params["layers"]["q"][1],
-                             rtol=0.02, atol=0.05)
+  np.testing.assert_allclose(
+    loaded["layers"]["q"][1], params["layers"]["q"][1], rtol=0.02, atol=0.05
+  )
 
 
 def test_bfloat16_load_is_float32_rounded_once(tmp_path):
@@ -145,8 +179,9 @@ def test_bfloat16_load_is_float32_rounded_once(tmp_path):
   f32, _ = gguf_loader.load_gguf(path)
   bf16, _ = gguf_loader.load_gguf(path, dtype="bfloat16")
   assert bf16["layers"]["down"].dtype == ml_dtypes.bfloat16
-  np.testing.assert_array_equal(bf16["layers"]["down"],
-                                f32["layers"]["down"].astype(ml_dtypes.bfloat16))
+  np.testing.assert_array_equal(
+    bf16["layers"]["down"], f32["layers"]["down"].astype(ml_dtypes.bfloat16)
+  )
   with pytest.raises(ValueError, match="int8"):
     gguf_loader.load_gguf(path, dtype=np.int8)
 
@@ -160,8 +195,12 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
 
 
 def test_unsupported_architecture_names_both(tmp_path):
-  path = write_gguf(tmp_path / "llama.gguf", {"token_embd.weight": np.zeros((8, 4), np.float32)},
-                    TINY_INFO, arch="llama")
+  path = write_gguf(
+    tmp_path / "llama.gguf",
+    {"token_embd.weight": np.zeros((8, 4), np.float32)},
+    TINY_INFO,
+    arch="llama",
+  )
   with pytest.raises(ValueError, match=r"architecture is 'llama'.*supports only 'gemma3'"):
     gguf_loader.load_gguf(path)
 
@@ -198,8 +237,9 @@ def test_reader_matches_gguf_reader_on_all_value_types(tmp_path):
   for t in ref.tensors:
     info = ours.tensors[t.name]
     assert (info.offset, info.nbytes, info.qtype) == (t.data_offset, t.n_bytes, t.tensor_type)
-    np.testing.assert_array_equal(ours.dequantize(t.name),
-                                  gguf.quants.dequantize(t.data, t.tensor_type))
+    np.testing.assert_array_equal(
+      ours.dequantize(t.name), gguf.quants.dequantize(t.data, t.tensor_type)
+    )
 
 
 def test_missing_package_error_says_how_to_install(monkeypatch):
@@ -228,9 +268,16 @@ def test_hf_config_fields(tmp_path):
   cfg = json.loads((tmp_path / "config.json").read_text())
   assert cfg["architectures"] == ["Gemma3ForCausalLM"]
   assert cfg["model_type"] == "gemma3_text"
-  assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
-          cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"],
-          cfg["vocab_size"], cfg["sliding_window"]) == (16, 2, 2, 1, 8, 32, 64, 4)
+  assert (
+    cfg["hidden_size"],
+    cfg["num_hidden_layers"],
+    cfg["num_attention_heads"],
+    cfg["num_key_value_heads"],
+    cfg["head_dim"],
+    cfg["intermediate_size"],
+    cfg["vocab_size"],
+    cfg["sliding_window"],
+  ) == (16, 2, 2, 1, 8, 32, 64, 4)
   assert cfg["layer_types"] == ["sliding_attention", "full_attention"]
   assert (cfg["rope_theta"], cfg["rope_local_base_freq"]) == (1e6, 1e4)
   assert (cfg["query_pre_attn_scalar"], cfg["rms_norm_eps"]) == (8, 1e-6)
@@ -245,11 +292,13 @@ def test_hf_layout_is_out_in_and_norms_are_w(tmp_path):
   params = random_params(TINY_INFO)
   st.export_hf_checkpoint(params, TINY_INFO, tmp_path)
   t = safetensors.numpy.load_file(tmp_path / "model.safetensors")
-  np.testing.assert_array_equal(t["model.layers.1.self_attn.o_proj.weight"],
-                                params["layers"]["o"][1].T)
+  np.testing.assert_array_equal(
+    t["model.layers.1.self_attn.o_proj.weight"], params["layers"]["o"][1].T
+  )
   assert t["model.layers.0.mlp.down_proj.weight"].shape == (16, 32)
-  np.testing.assert_array_equal(t["model.layers.1.pre_feedforward_layernorm.weight"],
-                                params["layers"]["mlp_norm"][1])
+  np.testing.assert_array_equal(
+    t["model.layers.1.pre_feedforward_layernorm.weight"], params["layers"]["mlp_norm"][1]
+  )
   np.testing.assert_array_equal(t["model.norm.weight"], params["final_norm"])
   assert len(t) == 2 + 13 * TINY_INFO["num_layers"]
 
@@ -261,19 +310,21 @@ def write_shards(ckpt_dir, prefix="model.", index=True, extra=None):
   tensors = {prefix + k.removeprefix("model."): v for k, v in tensors.items()}
   tensors.update(extra or {})
   names = sorted(tensors)
-  shards = {"model-00001-of-00002.safetensors": names[::2],
-            "model-00002-of-00002.safetensors": names[1::2]}
+  shards = {
+    "model-00001-of-00002.safetensors": names[::2],
+    "model-00002-of-00002.safetensors": names[1::2],
+  }
   for fname, part in shards.items():
-    safetensors.numpy.save_file({k: tensors[k] for k in part}, ckpt_dir / fname,
-                                metadata={"format": "pt"})
+    safetensors.numpy.save_file(
+      {k: tensors[k] for k in part}, ckpt_dir / fname, metadata={"format": "pt"}
+    )
   if index:
     weight_map = {k: f for f, part in shards.items() for k in part}
     (ckpt_dir / st._INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 @pytest.mark.parametrize("index", [True, False])
-@pytest.mark.parametrize("prefix", ["model.", "language_model.model.",
-                                    "model.language_model."])
+@pytest.mark.parametrize("prefix", ["model.", "language_model.model.", "model.language_model."])
 def test_hf_round_trip_sharded(tmp_path, index, prefix):
   params = random_params(TINY_INFO)
   st.export_hf_checkpoint(params, TINY_INFO, tmp_path)
@@ -310,8 +361,7 @@ def test_hf_errors_name_the_problem(tmp_path):
   bad = dict(cfg, rope_scaling={"rope_type": "linear", "factor": 8.0})
   with pytest.raises(ValueError, match="RoPE scaling"):
     st.hf_config_to_info(bad)
-  bad = dict(cfg, layer_types=["full_attention", "sliding_attention"],
-             sliding_window_pattern=None)
+  bad = dict(cfg, layer_types=["full_attention", "sliding_attention"], sliding_window_pattern=None)
   with pytest.raises(ValueError, match="not 'one global layer every 1'"):
     st.hf_config_to_info(bad)
   with pytest.raises(ValueError, match="layers/q"):
@@ -322,6 +372,7 @@ def test_hf_errors_name_the_problem(tmp_path):
 
 def test_export_accepts_a_config_dataclass(tmp_path):
   import dataclasses  # pylint: disable=g-import-not-at-top
+
   config_cls = dataclasses.make_dataclass("Config", list(TINY_INFO), frozen=True)
   st.export_hf_checkpoint(random_params(TINY_INFO), config_cls(**TINY_INFO), tmp_path)
   assert st.load_hf_checkpoint(tmp_path)[1] == TINY_INFO
@@ -347,11 +398,21 @@ def real(real_path):
 def test_real_info_and_shapes(real):
   params, info = real
   assert info == GEMMA3_270M_INFO
-  layers = {"attn_norm": (18, 640), "post_attn_norm": (18, 640), "mlp_norm": (18, 640),
-            "post_mlp_norm": (18, 640), "q_norm": (18, 256), "k_norm": (18, 256),
-            "q": (18, 640, 1024), "k": (18, 640, 256), "v": (18, 640, 256),
-            "o": (18, 1024, 640), "gate": (18, 640, 2048), "up": (18, 640, 2048),
-            "down": (18, 2048, 640)}
+  layers = {
+    "attn_norm": (18, 640),
+    "post_attn_norm": (18, 640),
+    "mlp_norm": (18, 640),
+    "post_mlp_norm": (18, 640),
+    "q_norm": (18, 256),
+    "k_norm": (18, 256),
+    "q": (18, 640, 1024),
+    "k": (18, 640, 256),
+    "v": (18, 640, 256),
+    "o": (18, 1024, 640),
+    "gate": (18, 640, 2048),
+    "up": (18, 640, 2048),
+    "down": (18, 2048, 640),
+  }
   assert params["embed"].shape == (262144, 640)
   assert params["final_norm"].shape == (640,)
   assert {k: v.shape for k, v in params["layers"].items()} == layers
@@ -372,8 +433,8 @@ def test_real_every_tensor_equals_gguf_dequantize(real, real_path):
     seen_types.add(t.tensor_type.name)
     if t.name == "token_embd.weight":  # in row blocks: whole-matrix temporaries are slow
       for r in range(0, t.data.shape[0], 4096):
-        want = gguf.quants.dequantize(t.data[r:r + 4096], t.tensor_type)
-        assert_same(params["embed"][r:r + 4096], want, t.name)
+        want = gguf.quants.dequantize(t.data[r : r + 4096], t.tensor_type)
+        assert_same(params["embed"][r : r + 4096], want, t.name)
       continue
     want = gguf.quants.dequantize(t.data, t.tensor_type)
     if t.name == "output_norm.weight":

@@ -12,6 +12,7 @@ Prints ONE JSON object:
 
   python -m experiments.benchmarks.decode --dtype=float32
 """
+
 import json
 import platform
 import resource
@@ -65,6 +66,7 @@ def _ceiling(params, config, batch, repeats):
       x = x + qkv[:, :q_dim] @ layer["o"] + qkv[:, q_dim:].sum()
       x = (x + (gate_up[:, :mlp] * gate_up[:, mlp:]) @ layer["down"]).astype(x.dtype)
     return jnp.einsum("vd,bd->vb", embed, x)  # the faster layout on XLA:CPU
+
   x = jnp.ones((batch, params["embed"].shape[1]), params["embed"].dtype)
   _, times = _timed(lambda: step(layers, params["embed"], x), repeats + 2)
   return min(times)
@@ -77,42 +79,53 @@ def _scan_ceiling(params, batch, repeats):
   machine): the scan slices each weight out of its stack, a copy per layer and
   step, so it is slower than `_ceiling`; reported for comparison only.
   """
+
   @jax.jit
   def step(params, x):
     def body(x, layer):
       h = x @ layer["q"] @ layer["o"] + (x @ layer["k"]).sum() + (x @ layer["v"]).sum()
       return (h + (x @ layer["gate"] * (x @ layer["up"])) @ layer["down"]).astype(x.dtype), None
+
     x, _ = jax.lax.scan(body, x, params["layers"])
     return jnp.einsum("vd,bd->vb", params["embed"], x)
+
   x = jnp.ones((batch, params["embed"].shape[1]), params["embed"].dtype)
   _, times = _timed(lambda: step(params, x), repeats + 2)
   return min(times)
 
 
 def _decode(params, config, batch, prompt_len, new_tokens, repeats):
-  sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, stop_ids=(),
-                               prompt_bucket=prompt_len)
+  sc = sampling.SamplingConfig(
+    temperature=1.0, max_new_tokens=new_tokens, stop_ids=(), prompt_bucket=prompt_len
+  )
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(3, config.vocab_size, (batch, prompt_len)), jnp.int32)
   lengths = jnp.full((batch,), prompt_len, jnp.int32)
-  run = lambda: sampling.sample(params, tokens, lengths, jax.random.key(0), model_config=config,
-                                config=sc)
+  run = lambda: sampling.sample(
+    params, tokens, lengths, jax.random.key(0), model_config=config, config=sc
+  )
   first, times = _timed(run, repeats)
   out = run()
   assert int(out.lengths.min()) == new_tokens, "every row must generate all tokens"
   # Prefill time of this workload, to report decode-only throughput too.
-  pre = jax.jit(lambda p, t, l: sampling.prefill(p, t, l, model_config=config,
-                                                 cache_size=prompt_len + new_tokens)[0])
+  pre = jax.jit(
+    lambda p, t, l: sampling.prefill(
+      p, t, l, model_config=config, cache_size=prompt_len + new_tokens
+    )[0]
+  )
   _, pre_times = _timed(lambda: pre(params, tokens, lengths), repeats)
   steady = min(times)
   generated = batch * new_tokens
   return {
-      "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
-      "compile_plus_first_run_s": round(first, 3),
-      "steady_s_min": round(steady, 4), "steady_s_median": round(float(np.median(times)), 4),
-      "tokens_per_s": round(generated / steady, 2),
-      "decode_only_tokens_per_s": round(generated / max(steady - min(pre_times), 1e-9), 2),
-      "decode_step_ms": round(1000 * (steady - min(pre_times)) / new_tokens, 2),
+    "batch": batch,
+    "prompt_len": prompt_len,
+    "new_tokens": new_tokens,
+    "compile_plus_first_run_s": round(first, 3),
+    "steady_s_min": round(steady, 4),
+    "steady_s_median": round(float(np.median(times)), 4),
+    "tokens_per_s": round(generated / steady, 2),
+    "decode_only_tokens_per_s": round(generated / max(steady - min(pre_times), 1e-9), 2),
+    "decode_step_ms": round(1000 * (steady - min(pre_times)) / new_tokens, 2),
   }
 
 
@@ -126,10 +139,12 @@ def main(argv):
   batched = _decode(params, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
   batched["ceiling_step_ms"] = round(1000 * ceiling_s, 2)
   batched["ceiling_tokens_per_s"] = round(_BATCH.value / ceiling_s, 2)
-  batched["fraction_of_ceiling"] = round(batched["tokens_per_s"]
-                                         / batched["ceiling_tokens_per_s"], 3)
-  batched["decode_only_fraction_of_ceiling"] = round(batched["decode_only_tokens_per_s"]
-                                                     / batched["ceiling_tokens_per_s"], 3)
+  batched["fraction_of_ceiling"] = round(
+    batched["tokens_per_s"] / batched["ceiling_tokens_per_s"], 3
+  )
+  batched["decode_only_fraction_of_ceiling"] = round(
+    batched["decode_only_tokens_per_s"] / batched["ceiling_tokens_per_s"], 3
+  )
   scan_s = _scan_ceiling(params, _BATCH.value, _REPEATS.value)
   batched["scan_ceiling_step_ms"] = round(1000 * scan_s, 2)
   batched["fraction_of_scan_ceiling"] = round(batched["tokens_per_s"] * scan_s / _BATCH.value, 3)
@@ -137,18 +152,32 @@ def main(argv):
   single["ceiling_tokens_per_s"] = round(1 / _ceiling(params, config, 1, _REPEATS.value), 2)
   pre = jax.jit(lambda p, t, l: sampling.prefill(p, t, l, model_config=config, cache_size=513)[0])
   tokens = jnp.asarray(np.random.default_rng(1).integers(3, config.vocab_size, (1, 512)), jnp.int32)
-  pre_first, pre_times = _timed(lambda: pre(params, tokens, jnp.array([512], jnp.int32)),
-                                _REPEATS.value)
-  print(json.dumps({
-      "benchmark": "decode", "preset": _PRESET.value, "param_dtype": _DTYPE.value,
-      "jax": jax.__version__, "backend": jax.default_backend(),
-      "devices": [str(d) for d in jax.devices()], "machine": platform.processor() or platform.machine(),
-      "loadavg_before": load_before, "loadavg_after": open("/proc/loadavg").read().split()[:3],
-      "batched": batched, "single_stream": single,
-      "prefill_512": {"compile_plus_first_run_s": round(pre_first, 3),
-                      "tokens_per_s": round(512 / min(pre_times), 1)},
-      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
-  }, indent=1))
+  pre_first, pre_times = _timed(
+    lambda: pre(params, tokens, jnp.array([512], jnp.int32)), _REPEATS.value
+  )
+  print(
+    json.dumps(
+      {
+        "benchmark": "decode",
+        "preset": _PRESET.value,
+        "param_dtype": _DTYPE.value,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "machine": platform.processor() or platform.machine(),
+        "loadavg_before": load_before,
+        "loadavg_after": open("/proc/loadavg").read().split()[:3],
+        "batched": batched,
+        "single_stream": single,
+        "prefill_512": {
+          "compile_plus_first_run_s": round(pre_first, 3),
+          "tokens_per_s": round(512 / min(pre_times), 1),
+        },
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+      },
+      indent=1,
+    )
+  )
 
 
 if __name__ == "__main__":

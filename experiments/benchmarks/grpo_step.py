@@ -8,6 +8,7 @@ subprocess so peak RSS is per mode. Prints ONE JSON object.
   python -m experiments.benchmarks.grpo_step [--dtype=bfloat16] [--compute_dtype=bfloat16]
       [--remat=full] [--modes=full,lora]
 """
+
 import dataclasses
 import json
 import resource
@@ -29,11 +30,16 @@ from rlpost.recipes import grpo
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
-_COMPUTE = flags.DEFINE_enum("compute_dtype", None, ["float32", "bfloat16"],
-                             "Trainer matmul input dtype (default: the config's).")
+_COMPUTE = flags.DEFINE_enum(
+  "compute_dtype",
+  None,
+  ["float32", "bfloat16"],
+  "Trainer matmul input dtype (default: the config's).",
+)
 _CHUNK = flags.DEFINE_integer("logprob_chunk", None, "Projection chunk (default: the config's).")
-_REMAT = flags.DEFINE_enum("remat", None, ["dots", "full"],
-                           "Trainer activation policy (default: the config's).")
+_REMAT = flags.DEFINE_enum(
+  "remat", None, ["dots", "full"], "Trainer activation policy (default: the config's)."
+)
 _MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
 
 
@@ -61,30 +67,42 @@ def _run_mode(mode: str) -> dict:
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
   problems = [Problem(f"{question}", "", "0")] * 8
-  setup = dataclasses.replace(pieces.setup, template="plain", sampling=dataclasses.replace(
-      pieces.setup.sampling, stop_ids=()))
-  pieces = pieces._replace(setup=setup, task=pieces.task._replace(
-      problems=problems, reward_fns={"random": _random_reward}, accuracy_fns={}, examples=[]))
+  setup = dataclasses.replace(
+    pieces.setup, template="plain", sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=())
+  )
+  pieces = pieces._replace(
+    setup=setup,
+    task=pieces.task._replace(
+      problems=problems, reward_fns={"random": _random_reward}, accuracy_fns={}, examples=[]
+    ),
+  )
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()
     state, cursor, metrics = grpo.iteration(pieces, state, cursor, index)
     jax.block_until_ready(state)
-    times.append({"total_s": time.perf_counter() - start,
-                  "rollout_s": float(metrics["time/rollout_s"]),
-                  "train_s": float(metrics["time/train_s"]),
-                  "completion_tokens": float(metrics["completion_len/mean"]) * 8})
+    times.append(
+      {
+        "total_s": time.perf_counter() - start,
+        "rollout_s": float(metrics["time/rollout_s"]),
+        "train_s": float(metrics["time/train_s"]),
+        "completion_tokens": float(metrics["completion_len/mean"]) * 8,
+      }
+    )
   steady = times[1:]
   return {
-      "mode": mode, "param_dtype": _DTYPE.value, "compute_dtype": cfg.train.compute_dtype,
-      "logprob_chunk": cfg.train.logprob_chunk, "remat": cfg.train.remat,
-      "first_iteration_s": round(times[0]["total_s"], 2),
-      "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
-      "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
-      "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
-      "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
-      "completion_tokens_per_iteration": times[-1]["completion_tokens"],
-      "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2),
+    "mode": mode,
+    "param_dtype": _DTYPE.value,
+    "compute_dtype": cfg.train.compute_dtype,
+    "logprob_chunk": cfg.train.logprob_chunk,
+    "remat": cfg.train.remat,
+    "first_iteration_s": round(times[0]["total_s"], 2),
+    "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
+    "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
+    "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
+    "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
+    "completion_tokens_per_iteration": times[-1]["completion_tokens"],
+    "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
   }
 
 
@@ -93,16 +111,34 @@ def main(argv):
   if _MODE.value:
     print(json.dumps(_run_mode(_MODE.value)))
     return
-  results = {"benchmark": "grpo_step", "jax": jax.__version__,
-             "workload": {"prompts": 2, "generations": 4, "prompt_len": 32, "new_tokens": 64,
-                          "beta": 0.08, "lora_rank": 32},
-             "loadavg_before": open("/proc/loadavg").read().split()[:3]}
+  results = {
+    "benchmark": "grpo_step",
+    "jax": jax.__version__,
+    "workload": {
+      "prompts": 2,
+      "generations": 4,
+      "prompt_len": 32,
+      "new_tokens": 64,
+      "beta": 0.08,
+      "lora_rank": 32,
+    },
+    "loadavg_before": open("/proc/loadavg").read().split()[:3],
+  }
   for mode in _MODES.value:
-    out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.grpo_step",
-                          f"--mode={mode}", f"--iterations={_ITERATIONS.value}",
-                          f"--dtype={_DTYPE.value}"]
-                         + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT) if f.value],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "experiments.benchmarks.grpo_step",
+        f"--mode={mode}",
+        f"--iterations={_ITERATIONS.value}",
+        f"--dtype={_DTYPE.value}",
+      ]
+      + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT) if f.value],
+      capture_output=True,
+      text=True,
+      check=True,
+    )
     results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
   results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
   print(json.dumps(results, indent=1))

@@ -9,6 +9,7 @@ row, like a prompt/response split): compile + first step seconds, steady step
 seconds (min / median), tokens/s, useful FLOP/s = 6 * params * tokens / step
 and its fraction of the float32 peak, and the process's peak RSS after each part.
 """
+
 import json
 import resource
 import statistics
@@ -31,9 +32,12 @@ _STEPS = flags.DEFINE_integer("steps", 4, "Timed steps after the first (compile)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
 _MICRO = flags.DEFINE_integer("micro_batch_size", 4, "Rows per micro-batch.")
 _CHUNK = flags.DEFINE_integer("chunk", 512, "Tokens per output-projection chunk.")
-_COMPUTE = flags.DEFINE_enum("compute_dtype", "bfloat16", ["float32", "bfloat16"],
-                             "Matmul input dtype, float32 accumulation (the configs' "
-                             "train.compute_dtype).")
+_COMPUTE = flags.DEFINE_enum(
+  "compute_dtype",
+  "bfloat16",
+  ["float32", "bfloat16"],
+  "Matmul input dtype, float32 accumulation (the configs' train.compute_dtype).",
+)
 _REMAT = flags.DEFINE_enum("remat", "dots", ["none", "dots", "full"], "Activation policy.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the square matmul peak probe.")
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
@@ -55,8 +59,10 @@ def matmul_peak(n: int, repeats: int = 5) -> dict:
       start = time.perf_counter()
       f(a, b).block_until_ready()
       times.append(time.perf_counter() - start)
-    out[dtype] = {"gflops_best": 2 * n ** 3 / min(times) / 1e9,
-                  "gflops_median": 2 * n ** 3 / statistics.median(times) / 1e9}
+    out[dtype] = {
+      "gflops_best": 2 * n**3 / min(times) / 1e9,
+      "gflops_median": 2 * n**3 / statistics.median(times) / 1e9,
+    }
   return out
 
 
@@ -66,17 +72,20 @@ def random_batch(rng, vocab: int, rows: int, seq_len: int, micro: int, loss_frac
   tokens[:, 0] = 2
   first = seq_len - int(round(loss_fraction * (seq_len - 1)))
   mask = np.arange(seq_len) >= first
-  return sft.make_batch([(t, mask) for t in tokens], seq_len=seq_len, pad_id=0,
-                        micro_batch_size=micro)
+  return sft.make_batch(
+    [(t, mask) for t in tokens], seq_len=seq_len, pad_id=0, micro_batch_size=micro
+  )
 
 
 def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32: float) -> dict:
   """Compile + first step, then `--steps` timed steps, of full-parameter SFT."""
   rows, seq_len = _BATCH.value, _SEQ.value
-  optimizer = train.make_optimizer(learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0,
-                                   max_grad_norm=None)
-  fwd = policy.ForwardConfig(model=config, compute_dtype=_COMPUTE.value, remat=_REMAT.value,
-                             logprob_chunk=_CHUNK.value)
+  optimizer = train.make_optimizer(
+    learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0, max_grad_norm=None
+  )
+  fwd = policy.ForwardConfig(
+    model=config, compute_dtype=_COMPUTE.value, remat=_REMAT.value, logprob_chunk=_CHUNK.value
+  )
   loss_fn = sft.make_loss_fn(fwd)
   mesh = train.make_mesh()
   step = train.make_train_step(loss_fn, optimizer, mesh, _MICRO.value)
@@ -87,32 +96,42 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
     batch = random_batch(rng, config.vocab_size, rows, seq_len, _MICRO.value, loss_fraction)
     start = time.perf_counter()
     state, metrics = step(state, None, batch)
-    losses.append(float(metrics["loss"]))      # host transfer: the sync point
+    losses.append(float(metrics["loss"]))  # host transfer: the sync point
     times.append(time.perf_counter() - start)
   steady = times[1:]
   flops = 6 * param_count * rows * seq_len
   return {
-      "loss_fraction": loss_fraction,
-      "loss_tokens_per_step": int(batch["target_mask"].sum()),
-      "compile_plus_first_step_s": times[0],
-      "steady_step_s": {"min": min(steady), "median": statistics.median(steady),
-                        "all": [round(t, 4) for t in steady]},
-      "tokens_per_s_median": rows * seq_len / statistics.median(steady),
-      "useful_gflops_per_s": flops / statistics.median(steady) / 1e9,
-      "fraction_of_f32_peak": flops / statistics.median(steady) / 1e9 / peak_f32,
-      "loss_history": losses,
-      "peak_rss_mib_after": peak_rss_mib(),
+    "loss_fraction": loss_fraction,
+    "loss_tokens_per_step": int(batch["target_mask"].sum()),
+    "compile_plus_first_step_s": times[0],
+    "steady_step_s": {
+      "min": min(steady),
+      "median": statistics.median(steady),
+      "all": [round(t, 4) for t in steady],
+    },
+    "tokens_per_s_median": rows * seq_len / statistics.median(steady),
+    "useful_gflops_per_s": flops / statistics.median(steady) / 1e9,
+    "fraction_of_f32_peak": flops / statistics.median(steady) / 1e9 / peak_f32,
+    "loss_history": losses,
+    "peak_rss_mib_after": peak_rss_mib(),
   }, state
 
 
 def main(argv):
   del argv
-  result = {"library": "rlpost", "model": f"{_PRESET.value}, random init",
-            "param_dtype": _DTYPE.value, "compute_dtype": _COMPUTE.value, "batch": _BATCH.value, "seq_len": _SEQ.value,
-            "logprob_chunk": _CHUNK.value, "remat": _REMAT.value,
-            "optimizer": "optax adamw(1e-5) (rlpost.train.step.make_optimizer, no clipping)",
-            "loadavg_start": open("/proc/loadavg", encoding="utf-8").read().strip(),
-            "devices": [str(d) for d in jax.devices()]}
+  result = {
+    "library": "rlpost",
+    "model": f"{_PRESET.value}, random init",
+    "param_dtype": _DTYPE.value,
+    "compute_dtype": _COMPUTE.value,
+    "batch": _BATCH.value,
+    "seq_len": _SEQ.value,
+    "logprob_chunk": _CHUNK.value,
+    "remat": _REMAT.value,
+    "optimizer": "optax adamw(1e-5) (rlpost.train.step.make_optimizer, no clipping)",
+    "loadavg_start": open("/proc/loadavg", encoding="utf-8").read().strip(),
+    "devices": [str(d) for d in jax.devices()],
+  }
   result["matmul_peak"] = matmul_peak(_MATMUL_N.value)
   peak = result["matmul_peak"]["float32"]["gflops_best"]
   config = gemma3.get_config(_PRESET.value)
@@ -125,8 +144,9 @@ def main(argv):
   del state
   params = gemma3.init_params(jax.random.key(0), config, jnp.dtype(_DTYPE.value))
   result["half_mask"], _ = time_steps(config, params, 0.5, param_count, peak)
-  result["half_over_full_step"] = (result["half_mask"]["steady_step_s"]["median"]
-                                   / full["steady_step_s"]["median"])
+  result["half_over_full_step"] = (
+    result["half_mask"]["steady_step_s"]["median"] / full["steady_step_s"]["median"]
+  )
   result["peak_rss_mib"] = peak_rss_mib()
   result["loadavg_end"] = open("/proc/loadavg", encoding="utf-8").read().strip()
   print(json.dumps(result, indent=1))

@@ -1,10 +1,11 @@
 """Config pieces shared by every experiment."""
+
 import ml_collections
 
 # model variant name -> (preset, weight source)
 MODELS = {
-    "gemma3_270m": ("gemma3_270m", "gguf"),
-    "tiny": ("tiny", "random"),
+  "gemma3_270m": ("gemma3_270m", "gguf"),
+  "tiny": ("tiny", "random"),
 }
 
 
@@ -13,19 +14,23 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
   if variant not in MODELS:
     raise ValueError(f"Unknown config variant {variant!r}; valid variants: {sorted(MODELS)}")
   preset, weights = MODELS[variant]
-  return ml_collections.ConfigDict({
-      "preset": preset,      # rlpost.models.gemma3.PRESETS name
-      "weights": weights,    # gguf | hf | random
-      "path": "",            # GGUF file or HF checkpoint dir; "" = packaged GGUF
-      "dtype": "float32",    # float32 | bfloat16
-  })
+  return ml_collections.ConfigDict(
+    {
+      "preset": preset,  # rlpost.models.gemma3.PRESETS name
+      "weights": weights,  # gguf | hf | random
+      "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
+      "dtype": "float32",  # float32 | bfloat16
+    }
+  )
 
 
 def lora_config(enabled: bool, rank: int) -> ml_collections.ConfigDict:
   """The `lora` block: adapters on every projection when enabled."""
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(
+    {
       "enabled": enabled,
       "rank": rank,
       "alpha": 32.0,
-      "targets": "q,k,v,o,gate,up,down",   # comma-separated names in params["layers"]
-  })
+      "targets": "q,k,v,o,gate,up,down",  # comma-separated names in params["layers"]
+    }
+  )

@@ -10,6 +10,7 @@ The reference policy is the base params with adapters off (LoRA) or a copy of th
 initial params (`--config.lora.enabled=False`); its logprobs are computed once per
 batch outside the train step.
 """
+
 import ml_collections
 
 from experiments.configs import common
@@ -22,17 +23,20 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.model = common.model_config(variant)
   c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
   c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0})
-  c.data = ml_collections.ConfigDict({
-      "source": "synthetic" if tiny else "jsonl",   # jsonl | synthetic
-      "path": "",                  # JSONL of {"prompt", "chosen", "rejected"} records
+  c.data = ml_collections.ConfigDict(
+    {
+      "source": "synthetic" if tiny else "jsonl",  # jsonl | synthetic
+      "path": "",  # JSONL of {"prompt", "chosen", "rejected"} records
       "num_synthetic": 32,
-      "num_examples": 0,           # first N records only (0: all)
+      "num_examples": 0,  # first N records only (0: all)
       "seq_len": 32 if tiny else 512,
       "shuffle": True,
-  })
-  c.train = ml_collections.ConfigDict({
+    }
+  )
+  c.train = ml_collections.ConfigDict(
+    {
       "steps": 40 if tiny else 300,
-      "batch_size": 8 if tiny else 4,    # preference pairs per step
+      "batch_size": 8 if tiny else 4,  # preference pairs per step
       "micro_batch_size": 4 if tiny else 1,
       "learning_rate": 3e-3 if tiny else 5e-5,
       "warmup_fraction": 0.05,
@@ -40,11 +44,12 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b1": 0.9,
       "adam_b2": 0.99,
       "max_grad_norm": 1.0,
-      "logprob_chunk": 512,              # tokens per output-projection chunk
-      "remat": "dots",                   # none | dots | full (activation memory policy)
+      "logprob_chunk": 512,  # tokens per output-projection chunk
+      "remat": "dots",  # none | dots | full (activation memory policy)
       "compute_dtype": "float32" if tiny else "bfloat16",  # matmul inputs (fp32 accumulation)
       "gather_bucket": 64,
-  })
+    }
+  )
   c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics
   c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
   c.lock()

@@ -5,6 +5,7 @@ VARIANT is `MODEL[,ALGORITHM]`:
   ALGORITHM  grpo (default) | drgrpo | dapo | gspo
 e.g. `:gemma3_270m`, `:tiny,dapo`, `:gspo` (= gemma3_270m,gspo).
 """
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -18,21 +19,23 @@ def _algorithm(name: str) -> ml_collections.ConfigDict:
 
   The variants differ only here (and DAPO in the `rollout` block).
   """
-  algo = ml_collections.ConfigDict({
-      "num_generations": 4,             # G completions per prompt
-      "num_iterations": 1,              # mu: optimisation passes per rollout batch
-      "advantage_estimator": "grpo",    # grpo | drgrpo | rloo | reinforce_pp
-      "policy_loss": "clipped",         # clipped | gspo (rlpost.rl.losses.POLICY_LOSSES)
-      "beta": 0.08,                     # KL(policy || reference) coefficient
-      "kl_method": "k3",                # k1 | k2 | k3
-      "kl_clamp": placeholder(float),     # None: no clamp
+  algo = ml_collections.ConfigDict(
+    {
+      "num_generations": 4,  # G completions per prompt
+      "num_iterations": 1,  # mu: optimisation passes per rollout batch
+      "advantage_estimator": "grpo",  # grpo | drgrpo | rloo | reinforce_pp
+      "policy_loss": "clipped",  # clipped | gspo (rlpost.rl.losses.POLICY_LOSSES)
+      "beta": 0.08,  # KL(policy || reference) coefficient
+      "kl_method": "k3",  # k1 | k2 | k3
+      "kl_clamp": placeholder(float),  # None: no clamp
       "epsilon_low": 0.2,
       "epsilon_high": 0.2,
-      "epsilon_c": placeholder(float),   # dual-clip constant (> 1); None: off
+      "epsilon_c": placeholder(float),  # dual-clip constant (> 1); None: off
       "loss_agg_mode": "seq-mean-token-mean",
       "entropy_coef": 0.0,
-      "tis_cap": placeholder(float),     # truncated importance sampling cap; None: off
-  })
+      "tis_cap": placeholder(float),  # truncated importance sampling cap; None: off
+    }
+  )
   if name == "drgrpo":
     algo.advantage_estimator = "drgrpo"
     algo.loss_agg_mode = "seq-mean-token-sum-norm"
@@ -50,12 +53,14 @@ def _algorithm(name: str) -> ml_collections.ConfigDict:
 
 def _rollout(name: str) -> ml_collections.ConfigDict:
   """The `rollout` block (rlpost.recipes.grpo.RolloutConfig): how groups are collected."""
-  return ml_collections.ConfigDict({
-      "dynamic_sampling": name == "dapo",   # DAPO: drop zero-signal groups, resample
+  return ml_collections.ConfigDict(
+    {
+      "dynamic_sampling": name == "dapo",  # DAPO: drop zero-signal groups, resample
       "max_resample_rounds": 3,
-      "overlong_buffer": placeholder(int),   # DAPO soft overlong penalty window in tokens; None: off
+      "overlong_buffer": placeholder(int),  # DAPO soft overlong penalty window in tokens; None: off
       "overlong_penalty": 1.0,
-  })
+    }
+  )
 
 
 def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
@@ -64,33 +69,40 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   algo = parts[-1] if parts[-1] in ALGORITHMS else "grpo"
   unknown = [p for p in parts if p not in common.MODELS and p not in ALGORITHMS]
   if unknown:
-    raise ValueError(f"Unknown variant part(s) {unknown}; models: {sorted(common.MODELS)}, "
-                     f"algorithms: {list(ALGORITHMS)}")
+    raise ValueError(
+      f"Unknown variant part(s) {unknown}; models: {sorted(common.MODELS)}, "
+      f"algorithms: {list(ALGORITHMS)}"
+    )
   tiny = model == "tiny"
   c = ml_collections.ConfigDict()
-  c.name = algo                                 # the run's label (progress bar, curves)
+  c.name = algo  # the run's label (progress bar, curves)
   c.seed = 0
   c.model = common.model_config(model)
   c.lora = common.lora_config(enabled=not tiny, rank=32)
   c.algo = _algorithm(algo)
   c.rollout = _rollout(algo)
-  c.data = ml_collections.ConfigDict({
-      "source": "digit" if tiny else "gsm8k",   # gsm8k | arithmetic | digit
-      "data_dir": "",                           # GSM8K jsonl dir; "" = Hugging Face hub
-      "template": "plain" if tiny else "fewshot",   # fewshot | chat | plain (see README)
-      "fewshot": 2,                             # solved examples in the fewshot prompt
+  c.data = ml_collections.ConfigDict(
+    {
+      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit
+      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
+      "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
+      "fewshot": 2,  # solved examples in the fewshot prompt
       "shuffle": True,
-      "digit": "7",                             # the "digit" task's target answer
-  })
-  c.sampling = ml_collections.ConfigDict({
+      "digit": "7",  # the "digit" task's target answer
+    }
+  )
+  c.sampling = ml_collections.ConfigDict(
+    {
       "temperature": 1.0 if tiny else 0.9,
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
-  })
-  c.train = ml_collections.ConfigDict({
+    }
+  )
+  c.train = ml_collections.ConfigDict(
+    {
       "steps": 40 if tiny else 200,
-      "batch_prompts": 4 if tiny else 2,        # prompts per step (x G completions)
-      "micro_batch_size": 8,                    # rows per micro-batch
+      "batch_prompts": 4 if tiny else 2,  # prompts per step (x G completions)
+      "micro_batch_size": 8,  # rows per micro-batch
       "learning_rate": 3e-2 if tiny else 3e-6,
       "warmup_fraction": 0.1,
       "weight_decay": 0.1,
@@ -98,9 +110,10 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b2": 0.99,
       "max_grad_norm": 0.1,
       "logprob_chunk": 256,
-      "compute_dtype": "float32",               # trainer matmul inputs: float32 | bfloat16
-      "remat": "dots",                          # none | dots | full (activation memory policy)
-  })
+      "compute_dtype": "float32",  # trainer matmul inputs: float32 | bfloat16
+      "remat": "dots",  # none | dots | full (activation memory policy)
+    }
+  )
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
   c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
   c.lock()

@@ -1,4 +1,5 @@
 """Sampling from a model: `--config=experiments/configs/sample.py:gemma3_270m` (or `:tiny`)."""
+
 import ml_collections
 
 from experiments.configs import common
@@ -8,17 +9,19 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.model = common.model_config(variant)
-  config.sampling = ml_collections.ConfigDict({
-      "temperature": 0.0,     # 0 = greedy
-      "top_k": 0,             # 0 = no top-k
+  config.sampling = ml_collections.ConfigDict(
+    {
+      "temperature": 0.0,  # 0 = greedy
+      "top_k": 0,  # 0 = no top-k
       "top_p": 1.0,
       "max_new_tokens": 48,
       "prompt_bucket": 32,
-      "stop_at_eos": True,    # stop at <eos> and <end_of_turn>
-  })
-  config.num_samples = 1      # completions per prompt (prefilled once, shared cache)
-  config.chat = False         # wrap each prompt in Gemma's chat template
+      "stop_at_eos": True,  # stop at <eos> and <end_of_turn>
+    }
+  )
+  config.num_samples = 1  # completions per prompt (prefilled once, shared cache)
+  config.chat = False  # wrap each prompt in Gemma's chat template
   config.prompts = ("The capital of France is", "def fibonacci(n):")
-  config.prompt_file = ""     # one prompt per line; replaces `prompts` when set
+  config.prompt_file = ""  # one prompt per line; replaces `prompts` when set
   config.lock()
   return config

@@ -11,6 +11,7 @@ taken on assistant tokens only); `data.eval_path` gives a held-out file, else th
 last `eval.num_examples` records are held out. `--config.lora.enabled=False` trains
 all parameters.
 """
+
 import ml_collections
 
 from experiments.configs import common
@@ -22,34 +23,42 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = common.model_config(variant)
   c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
-  c.data = ml_collections.ConfigDict({
-      "source": "synthetic" if tiny else "gsm8k",   # gsm8k | jsonl | synthetic
-      "path": "",                  # JSONL of SFT records (data.source=jsonl)
-      "eval_path": "",             # optional held-out JSONL (else the last records)
-      "data_dir": "",              # GSM8K jsonl dir; "" = Hugging Face hub
-      "num_synthetic": 64,         # records of the synthetic set
-      "num_examples": 0,           # train on the first N records only (0: all)
+  c.data = ml_collections.ConfigDict(
+    {
+      "source": "synthetic" if tiny else "gsm8k",  # gsm8k | jsonl | synthetic
+      "path": "",  # JSONL of SFT records (data.source=jsonl)
+      "eval_path": "",  # optional held-out JSONL (else the last records)
+      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
+      "num_synthetic": 64,  # records of the synthetic set
+      "num_examples": 0,  # train on the first N records only (0: all)
       "seq_len": 48 if tiny else 384,
-      "pack": False,               # first-fit pack several examples per row
+      "pack": False,  # first-fit pack several examples per row
       "shuffle": True,
-  })
-  c.train = ml_collections.ConfigDict({
+    }
+  )
+  c.train = ml_collections.ConfigDict(
+    {
       "steps": 60 if tiny else 500,
-      "batch_size": 8 if tiny else 4,    # rows per step (packed rows hold several examples)
+      "batch_size": 8 if tiny else 4,  # rows per step (packed rows hold several examples)
       "micro_batch_size": 4 if tiny else 2,
       "learning_rate": 3e-3 if tiny else 1e-4,
       "warmup_fraction": 0.05,
       "weight_decay": 0.0,
       "adam_b1": 0.9,
       "adam_b2": 0.99,
-      "max_grad_norm": 1.0,              # 0: no clipping
-      "logprob_chunk": 512,              # tokens per output-projection chunk
-      "remat": "dots",                   # none | dots | full (activation memory policy)
+      "max_grad_norm": 1.0,  # 0: no clipping
+      "logprob_chunk": 512,  # tokens per output-projection chunk
+      "remat": "dots",  # none | dots | full (activation memory policy)
       "compute_dtype": "float32" if tiny else "bfloat16",  # matmul inputs (fp32 accumulation)
-      "gather_bucket": 64,               # loss-token gather size is a multiple of this
-  })
-  c.eval = ml_collections.ConfigDict({"every": 20 if tiny else 100,   # 0: never
-                                      "num_examples": 16 if tiny else 64})
+      "gather_bucket": 64,  # loss-token gather size is a multiple of this
+    }
+  )
+  c.eval = ml_collections.ConfigDict(
+    {
+      "every": 20 if tiny else 100,  # 0: never
+      "num_examples": 16 if tiny else 64,
+    }
+  )
   c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
   c.lock()
   return c

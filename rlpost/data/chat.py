@@ -24,6 +24,7 @@ on its own with special-token parsing off, followed by the `<end_of_turn>` id.
 The loss mask is True exactly on assistant content tokens and the
 `<end_of_turn>` closing each assistant turn.
 """
+
 import os
 from typing import Any, Sequence
 
@@ -36,14 +37,18 @@ START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
 ROLES = ("system", "user", "assistant")
 _TEMPLATE_ROLE = {"user": "user", "assistant": "model"}
-_ORDER_RULE = ("after an optional first system message, turns alternate user/assistant, "
-               "starting with user and ending with assistant")
+_ORDER_RULE = (
+  "after an optional first system message, turns alternate user/assistant, "
+  "starting with user and ending with assistant"
+)
 
 
 def _check_message(msg: Any, i: int, where: str) -> dict[str, str]:
   if not isinstance(msg, dict):
-    raise ValueError(f"{where}: messages[{i}] must be an object with 'role' and 'content', "
-                     f"got {type(msg).__name__}")
+    raise ValueError(
+      f"{where}: messages[{i}] must be an object with 'role' and 'content', "
+      f"got {type(msg).__name__}"
+    )
   role = require_str(msg, "role", f"{where}: messages[{i}]")
   content = require_str(msg, "content", f"{where}: messages[{i}]")
   if role not in ROLES:
@@ -59,22 +64,30 @@ def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str,
       raise ValueError(f"{where}: field 'messages' must be a non-empty list, got {raw!r:.60}")
     messages = [_check_message(m, i, where) for i, m in enumerate(raw)]
   elif "prompt" in record and "completion" in record:
-    messages = [{"role": "user", "content": require_str(record, "prompt", where)},
-                {"role": "assistant", "content": require_str(record, "completion", where)}]
+    messages = [
+      {"role": "user", "content": require_str(record, "prompt", where)},
+      {"role": "assistant", "content": require_str(record, "completion", where)},
+    ]
     if "system" in record:
       messages.insert(0, {"role": "system", "content": require_str(record, "system", where)})
   else:
-    raise ValueError(f"{where}: an SFT record needs a 'messages' list or 'prompt' and "
-                     f"'completion' strings; got fields {sorted(record)}")
+    raise ValueError(
+      f"{where}: an SFT record needs a 'messages' list or 'prompt' and "
+      f"'completion' strings; got fields {sorted(record)}"
+    )
   first = 1 if messages[0]["role"] == "system" else 0
   for i in range(first, len(messages)):
     expected = "user" if (i - first) % 2 == 0 else "assistant"
     if messages[i]["role"] != expected:
-      raise ValueError(f"{where}: messages[{i}] has role {messages[i]['role']!r}, expected "
-                       f"{expected!r} ({_ORDER_RULE})")
+      raise ValueError(
+        f"{where}: messages[{i}] has role {messages[i]['role']!r}, expected "
+        f"{expected!r} ({_ORDER_RULE})"
+      )
   if messages[-1]["role"] != "assistant":
-    raise ValueError(f"{where}: the last message has role {messages[-1]['role']!r}, expected "
-                     f"'assistant' ({_ORDER_RULE})")
+    raise ValueError(
+      f"{where}: the last message has role {messages[-1]['role']!r}, expected "
+      f"'assistant' ({_ORDER_RULE})"
+    )
   return messages
 
 
@@ -98,8 +111,10 @@ def load_dpo_jsonl(path: str | os.PathLike) -> list[dict[str, str]]:
 
 def gsm8k_sft_records(problems: Sequence[Problem]) -> list[dict[str, str]]:
   """Prompt/completion records: SYSTEM_PROMPT, the question, and `sft_completion`."""
-  return [{"system": SYSTEM_PROMPT, "prompt": p.question, "completion": sft_completion(p)}
-          for p in problems]
+  return [
+    {"system": SYSTEM_PROMPT, "prompt": p.question, "completion": sft_completion(p)}
+    for p in problems
+  ]
 
 
 def render_turns(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
@@ -122,11 +137,11 @@ def render_turns(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
 
 def _encode_response(tokenizer, text: str) -> list[int]:
   return list(tokenizer.encode(text, add_bos=False, parse_special=False)) + [
-      tokenizer.end_of_turn_id]
+    tokenizer.end_of_turn_id
+  ]
 
 
-def tokenize_sft(record: dict[str, Any], tokenizer,
-                 max_len: int) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.ndarray, np.ndarray]:
   """Tokens and loss mask of an SFT record in the Gemma chat template.
 
   Truncation policy: the first `max_len` tokens are kept (right truncation),
@@ -148,14 +163,17 @@ def tokenize_sft(record: dict[str, Any], tokenizer,
   ids, mask = ids + tail, mask + [False] * len(tail)
   first = mask.index(True)
   if first >= max_len:
-    raise ValueError(f"SFT record's prompt is {first} tokens, so no assistant token fits in "
-                     f"max_len={max_len}; raise max_len or drop the record "
-                     f"(prompt starts {record.get('prompt', record.get('messages'))!r:.80})")
+    raise ValueError(
+      f"SFT record's prompt is {first} tokens, so no assistant token fits in "
+      f"max_len={max_len}; raise max_len or drop the record "
+      f"(prompt starts {record.get('prompt', record.get('messages'))!r:.80})"
+    )
   return np.asarray(ids[:max_len], np.int32), np.asarray(mask[:max_len], bool)
 
 
-def tokenize_dpo(record: dict[str, Any], tokenizer,
-                 max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tokenize_dpo(
+  record: dict[str, Any], tokenizer, max_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(prompt ids, chosen ids, rejected ids), each [*] int32, of a DPO record.
 
   prompt = BOS + `<start_of_turn>user\\n[{system}\\n\\n]{prompt}<end_of_turn>\\n
@@ -165,24 +183,26 @@ def tokenize_dpo(record: dict[str, Any], tokenizer,
   more raises ValueError.
   """
   fields = dpo_fields(record)
-  messages = [{"role": "user", "content": fields["prompt"]},
-              {"role": "assistant", "content": ""}]
+  messages = [{"role": "user", "content": fields["prompt"]}, {"role": "assistant", "content": ""}]
   if "system" in fields:
     messages.insert(0, {"role": "system", "content": fields["system"]})
   span = render_turns(messages)[0][0]
   prompt = [tokenizer.bos_id] + list(tokenizer.encode(span, add_bos=False))
   room = max_len - len(prompt)
   if room < 1:
-    raise ValueError(f"DPO prompt is {len(prompt)} tokens, leaving no room for a response in "
-                     f"max_len={max_len}; raise max_len or drop the record "
-                     f"(prompt starts {fields['prompt']!r:.80})")
+    raise ValueError(
+      f"DPO prompt is {len(prompt)} tokens, leaving no room for a response in "
+      f"max_len={max_len}; raise max_len or drop the record "
+      f"(prompt starts {fields['prompt']!r:.80})"
+    )
   chosen = _encode_response(tokenizer, fields["chosen"])[:room]
   rejected = _encode_response(tokenizer, fields["rejected"])[:room]
   return tuple(np.asarray(x, np.int32) for x in (prompt, chosen, rejected))
 
 
-def concat_prompt_response(prompt_ids: Sequence[int],
-                           response_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def concat_prompt_response(
+  prompt_ids: Sequence[int], response_ids: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
   """(tokens [P+R] int32, loss_mask [P+R] bool True on the response): a packable example."""
   tokens = np.concatenate([np.asarray(prompt_ids, np.int32), np.asarray(response_ids, np.int32)])
   mask = np.arange(len(tokens)) >= len(prompt_ids)

@@ -8,6 +8,7 @@ epoch e followed by the head of epoch e + 1, and nothing is skipped or
 repeated. Saving the cursor (three ints, JSON-friendly: `cursor._asdict()`)
 and continuing from it reproduces the uninterrupted stream exactly.
 """
+
 import functools
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ class Cursor(NamedTuple):
 
   Invariant after `next_indices`: 0 <= position < dataset_size.
   """
+
   seed: int
   epoch: int = 0
   position: int = 0
@@ -47,13 +49,16 @@ def _check(cursor: Cursor, dataset_size: int, batch_size: int) -> None:
   if cursor.seed < 0 or cursor.epoch < 0:
     raise ValueError(f"{cursor}: seed and epoch must be >= 0")
   if not 0 <= cursor.position <= dataset_size:
-    raise ValueError(f"{cursor}: position must be in [0, dataset_size={dataset_size}]; a "
-                     "cursor restored from a checkpoint of a different (larger) dataset? "
-                     "Start a fresh Cursor(seed) for a new dataset")
+    raise ValueError(
+      f"{cursor}: position must be in [0, dataset_size={dataset_size}]; a "
+      "cursor restored from a checkpoint of a different (larger) dataset? "
+      "Start a fresh Cursor(seed) for a new dataset"
+    )
 
 
-def next_indices(cursor: Cursor, dataset_size: int, batch_size: int,
-                 shuffle: bool = True) -> tuple[np.ndarray, Cursor]:
+def next_indices(
+  cursor: Cursor, dataset_size: int, batch_size: int, shuffle: bool = True
+) -> tuple[np.ndarray, Cursor]:
   """The next `batch_size` dataset indices and the advanced cursor.
 
   Args:
@@ -73,7 +78,7 @@ def next_indices(cursor: Cursor, dataset_size: int, batch_size: int,
       epoch, position = epoch + 1, 0
     take = min(needed, dataset_size - position)
     order = epoch_order(cursor.seed, epoch, dataset_size, shuffle)
-    parts.append(order[position:position + take])
+    parts.append(order[position : position + take])
     position += take
     needed -= take
   if position == dataset_size:

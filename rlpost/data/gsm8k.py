@@ -12,6 +12,7 @@ SFT targets (`sft_completion`) and the GRPO rewards (`rlpost.rewards.gsm8k`):
   </reasoning>
   <answer>72</answer>
 """
+
 import os
 import re
 from typing import Any, NamedTuple
@@ -23,10 +24,11 @@ REASONING_END = "</reasoning>"
 ANSWER_START = "<answer>"
 ANSWER_END = "</answer>"
 SYSTEM_PROMPT = (
-    f"Solve the math problem. Think it through step by step between {REASONING_START} "
-    f"and {REASONING_END}, then give only the final number, without units or words, "
-    f"between {ANSWER_START} and {ANSWER_END}. Use this format:\n"
-    f"{REASONING_START}\n...\n{REASONING_END}\n{ANSWER_START}...{ANSWER_END}")
+  f"Solve the math problem. Think it through step by step between {REASONING_START} "
+  f"and {REASONING_END}, then give only the final number, without units or words, "
+  f"between {ANSWER_START} and {ANSWER_END}. Use this format:\n"
+  f"{REASONING_START}\n...\n{REASONING_END}\n{ANSWER_START}...{ANSWER_END}"
+)
 
 SPLITS = ("train", "test")
 HF_DATASET = ("openai/gsm8k", "main")
@@ -42,6 +44,7 @@ class Problem(NamedTuple):
   answer: the worked solution text, ending with `#### <final>`.
   final: the number after `#### `, commas removed (e.g. "1234", "-3", "0.5").
   """
+
   question: str
   answer: str
   final: str
@@ -52,12 +55,16 @@ def problem_from_record(record: dict[str, Any], where: str) -> Problem:
   question = require_str(record, "question", where)
   answer = require_str(record, "answer", where)
   if _FINAL_MARK not in answer:
-    raise ValueError(f"{where}: field 'answer' has no '{_FINAL_MARK} <number>' final line "
-                     f"(answer ends {answer[-60:]!r}); GSM8K answers end with '#### 72'")
+    raise ValueError(
+      f"{where}: field 'answer' has no '{_FINAL_MARK} <number>' final line "
+      f"(answer ends {answer[-60:]!r}); GSM8K answers end with '#### 72'"
+    )
   final = answer.rsplit(_FINAL_MARK, 1)[1].strip().replace(",", "")
   if not final:
-    raise ValueError(f"{where}: nothing after '{_FINAL_MARK}' in field 'answer' "
-                     f"(answer ends {answer[-60:]!r}); expected e.g. '#### 72'")
+    raise ValueError(
+      f"{where}: nothing after '{_FINAL_MARK}' in field 'answer' "
+      f"(answer ends {answer[-60:]!r}); expected e.g. '#### 72'"
+    )
   return Problem(question=question, answer=answer, final=final)
 
 
@@ -84,24 +91,33 @@ def load_gsm8k(split: str, data_dir: str = "") -> list[Problem]:
     path = os.path.join(data_dir, f"{split}.jsonl")
     if not os.path.isfile(path):
       raise FileNotFoundError(
-          f"data.data_dir={data_dir!r}: {path} not found; --config.data.data_dir must name a "
-          "directory holding train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k), or be '' "
-          "to load GSM8K from the Hugging Face hub")
+        f"data.data_dir={data_dir!r}: {path} not found; --config.data.data_dir must name a "
+        "directory holding train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k), or be '' "
+        "to load GSM8K from the Hugging Face hub"
+      )
     return load_jsonl_problems(path)
-  fix = ("or set data_dir (config.data.data_dir / --config.data.data_dir=...) to a "
-         "directory holding train.jsonl and test.jsonl")
+  fix = (
+    "or set data_dir (config.data.data_dir / --config.data.data_dir=...) to a "
+    "directory holding train.jsonl and test.jsonl"
+  )
   try:
     import datasets  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise ImportError("Loading GSM8K from the Hugging Face hub needs the `datasets` package: "
-                      f"pip install datasets, {fix}") from e
+    raise ImportError(
+      "Loading GSM8K from the Hugging Face hub needs the `datasets` package: "
+      f"pip install datasets, {fix}"
+    ) from e
   try:
     rows = datasets.load_dataset(*HF_DATASET)[split]
   except Exception as e:  # network, hub and cache errors all surface here
-    raise RuntimeError(f"Could not load {HF_DATASET[0]!r} ({HF_DATASET[1]!r}) from the Hugging "
-                       f"Face hub ({type(e).__name__}: {e}); check the connection, {fix}") from e
-  return [problem_from_record(dict(row), f"{HF_DATASET[0]}[{split}] row {i}")
-          for i, row in enumerate(rows)]
+    raise RuntimeError(
+      f"Could not load {HF_DATASET[0]!r} ({HF_DATASET[1]!r}) from the Hugging "
+      f"Face hub ({type(e).__name__}: {e}); check the connection, {fix}"
+    ) from e
+  return [
+    problem_from_record(dict(row), f"{HF_DATASET[0]}[{split}] row {i}")
+    for i, row in enumerate(rows)
+  ]
 
 
 def solution_steps(answer: str) -> list[str]:
@@ -114,5 +130,4 @@ def solution_steps(answer: str) -> list[str]:
 def sft_completion(problem: Problem) -> str:
   """The worked answer rewritten in the reasoning/answer tag format (module docstring)."""
   steps = "\n".join(solution_steps(problem.answer))
-  return (f"{REASONING_START}\n{steps}\n{REASONING_END}\n"
-          f"{ANSWER_START}{problem.final}{ANSWER_END}")
+  return f"{REASONING_START}\n{steps}\n{REASONING_END}\n{ANSWER_START}{problem.final}{ANSWER_END}"

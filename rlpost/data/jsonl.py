@@ -1,4 +1,5 @@
 """Line-numbered JSONL reading with errors that name the file and line."""
+
 import json
 import os
 from typing import Any, Iterator
@@ -12,8 +13,9 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: no such JSONL file; check the path (or the data_dir "
-                            "setting that points to it)")
+    raise FileNotFoundError(
+      f"{path}: no such JSONL file; check the path (or the data_dir setting that points to it)"
+    )
   with open(path, encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
       if not line.strip():
@@ -22,11 +24,13 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
       try:
         obj = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line "
-                         "must be one JSON object") from e
+        raise ValueError(
+          f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+        ) from e
       if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__} "
-                         f"{line.strip()[:60]!r}")
+        raise ValueError(
+          f"{where}: expected a JSON object, got {type(obj).__name__} {line.strip()[:60]!r}"
+        )
       yield where, obj
 
 
@@ -36,6 +40,7 @@ def require_str(obj: dict[str, Any], field: str, where: str) -> str:
     raise ValueError(f"{where}: missing field {field!r} (fields present: {sorted(obj)})")
   value = obj[field]
   if not isinstance(value, str):
-    raise ValueError(f"{where}: field {field!r} must be a string, got "
-                     f"{type(value).__name__} {str(value)[:60]!r}")
+    raise ValueError(
+      f"{where}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:60]!r}"
+    )
   return value

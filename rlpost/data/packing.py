@@ -18,6 +18,7 @@ with `segment_attention_mask(segment_ids)`.
 Examples longer than `seq_len` raise ValueError (truncate when tokenizing,
 e.g. `tokenize_sft(..., max_len=seq_len)`).
 """
+
 from typing import Sequence
 
 import jax
@@ -34,21 +35,26 @@ def _as_arrays(examples: Sequence[Example], seq_len: int) -> list[tuple[np.ndarr
   for i, (tokens, mask) in enumerate(examples):
     tokens, mask = np.asarray(tokens, np.int32), np.asarray(mask, bool)
     if tokens.ndim != 1 or tokens.shape != mask.shape:
-      raise ValueError(f"example {i}: tokens {tokens.shape} and loss_mask {mask.shape} must be "
-                       "1-D of equal length")
+      raise ValueError(
+        f"example {i}: tokens {tokens.shape} and loss_mask {mask.shape} must be 1-D of equal length"
+      )
     if not 1 <= len(tokens) <= seq_len:
-      raise ValueError(f"example {i} has {len(tokens)} tokens; need 1 <= length <= "
-                       f"seq_len={seq_len}: raise seq_len or truncate it when tokenizing "
-                       "(max_len=seq_len)")
+      raise ValueError(
+        f"example {i} has {len(tokens)} tokens; need 1 <= length <= "
+        f"seq_len={seq_len}: raise seq_len or truncate it when tokenizing "
+        "(max_len=seq_len)"
+      )
     out.append((tokens, mask))
   return out
 
 
 def _empty(rows: int, seq_len: int, pad_id: int) -> Batch:
-  return {"tokens": np.full((rows, seq_len), pad_id, np.int32),
-          "loss_mask": np.zeros((rows, seq_len), bool),
-          "positions": np.zeros((rows, seq_len), np.int32),
-          "segment_ids": np.zeros((rows, seq_len), np.int32)}
+  return {
+    "tokens": np.full((rows, seq_len), pad_id, np.int32),
+    "loss_mask": np.zeros((rows, seq_len), bool),
+    "positions": np.zeros((rows, seq_len), np.int32),
+    "segment_ids": np.zeros((rows, seq_len), np.int32),
+  }
 
 
 def _place(batch: Batch, row: int, start: int, segment: int, example) -> None:
@@ -70,8 +76,9 @@ def pad_batch(examples: Sequence[Example], seq_len: int, pad_id: int) -> Batch:
   return batch
 
 
-def pack_examples(examples: Sequence[Example], seq_len: int, pad_id: int, *,
-                  num_rows: int | None = None) -> Batch:
+def pack_examples(
+  examples: Sequence[Example], seq_len: int, pad_id: int, *, num_rows: int | None = None
+) -> Batch:
   """Packs examples into rows of `seq_len` by first fit, in order.
 
   Each example goes into the first row with room for it (a new row when none
@@ -98,9 +105,11 @@ def pack_examples(examples: Sequence[Example], seq_len: int, pad_id: int, *,
     used[row] += len(tokens)
   rows = len(used) if num_rows is None else num_rows
   if len(used) > rows:
-    raise ValueError(f"{len(arrays)} examples ({sum(used)} tokens) need {len(used)} rows of "
-                     f"seq_len={seq_len}, more than num_rows={num_rows}; pass fewer examples "
-                     "or raise num_rows")
+    raise ValueError(
+      f"{len(arrays)} examples ({sum(used)} tokens) need {len(used)} rows of "
+      f"seq_len={seq_len}, more than num_rows={num_rows}; pass fewer examples "
+      "or raise num_rows"
+    )
   batch = _empty(rows, seq_len, pad_id)
   segments = [0] * len(used)
   for example, (row, start) in zip(arrays, placement):

@@ -6,6 +6,7 @@ instead, and ends with the opening reasoning tag so that the model starts
 reasoning at once. Rewards see `completion_prefix(template) + completion`:
 the text the answer format is defined on.
 """
+
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
 
@@ -17,8 +18,10 @@ STOP_STRINGS = ("</answer>", "\nQuestion:")
 def fewshot_prompt(problem: Problem, examples: list[Problem]) -> str:
   """System text, solved examples in the tag format, then the question."""
   shots = "".join(f"Question: {ex.question}\nAnswer: {sft_completion(ex)}\n\n" for ex in examples)
-  return (f"{SYSTEM_PROMPT}\n\n{shots}Question: {problem.question}\nAnswer: "
-          f"{completion_prefix('fewshot')}")
+  return (
+    f"{SYSTEM_PROMPT}\n\n{shots}Question: {problem.question}\nAnswer: "
+    f"{completion_prefix('fewshot')}"
+  )
 
 
 def completion_prefix(template: str) -> str:

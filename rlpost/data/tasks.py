@@ -1,4 +1,5 @@
 """RL tasks: (training problems, reward functions, accuracy functions, few-shot examples)."""
+
 from typing import NamedTuple
 
 from rlpost.data import arithmetic
@@ -10,30 +11,36 @@ SOURCES = ("gsm8k", "arithmetic", "digit")
 
 
 class Task(NamedTuple):
-  problems: list            # list[gsm8k.Problem] to train on
-  reward_fns: dict          # name -> (prompts, completions, answers) -> list[float]
-  accuracy_fns: dict        # metric name -> (completion, answer) -> bool
-  examples: list            # few-shot exemplars (never trained on)
+  problems: list  # list[gsm8k.Problem] to train on
+  reward_fns: dict  # name -> (prompts, completions, answers) -> list[float]
+  accuracy_fns: dict  # metric name -> (completion, answer) -> bool
+  examples: list  # few-shot exemplars (never trained on)
 
 
-MATH_ACCURACY = {"answer_accuracy": gsm8k_rewards.is_correct,
-                 "format_accuracy": gsm8k_rewards.has_format}
+MATH_ACCURACY = {
+  "answer_accuracy": gsm8k_rewards.is_correct,
+  "format_accuracy": gsm8k_rewards.has_format,
+}
 
 
 def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
   """Builds the task named by `data_cfg.source` (see configs/grpo_gsm8k.py)."""
   source = data_cfg.source
   if source == "digit":
-    return Task(digit_rewards.problems(data_cfg.digit), digit_rewards.REWARD_FNS,
-                {"answer_accuracy": lambda c, a: c.strip().startswith(a)}, [])
+    return Task(
+      digit_rewards.problems(data_cfg.digit),
+      digit_rewards.REWARD_FNS,
+      {"answer_accuracy": lambda c, a: c.strip().startswith(a)},
+      [],
+    )
   if source == "gsm8k":
     problems = gsm8k.load_gsm8k(split, data_cfg.data_dir)
-    shots = gsm8k.load_gsm8k("train", data_cfg.data_dir)[:data_cfg.fewshot]
+    shots = gsm8k.load_gsm8k("train", data_cfg.data_dir)[: data_cfg.fewshot]
   elif source == "arithmetic":
     problems = arithmetic.generate_problems(2000, seed + (split == "test"))
     shots = arithmetic.generate_problems(data_cfg.fewshot, seed + 7)
   else:
     raise ValueError(f"data.source={source!r} is not one of {SOURCES}")
   if split == "train":
-    problems = problems[len(shots):] if source == "gsm8k" else problems
+    problems = problems[len(shots) :] if source == "gsm8k" else problems
   return Task(problems, gsm8k_rewards.REWARD_FNS, MATH_ACCURACY, shots)

@@ -25,6 +25,7 @@ The KV cache is one dict of a few large arrays (see `init_cache`); new keys
 and values are written at slot `cache["index"]` for every row, so rows use
 left padding and per-row positions.
 """
+
 import dataclasses
 import functools
 import math
@@ -37,20 +38,22 @@ from jax.ad_checkpoint import checkpoint_name
 Params = dict[str, Any]
 Cache = dict[str, jax.Array]
 
-COMPUTE_DTYPES = ("float32", "bfloat16")   # training matmul input dtypes (`compute_dtype`)
+COMPUTE_DTYPES = ("float32", "bfloat16")  # training matmul input dtypes (`compute_dtype`)
 _MASKED = -2.3819763e38  # most negative bfloat16-representable float32
 _REMAT_POLICIES = {
-    None: None,
-    "dots": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names("gated_gelu")),
-    "full": jax.checkpoint_policies.nothing_saveable,
+  None: None,
+  "dots": jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    jax.checkpoint_policies.save_only_these_names("gated_gelu"),
+  ),
+  "full": jax.checkpoint_policies.nothing_saveable,
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Static architecture of a Gemma 3 text model (hashable: safe as a jit static arg)."""
+
   vocab_size: int
   embed_dim: int
   num_layers: int
@@ -66,32 +69,66 @@ class Config:
   rms_eps: float = 1e-6
 
   def __post_init__(self):
-    for name in ("vocab_size", "embed_dim", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim", "mlp_dim", "sliding_window", "global_every"):
+    for name in (
+      "vocab_size",
+      "embed_dim",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "mlp_dim",
+      "sliding_window",
+      "global_every",
+    ):
       if getattr(self, name) < 1:
         raise ValueError(f"Config.{name}={getattr(self, name)} must be >= 1")
     if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"Config.num_heads={self.num_heads} must be a multiple of "
-                       f"num_kv_heads={self.num_kv_heads}")
+      raise ValueError(
+        f"Config.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+      )
     if self.head_dim % 2:
       raise ValueError(f"Config.head_dim={self.head_dim} must be even for RoPE")
 
   @property
   def global_layers(self) -> tuple[bool, ...]:
     """Per layer: True for global (full causal) attention, False for sliding window."""
-    return tuple(i % self.global_every == self.global_every - 1
-                 for i in range(self.num_layers))
+    return tuple(i % self.global_every == self.global_every - 1 for i in range(self.num_layers))
 
 
 PRESETS: dict[str, Config] = {
-    "gemma3_270m": Config(vocab_size=262_144, embed_dim=640, num_layers=18, num_heads=4,
-                          num_kv_heads=1, head_dim=256, mlp_dim=2048, sliding_window=512),
-    "gemma3_1b": Config(vocab_size=262_144, embed_dim=1152, num_layers=26, num_heads=4,
-                        num_kv_heads=1, head_dim=256, mlp_dim=6912, sliding_window=512),
-    # Tiny random model for tests: 2 of its 4 layers are global, window 8.
-    "tiny": Config(vocab_size=261, embed_dim=32, num_layers=4, num_heads=4, num_kv_heads=2,
-                   head_dim=16, mlp_dim=64, sliding_window=8, global_every=2,
-                   query_pre_attn_scalar=16.0),
+  "gemma3_270m": Config(
+    vocab_size=262_144,
+    embed_dim=640,
+    num_layers=18,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=256,
+    mlp_dim=2048,
+    sliding_window=512,
+  ),
+  "gemma3_1b": Config(
+    vocab_size=262_144,
+    embed_dim=1152,
+    num_layers=26,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=256,
+    mlp_dim=6912,
+    sliding_window=512,
+  ),
+  # Tiny random model for tests: 2 of its 4 layers are global, window 8.
+  "tiny": Config(
+    vocab_size=261,
+    embed_dim=32,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    mlp_dim=64,
+    sliding_window=8,
+    global_every=2,
+    query_pre_attn_scalar=16.0,
+  ),
 }
 
 
@@ -107,21 +144,27 @@ def init_params(key: jax.Array, config: Config, dtype=jnp.float32) -> Params:
   c = config
   L, D, F, hd = c.num_layers, c.embed_dim, c.mlp_dim, c.head_dim
   shapes = {
-      "q": (L, D, c.num_heads * hd), "k": (L, D, c.num_kv_heads * hd),
-      "v": (L, D, c.num_kv_heads * hd), "o": (L, c.num_heads * hd, D),
-      "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D),
+    "q": (L, D, c.num_heads * hd),
+    "k": (L, D, c.num_kv_heads * hd),
+    "v": (L, D, c.num_kv_heads * hd),
+    "o": (L, c.num_heads * hd, D),
+    "gate": (L, D, F),
+    "up": (L, D, F),
+    "down": (L, F, D),
   }
   keys = jax.random.split(key, len(shapes) + 1)
-  layers = {name: (0.02 * jax.random.normal(k, shape)).astype(dtype)
-            for k, (name, shape) in zip(keys[1:], shapes.items())}
+  layers = {
+    name: (0.02 * jax.random.normal(k, shape)).astype(dtype)
+    for k, (name, shape) in zip(keys[1:], shapes.items())
+  }
   for name in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm"):
     layers[name] = jnp.zeros((L, D), dtype)
   layers["q_norm"] = jnp.zeros((L, hd), dtype)
   layers["k_norm"] = jnp.zeros((L, hd), dtype)
   return {
-      "embed": (0.02 * jax.random.normal(keys[0], (c.vocab_size, D))).astype(dtype),
-      "final_norm": jnp.zeros((D,), dtype),
-      "layers": layers,
+    "embed": (0.02 * jax.random.normal(keys[0], (c.vocab_size, D))).astype(dtype),
+    "final_norm": jnp.zeros((D,), dtype),
+    "layers": layers,
   }
 
 
@@ -133,8 +176,12 @@ def init_cache(config: Config, batch: int, size: int, dtype=jnp.float32) -> Cach
   slot to write)}.
   """
   shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "pos": jnp.full((batch, size), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
+  return {
+    "k": jnp.zeros(shape, dtype),
+    "v": jnp.zeros(shape, dtype),
+    "pos": jnp.full((batch, size), -1, jnp.int32),
+    "index": jnp.zeros((), jnp.int32),
+  }
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -180,11 +227,12 @@ def gated_gelu(gate: jax.Array, up: jax.Array, saved_dtype=None) -> jax.Array:
 
 def _gated_gelu_fwd(gate, up, saved_dtype):
   x = gate
-  gelu = jax.nn.gelu(x, approximate=True)       # the primal's exact values
+  gelu = jax.nn.gelu(x, approximate=True)  # the primal's exact values
   t = jnp.tanh(_GELU_C * (x + 0.044715 * x * x * x))
   dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
-  store = lambda x: checkpoint_name(x if saved_dtype is None else x.astype(saved_dtype),
-                                    "gated_gelu")
+  store = lambda x: checkpoint_name(
+    x if saved_dtype is None else x.astype(saved_dtype), "gated_gelu"
+  )
   return gelu * up, (store(up * dgelu), store(gelu))
 
 
@@ -213,8 +261,9 @@ def _mixed_dense(x_NxI: jax.Array, w_IxO: jax.Array, compute_dtype) -> jax.Array
   float32 gradients). Autodiff of the cast would instead feed each backward
   matmul a float32 cotangent and run it in float32.
   """
-  return jnp.matmul(x_NxI.astype(compute_dtype), w_IxO.astype(compute_dtype),
-                    preferred_element_type=jnp.float32)
+  return jnp.matmul(
+    x_NxI.astype(compute_dtype), w_IxO.astype(compute_dtype), preferred_element_type=jnp.float32
+  )
 
 
 def _mixed_dense_fwd(x_NxI, w_IxO, compute_dtype):
@@ -234,8 +283,15 @@ def _mixed_dense_bwd(compute_dtype, residuals, g_NxO):
 _mixed_dense.defvjp(_mixed_dense_fwd, _mixed_dense_bwd)
 
 
-def _proj(x: jax.Array, layer, adapters, names: tuple[str, ...], sizes: tuple[int, ...],
-          lora_scale: float, compute_dtype=None) -> list[jax.Array]:
+def _proj(
+  x: jax.Array,
+  layer,
+  adapters,
+  names: tuple[str, ...],
+  sizes: tuple[int, ...],
+  lora_scale: float,
+  compute_dtype=None,
+) -> list[jax.Array]:
   """[x @ W_name for name in names] (output widths `sizes`), each plus its LoRA path.
 
   The unmerged LoRA path of a name with an adapter is (x @ A) @ B * lora_scale.
@@ -244,14 +300,17 @@ def _proj(x: jax.Array, layer, adapters, names: tuple[str, ...], sizes: tuple[in
   """
   fused = "+".join(names)
   if fused in layer:
-    points = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+    points = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
     ys = jnp.split(_dense(x, layer[fused], compute_dtype), points, axis=-1)
   else:
     ys = [_dense(x, layer[name], compute_dtype) for name in names]
   dense = lambda x, w: _dense(x, w, compute_dtype)
-  return [y + lora_scale * dense(dense(x, adapters[name]["a"]), adapters[name]["b"])
-          if adapters is not None and name in adapters else y
-          for name, y in zip(names, ys)]
+  return [
+    y + lora_scale * dense(dense(x, adapters[name]["a"]), adapters[name]["b"])
+    if adapters is not None and name in adapters
+    else y
+    for name, y in zip(names, ys)
+  ]
 
 
 def _attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, config: Config):
@@ -274,13 +333,22 @@ def _pick(is_global, local_and_global):
   return jax.tree.map(lambda a, b: jnp.where(is_global, b, a), local, glob)
 
 
-def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: Config,
-           lora_scale: float, compute_dtype=None):
+def _block(
+  x_BxTxD,
+  layer,
+  adapters,
+  is_global,
+  keys_fn,
+  masks,
+  ropes,
+  config: Config,
+  lora_scale: float,
+  compute_dtype=None,
+):
   """One decoder block. `keys_fn(k, v) -> (k_all, v_all, carry_out)` handles the cache."""
   c = config
   B, T, _ = x_BxTxD.shape
-  proj = lambda x, names, sizes: _proj(x, layer, adapters, names, sizes, lora_scale,
-                                       compute_dtype)
+  proj = lambda x, names, sizes: _proj(x, layer, adapters, names, sizes, lora_scale, compute_dtype)
   qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   h = rms_norm(x_BxTxD, layer["attn_norm"], c.rms_eps)
   q, k, v = proj(h, ("q", "k", "v"), (qd, kd, kd))
@@ -290,13 +358,12 @@ def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: C
   q = rms_norm(q, layer["q_norm"], c.rms_eps)
   k = rms_norm(k, layer["k_norm"], c.rms_eps)
   cos, sin = _pick(is_global, ropes)
-  q = apply_rope(q, cos, sin) * c.query_pre_attn_scalar ** -0.5
+  q = apply_rope(q, cos, sin) * c.query_pre_attn_scalar**-0.5
   k = apply_rope(k, cos, sin)
   k_all, v_all, carry_out = keys_fn(k, v)
   mask = _pick(is_global, masks)
   attn = _attention(q, k_all, v_all, mask, c)
-  x = x_BxTxD + rms_norm(proj(attn, ("o",), (c.embed_dim,))[0], layer["post_attn_norm"],
-                         c.rms_eps)
+  x = x_BxTxD + rms_norm(proj(attn, ("o",), (c.embed_dim,))[0], layer["post_attn_norm"], c.rms_eps)
   h = rms_norm(x, layer["mlp_norm"], c.rms_eps)
   gate, up = proj(h, ("gate", "up"), (c.mlp_dim, c.mlp_dim))
   mlp = gated_gelu(gate, up, compute_dtype)
@@ -306,12 +373,16 @@ def _block(x_BxTxD, layer, adapters, is_global, keys_fn, masks, ropes, config: C
 
 def _cache_writer(ck_LxBxSxKxH, cv_LxBxSxKxH, layer, index):
   """keys_fn for `_block`: writes this layer's new k/v at slot `index`, returns all of its keys."""
+
   def keys_fn(k, v):
-    nk = jax.lax.dynamic_update_slice(ck_LxBxSxKxH, k[None].astype(ck_LxBxSxKxH.dtype),
-                                      (layer, 0, index, 0, 0))
-    nv = jax.lax.dynamic_update_slice(cv_LxBxSxKxH, v[None].astype(cv_LxBxSxKxH.dtype),
-                                      (layer, 0, index, 0, 0))
+    nk = jax.lax.dynamic_update_slice(
+      ck_LxBxSxKxH, k[None].astype(ck_LxBxSxKxH.dtype), (layer, 0, index, 0, 0)
+    )
+    nv = jax.lax.dynamic_update_slice(
+      cv_LxBxSxKxH, v[None].astype(cv_LxBxSxKxH.dtype), (layer, 0, index, 0, 0)
+    )
     return nk[layer], nv[layer], (nk, nv)
+
   return keys_fn
 
 
@@ -337,10 +408,20 @@ def unstack_layers(params: Params) -> Params:
   return {**params, "layers": tuple(out)}
 
 
-def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-            attn_mask_BxTxS: jax.Array, cache: Cache | None = None, *, config: Config,
-            return_hidden: bool = False, adapters: Params | None = None,
-            lora_scale: float = 1.0, remat: str | None = None, compute_dtype=None):
+def forward(
+  params: Params,
+  tokens_BxT: jax.Array,
+  positions_BxT: jax.Array,
+  attn_mask_BxTxS: jax.Array,
+  cache: Cache | None = None,
+  *,
+  config: Config,
+  return_hidden: bool = False,
+  adapters: Params | None = None,
+  lora_scale: float = 1.0,
+  remat: str | None = None,
+  compute_dtype=None,
+):
   """Runs the decoder on `tokens_BxT`.
 
   Args:
@@ -375,49 +456,80 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
   if remat not in _REMAT_POLICIES:
     raise ValueError(f"remat={remat!r} is not one of {sorted(map(str, _REMAT_POLICIES))}")
   if cache is not None and T > cache["k"].shape[2]:
-    raise ValueError(f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
-                     "allocate a larger cache with init_cache(..., size=...)")
+    raise ValueError(
+      f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
+      "allocate a larger cache with init_cache(..., size=...)"
+    )
   x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32) * math.sqrt(c.embed_dim)
   if cache is None:
     key_pos_BxS = positions_BxT
   else:
-    key_pos_BxS = jax.lax.dynamic_update_slice(cache["pos"], positions_BxT.astype(jnp.int32),
-                                               (0, cache["index"]))
+    key_pos_BxS = jax.lax.dynamic_update_slice(
+      cache["pos"], positions_BxT.astype(jnp.int32), (0, cache["index"])
+    )
   in_window = positions_BxT[:, :, None] - key_pos_BxS[:, None, :] < c.sliding_window
   masks = (attn_mask_BxTxS & in_window, attn_mask_BxTxS)
-  ropes = (rope_tables(positions_BxT, c.head_dim, c.local_rope_base),
-           rope_tables(positions_BxT, c.head_dim, c.global_rope_base))
+  ropes = (
+    rope_tables(positions_BxT, c.head_dim, c.local_rope_base),
+    rope_tables(positions_BxT, c.head_dim, c.global_rope_base),
+  )
   is_global = jnp.asarray(c.global_layers)
   lora_layers = None if adapters is None else adapters["layers"]
 
   if cache is None:
+
     def body(x, inputs):
       layer, lora, glob = inputs
-      x, _ = _block(x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale,
-                    compute_dtype)
+      x, _ = _block(
+        x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale, compute_dtype
+      )
       return x, None
+
     if remat is not None:
       body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
     x, _ = jax.lax.scan(body, x, (params["layers"], lora_layers, is_global))
     new_cache = None
-  elif isinstance(params["layers"], (list, tuple)):   # unrolled: see unstack_layers
+  elif isinstance(params["layers"], (list, tuple)):  # unrolled: see unstack_layers
     idx, ck, cv = cache["index"], cache["k"], cache["v"]
     for l, layer in enumerate(params["layers"]):
       lora = None if lora_layers is None else jax.tree.map(lambda a, l=l: a[l], lora_layers)
-      x, (ck, cv) = _block(x, layer, lora, c.global_layers[l], _cache_writer(ck, cv, l, idx),
-                           masks, ropes, c, lora_scale, compute_dtype)
+      x, (ck, cv) = _block(
+        x,
+        layer,
+        lora,
+        c.global_layers[l],
+        _cache_writer(ck, cv, l, idx),
+        masks,
+        ropes,
+        c,
+        lora_scale,
+        compute_dtype,
+      )
   else:
     idx = cache["index"]
 
     def body(carry, inputs):
       x, ck, cv = carry
       layer, lora, glob, l = inputs
-      x, (ck, cv) = _block(x, layer, lora, glob, _cache_writer(ck, cv, l, idx), masks, ropes, c,
-                           lora_scale, compute_dtype)
+      x, (ck, cv) = _block(
+        x,
+        layer,
+        lora,
+        glob,
+        _cache_writer(ck, cv, l, idx),
+        masks,
+        ropes,
+        c,
+        lora_scale,
+        compute_dtype,
+      )
       return (x, ck, cv), None
+
     (x, ck, cv), _ = jax.lax.scan(
-        body, (x, cache["k"], cache["v"]),
-        (params["layers"], lora_layers, is_global, jnp.arange(c.num_layers)))
+      body,
+      (x, cache["k"], cache["v"]),
+      (params["layers"], lora_layers, is_global, jnp.arange(c.num_layers)),
+    )
   if cache is not None:
     new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": idx + T}
 
@@ -430,8 +542,9 @@ def forward(params: Params, tokens_BxT: jax.Array, positions_BxT: jax.Array,
 def logits_from_hidden(params: Params, hidden_BxTxD: jax.Array) -> jax.Array:
   """Tied output projection: [..., D] -> [..., V] float32."""
   embed = params["embed"]
-  return jnp.einsum("...d,vd->...v", hidden_BxTxD.astype(embed.dtype), embed,
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum(
+    "...d,vd->...v", hidden_BxTxD.astype(embed.dtype), embed, preferred_element_type=jnp.float32
+  )
 
 
 def vocab_major_logits(params: Params, hidden_BxD: jax.Array) -> jax.Array:
@@ -441,5 +554,6 @@ def vocab_major_logits(params: Params, hidden_BxD: jax.Array) -> jax.Array:
   is ~1.6x faster than `h @ embed.T` at decode batch sizes.
   """
   embed = params["embed"]
-  return jnp.einsum("vd,bd->vb", embed, hidden_BxD.astype(embed.dtype),
-                    preferred_element_type=jnp.float32)
+  return jnp.einsum(
+    "vd,bd->vb", embed, hidden_BxD.astype(embed.dtype), preferred_element_type=jnp.float32
+  )

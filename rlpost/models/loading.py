@@ -1,4 +1,5 @@
 """Builds (model config, params, tokenizer) from the few settings an experiment names."""
+
 import math
 
 import jax
@@ -35,13 +36,16 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
     return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
   if weights == "gguf":
     from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
+
     params, info = gguf.load_gguf(path or gguf.default_gguf_path(), dtype=jdtype)
     tok = tokenizer_lib.load_gguf_tokenizer(path or None)
   else:
     from rlpost.models.weights import safetensors  # pylint: disable=g-import-not-at-top
+
     if not path:
-      raise ValueError("model.path must name a Hugging Face checkpoint directory when "
-                       "model.weights='hf'")
+      raise ValueError(
+        "model.path must name a Hugging Face checkpoint directory when model.weights='hf'"
+      )
     params, info = safetensors.load_hf_checkpoint(path, dtype=jdtype)
     tok = tokenizer_lib.load_gguf_tokenizer(None)
   check_architecture(config, info, preset)
@@ -50,9 +54,16 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
 
 def check_architecture(config: gemma3.Config, info: dict, preset: str) -> None:
   """Raises ValueError naming every field where weights' metadata and preset disagree."""
-  diffs = [f"{name}: weights {info[name]} vs preset {getattr(config, name)}"
-           for name in info if hasattr(config, name) and info[name] is not None
-           and not math.isclose(info[name], getattr(config, name), rel_tol=1e-5)]
+  diffs = [
+    f"{name}: weights {info[name]} vs preset {getattr(config, name)}"
+    for name in info
+    if hasattr(config, name)
+    and info[name] is not None
+    and not math.isclose(info[name], getattr(config, name), rel_tol=1e-5)
+  ]
   if diffs:
-    raise ValueError(f"The weights do not match model.preset={preset!r}: " + "; ".join(diffs)
-                     + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)}).")
+    raise ValueError(
+      f"The weights do not match model.preset={preset!r}: "
+      + "; ".join(diffs)
+      + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)})."
+    )

@@ -7,6 +7,7 @@ scale = alpha / rank; B starts at zero, so a fresh adapter changes nothing.
 The base params are never copied: the reference policy is simply the base
 params with `adapters=None`.
 """
+
 import dataclasses
 
 import jax
@@ -18,6 +19,7 @@ ALL_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
   """rank r, alpha, and the target projections (names in params["layers"])."""
+
   rank: int = 32
   alpha: float = 32.0
   targets: tuple[str, ...] = ALL_TARGETS
@@ -27,8 +29,9 @@ class LoraConfig:
       raise ValueError(f"lora.rank={self.rank} must be >= 1")
     unknown = sorted(set(self.targets) - set(ALL_TARGETS))
     if unknown or not self.targets:
-      raise ValueError(f"lora.targets={self.targets!r}: unknown or empty; valid names: "
-                       f"{ALL_TARGETS}")
+      raise ValueError(
+        f"lora.targets={self.targets!r}: unknown or empty; valid names: {ALL_TARGETS}"
+      )
     object.__setattr__(self, "targets", tuple(self.targets))
 
   @property

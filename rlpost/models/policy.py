@@ -9,6 +9,7 @@ Trainable vs frozen: with LoRA the train state holds the adapters and the base
 params are passed alongside, frozen; without LoRA the train state holds the
 params. `policy_params` turns (trainable, frozen) back into (params, adapters).
 """
+
 import dataclasses
 
 import jax
@@ -17,7 +18,7 @@ from rlpost.models import gemma3
 from rlpost.models import lora as lora_lib
 from rlpost.ops import logprobs as logprobs_lib
 
-REMAT = {"none": None, "dots": "dots", "full": "full"}   # name -> gemma3.forward's policy
+REMAT = {"none": None, "dots": "dots", "full": "full"}  # name -> gemma3.forward's policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ForwardConfig:
   temperature: logits are divided by it (the sampler's, so that trainer and
     sampler compute the same logprobs); 1 for SFT / DPO.
   """
+
   model: gemma3.Config
   lora: lora_lib.LoraConfig | None = None
   compute_dtype: str | None = None
@@ -42,17 +44,22 @@ class ForwardConfig:
 
   def __post_init__(self):
     if self.compute_dtype is not None and self.compute_dtype not in gemma3.COMPUTE_DTYPES:
-      raise ValueError(f"ForwardConfig.compute_dtype={self.compute_dtype!r}: use one of "
-                       f"{gemma3.COMPUTE_DTYPES}")
+      raise ValueError(
+        f"ForwardConfig.compute_dtype={self.compute_dtype!r}: use one of {gemma3.COMPUTE_DTYPES}"
+      )
     if self.remat not in REMAT:
-      raise ValueError(f"ForwardConfig.remat={self.remat!r}: use one of {tuple(REMAT)} (none "
-                       "keeps every activation, dots keeps matmul outputs, full keeps layer "
-                       "inputs only)")
+      raise ValueError(
+        f"ForwardConfig.remat={self.remat!r}: use one of {tuple(REMAT)} (none "
+        "keeps every activation, dots keeps matmul outputs, full keeps layer "
+        "inputs only)"
+      )
     if self.logprob_chunk < 1:
       raise ValueError(f"ForwardConfig.logprob_chunk={self.logprob_chunk}: use >= 1 tokens")
     if not self.temperature > 0:
-      raise ValueError(f"ForwardConfig.temperature={self.temperature}: the trainer needs a "
-                       "temperature > 0 (greedy sampling has no logprobs to train on)")
+      raise ValueError(
+        f"ForwardConfig.temperature={self.temperature}: the trainer needs a "
+        "temperature > 0 (greedy sampling has no logprobs to train on)"
+      )
 
   @property
   def lora_scale(self) -> float:
@@ -77,19 +84,36 @@ def sampling_params(trainable, frozen, fwd: ForwardConfig):
   return params if adapters is None else _merge(params, adapters, fwd.lora)
 
 
-def hidden_states(params, adapters, tokens_BxS, positions_BxS, attn_mask_BxSxS,
-                  fwd: ForwardConfig) -> jax.Array:
+def hidden_states(
+  params, adapters, tokens_BxS, positions_BxS, attn_mask_BxSxS, fwd: ForwardConfig
+) -> jax.Array:
   """Final-normed hidden states [B, S, D] float32 of the policy (no logits)."""
   hidden_BxSxD, _ = gemma3.forward(
-      params, tokens_BxS, positions_BxS, attn_mask_BxSxS, config=fwd.model, return_hidden=True,
-      adapters=adapters, lora_scale=fwd.lora_scale, remat=REMAT[fwd.remat],
-      compute_dtype=fwd.compute_dtype)
+    params,
+    tokens_BxS,
+    positions_BxS,
+    attn_mask_BxSxS,
+    config=fwd.model,
+    return_hidden=True,
+    adapters=adapters,
+    lora_scale=fwd.lora_scale,
+    remat=REMAT[fwd.remat],
+    compute_dtype=fwd.compute_dtype,
+  )
   return hidden_BxSxD
 
 
-def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, fwd: ForwardConfig,
-                   return_entropy: bool = False):
+def token_logprobs(
+  hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, fwd: ForwardConfig, return_entropy: bool = False
+):
   """`ops.logprobs.token_logprobs` with the config's temperature, chunk and matmul dtype."""
   return logprobs_lib.token_logprobs(
-      hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, temperature=fwd.temperature,
-      chunk=fwd.logprob_chunk, return_entropy=return_entropy, compute_dtype=fwd.compute_dtype)
+    hidden_BxTxD,
+    embed_VxD,
+    targets_BxT,
+    mask_BxT,
+    temperature=fwd.temperature,
+    chunk=fwd.logprob_chunk,
+    return_entropy=return_entropy,
+    compute_dtype=fwd.compute_dtype,
+  )

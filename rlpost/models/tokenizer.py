@@ -8,6 +8,7 @@ is tokenized as plain text. Decoding drops control tokens by default
 (`skip_special=True`) and writes them back as their text otherwise, so
 `decode(encode(s, add_bos=False), skip_special=False) == s`.
 """
+
 import dataclasses
 import functools
 import os
@@ -23,8 +24,14 @@ END_OF_TURN = "<end_of_turn>"
 _ROLES = {"user": "user", "assistant": "model", "model": "model"}
 _BYTE_OFFSET = 5  # byte tokenizer: ids 0..4 are special, byte b is id b + 5
 _PIECE = sp_pb2.ModelProto.SentencePiece
-_GGUF_TYPES = {1: _PIECE.NORMAL, 2: _PIECE.UNKNOWN, 3: _PIECE.CONTROL,
-               4: _PIECE.USER_DEFINED, 5: _PIECE.UNUSED, 6: _PIECE.BYTE}
+_GGUF_TYPES = {
+  1: _PIECE.NORMAL,
+  2: _PIECE.UNKNOWN,
+  3: _PIECE.CONTROL,
+  4: _PIECE.USER_DEFINED,
+  5: _PIECE.UNUSED,
+  6: _PIECE.BYTE,
+}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,6 +44,7 @@ class Tokenizer:
     vocab_size: number of ids the tokenizer knows (a model may have more rows).
     special_tokens: control-token text -> id, parsed from text on request.
   """
+
   processor: spm.SentencePieceProcessor | None
   bos_id: int
   eos_id: int
@@ -67,15 +75,14 @@ class Tokenizer:
       return bytes(i - _BYTE_OFFSET for i in ids).decode("utf-8", errors="replace")
     return self.processor.decode(ids)
 
-  def encode(self, text: str, *, add_bos: bool = True,
-             parse_special: bool = True) -> list[int]:
+  def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = True) -> list[int]:
     """Token ids of `text`, BOS first if `add_bos`; see the module doc for specials."""
     ids = [self.bos_id] if add_bos else []
     if not parse_special:
       return ids + self._encode_plain(text)
     pos = 0
     for match in self._special_re.finditer(text):
-      ids += self._encode_plain(text[pos:match.start()])
+      ids += self._encode_plain(text[pos : match.start()])
       ids.append(self.special_tokens[match.group()])
       pos = match.end()
     return ids + self._encode_plain(text[pos:])
@@ -106,12 +113,19 @@ def byte_tokenizer() -> Tokenizer:
   """UTF-8 byte tokenizer for tiny test models: 0 pad, 1 eos, 2 bos,
   3 <start_of_turn>, 4 <end_of_turn>, byte b -> 5 + b; vocab_size 261."""
   specials = {"<pad>": 0, "<eos>": 1, "<bos>": 2, START_OF_TURN: 3, END_OF_TURN: 4}
-  return Tokenizer(None, bos_id=2, eos_id=1, pad_id=0, start_of_turn_id=3,
-                   end_of_turn_id=4, vocab_size=_BYTE_OFFSET + 256, special_tokens=specials)
+  return Tokenizer(
+    None,
+    bos_id=2,
+    eos_id=1,
+    pad_id=0,
+    start_of_turn_id=3,
+    end_of_turn_id=4,
+    vocab_size=_BYTE_OFFSET + 256,
+    special_tokens=specials,
+  )
 
 
-def chat_messages(messages: Sequence[Mapping[str, str]],
-                  add_generation_prompt: bool = True) -> str:
+def chat_messages(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
   """Gemma chat text (no BOS; `encode` adds it) for alternating user/model turns.
 
   Roles: "user", "assistant" (or "model"), and "system" only as the first
@@ -131,9 +145,11 @@ def chat_messages(messages: Sequence[Mapping[str, str]],
   for k, m in enumerate(turns):
     want = "user" if k % 2 == 0 else "model"
     if _ROLES.get(m["role"]) != want:
-      raise ValueError(f"message {k + (system is not None)} has role {m['role']!r}, "
-                       f"expected {want!r}: roles must alternate user/assistant starting "
-                       "with user; 'system' may only come first")
+      raise ValueError(
+        f"message {k + (system is not None)} has role {m['role']!r}, "
+        f"expected {want!r}: roles must alternate user/assistant starting "
+        "with user; 'system' may only come first"
+      )
     content = m["content"] if k or system is None else f"{system}\n\n{m['content']}"
     parts.append(f"{START_OF_TURN}{want}\n{content}{END_OF_TURN}\n")
   if add_generation_prompt:
@@ -180,39 +196,47 @@ def _model_proto(metadata: Mapping[str, Any], source: str) -> sp_pb2.ModelProto:
   return proto
 
 
-def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any],
-                                 source: str = "GGUF") -> Tokenizer:
+def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "GGUF") -> Tokenizer:
   """Builds the Tokenizer from a GGUF's `tokenizer.ggml.*` metadata."""
   model = metadata.get("tokenizer.ggml.model")
   if model != "llama":
-    raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; only SentencePiece "
-                     "vocabularies ('llama', as in Gemma GGUFs) are supported")
-  keys = ("tokens", "scores", "token_type", "bos_token_id", "eos_token_id",
-          "padding_token_id")
+    raise ValueError(
+      f"{source}: tokenizer.ggml.model is {model!r}; only SentencePiece "
+      "vocabularies ('llama', as in Gemma GGUFs) are supported"
+    )
+  keys = ("tokens", "scores", "token_type", "bos_token_id", "eos_token_id", "padding_token_id")
   missing = [f"tokenizer.ggml.{k}" for k in keys if f"tokenizer.ggml.{k}" not in metadata]
   if missing:
     raise ValueError(f"{source}: tokenizer metadata lacks {missing}")
   proto = _model_proto(metadata, source)
   processor = spm.SentencePieceProcessor()
   processor.LoadFromSerializedProto(proto.SerializeToString())
-  specials = {p.piece: i for i, p in enumerate(proto.pieces)
-              if p.type in (_PIECE.CONTROL, _PIECE.UNKNOWN)}
+  specials = {
+    p.piece: i for i, p in enumerate(proto.pieces) if p.type in (_PIECE.CONTROL, _PIECE.UNKNOWN)
+  }
   turns = [specials.get(s) for s in (START_OF_TURN, END_OF_TURN)]
   if None in turns:
-    raise ValueError(f"{source}: the vocabulary has no {START_OF_TURN} / {END_OF_TURN} "
-                     "control tokens; is this a Gemma tokenizer?")
+    raise ValueError(
+      f"{source}: the vocabulary has no {START_OF_TURN} / {END_OF_TURN} "
+      "control tokens; is this a Gemma tokenizer?"
+    )
   return Tokenizer(
-      processor, bos_id=int(metadata["tokenizer.ggml.bos_token_id"]),
-      eos_id=int(metadata["tokenizer.ggml.eos_token_id"]),
-      pad_id=int(metadata["tokenizer.ggml.padding_token_id"]),
-      start_of_turn_id=turns[0], end_of_turn_id=turns[1],
-      vocab_size=processor.get_piece_size(), special_tokens=specials)
+    processor,
+    bos_id=int(metadata["tokenizer.ggml.bos_token_id"]),
+    eos_id=int(metadata["tokenizer.ggml.eos_token_id"]),
+    pad_id=int(metadata["tokenizer.ggml.padding_token_id"]),
+    start_of_turn_id=turns[0],
+    end_of_turn_id=turns[1],
+    vocab_size=processor.get_piece_size(),
+    special_tokens=specials,
+  )
 
 
 def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
   """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
   if path is None:
     from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
+
     path = gguf.default_gguf_path()
   return _load_cached(os.path.realpath(path))
 
@@ -220,4 +244,5 @@ def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str) -> Tokenizer:
   from rlpost.models.weights import gguf_file  # pylint: disable=g-import-not-at-top
+
   return tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

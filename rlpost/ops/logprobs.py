@@ -7,6 +7,7 @@ them into chunks, and runs a `lax.scan` over the chunks whose body (wrapped in
 logsumexp and throws it away. The backward pass recomputes each block (a
 single block is kept instead) and has a hand-written rule (`_chunk_logprobs`).
 """
+
 import functools
 
 import jax
@@ -21,9 +22,9 @@ def _chunk_forward(h_KxD, embed_VxD, targets_K, temperature, return_entropy, com
   """(outputs, residuals) of one chunk: the logits block is computed once and kept."""
   dtype = _matmul_dtype(h_KxD, embed_VxD, compute_dtype)
   h_c, e_c = h_KxD.astype(dtype), embed_VxD.astype(dtype)
-  z_KxV = jnp.einsum('kd,vd->kv', h_c, e_c, preferred_element_type=jnp.float32) / temperature
+  z_KxV = jnp.einsum("kd,vd->kv", h_c, e_c, preferred_element_type=jnp.float32) / temperature
   lse_K, mean_z_K = _row_stats(z_KxV, return_entropy)
-  target_z_K = jnp.take_along_axis(z_KxV, targets_K[:, None], axis=-1, mode='clip')[:, 0]
+  target_z_K = jnp.take_along_axis(z_KxV, targets_K[:, None], axis=-1, mode="clip")[:, 0]
   outs = (target_z_K - lse_K,)
   if return_entropy:
     outs += (lse_K - mean_z_K,)
@@ -36,12 +37,14 @@ def _row_stats(z_KxV, with_mean: bool):
   A `lax.map` over rows: XLA:CPU runs `jax.nn.logsumexp` over a [512, 262144]
   block as a reduction fusion whose exp is ~6x slower than this loop's.
   """
+
   def one_row(z_V):
     peak = jnp.max(z_V)
     weights_V = jnp.exp(z_V - peak)
     total = jnp.sum(weights_V)
     mean = jnp.sum(weights_V * z_V) / total if with_mean else jnp.zeros(())
     return peak + jnp.log(total), mean
+
   lse_K, mean_z_K = jax.lax.map(one_row, z_KxV)
   return lse_K, (mean_z_K if with_mean else None)
 
@@ -62,14 +65,13 @@ def _chunk_logprobs(h_KxD, embed_VxD, targets_K, temperature, return_entropy, co
   bfloat16 matmul inputs its backward matmuls would see a float32 cotangent
   and run in float32.
   """
-  return _chunk_forward(h_KxD, embed_VxD, targets_K, temperature, return_entropy,
-                        compute_dtype)[0]
+  return _chunk_forward(h_KxD, embed_VxD, targets_K, temperature, return_entropy, compute_dtype)[0]
 
 
-def _chunk_logprobs_fwd(h_KxD, embed_VxD, targets_K, temperature, return_entropy,
-                        compute_dtype):
-  outs, res = _chunk_forward(h_KxD, embed_VxD, targets_K, temperature, return_entropy,
-                             compute_dtype)
+def _chunk_logprobs_fwd(h_KxD, embed_VxD, targets_K, temperature, return_entropy, compute_dtype):
+  outs, res = _chunk_forward(
+    h_KxD, embed_VxD, targets_K, temperature, return_entropy, compute_dtype
+  )
   dtypes = (jnp.zeros((0,), h_KxD.dtype), jnp.zeros((0,), embed_VxD.dtype))
   return outs, (res, dtypes, temperature)
 
@@ -81,22 +83,34 @@ def _chunk_logprobs_bwd(return_entropy, compute_dtype, residuals, g):
   dz_KxV = g[0][:, None] * (onehot_KxV.astype(jnp.float32) - probs_KxV)
   if return_entropy:
     dz_KxV = dz_KxV + g[1][:, None] * probs_KxV * (mean_z_K[:, None] - z_KxV)
-  dtemp = -jnp.sum(dz_KxV * z_KxV) / temperature   # z = raw / T; dead code unless wanted
+  dtemp = -jnp.sum(dz_KxV * z_KxV) / temperature  # z = raw / T; dead code unless wanted
   dz_KxV = (dz_KxV / temperature).astype(h_c.dtype)
-  dh_KxD = jnp.einsum('kv,vd->kd', dz_KxV, e_c, preferred_element_type=jnp.float32)
+  dh_KxD = jnp.einsum("kv,vd->kd", dz_KxV, e_c, preferred_element_type=jnp.float32)
   # d(embed) contracts over the chunk axis; XLA:CPU runs that layout as a slow
   # float32 dot (~110 GFLOP/s), a transposed copy of dz first as a ~200 GFLOP/s one.
-  de_VxD = jnp.einsum('vk,kd->vd', jnp.transpose(dz_KxV), h_c,
-                      preferred_element_type=jnp.float32)
-  return (dh_KxD.astype(h_like.dtype), de_VxD.astype(e_like.dtype), None,
-          dtemp.astype(jnp.result_type(temperature)))
+  de_VxD = jnp.einsum("vk,kd->vd", jnp.transpose(dz_KxV), h_c, preferred_element_type=jnp.float32)
+  return (
+    dh_KxD.astype(h_like.dtype),
+    de_VxD.astype(e_like.dtype),
+    None,
+    dtemp.astype(jnp.result_type(temperature)),
+  )
 
 
 _chunk_logprobs.defvjp(_chunk_logprobs_fwd, _chunk_logprobs_bwd)
 
 
-def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
-                   temperature=1.0, chunk=256, return_entropy=False, compute_dtype=None):
+def token_logprobs(
+  hidden_BxTxD,
+  embed_VxD,
+  targets_BxT,
+  mask_BxT,
+  *,
+  temperature=1.0,
+  chunk=256,
+  return_entropy=False,
+  compute_dtype=None,
+):
   """Log-probs of `targets` under `softmax(hidden @ embed.T / temperature)`.
 
   Tokens are processed `chunk` at a time along the flattened `B*T` axis (padded
@@ -127,13 +141,16 @@ def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
   batch, seq, dim = hidden_BxTxD.shape
   vocab = embed_VxD.shape[0]
   if embed_VxD.shape != (vocab, dim):
-    raise ValueError(f'embed shape {embed_VxD.shape} does not match hidden dim '
-                     f'{dim}: expected [vocab, {dim}]')
+    raise ValueError(
+      f"embed shape {embed_VxD.shape} does not match hidden dim {dim}: expected [vocab, {dim}]"
+    )
   if targets_BxT.shape != (batch, seq) or mask_BxT.shape != (batch, seq):
-    raise ValueError(f'targets {targets_BxT.shape} and mask {mask_BxT.shape} '
-                     f'must both be [batch, seq] = {(batch, seq)}')
+    raise ValueError(
+      f"targets {targets_BxT.shape} and mask {mask_BxT.shape} "
+      f"must both be [batch, seq] = {(batch, seq)}"
+    )
   if chunk < 1:
-    raise ValueError(f'chunk must be >= 1, got {chunk}')
+    raise ValueError(f"chunk must be >= 1, got {chunk}")
   num_tokens = batch * seq
   chunk = min(chunk, num_tokens)
   num_chunks = -(-num_tokens // chunk)
@@ -151,12 +168,10 @@ def token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, *,
 
   if num_chunks == 1:  # the one logits block is kept for the backward pass
     outs = tuple(x[None] for x in body_fn(h_CxKxD[0], targets_CxK[0]))
-  else:                # each block is recomputed in the backward pass
+  else:  # each block is recomputed in the backward pass
     body_fn = jax.checkpoint(body_fn)
-    _, outs = jax.lax.scan(lambda carry, xs: (carry, body_fn(*xs)), None,
-                           (h_CxKxD, targets_CxK))
+    _, outs = jax.lax.scan(lambda carry, xs: (carry, body_fn(*xs)), None, (h_CxKxD, targets_CxK))
   outs_BxT = tuple(
-      jnp.where(mask_BxT, x_CxK.reshape(-1)[:num_tokens].reshape(batch, seq),
-                0.0)
-      for x_CxK in outs)
+    jnp.where(mask_BxT, x_CxK.reshape(-1)[:num_tokens].reshape(batch, seq), 0.0) for x_CxK in outs
+  )
   return outs_BxT if return_entropy else outs_BxT[0]

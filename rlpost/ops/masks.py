@@ -1,4 +1,5 @@
 """Attention masks and positions every caller of a forward pass needs ([batch, seq] inputs)."""
+
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -15,8 +16,9 @@ def completion_mask(tokens_BxT, stop_ids):
     `[batch, seq]` bool; True up to and including the first stop token of each
     row (all True for rows without a stop token).
   """
-  stop_S = jnp.asarray(stop_ids if isinstance(stop_ids, Sequence)
-                       else [stop_ids], dtype=tokens_BxT.dtype)
+  stop_S = jnp.asarray(
+    stop_ids if isinstance(stop_ids, Sequence) else [stop_ids], dtype=tokens_BxT.dtype
+  )
   is_stop_BxT = jnp.isin(tokens_BxT, stop_S).astype(jnp.int32)
   stops_before_BxT = jnp.cumsum(is_stop_BxT, axis=-1) - is_stop_BxT
   return stops_before_BxT == 0

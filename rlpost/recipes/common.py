@@ -5,6 +5,7 @@ A config block whose fields are a dataclass's fields is built with
 ones, a renamed field names its new place, and a dataclass's own validation
 error names the config field (`block.field`), not the class.
 """
+
 import dataclasses
 
 import jax
@@ -24,8 +25,9 @@ def check_renamed(block, prefix: str, renamed: dict[str, str]) -> None:
   """Raises ValueError for a field of `block` that `renamed` maps to its new name."""
   for name in block:
     if f"{prefix}.{name}" in renamed:
-      raise ValueError(f"config.{prefix}.{name} is no longer a field: use "
-                       f"config.{renamed[f'{prefix}.{name}']}")
+      raise ValueError(
+        f"config.{prefix}.{name} is no longer a field: use config.{renamed[f'{prefix}.{name}']}"
+      )
 
 
 def from_block(cls, block, prefix: str, renamed: dict[str, str] | None = None, **extra):
@@ -65,11 +67,22 @@ def lora_config(cfg) -> lora_lib.LoraConfig | None:
 def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
   """The trainer's forward: model preset, `lora`, `train.{compute_dtype, remat, logprob_chunk}`."""
   t = cfg.train
-  where = {"compute_dtype": "train", "remat": "train", "logprob_chunk": "train",
-           "temperature": "sampling"}
-  return renaming_errors(policy.ForwardConfig, where, model=model_preset(cfg),
-                         lora=lora_config(cfg), compute_dtype=t.compute_dtype, remat=t.remat,
-                         logprob_chunk=t.logprob_chunk, temperature=temperature)
+  where = {
+    "compute_dtype": "train",
+    "remat": "train",
+    "logprob_chunk": "train",
+    "temperature": "sampling",
+  }
+  return renaming_errors(
+    policy.ForwardConfig,
+    where,
+    model=model_preset(cfg),
+    lora=lora_config(cfg),
+    compute_dtype=t.compute_dtype,
+    remat=t.remat,
+    logprob_chunk=t.logprob_chunk,
+    temperature=temperature,
+  )
 
 
 def model_preset(cfg) -> gemma3.Config:
@@ -91,9 +104,14 @@ def make_optimizer(cfg, total_steps: int):
   if not t.learning_rate > 0:
     fail("train.learning_rate", t.learning_rate, "must be > 0")
   return step_lib.make_optimizer(
-      learning_rate=t.learning_rate, total_steps=total_steps, warmup_fraction=t.warmup_fraction,
-      weight_decay=t.weight_decay, b1=t.adam_b1, b2=t.adam_b2,
-      max_grad_norm=t.max_grad_norm or None)
+    learning_rate=t.learning_rate,
+    total_steps=total_steps,
+    warmup_fraction=t.warmup_fraction,
+    weight_decay=t.weight_decay,
+    b1=t.adam_b1,
+    b2=t.adam_b2,
+    max_grad_norm=t.max_grad_norm or None,
+  )
 
 
 def trainable_and_frozen(params, fwd: policy.ForwardConfig, key: jax.Array):

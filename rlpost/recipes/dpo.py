@@ -5,6 +5,7 @@ sequence logprobs (base params with adapters off under LoRA, a copy of the
 initial params otherwise; never differentiated), one jitted train step of the
 sigmoid DPO loss, through the one run loop (`rlpost.train.loop`).
 """
+
 import dataclasses
 import functools
 
@@ -24,6 +25,7 @@ SOURCES = ("jsonl", "synthetic")
 @dataclasses.dataclass(frozen=True)
 class DPOConfig:
   """The `dpo` block: inverse temperature `beta` of the implicit reward, label smoothing."""
+
   beta: float = 0.1
   label_smoothing: float = 0.0
 
@@ -31,8 +33,7 @@ class DPOConfig:
     if not self.beta > 0:
       raise ValueError(f"DPOConfig.beta={self.beta!r}: must be > 0 (typical: 0.1)")
     if not 0 <= self.label_smoothing < 0.5:
-      raise ValueError(f"DPOConfig.label_smoothing={self.label_smoothing!r}: must be in "
-                       "[0, 0.5)")
+      raise ValueError(f"DPOConfig.label_smoothing={self.label_smoothing!r}: must be in [0, 0.5)")
 
 
 def check_config(cfg):
@@ -46,7 +47,7 @@ def records(cfg) -> list[dict]:
     pairs = chat.load_dpo_jsonl(cfg.data.path)
   else:
     pairs = dpo.synthetic_pairs(cfg.data.num_synthetic, cfg.seed)
-  return pairs[:cfg.data.num_examples] if cfg.data.num_examples else pairs
+  return pairs[: cfg.data.num_examples] if cfg.data.num_examples else pairs
 
 
 def run(cfg, workdir: str, stop_after: int | None = None):
@@ -56,21 +57,24 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   d, t = cfg.data, cfg.train
   pairs = dpo.tokenize_pairs(records(cfg), tokenizer, d.seq_len)
   reference = params if fwd.lora else dpo.initial_reference(params)
-  loss_fn = dpo.make_loss_fn(fwd, beta=dpo_config.beta,
-                             label_smoothing=dpo_config.label_smoothing)
-  train_step = step_lib.make_train_step(loss_fn, optimizer, step_lib.make_mesh(),
-                                        t.micro_batch_size)
+  loss_fn = dpo.make_loss_fn(fwd, beta=dpo_config.beta, label_smoothing=dpo_config.label_smoothing)
+  train_step = step_lib.make_train_step(
+    loss_fn, optimizer, step_lib.make_mesh(), t.micro_batch_size
+  )
   ref_fn = dpo.make_reference_fn(fwd, t.micro_batch_size)
 
   def next_batch(cursor):
     indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
-    batch = dpo.make_pair_batch([pairs[i] for i in indices], seq_len=d.seq_len,
-                                pad_id=tokenizer.pad_id, micro_batch_size=t.micro_batch_size,
-                                gather_bucket=t.gather_bucket)
+    batch = dpo.make_pair_batch(
+      [pairs[i] for i in indices],
+      seq_len=d.seq_len,
+      pad_id=tokenizer.pad_id,
+      micro_batch_size=t.micro_batch_size,
+      gather_bucket=t.gather_bucket,
+    )
     batch = jax.device_get(ref_fn(reference, batch))
     return batch, cursor, dpo.pair_stats(batch)
 
-  step_fn = functools.partial(sft_recipe.supervised_step, train_step, frozen, next_batch, None,
-                              cfg)
+  step_fn = functools.partial(sft_recipe.supervised_step, train_step, frozen, next_batch, None, cfg)
   loop = sft_recipe.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)

@@ -3,6 +3,7 @@
 `evaluate_run` is what experiments/eval_gsm8k.py runs: the base model and,
 given a GRPO run directory, its newest checkpoint, on the same problems.
 """
+
 import dataclasses
 
 import jax
@@ -22,8 +23,11 @@ from rlpost.train import checkpoint
 def _completions(params, model_config, tokenizer, problems, template, examples, sc, key, k):
   texts = [prompts_lib.prompt_text(p, template, examples) for p in problems]
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], sc)
-  out = jax.device_get(sampling.sample(params, tokens, lengths, key, model_config=model_config,
-                                       config=sc, num_samples=k))
+  out = jax.device_get(
+    sampling.sample(
+      params, tokens, lengths, key, model_config=model_config, config=sc, num_samples=k
+    )
+  )
   batch = batch_lib.from_samples(tokens, lengths, out, k)
   if template != "plain":
     batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
@@ -42,27 +46,48 @@ def accuracy_report(problems, greedy: list[str], samples: list[str], pass_k: int
   Returns greedy answer/format accuracy, pass@k and the first three greedy completions.
   """
   if len(greedy) != len(problems) or len(samples) != len(problems) * pass_k:
-    raise ValueError(f"{len(problems)} problems need {len(problems)} greedy completions and "
-                     f"{len(problems) * pass_k} samples (pass_k={pass_k}); got {len(greedy)} "
-                     f"and {len(samples)}")
+    raise ValueError(
+      f"{len(problems)} problems need {len(problems)} greedy completions and "
+      f"{len(problems) * pass_k} samples (pass_k={pass_k}); got {len(greedy)} "
+      f"and {len(samples)}"
+    )
   report = {
-      "num_problems": len(problems),
-      "greedy_answer_accuracy": float(np.mean([gsm8k_rewards.is_correct(c, p.final)
-                                               for c, p in zip(greedy, problems)])),
-      "greedy_format_accuracy": float(np.mean([gsm8k_rewards.has_format(c) for c in greedy])),
-      "examples": [{"question": p.question, "truth": p.final, "completion": c}
-                   for c, p in zip(greedy[:3], problems)],
+    "num_problems": len(problems),
+    "greedy_answer_accuracy": float(
+      np.mean([gsm8k_rewards.is_correct(c, p.final) for c, p in zip(greedy, problems)])
+    ),
+    "greedy_format_accuracy": float(np.mean([gsm8k_rewards.has_format(c) for c in greedy])),
+    "examples": [
+      {"question": p.question, "truth": p.final, "completion": c}
+      for c, p in zip(greedy[:3], problems)
+    ],
   }
   if pass_k:
-    hits = np.array([gsm8k_rewards.is_correct(c, p.final)
-                     for c, p in zip(samples, [p for p in problems for _ in range(pass_k)])])
+    hits = np.array(
+      [
+        gsm8k_rewards.is_correct(c, p.final)
+        for c, p in zip(samples, [p for p in problems for _ in range(pass_k)])
+      ]
+    )
     report[f"pass@{pass_k}"] = float(np.mean(hits.reshape(len(problems), pass_k).any(1)))
   return report
 
 
-def evaluate(params, model_config, tokenizer, problems, *, template: str, examples,
-             sampling_config: sampling.SamplingConfig, batch_size: int = 8, pass_k: int = 4,
-             temperature: float = 0.8, seed: int = 0, desc: str = "eval") -> dict:
+def evaluate(
+  params,
+  model_config,
+  tokenizer,
+  problems,
+  *,
+  template: str,
+  examples,
+  sampling_config: sampling.SamplingConfig,
+  batch_size: int = 8,
+  pass_k: int = 4,
+  temperature: float = 0.8,
+  seed: int = 0,
+  desc: str = "eval",
+) -> dict:
   """Accuracy report over `problems` (see `accuracy_report`).
 
   Greedy decoding gives `answer_accuracy` (number in the answer tags equals the
@@ -74,41 +99,65 @@ def evaluate(params, model_config, tokenizer, problems, *, template: str, exampl
   greedy, samples = [], []
   key = jax.random.key(seed)
   for start in tqdm.trange(0, len(problems), batch_size, desc=desc, dynamic_ncols=True):
-    chunk = problems[start:start + batch_size]
-    greedy += _completions(params, model_config, tokenizer, chunk, template, examples, greedy_sc,
-                           key, 1)
+    chunk = problems[start : start + batch_size]
+    greedy += _completions(
+      params, model_config, tokenizer, chunk, template, examples, greedy_sc, key, 1
+    )
     if pass_k:
-      samples += _completions(params, model_config, tokenizer, chunk, template, examples,
-                              sample_sc, jax.random.fold_in(key, start), pass_k)
+      samples += _completions(
+        params,
+        model_config,
+        tokenizer,
+        chunk,
+        template,
+        examples,
+        sample_sc,
+        jax.random.fold_in(key, start),
+        pass_k,
+      )
   report = {**accuracy_report(problems, greedy, samples, pass_k), "template": template}
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
 
 
-def evaluate_run(cfg, workdir: str = "", *, split: str = "test", num_problems: int | None = None,
-                 pass_k: int | None = None) -> dict:
+def evaluate_run(
+  cfg,
+  workdir: str = "",
+  *,
+  split: str = "test",
+  num_problems: int | None = None,
+  pass_k: int | None = None,
+) -> dict:
   """Report {"split", "base": ..., "trained": ...} for a GRPO ConfigDict.
 
   "trained" (with the checkpoint's iteration) only when `workdir` holds a run.
   num_problems / pass_k: None takes the config's `eval` block.
   """
   p = grpo.build(cfg)
-  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems or cfg.eval.num_problems]
+  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[: num_problems or cfg.eval.num_problems]
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
   setup = p.setup
-  common = dict(template=setup.template, examples=p.task.examples, sampling_config=setup.sampling,
-                pass_k=pass_k, seed=cfg.seed)
+  common = dict(
+    template=setup.template,
+    examples=p.task.examples,
+    sampling_config=setup.sampling,
+    pass_k=pass_k,
+    seed=cfg.seed,
+  )
   base = p.frozen if setup.forward.lora else p.ref_params or p.state.trainable
-  report = {"split": split, "base": evaluate(base, setup.forward.model, p.tokenizer, problems,
-                                             desc="base", **common)}
+  report = {
+    "split": split,
+    "base": evaluate(base, setup.forward.model, p.tokenizer, problems, desc="base", **common),
+  }
   if workdir:
     restored = checkpoint.restore_latest(checkpoint.manager(workdir), p.state)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     state, meta = restored
     params = policy.sampling_params(state.trainable, p.frozen, setup.forward)
-    report["trained"] = evaluate(params, setup.forward.model, p.tokenizer, problems,
-                                 desc="trained", **common)
+    report["trained"] = evaluate(
+      params, setup.forward.model, p.tokenizer, problems, desc="trained", **common
+    )
     report["trained"]["iteration"] = meta["iteration"]
   return report

@@ -9,6 +9,7 @@ then its helpers. One iteration:
   -> RLBatch + advantages -> ref logprobs (beta > 0) -> old logprobs (num_iterations > 1)
   -> num_iterations x train_step(state, frozen, batch)
 """
+
 import dataclasses
 import functools
 import time
@@ -35,13 +36,15 @@ from rlpost.train import step as step_lib
 
 # Old config fields -> where they live now (an old name fails with this pointer).
 RENAMED = {
-    "algo.name": "name", "algo.advantage": "algo.advantage_estimator",
-    "algo.kl": "algo.kl_method", "algo.aggregation": "algo.loss_agg_mode",
-    "algo.importance": "algo.policy_loss ('gspo' for sequence-level importance)",
-    "algo.dynamic_sampling": "rollout.dynamic_sampling",
-    "algo.max_resample_rounds": "rollout.max_resample_rounds",
-    "algo.overlong_buffer": "rollout.overlong_buffer",
-    "algo.overlong_penalty": "rollout.overlong_penalty",
+  "algo.name": "name",
+  "algo.advantage": "algo.advantage_estimator",
+  "algo.kl": "algo.kl_method",
+  "algo.aggregation": "algo.loss_agg_mode",
+  "algo.importance": "algo.policy_loss ('gspo' for sequence-level importance)",
+  "algo.dynamic_sampling": "rollout.dynamic_sampling",
+  "algo.max_resample_rounds": "rollout.max_resample_rounds",
+  "algo.overlong_buffer": "rollout.overlong_buffer",
+  "algo.overlong_penalty": "rollout.overlong_penalty",
 }
 
 
@@ -55,6 +58,7 @@ class RolloutConfig:
     sampling.max_new_tokens; None: off.
   overlong_penalty: the penalty at max_new_tokens.
   """
+
   dynamic_sampling: bool = False
   max_resample_rounds: int = 3
   overlong_buffer: int | None = None
@@ -62,16 +66,18 @@ class RolloutConfig:
 
   def __post_init__(self):
     if self.max_resample_rounds < 0:
-      raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: "
-                       "use >= 0")
+      raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
     if self.overlong_buffer is not None and self.overlong_buffer < 1:
-      raise ValueError(f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "
-                       "positive number of tokens, or None to turn the penalty off")
+      raise ValueError(
+        f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "
+        "positive number of tokens, or None to turn the penalty off"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Static pieces of a GRPO run, resolved once from the ConfigDict."""
+
   algo: objectives.GRPOConfig
   rollout: RolloutConfig
   forward: policy.ForwardConfig
@@ -84,12 +90,13 @@ class Setup:
 
 class Pieces(NamedTuple):
   """Everything a GRPO run is built from (see `build`)."""
+
   setup: Setup
   tokenizer: Any
   task: tasks.Task
-  state: step_lib.TrainState   # fresh: step 0, new adapters (or the params), optimizer state
-  frozen: Any                  # base params under LoRA, else None
-  ref_params: Any              # reference policy params (None when beta == 0 and no LoRA)
+  state: step_lib.TrainState  # fresh: step 0, new adapters (or the params), optimizer state
+  frozen: Any  # base params under LoRA, else None
+  ref_params: Any  # reference policy params (None when beta == 0 and no LoRA)
   train_step: Any
 
 
@@ -101,9 +108,12 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, RolloutConfig, policy.Forw
   t, d, s = cfg.train, cfg.data, cfg.sampling
   rows = t.batch_prompts * algo.num_generations
   if rows % t.micro_batch_size:
-    common.fail("train.micro_batch_size", t.micro_batch_size,
-                f"train.batch_prompts * algo.num_generations = {rows} rows are not divisible "
-                f"by it; choose a divisor of {rows}")
+    common.fail(
+      "train.micro_batch_size",
+      t.micro_batch_size,
+      f"train.batch_prompts * algo.num_generations = {rows} rows are not divisible "
+      f"by it; choose a divisor of {rows}",
+    )
   if d.source not in tasks.SOURCES:
     common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
   if d.template not in prompts_lib.TEMPLATES:
@@ -111,8 +121,11 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, RolloutConfig, policy.Forw
   if t.steps < 1:
     common.fail("train.steps", t.steps, "must be >= 1")
   if rollout.overlong_buffer and rollout.overlong_buffer > s.max_new_tokens:
-    common.fail("rollout.overlong_buffer", rollout.overlong_buffer,
-                f"must be <= sampling.max_new_tokens={s.max_new_tokens}")
+    common.fail(
+      "rollout.overlong_buffer",
+      rollout.overlong_buffer,
+      f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
+    )
   return algo, rollout, forward
 
 
@@ -121,13 +134,22 @@ def build(cfg, loaded=None) -> Pieces:
   algo, rollout, forward = check_config(cfg)
   _, params, tokenizer = loaded or common.load_model(cfg)
   sc = sampling.SamplingConfig(
-      temperature=cfg.sampling.temperature, stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-      max_new_tokens=cfg.sampling.max_new_tokens, pad_id=tokenizer.pad_id,
-      prompt_bucket=cfg.sampling.prompt_bucket)
-  setup = Setup(algo=algo, rollout=rollout, forward=forward, sampling=sc,
-                batch_prompts=cfg.train.batch_prompts,
-                micro_batch_size=cfg.train.micro_batch_size, template=cfg.data.template,
-                shuffle=cfg.data.shuffle)
+    temperature=cfg.sampling.temperature,
+    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+    max_new_tokens=cfg.sampling.max_new_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=cfg.sampling.prompt_bucket,
+  )
+  setup = Setup(
+    algo=algo,
+    rollout=rollout,
+    forward=forward,
+    sampling=sc,
+    batch_prompts=cfg.train.batch_prompts,
+    micro_batch_size=cfg.train.micro_batch_size,
+    template=cfg.data.template,
+    shuffle=cfg.data.shuffle,
+  )
   task = tasks.load_task(cfg.data, "train", cfg.seed)
   key = jax.random.key(cfg.seed)
   trainable, frozen = common.trainable_and_frozen(params, forward, key)
@@ -140,13 +162,15 @@ def build(cfg, loaded=None) -> Pieces:
   optimizer = common.make_optimizer(cfg, cfg.train.steps * algo.num_iterations)
   mesh = step_lib.make_mesh()
   # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
-  state = step_lib.replicate(step_lib.init_train_state(trainable, optimizer,
-                                                       jax.random.fold_in(key, 1)), mesh)
+  state = step_lib.replicate(
+    step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
+  )
   frozen = step_lib.replicate(frozen, mesh)
   ref_params = frozen if forward.lora else step_lib.replicate(ref_params, mesh)
-  train_step = step_lib.make_train_step(objectives.make_grpo_loss_fn(algo, forward), optimizer,
-                                        mesh, setup.micro_batch_size)
-  host_memory.release_freed_memory()   # weight loading / initialization temporaries
+  train_step = step_lib.make_train_step(
+    objectives.make_grpo_loss_fn(algo, forward), optimizer, mesh, setup.micro_batch_size
+  )
+  host_memory.release_freed_memory()  # weight loading / initialization temporaries
   return Pieces(setup, tokenizer, task, state, frozen, ref_params, train_step)
 
 
@@ -157,12 +181,17 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   """
   p = build(cfg, loaded)
   loop = loop_lib.LoopConfig(
-      steps=cfg.train.steps, checkpoint_every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
-      title=f"grpo[{cfg.name}]", seed=cfg.seed,
-      curves=("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
-      postfix=("reward/mean", "kl"))
-  state, _ = loop_lib.run_loop(workdir, cfg, p.state, functools.partial(iteration, p), loop,
-                               stop_after=stop_after)
+    steps=cfg.train.steps,
+    checkpoint_every=cfg.checkpoint.every,
+    keep=cfg.checkpoint.keep,
+    title=f"grpo[{cfg.name}]",
+    seed=cfg.seed,
+    curves=("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
+    postfix=("reward/mean", "kl"),
+  )
+  state, _ = loop_lib.run_loop(
+    workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after
+  )
   return state
 
 
@@ -174,7 +203,7 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   key = jax.random.fold_in(state.key, index)
   groups, metrics, cursor = collect(p, params_s, cursor, key)
   del params_s
-  host_memory.release_freed_memory()   # the sampler's weight copies, before the train step
+  host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
   metrics.update(rollout_metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
   batch = train_batch(setup, groups)
   rollout_s = time.perf_counter() - start
@@ -194,9 +223,13 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   if "kl" in passes[0]:
     metrics["kl/first_pass"] = passes[0]["kl"]
   tokens = float(batch.loss_mask.sum())
-  metrics.update({"time/rollout_s": rollout_s,
-                  "time/train_s": time.perf_counter() - start - rollout_s,
-                  "tokens_per_s": tokens / (time.perf_counter() - start)})
+  metrics.update(
+    {
+      "time/rollout_s": rollout_s,
+      "time/train_s": time.perf_counter() - start - rollout_s,
+      "tokens_per_s": tokens / (time.perf_counter() - start),
+    }
+  )
   return state, cursor, metrics
 
 
@@ -214,8 +247,9 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
   kept, dropped, rounds, errors = [], [], 0, {}
   while True:
     idx, cursor = next_indices(cursor, len(problems), B, shuffle=setup.shuffle)
-    groups, errs = sample_groups(p, params_s, [problems[i] for i in idx],
-                                 jax.random.fold_in(key, rounds))
+    groups, errs = sample_groups(
+      p, params_s, [problems[i] for i in idx], jax.random.fold_in(key, rounds)
+    )
     for name, n in errs.items():
       errors[f"reward/{name}/errors"] = errors.get(f"reward/{name}/errors", 0) + n
     rewards = np.concatenate([g["rewards"] for g in groups])
@@ -239,29 +273,50 @@ def sample_groups(p: Pieces, params_s, problems, key):
   G = setup.algo.num_generations
   texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
   tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], setup.sampling)
-  out = jax.device_get(sampling.sample(params_s, tokens, lengths, key,
-                                       model_config=setup.forward.model, config=setup.sampling,
-                                       num_samples=G))
+  out = jax.device_get(
+    sampling.sample(
+      params_s,
+      tokens,
+      lengths,
+      key,
+      model_config=setup.forward.model,
+      config=setup.sampling,
+      num_samples=G,
+    )
+  )
   batch = batch_lib.from_samples(tokens, lengths, out, G)
   if setup.template != "plain":
     batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
   prefix = prompts_lib.completion_prefix(setup.template)
   completions = [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
   answers = [q.final for q in problems for _ in range(G)]
-  per_fn, errors = rewards_lib.score(task.reward_fns, [t for t in texts for _ in range(G)],
-                                     completions, answers)
+  per_fn, errors = rewards_lib.score(
+    task.reward_fns, [t for t in texts for _ in range(G)], completions, answers
+  )
   r = setup.rollout
   if r.overlong_buffer:
-    per_fn["overlong_penalty"] = np.asarray(adv_lib.overlong_penalty(
-        jnp.asarray(batch.loss_mask.sum(1)), max_len=setup.sampling.max_new_tokens,
-        buffer_len=r.overlong_buffer, penalty_factor=r.overlong_penalty), np.float32)
+    per_fn["overlong_penalty"] = np.asarray(
+      adv_lib.overlong_penalty(
+        jnp.asarray(batch.loss_mask.sum(1)),
+        max_len=setup.sampling.max_new_tokens,
+        buffer_len=r.overlong_buffer,
+        penalty_factor=r.overlong_penalty,
+      ),
+      np.float32,
+    )
   total = sum(per_fn.values())
   groups = []
   for g in range(len(problems)):
     rows = slice(g * G, (g + 1) * G)
-    groups.append({"batch": batch_lib.select_rows(batch, rows), "rewards": total[rows],
-                   "per_fn": {k: v[rows] for k, v in per_fn.items()},
-                   "completions": completions[rows], "answers": answers[rows]})
+    groups.append(
+      {
+        "batch": batch_lib.select_rows(batch, rows),
+        "rewards": total[rows],
+        "per_fn": {k: v[rows] for k, v in per_fn.items()},
+        "completions": completions[rows],
+        "answers": answers[rows],
+      }
+    )
   return groups, errors
 
 
@@ -271,10 +326,13 @@ def rollout_metrics(groups, num_generations: int, accuracy_fns) -> dict:
   lengths = np.concatenate([g["batch"].loss_mask.sum(1) for g in groups])
   comps = [c for g in groups for c in g["completions"]]
   answers = [a for g in groups for a in g["answers"]]
-  metrics = {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
-             "completion_len/mean": lengths.mean(), "completion_len/max": lengths.max(),
-             "zero_signal_groups": np.mean(np.asarray(
-                 adv_lib.zero_signal_groups(rewards, num_generations)))}
+  metrics = {
+    "reward/mean": rewards.mean(),
+    "reward/std": rewards.std(),
+    "completion_len/mean": lengths.mean(),
+    "completion_len/max": lengths.max(),
+    "zero_signal_groups": np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, num_generations))),
+  }
   for name in groups[0]["per_fn"]:
     metrics[f"reward/{name}"] = np.concatenate([g["per_fn"][name] for g in groups]).mean()
   for name, fn in accuracy_fns.items():
@@ -286,5 +344,6 @@ def train_batch(setup: Setup, groups) -> RLBatch:
   """The device RLBatch of the groups' rows, with sequence-level advantages [N]."""
   batch = batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
   rewards = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
-  return dataclasses.replace(batch_lib.to_device(batch),
-                             advantages=objectives.grpo_advantages(rewards, setup.algo))
+  return dataclasses.replace(
+    batch_lib.to_device(batch), advantages=objectives.grpo_advantages(rewards, setup.algo)
+  )

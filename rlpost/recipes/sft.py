@@ -5,6 +5,7 @@ cursor, one jitted train step, the metrics record, a held-out evaluation every
 `eval.every` steps (and once before training), through the one run loop
 (`rlpost.train.loop`). `check_config` is shared with the DPO recipe.
 """
+
 import functools
 import os
 import time
@@ -31,24 +32,30 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
   if t.steps < 1:
     fail("train.steps", t.steps, "must be >= 1")
   if t.micro_batch_size < 1 or t.batch_size < 1 or t.batch_size % t.micro_batch_size:
-    fail("train.batch_size", t.batch_size, f"must be a positive multiple of "
-         f"train.micro_batch_size={t.micro_batch_size}")
+    fail(
+      "train.batch_size",
+      t.batch_size,
+      f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}",
+    )
   if t.batch_size % jax.device_count():
-    fail("train.batch_size", t.batch_size, f"must be divisible by the {jax.device_count()} "
-         "devices")
+    fail("train.batch_size", t.batch_size, f"must be divisible by the {jax.device_count()} devices")
   if t.learning_rate <= 0:
     fail("train.learning_rate", t.learning_rate, "must be > 0")
   if t.gather_bucket < 1:
     fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
   d = cfg.data
   if d.path and d.source != "jsonl":
-    fail("data.source", d.source, f"data.path={d.path!r} is set: use data.source='jsonl' "
-         "(or clear data.path)")
+    fail(
+      "data.source",
+      d.source,
+      f"data.path={d.path!r} is set: use data.source='jsonl' (or clear data.path)",
+    )
   if d.source not in sources:
     fail("data.source", d.source, f"unknown; valid sources: {sources}")
   if d.source == "jsonl" and not d.path:
-    fail("data.path", d.path, "data.source='jsonl' needs a JSONL file: "
-         "--config.data.path=FILE.jsonl")
+    fail(
+      "data.path", d.path, "data.source='jsonl' needs a JSONL file: --config.data.path=FILE.jsonl"
+    )
   for field in ("path", "eval_path"):
     if d.get(field) and not os.path.isfile(d[field]):
       fail(f"data.{field}", d[field], "no such file")
@@ -70,7 +77,8 @@ def setup(cfg, fwd: policy.ForwardConfig):
   # second step reuses the first step's compilation.
   mesh = step_lib.make_mesh()
   state = step_lib.replicate(
-      step_lib.init_train_state(trainable, optimizer, jax.random.key(cfg.seed)), mesh)
+    step_lib.init_train_state(trainable, optimizer, jax.random.key(cfg.seed)), mesh
+  )
   return model_config, params, tokenizer, state, step_lib.replicate(frozen, mesh), optimizer
 
 
@@ -90,9 +98,15 @@ def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor
 
 
 def loop_config(cfg, title: str, curves) -> loop_lib.LoopConfig:
-  return loop_lib.LoopConfig(steps=cfg.train.steps, checkpoint_every=cfg.checkpoint.every,
-                             keep=cfg.checkpoint.keep, title=title, curves=tuple(curves),
-                             postfix=("loss",), seed=cfg.seed)
+  return loop_lib.LoopConfig(
+    steps=cfg.train.steps,
+    checkpoint_every=cfg.checkpoint.every,
+    keep=cfg.checkpoint.keep,
+    title=title,
+    curves=tuple(curves),
+    postfix=("loss",),
+    seed=cfg.seed,
+  )
 
 
 def records(cfg) -> tuple[list[dict], list[dict]]:
@@ -113,7 +127,7 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
       cut = len(all_records) - n_eval
       train_records, eval_records = all_records[:cut], all_records[cut:]
   if d.num_examples:
-    train_records = train_records[:d.num_examples]
+    train_records = train_records[: d.num_examples]
   return train_records, eval_records
 
 
@@ -126,23 +140,32 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in train_records]
   eval_examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in eval_records]
   lengths = [len(e[0]) for e in examples]
-  train_step = step_lib.make_train_step(sft.make_loss_fn(fwd), optimizer, step_lib.make_mesh(),
-                                        t.micro_batch_size)
+  train_step = step_lib.make_train_step(
+    sft.make_loss_fn(fwd), optimizer, step_lib.make_mesh(), t.micro_batch_size
+  )
   batch_args = dict(seq_len=d.seq_len, pad_id=tokenizer.pad_id, gather_bucket=t.gather_bucket)
 
   def next_batch(cursor):
-    indices, cursor = sft.next_examples(cursor, lengths, rows=t.batch_size, seq_len=d.seq_len,
-                                        pack=d.pack, shuffle=d.shuffle)
-    batch = sft.make_batch([examples[i] for i in indices], micro_batch_size=t.micro_batch_size,
-                           pack=d.pack, num_rows=t.batch_size, **batch_args)
+    indices, cursor = sft.next_examples(
+      cursor, lengths, rows=t.batch_size, seq_len=d.seq_len, pack=d.pack, shuffle=d.shuffle
+    )
+    batch = sft.make_batch(
+      [examples[i] for i in indices],
+      micro_batch_size=t.micro_batch_size,
+      pack=d.pack,
+      num_rows=t.batch_size,
+      **batch_args,
+    )
     return batch, cursor, sft.batch_stats(batch)
 
   evaluate = None
   if eval_examples and cfg.eval.every:
     eval_fn = sft.make_eval_fn(fwd)
-    evaluate = lambda state: sft.evaluate(eval_fn, state.trainable, frozen, eval_examples,
-                                          rows=t.micro_batch_size, **batch_args)
+    evaluate = lambda state: sft.evaluate(
+      eval_fn, state.trainable, frozen, eval_examples, rows=t.micro_batch_size, **batch_args
+    )
   step_fn = functools.partial(supervised_step, train_step, frozen, next_batch, evaluate, cfg)
   loop = loop_config(cfg, "sft", ["loss", "eval_loss", "eval_perplexity", "padding_efficiency"])
-  return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, initial_metrics=evaluate,
-                           stop_after=stop_after)
+  return loop_lib.run_loop(
+    workdir, cfg, state, step_fn, loop, initial_metrics=evaluate, stop_after=stop_after
+  )

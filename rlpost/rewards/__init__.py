@@ -11,6 +11,7 @@ function and the first failing example, chained to the original exception:
 a broken reward function stops training loudly instead of silently feeding
 zeros to the policy. Non-finite values and wrong lengths are errors too.
 """
+
 import math
 from typing import Callable, Sequence
 
@@ -45,13 +46,20 @@ def _score_one(fn: RewardFn, name: str, prompts, completions, answers, max_error
       first = first or (i, c, e)
   if errors > max_error_fraction * len(completions):
     i, c, e = first
-    raise RuntimeError(f"reward function {name!r} failed on {errors}/{len(completions)} "
-                       f"completions (first: example {i}, completion {c[:200]!r}): {e!r}") from e
+    raise RuntimeError(
+      f"reward function {name!r} failed on {errors}/{len(completions)} "
+      f"completions (first: example {i}, completion {c[:200]!r}): {e!r}"
+    ) from e
   return values, errors
 
 
-def score(reward_fns: dict[str, RewardFn], prompts: Sequence[str], completions: Sequence[str],
-          answers: Sequence[str], max_error_fraction: float = 0.5):
+def score(
+  reward_fns: dict[str, RewardFn],
+  prompts: Sequence[str],
+  completions: Sequence[str],
+  answers: Sequence[str],
+  max_error_fraction: float = 0.5,
+):
   """Scores completions with every function of `reward_fns` (name -> fn).
 
   Returns (per_fn: name -> [N] float32, errors: name -> count of failed examples).
@@ -59,7 +67,6 @@ def score(reward_fns: dict[str, RewardFn], prompts: Sequence[str], completions: 
   """
   per_fn, errors = {}, {}
   for name, fn in reward_fns.items():
-    values, errors[name] = _score_one(fn, name, prompts, completions, answers,
-                                      max_error_fraction)
+    values, errors[name] = _score_one(fn, name, prompts, completions, answers, max_error_fraction)
     per_fn[name] = np.asarray(values, np.float32)
   return per_fn, errors

@@ -4,6 +4,7 @@ Reward = number of characters equal to D in the completion (dense: a random
 model starts near max_new_tokens / vocab, so GRPO has signal at once; integer
 scale, so estimators without std normalisation (Dr.GRPO) see O(1) advantages).
 """
+
 from rlpost.data.gsm8k import Problem
 
 

@@ -2,13 +2,16 @@
 
 Each function is `(prompts, completions, answers) -> list[float]`.
 """
+
 import re
 
 from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, REASONING_START
 
 _FULL_FORMAT = re.compile(
-    rf"^\s*{re.escape(REASONING_START)}.+?{re.escape(REASONING_END)}.*?"
-    rf"{re.escape(ANSWER_START)}(.+?){re.escape(ANSWER_END)}\s*$", re.DOTALL)
+  rf"^\s*{re.escape(REASONING_START)}.+?{re.escape(REASONING_END)}.*?"
+  rf"{re.escape(ANSWER_START)}(.+?){re.escape(ANSWER_END)}\s*$",
+  re.DOTALL,
+)
 _ANSWER = re.compile(rf"{re.escape(ANSWER_START)}(.+?){re.escape(ANSWER_END)}", re.DOTALL)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
@@ -99,8 +102,8 @@ def has_format(completion: str, truth: str = "") -> bool:
 
 
 REWARD_FNS = {
-    "match_format_exactly": match_format_exactly,
-    "match_format_approximately": match_format_approximately,
-    "check_answer": check_answer,
-    "check_numbers": check_numbers,
+  "match_format_exactly": match_format_exactly,
+  "match_format_approximately": match_format_approximately,
+  "check_answer": check_answer,
+  "check_numbers": check_numbers,
 }

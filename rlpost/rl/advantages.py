@@ -5,6 +5,7 @@ Row order of group estimators is prompt-major: rows `b*G .. b*G + G-1` are the
 Masks are `[batch, seq]` bool or 0/1 over completion tokens; masked positions of
 every `[batch, seq]` output are 0 and never influence valid positions.
 """
+
 import chex
 import einops
 import jax
@@ -15,9 +16,11 @@ def _groups(rewards_N, group_size):
   """`[N]` -> `[N // G, G]` float32, checking that `G` divides `N`."""
   num = rewards_N.shape[0]
   if rewards_N.ndim != 1 or group_size < 1 or num % group_size:
-    raise ValueError(f'rewards must be [N] with N a multiple of group_size; '
-                     f'got shape {rewards_N.shape}, group_size={group_size}')
-  return einops.rearrange(rewards_N.astype(jnp.float32), '(p g) -> p g', g=group_size)
+    raise ValueError(
+      f"rewards must be [N] with N a multiple of group_size; "
+      f"got shape {rewards_N.shape}, group_size={group_size}"
+    )
+  return einops.rearrange(rewards_N.astype(jnp.float32), "(p g) -> p g", g=group_size)
 
 
 def _all_equal(r_PxG):
@@ -32,8 +35,10 @@ def grpo(rewards_N, group_size, *, epsilon=1e-6):
   `group_size >= 2`. Groups whose rewards are all equal get advantage 0.
   """
   if group_size < 2:
-    raise ValueError(f'grpo needs group_size >= 2 (std of one sample), got '
-                     f'{group_size}; use reinforce_pp for single samples')
+    raise ValueError(
+      f"grpo needs group_size >= 2 (std of one sample), got "
+      f"{group_size}; use reinforce_pp for single samples"
+    )
   r_PxG = _groups(rewards_N, group_size)
   mean_Px1 = jnp.mean(r_PxG, axis=1, keepdims=True)
   std_Px1 = jnp.std(r_PxG, axis=1, keepdims=True, ddof=1)
@@ -52,8 +57,7 @@ def drgrpo(rewards_N, group_size):
 def rloo(rewards_N, group_size):
   """RLOO: `r - mean of the other G-1 rewards of the group`, `[N]` float32."""
   if group_size < 2:
-    raise ValueError(f'rloo needs group_size >= 2 (a leave-one-out baseline), '
-                     f'got {group_size}')
+    raise ValueError(f"rloo needs group_size >= 2 (a leave-one-out baseline), got {group_size}")
   r_PxG = _groups(rewards_N, group_size)
   sum_Px1 = jnp.sum(r_PxG, axis=1, keepdims=True)
   others_PxG = (sum_Px1 - r_PxG) / (group_size - 1)
@@ -98,8 +102,7 @@ def sequence_to_token_rewards(rewards_N, mask_NxT):
   seq = mask_NxT.shape[1]
   last_N = seq - 1 - jnp.argmax(mask_NxT[:, ::-1], axis=1)
   is_last_NxT = jnp.arange(seq)[None, :] == last_N[:, None]
-  return jnp.where(is_last_NxT & mask_NxT,
-                   rewards_N.astype(jnp.float32)[:, None], 0.0)
+  return jnp.where(is_last_NxT & mask_NxT, rewards_N.astype(jnp.float32)[:, None], 0.0)
 
 
 def _reverse_masked_scan(step_fn, init, xs_TxB):
@@ -127,8 +130,9 @@ def discounted_returns(rewards_BxT, mask_BxT, *, gamma=1.0):
   return _reverse_masked_scan(step, init_B, (rewards_TxB, mask_TxB)).T
 
 
-def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
-                 group_size=None, epsilon=1e-8):
+def reinforce_pp(
+  rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0, group_size=None, epsilon=1e-8
+):
   """REINFORCE++ advantages: returns whitened with batch (global) statistics.
 
   Without `mask_BxT`: sequence level, `(r - batch mean) / sqrt(batch var +
@@ -152,13 +156,11 @@ def reinforce_pp(rewards_N, mask_BxT=None, *, kl_BxT=None, beta=0.0, gamma=1.0,
     rewards_N = drgrpo(rewards_N, group_size)
   if mask_BxT is None:
     if kl_BxT is not None:
-      raise ValueError('reinforce_pp: kl_BxT needs mask_BxT (token-level mode)')
-    return masked_whiten(rewards_N, jnp.ones(rewards_N.shape, bool),
-                         epsilon=epsilon)
+      raise ValueError("reinforce_pp: kl_BxT needs mask_BxT (token-level mode)")
+    return masked_whiten(rewards_N, jnp.ones(rewards_N.shape, bool), epsilon=epsilon)
   token_rewards_BxT = sequence_to_token_rewards(rewards_N, mask_BxT)
   if kl_BxT is not None:
-    token_rewards_BxT = token_rewards_BxT - beta * jnp.where(
-        mask_BxT.astype(bool), kl_BxT, 0.0)
+    token_rewards_BxT = token_rewards_BxT - beta * jnp.where(mask_BxT.astype(bool), kl_BxT, 0.0)
   returns_BxT = discounted_returns(token_rewards_BxT, mask_BxT, gamma=gamma)
   return masked_whiten(returns_BxT, mask_BxT, epsilon=epsilon)
 
@@ -194,13 +196,11 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
     r_B, v_B, m_B = xs
     delta_B = r_B + gamma * next_value_B - v_B
     adv_B = delta_B + gamma * lam * next_adv_B
-    carry = (jnp.where(m_B, v_B, next_value_B),
-             jnp.where(m_B, adv_B, next_adv_B))
+    carry = (jnp.where(m_B, v_B, next_value_B), jnp.where(m_B, adv_B, next_adv_B))
     return carry, jnp.where(m_B, adv_B, 0.0)
 
   zeros_B = jnp.zeros(rewards_TxB.shape[1], jnp.float32)
-  adv_TxB = _reverse_masked_scan(
-      step, (zeros_B, zeros_B), (rewards_TxB, values_TxB, mask_TxB))
+  adv_TxB = _reverse_masked_scan(step, (zeros_B, zeros_B), (rewards_TxB, values_TxB, mask_TxB))
   returns_TxB = jnp.where(mask_TxB, adv_TxB + values_TxB, 0.0)
   return adv_TxB.T, returns_TxB.T
 
@@ -221,8 +221,10 @@ def overlong_penalty(lengths_N, *, max_len, buffer_len, penalty_factor=1.0):
   at `max_len`, and `-penalty_factor` beyond. Add it to the task reward.
   """
   if not 0 < buffer_len <= max_len:
-    raise ValueError(f'overlong_penalty needs 0 < buffer_len <= max_len, got '
-                     f'buffer_len={buffer_len}, max_len={max_len}')
+    raise ValueError(
+      f"overlong_penalty needs 0 < buffer_len <= max_len, got "
+      f"buffer_len={buffer_len}, max_len={max_len}"
+    )
   excess_N = lengths_N.astype(jnp.float32) - (max_len - buffer_len)
   return -penalty_factor * jnp.clip(excess_N / buffer_len, 0.0, 1.0)
 
@@ -239,10 +241,10 @@ def batch_whitened(rewards_N, group_size):
 # Sequence-level estimators, by config name: `fn(rewards_N, group_size) -> [N]`.
 # A new estimator is a function of that signature and one entry here.
 ESTIMATORS = {
-    'grpo': grpo,
-    'drgrpo': drgrpo,
-    'rloo': rloo,
-    'reinforce_pp': batch_whitened,
+  "grpo": grpo,
+  "drgrpo": drgrpo,
+  "rloo": rloo,
+  "reinforce_pp": batch_whitened,
 }
 # Estimators that compare the samples of a group: they need group_size >= 2.
-GROUP_ESTIMATORS = ('grpo', 'drgrpo', 'rloo')
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")

@@ -11,6 +11,7 @@ Optional fields are None until a step fills them (`dataclasses.replace`); the
 train step's compiled program depends on which are set, never on dict keys.
 Host code holds NumPy arrays; `to_device` makes them jax arrays.
 """
+
 import dataclasses
 
 import chex
@@ -40,6 +41,7 @@ class RLBatch:
   turn_ids       [N, T] int32    which turn of a multi-turn episode a slot belongs to
   policy_version [N] int32       optimizer step of the weights that sampled the row
   """
+
   tokens: jax.Array | np.ndarray
   positions: jax.Array | np.ndarray
   valid: jax.Array | np.ndarray
@@ -88,8 +90,7 @@ def select_rows(batch: RLBatch, rows) -> RLBatch:
   return jax.tree.map(lambda x: x[rows], batch)
 
 
-def from_samples(tokens_BxP, lengths_B, out: sampling.SampleOutput,
-                 num_samples: int) -> RLBatch:
+def from_samples(tokens_BxP, lengths_B, out: sampling.SampleOutput, num_samples: int) -> RLBatch:
   """Joins left-padded prompts (repeated per sample) and the sampled completions.
 
   Every generated token (the stop token included) is valid and in the loss mask.
@@ -103,11 +104,12 @@ def from_samples(tokens_BxP, lengths_B, out: sampling.SampleOutput,
   prompt_pos = np.maximum(np.arange(P)[None, :] - (P - lengths_N)[:, None], 0)
   completion_pos = lengths_N[:, None] + np.arange(T)[None, :]
   return RLBatch(
-      tokens=np.concatenate([prompts_NxP, np.asarray(out.tokens)], 1).astype(np.int32),
-      positions=np.concatenate([prompt_pos, completion_pos], 1).astype(np.int32),
-      valid=np.concatenate([prompt_valid, mask_NxT], 1),
-      loss_mask=mask_NxT.astype(np.float32),
-      sampler_logp=np.asarray(out.logprobs, np.float32))
+    tokens=np.concatenate([prompts_NxP, np.asarray(out.tokens)], 1).astype(np.int32),
+    positions=np.concatenate([prompt_pos, completion_pos], 1).astype(np.int32),
+    valid=np.concatenate([prompt_valid, mask_NxT], 1),
+    loss_mask=mask_NxT.astype(np.float32),
+    sampler_logp=np.asarray(out.logprobs, np.float32),
+  )
 
 
 def _left_pad(batch: RLBatch, prompt_len: int, pad_id: int) -> RLBatch:
@@ -116,8 +118,12 @@ def _left_pad(batch: RLBatch, prompt_len: int, pad_id: int) -> RLBatch:
   if extra == 0:
     return batch
   pad = lambda x, v: np.pad(x, ((0, 0), (extra, 0)), constant_values=v)
-  return dataclasses.replace(batch, tokens=pad(batch.tokens, pad_id),
-                             positions=pad(batch.positions, 0), valid=pad(batch.valid, False))
+  return dataclasses.replace(
+    batch,
+    tokens=pad(batch.tokens, pad_id),
+    positions=pad(batch.positions, 0),
+    valid=pad(batch.valid, False),
+  )
 
 
 def concatenate(batches: list[RLBatch], pad_id: int) -> RLBatch:
@@ -137,7 +143,7 @@ def _stop_length(tokens: list[int], tokenizer, stop_strings) -> int | None:
   hit = lambda n: any(s in tokenizer.decode(tokens[:n]) for s in stop_strings)
   if not tokens or not hit(len(tokens)):
     return None
-  lo, hi = 1, len(tokens)         # hit(hi) holds; find the smallest such n
+  lo, hi = 1, len(tokens)  # hit(hi) holds; find the smallest such n
   while lo < hi:
     mid = (lo + hi) // 2
     lo, hi = (lo, mid) if hit(mid) else (mid + 1, hi)
@@ -157,7 +163,7 @@ def truncate_at_stop_strings(batch: RLBatch, tokenizer, stop_strings) -> RLBatch
   P = batch.prompt_len
   for row in range(mask.shape[0]):
     n = int(mask[row].sum())
-    end = _stop_length([int(t) for t in batch.tokens[row, P:P + n]], tokenizer, stop_strings)
+    end = _stop_length([int(t) for t in batch.tokens[row, P : P + n]], tokenizer, stop_strings)
     if end is not None:
       mask[row, end:] = 0
   valid = batch.valid.copy()
@@ -168,5 +174,7 @@ def truncate_at_stop_strings(batch: RLBatch, tokenizer, stop_strings) -> RLBatch
 def completion_texts(batch: RLBatch, tokenizer) -> list[str]:
   """Decoded completion slots (valid tokens only: sampled text and any tool outputs)."""
   P = batch.prompt_len
-  return [tokenizer.decode([int(t) for t, ok in zip(row, ok_row) if ok])
-          for row, ok_row in zip(batch.tokens[:, P:], batch.valid[:, P:])]
+  return [
+    tokenizer.decode([int(t) for t, ok in zip(row, ok_row) if ok])
+    for row, ok_row in zip(batch.tokens[:, P:], batch.valid[:, P:])
+  ]

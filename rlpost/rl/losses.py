@@ -12,11 +12,12 @@ string, and a new entry is one function plus one line in its table:
   KL_ESTIMATORS  `fn(logp, ref_logp) -> per-token KL estimate [B, T]`
   AGGREGATIONS   `fn(x_BxT, mask_BxT, max_tokens) -> scalar`
 """
+
 import chex
 import jax
 import jax.numpy as jnp
 
-IMPORTANCE_LEVELS = ('token', 'sequence')
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 
 def _clean(x_BxT, mask_BxT):
@@ -53,18 +54,20 @@ def _seq_mean_token_sum(x_BxT, mask_BxT, max_tokens):
 
 def _seq_mean_token_sum_norm(x_BxT, mask_BxT, max_tokens):
   if max_tokens is None or max_tokens <= 0:
-    raise ValueError('aggregation seq-mean-token-sum-norm needs a positive '
-                     'max_tokens (e.g. the sampling budget), got '
-                     f'{max_tokens}')
+    raise ValueError(
+      "aggregation seq-mean-token-sum-norm needs a positive "
+      "max_tokens (e.g. the sampling budget), got "
+      f"{max_tokens}"
+    )
   return _mean_over_sequences(jnp.sum(x_BxT, axis=-1) / max_tokens, mask_BxT)
 
 
 # Inputs arrive cleaned: masked entries of x are 0, mask is float32.
 AGGREGATIONS = {
-    'token-mean': _token_mean,                       # DAPO
-    'seq-mean-token-mean': _seq_mean_token_mean,     # GRPO paper
-    'seq-mean-token-sum': _seq_mean_token_sum,
-    'seq-mean-token-sum-norm': _seq_mean_token_sum_norm,   # Dr. GRPO
+  "token-mean": _token_mean,  # DAPO
+  "seq-mean-token-mean": _seq_mean_token_mean,  # GRPO paper
+  "seq-mean-token-sum": _seq_mean_token_sum,
+  "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,  # Dr. GRPO
 }
 
 
@@ -83,8 +86,7 @@ def aggregate(loss_BxT, mask_BxT, mode, max_tokens=None):
   is valid.
   """
   if mode not in AGGREGATIONS:
-    raise ValueError(f'unknown aggregation {mode!r}; valid modes: '
-                     f'{", ".join(AGGREGATIONS)}')
+    raise ValueError(f"unknown aggregation {mode!r}; valid modes: {', '.join(AGGREGATIONS)}")
   chex.assert_rank(mask_BxT, 2)
   chex.assert_equal_shape([loss_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
@@ -107,11 +109,10 @@ def _k3(logp, ref_logp):
 
 # Schulman's estimators of KL(policy || reference) from sampled-token logprobs,
 # with the names other libraries use as aliases.
-KL_ESTIMATORS = {'k1': _k1, 'kl': _k1, 'k2': _k2, 'mse_kl': _k2, 'k3': _k3,
-                 'low_var_kl': _k3}
+KL_ESTIMATORS = {"k1": _k1, "kl": _k1, "k2": _k2, "mse_kl": _k2, "k3": _k3, "low_var_kl": _k3}
 
 
-def kl_penalty(logp, ref_logp, method='k1', clamp=None, mask=None):
+def kl_penalty(logp, ref_logp, method="k1", clamp=None, mask=None):
   """Per-token estimate of KL(policy || reference) with `KL_ESTIMATORS[method]`.
 
   With `d = logp - ref_logp` (tokens sampled from the policy): k1 = d
@@ -122,8 +123,7 @@ def kl_penalty(logp, ref_logp, method='k1', clamp=None, mask=None):
   inputs are sanitized first and masked outputs are 0.
   """
   if method not in KL_ESTIMATORS:
-    raise ValueError(f'unknown KL estimator {method!r}; valid names: '
-                     f'{", ".join(KL_ESTIMATORS)}')
+    raise ValueError(f"unknown KL estimator {method!r}; valid names: {', '.join(KL_ESTIMATORS)}")
   if mask is not None:
     logp, ref_logp = _clean(logp, mask), _clean(ref_logp, mask)
   kl = KL_ESTIMATORS[method](logp, ref_logp)
@@ -132,8 +132,7 @@ def kl_penalty(logp, ref_logp, method='k1', clamp=None, mask=None):
   return kl if mask is None else _clean(kl, mask)
 
 
-def kl_in_rewards(rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, beta,
-                  method='k1', clamp=None):
+def kl_in_rewards(rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, beta, method="k1", clamp=None):
   """PPO reward shaping: `rewards - beta * kl` on valid tokens, 0 elsewhere.
 
   The KL is computed from (stop-gradient) logprobs; `[batch, seq]` float32.
@@ -151,13 +150,12 @@ def truncated_is_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, cap):
   positions. Corrects for the rollout engine computing slightly different
   logprobs than the trainer. `[batch, seq]` float32.
   """
-  log_w_BxT = (_clean(old_logp_BxT, mask_BxT)
-               - _clean(sampler_logp_BxT, mask_BxT))
+  log_w_BxT = _clean(old_logp_BxT, mask_BxT) - _clean(sampler_logp_BxT, mask_BxT)
   w_BxT = jnp.minimum(jnp.exp(log_w_BxT), cap)
   return jax.lax.stop_gradient(_clean(w_BxT, mask_BxT))
 
 
-def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
+def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level="token"):
   """Importance ratio `[batch, seq]` of new vs old policy (0 where masked).
 
   level='token': `exp(logp - old_logp)` per token (PPO/GRPO).
@@ -166,15 +164,15 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level='token'):
   the gradient is per token: `s_i,t = sg(s_i) * exp(logp_t - sg(logp_t))`.
   """
   if level not in IMPORTANCE_LEVELS:
-    raise ValueError(f'unknown importance level {level!r}; valid: '
-                     f'{", ".join(IMPORTANCE_LEVELS)}')
+    raise ValueError(f"unknown importance level {level!r}; valid: {', '.join(IMPORTANCE_LEVELS)}")
   mask_BxT = mask_BxT.astype(jnp.float32)
   logp_BxT = _clean(logp_BxT, mask_BxT)
   log_ratio_BxT = logp_BxT - _clean(old_logp_BxT, mask_BxT)
-  if level == 'sequence':
+  if level == "sequence":
     seq_log_ratio_Bx1 = _per_row_mean(log_ratio_BxT, mask_BxT)[:, None]
-    log_ratio_BxT = (jax.lax.stop_gradient(seq_log_ratio_Bx1)
-                     + logp_BxT - jax.lax.stop_gradient(logp_BxT))
+    log_ratio_BxT = (
+      jax.lax.stop_gradient(seq_log_ratio_Bx1) + logp_BxT - jax.lax.stop_gradient(logp_BxT)
+    )
   return _clean(jnp.exp(log_ratio_BxT), mask_BxT)
 
 
@@ -187,8 +185,7 @@ def _token_advantages(advantages, mask_BxT):
   return _clean(advantages, mask_BxT)
 
 
-def _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high,
-                       epsilon_c):
+def _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high, epsilon_c):
   """Per-token `max(-A r, -A clip(r))`, dual-clipped, and its clip fractions."""
   clipped_BxT = jnp.clip(ratio_BxT, 1.0 - epsilon_low, 1.0 + epsilon_high)
   loss_BxT = jnp.maximum(-adv_BxT * ratio_BxT, -adv_BxT * clipped_BxT)
@@ -200,37 +197,40 @@ def _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high,
   ratio_BxT = jax.lax.stop_gradient(ratio_BxT)
   high_BxT = (ratio_BxT > 1.0 + epsilon_high) & (adv_BxT > 0) & valid_BxT
   low_BxT = (ratio_BxT < 1.0 - epsilon_low) & (adv_BxT < 0) & valid_BxT
-  metrics = {'clip_frac_high': _valid_mean(high_BxT, mask_BxT),
-             'clip_frac_low': _valid_mean(low_BxT, mask_BxT),
-             'clip_frac_dual': _valid_mean(dual_BxT, mask_BxT)}
+  metrics = {
+    "clip_frac_high": _valid_mean(high_BxT, mask_BxT),
+    "clip_frac_low": _valid_mean(low_BxT, mask_BxT),
+    "clip_frac_dual": _valid_mean(dual_BxT, mask_BxT),
+  }
   return loss_BxT, metrics
 
 
-def clipped_surrogate(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low,
-                      epsilon_high, epsilon_c):
+def clipped_surrogate(
+  logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_high, epsilon_c
+):
   """PPO / GRPO / DAPO clipped surrogate with the token ratio `exp(logp - old)`.
 
   Per token: `max(-A r, -A clip(r, 1-epsilon_low, 1+epsilon_high))`; with
   `epsilon_c > 1` (dual clip) tokens with `A < 0` are further capped at
   `-epsilon_c * A`.
   """
-  ratio_BxT = importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, 'token')
-  return _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high,
-                            epsilon_c)
+  ratio_BxT = importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, "token")
+  return _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high, epsilon_c)
 
 
-def gspo_surrogate(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low,
-                   epsilon_high, epsilon_c):
+def gspo_surrogate(
+  logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_high, epsilon_c
+):
   """GSPO: the clipped surrogate with the sequence ratio (`importance_ratio` 'sequence')."""
-  ratio_BxT = importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, 'sequence')
-  loss_BxT, metrics = _clipped_objective(ratio_BxT, adv_BxT, mask_BxT, epsilon_low,
-                                         epsilon_high, epsilon_c)
-  metrics['seq_ratio_mean'] = _valid_mean(jax.lax.stop_gradient(ratio_BxT), mask_BxT)
+  ratio_BxT = importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, "sequence")
+  loss_BxT, metrics = _clipped_objective(
+    ratio_BxT, adv_BxT, mask_BxT, epsilon_low, epsilon_high, epsilon_c
+  )
+  metrics["seq_ratio_mean"] = _valid_mean(jax.lax.stop_gradient(ratio_BxT), mask_BxT)
   return loss_BxT, metrics
 
 
-def cispo(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_high,
-          epsilon_c):
+def cispo(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_high, epsilon_c):
   """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS weight, not the update.
 
   Per token the weight `w = sg(min(r, 1 + epsilon_high))` multiplies the
@@ -241,28 +241,38 @@ def cispo(logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, *, epsilon_low, epsilon_hig
   epsilon_low^IS large); `epsilon_low` and `epsilon_c` are unused.
   """
   del epsilon_low, epsilon_c
-  ratio_BxT = jax.lax.stop_gradient(
-      importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, 'token'))
+  ratio_BxT = jax.lax.stop_gradient(importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, "token"))
   weight_BxT = jnp.minimum(ratio_BxT, 1.0 + epsilon_high)
   logp_BxT = _clean(logp_BxT, mask_BxT)
-  unit_BxT = jnp.exp(logp_BxT - jax.lax.stop_gradient(logp_BxT))   # value 1, gradient dlogp
+  unit_BxT = jnp.exp(logp_BxT - jax.lax.stop_gradient(logp_BxT))  # value 1, gradient dlogp
   loss_BxT = -weight_BxT * adv_BxT * unit_BxT
   truncated_BxT = (ratio_BxT > 1.0 + epsilon_high) & (mask_BxT > 0)
-  return loss_BxT, {'clip_frac_high': _valid_mean(truncated_BxT, mask_BxT)}
+  return loss_BxT, {"clip_frac_high": _valid_mean(truncated_BxT, mask_BxT)}
 
 
 # Policy losses by config name (signature in the module docstring). Inputs
 # arrive cleaned: old_logp and advantages are stop-gradient, masked entries 0.
 POLICY_LOSSES = {
-    'clipped': clipped_surrogate,
-    'gspo': gspo_surrogate,
-    'cispo': cispo,
+  "clipped": clipped_surrogate,
+  "gspo": gspo_surrogate,
+  "cispo": cispo,
 }
 
 
-def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
-                name='clipped', epsilon_low=0.2, epsilon_high=0.2, epsilon_c=None,
-                tis_weights=None, aggregation='token-mean', max_tokens=None):
+def policy_loss(
+  logp_BxT,
+  old_logp_BxT,
+  advantages,
+  mask_BxT,
+  *,
+  name="clipped",
+  epsilon_low=0.2,
+  epsilon_high=0.2,
+  epsilon_c=None,
+  tis_weights=None,
+  aggregation="token-mean",
+  max_tokens=None,
+):
   """The policy loss `POLICY_LOSSES[name]`, weighted and aggregated.
 
   Optional `tis_weights` (`truncated_is_weights`) multiply the per-token loss;
@@ -289,26 +299,32 @@ def policy_loss(logp_BxT, old_logp_BxT, advantages, mask_BxT, *,
     token ratio).
   """
   if name not in POLICY_LOSSES:
-    raise ValueError(f'unknown policy loss {name!r}; valid names: '
-                     f'{", ".join(POLICY_LOSSES)}')
+    raise ValueError(f"unknown policy loss {name!r}; valid names: {', '.join(POLICY_LOSSES)}")
   if epsilon_c is not None and epsilon_c <= 1.0:
-    raise ValueError(f'epsilon_c (dual clip) must be > 1, got {epsilon_c}')
+    raise ValueError(f"epsilon_c (dual clip) must be > 1, got {epsilon_c}")
   chex.assert_rank(mask_BxT, 2)
   chex.assert_equal_shape([logp_BxT, old_logp_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   old_logp_BxT = jax.lax.stop_gradient(_clean(old_logp_BxT, mask_BxT))
   adv_BxT = jax.lax.stop_gradient(_token_advantages(advantages, mask_BxT))
   loss_BxT, metrics = POLICY_LOSSES[name](
-      logp_BxT, old_logp_BxT, adv_BxT, mask_BxT, epsilon_low=epsilon_low,
-      epsilon_high=epsilon_high, epsilon_c=epsilon_c)
+    logp_BxT,
+    old_logp_BxT,
+    adv_BxT,
+    mask_BxT,
+    epsilon_low=epsilon_low,
+    epsilon_high=epsilon_high,
+    epsilon_c=epsilon_c,
+  )
   if tis_weights is not None:
     loss_BxT = loss_BxT * jax.lax.stop_gradient(_clean(tis_weights, mask_BxT))
   loss = aggregate(loss_BxT, mask_BxT, aggregation, max_tokens)
   log_ratio_BxT = jax.lax.stop_gradient(_clean(logp_BxT, mask_BxT)) - old_logp_BxT
-  ratio_BxT = jax.lax.stop_gradient(
-      importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, 'token'))
-  metrics.update(approx_kl=_valid_mean(jnp.expm1(log_ratio_BxT) - log_ratio_BxT, mask_BxT),
-                 ratio_mean=_valid_mean(ratio_BxT, mask_BxT))
+  ratio_BxT = jax.lax.stop_gradient(importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, "token"))
+  metrics.update(
+    approx_kl=_valid_mean(jnp.expm1(log_ratio_BxT) - log_ratio_BxT, mask_BxT),
+    ratio_mean=_valid_mean(ratio_BxT, mask_BxT),
+  )
   return loss, metrics
 
 
@@ -318,8 +334,16 @@ def _valid_mean(x_BxT, mask_BxT):
   return jnp.sum(x_BxT.astype(jnp.float32) * mask_BxT) / num_valid
 
 
-def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
-               clip_range=0.2, aggregation='token-mean', max_tokens=None):
+def value_loss(
+  values_BxT,
+  old_values_BxT,
+  returns_BxT,
+  mask_BxT,
+  *,
+  clip_range=0.2,
+  aggregation="token-mean",
+  max_tokens=None,
+):
   """Clipped value loss `0.5 * max((v - R)^2, (v_clip - R)^2)`, PPO-style.
 
   `v_clip = old_v + clip(v - old_v, -clip_range, clip_range)`; `clip_range=None`
@@ -343,14 +367,12 @@ def value_loss(values_BxT, old_values_BxT, returns_BxT, mask_BxT, *,
   loss = 0.5 * aggregate(per_token_BxT, mask_BxT, aggregation, max_tokens)
   num_valid = jnp.maximum(jnp.sum(mask_BxT), 1.0)
   metrics = {
-      'vf_clip_frac': jnp.sum(clipped_won_BxT * mask_BxT) / num_valid,
-      'value_mean': jnp.sum(jax.lax.stop_gradient(values_BxT) * mask_BxT)
-                    / num_valid,
+    "vf_clip_frac": jnp.sum(clipped_won_BxT * mask_BxT) / num_valid,
+    "value_mean": jnp.sum(jax.lax.stop_gradient(values_BxT) * mask_BxT) / num_valid,
   }
   return loss, metrics
 
 
-def entropy_bonus(entropy_BxT, mask_BxT, aggregation='token-mean',
-                  max_tokens=None):
+def entropy_bonus(entropy_BxT, mask_BxT, aggregation="token-mean", max_tokens=None):
   """Aggregated entropy (scalar); the loss subtracts `coef * entropy_bonus`."""
   return aggregate(entropy_BxT, mask_BxT, aggregation, max_tokens)

@@ -8,6 +8,7 @@ sequence logprobs are filled in by `make_reference_fn` outside the train step
 (the reference never needs gradients): the base params with adapters off under
 LoRA, a copy of the initial params for full-parameter DPO.
 """
+
 import dataclasses
 from typing import Sequence
 
@@ -20,7 +21,7 @@ from rlpost.models import policy
 from rlpost.supervised import losses as sft_losses
 from rlpost.supervised import sft
 
-Pair = tuple[np.ndarray, np.ndarray, np.ndarray]   # prompt, chosen, rejected ids
+Pair = tuple[np.ndarray, np.ndarray, np.ndarray]  # prompt, chosen, rejected ids
 
 
 def tokenize_pairs(records: Sequence[dict], tokenizer, max_len: int) -> list[Pair]:
@@ -28,15 +29,25 @@ def tokenize_pairs(records: Sequence[dict], tokenizer, max_len: int) -> list[Pai
   return [chat.tokenize_dpo(r, tokenizer, max_len) for r in records]
 
 
-def make_pair_batch(pairs: Sequence[Pair], *, seq_len: int, pad_id: int,
-                    micro_batch_size: int, gather_bucket: int = 64) -> dict:
+def make_pair_batch(
+  pairs: Sequence[Pair],
+  *,
+  seq_len: int,
+  pad_id: int,
+  micro_batch_size: int,
+  gather_bucket: int = 64,
+) -> dict:
   """Pair batch (module docstring) with zero reference logprobs (see `with_reference`)."""
   halves = {}
   for name, col in (("chosen", 1), ("rejected", 2)):
     examples = [chat.concat_prompt_response(p[0], p[col]) for p in pairs]
-    halves[name] = sft.make_batch(examples, seq_len=seq_len, pad_id=pad_id,
-                                  micro_batch_size=micro_batch_size,
-                                  gather_bucket=gather_bucket)
+    halves[name] = sft.make_batch(
+      examples,
+      seq_len=seq_len,
+      pad_id=pad_id,
+      micro_batch_size=micro_batch_size,
+      gather_bucket=gather_bucket,
+    )
   zeros = np.zeros((len(pairs),), np.float32)
   return {**halves, "ref_chosen": zeros, "ref_rejected": zeros.copy()}
 
@@ -63,10 +74,12 @@ def make_reference_fn(fwd: policy.ForwardConfig, micro_batch_size: int):
       half = batch[name]
       rows = half["tokens"].shape[0]
       micro = jax.tree.map(
-          lambda x: x.reshape((rows // micro_batch_size, micro_batch_size) + x.shape[1:]), half)
+        lambda x: x.reshape((rows // micro_batch_size, micro_batch_size) + x.shape[1:]), half
+      )
       logp = jax.lax.map(lambda mb: _sequence_logprobs(params, None, mb, fwd), micro)
       out[f"ref_{name}"] = jax.lax.stop_gradient(logp.reshape(rows))
     return out
+
   return ref_fn
 
 
@@ -76,15 +89,24 @@ def make_loss_fn(fwd: policy.ForwardConfig, *, beta: float = 0.1, label_smoothin
   Sigmoid DPO (`supervised.losses.dpo_loss`) of the micro-batch's pairs; metrics
   are chosen/rejected rewards, reward margin and preference accuracy (batch means).
   """
+
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = policy.policy_params(trainable, frozen, fwd)
-    seq = {name: _sequence_logprobs(params, adapters, micro_batch[name], fwd)
-           for name in ("chosen", "rejected")}
+    seq = {
+      name: _sequence_logprobs(params, adapters, micro_batch[name], fwd)
+      for name in ("chosen", "rejected")
+    }
     loss, metrics = sft_losses.dpo_loss(
-        seq["chosen"], seq["rejected"], micro_batch["ref_chosen"], micro_batch["ref_rejected"],
-        beta=beta, label_smoothing=label_smoothing)
+      seq["chosen"],
+      seq["rejected"],
+      micro_batch["ref_chosen"],
+      micro_batch["ref_rejected"],
+      beta=beta,
+      label_smoothing=label_smoothing,
+    )
     metrics = {k: v for k, v in metrics.items() if k != "loss"}
     return loss, metrics
+
   return loss_fn
 
 
@@ -92,14 +114,18 @@ def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
   """Tiny preference set: prompt "a+b=", chosen the sum, rejected a refusal."""
   rng = np.random.default_rng(seed)
   pairs = rng.integers(0, 50, size=(num_pairs, 2))
-  return [{"prompt": f"{a}+{b}=", "chosen": str(int(a + b)), "rejected": "I don't know."}
-          for a, b in pairs]
+  return [
+    {"prompt": f"{a}+{b}=", "chosen": str(int(a + b)), "rejected": "I don't know."}
+    for a, b in pairs
+  ]
 
 
 def pair_stats(batch: dict) -> dict[str, float]:
   """Host-side facts: response tokens of the chosen and rejected halves."""
-  return {"chosen_tokens": int(batch["chosen"]["target_mask"].sum()),
-          "rejected_tokens": int(batch["rejected"]["target_mask"].sum())}
+  return {
+    "chosen_tokens": int(batch["chosen"]["target_mask"].sum()),
+    "rejected_tokens": int(batch["rejected"]["target_mask"].sum()),
+  }
 
 
 def initial_reference(params):

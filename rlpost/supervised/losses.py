@@ -5,6 +5,7 @@ Inputs are per-token logprobs `logp_BxT` float32 (e.g. from
 Masked-out positions are excluded with `jnp.where`, so their values (even
 -inf or NaN) affect neither the losses nor their gradients.
 """
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,9 @@ def sequence_logprob(logp_BxT: jax.Array, mask_BxT: jax.Array) -> jax.Array:
   return jnp.sum(jnp.where(mask_BxT, logp_BxT.astype(jnp.float32), 0.0), axis=-1)
 
 
-def sft_loss(logp_BxT: jax.Array, loss_mask_BxT: jax.Array, *,
-             num_tokens: jax.Array | float | None = None) -> tuple[jax.Array, Metrics]:
+def sft_loss(
+  logp_BxT: jax.Array, loss_mask_BxT: jax.Array, *, num_tokens: jax.Array | float | None = None
+) -> tuple[jax.Array, Metrics]:
   """Token-mean negative log-likelihood over the masked tokens.
 
   Args:
@@ -43,13 +45,21 @@ def _check_dpo_args(beta, label_smoothing) -> None:
   if isinstance(beta, (int, float)) and beta <= 0:
     raise ValueError(f"dpo_loss beta={beta} must be > 0 (typical: 0.1)")
   if isinstance(label_smoothing, (int, float)) and not 0 <= label_smoothing < 0.5:
-    raise ValueError(f"dpo_loss label_smoothing={label_smoothing} must be in [0, 0.5) "
-                     "(0 for plain DPO; at 0.5 the loss no longer depends on the policy)")
+    raise ValueError(
+      f"dpo_loss label_smoothing={label_smoothing} must be in [0, 0.5) "
+      "(0 for plain DPO; at 0.5 the loss no longer depends on the policy)"
+    )
 
 
-def dpo_loss(policy_chosen_logp_B: jax.Array, policy_rejected_logp_B: jax.Array,
-             ref_chosen_logp_B: jax.Array, ref_rejected_logp_B: jax.Array, *,
-             beta: float = 0.1, label_smoothing: float = 0.0) -> tuple[jax.Array, Metrics]:
+def dpo_loss(
+  policy_chosen_logp_B: jax.Array,
+  policy_rejected_logp_B: jax.Array,
+  ref_chosen_logp_B: jax.Array,
+  ref_rejected_logp_B: jax.Array,
+  *,
+  beta: float = 0.1,
+  label_smoothing: float = 0.0,
+) -> tuple[jax.Array, Metrics]:
   """Sigmoid DPO loss, with conservative label smoothing `ls`, averaged over the batch.
 
   With implicit rewards r = beta * (policy_logp - ref_logp) and margin
@@ -70,20 +80,22 @@ def dpo_loss(policy_chosen_logp_B: jax.Array, policy_rejected_logp_B: jax.Array,
   """
   _check_dpo_args(beta, label_smoothing)
   chex.assert_rank(policy_chosen_logp_B, 1)
-  chex.assert_equal_shape([policy_chosen_logp_B, policy_rejected_logp_B,
-                           ref_chosen_logp_B, ref_rejected_logp_B])
+  chex.assert_equal_shape(
+    [policy_chosen_logp_B, policy_rejected_logp_B, ref_chosen_logp_B, ref_rejected_logp_B]
+  )
   f32 = lambda x: x.astype(jnp.float32)
   chosen = beta * (f32(policy_chosen_logp_B) - f32(ref_chosen_logp_B))
   rejected = beta * (f32(policy_rejected_logp_B) - f32(ref_rejected_logp_B))
   margin = chosen - rejected
-  per_pair = (-(1.0 - label_smoothing) * jax.nn.log_sigmoid(margin)
-              - label_smoothing * jax.nn.log_sigmoid(-margin))
+  per_pair = -(1.0 - label_smoothing) * jax.nn.log_sigmoid(
+    margin
+  ) - label_smoothing * jax.nn.log_sigmoid(-margin)
   loss = jnp.mean(per_pair)
   metrics = {
-      "loss": loss,
-      "chosen_reward": jnp.mean(chosen),
-      "rejected_reward": jnp.mean(rejected),
-      "reward_margin": jnp.mean(margin),
-      "reward_accuracy": jnp.mean((chosen > rejected).astype(jnp.float32)),
+    "loss": loss,
+    "chosen_reward": jnp.mean(chosen),
+    "rejected_reward": jnp.mean(rejected),
+    "reward_margin": jnp.mean(margin),
+    "reward_accuracy": jnp.mean((chosen > rejected).astype(jnp.float32)),
   }
   return loss, metrics

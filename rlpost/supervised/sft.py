@@ -25,6 +25,7 @@ Loss: each micro-batch contributes sum(-logp over its targets) / token_divisor;
 the train step averages micro-batches, which gives exactly the token mean over
 the whole batch whatever the micro-batch split, padding or packing.
 """
+
 from typing import Sequence
 
 import jax
@@ -52,14 +53,21 @@ def _gather_layout(target_mask: np.ndarray, micro_batch_size: int, bucket: int):
   valid = np.zeros((rows // m, m * k), bool)
   for j, flat in enumerate(micro):
     hits = np.flatnonzero(flat)
-    index[j, :len(hits)] = hits
-    valid[j, :len(hits)] = True
+    index[j, : len(hits)] = hits
+    valid[j, : len(hits)] = True
   return index.reshape(rows, k), valid.reshape(rows, k)
 
 
-def make_batch(examples: Sequence[packing.Example], *, seq_len: int, pad_id: int,
-               micro_batch_size: int, pack: bool = False, num_rows: int | None = None,
-               gather_bucket: int = 64) -> Batch:
+def make_batch(
+  examples: Sequence[packing.Example],
+  *,
+  seq_len: int,
+  pad_id: int,
+  micro_batch_size: int,
+  pack: bool = False,
+  num_rows: int | None = None,
+  gather_bucket: int = 64,
+) -> Batch:
   """Next-token training batch (module docstring) from (tokens, loss_mask) examples.
 
   Args:
@@ -79,20 +87,35 @@ def make_batch(examples: Sequence[packing.Example], *, seq_len: int, pad_id: int
     batch = packing.pad_batch(examples, seq_len, pad_id)
   rows = batch["tokens"].shape[0]
   if micro_batch_size < 1 or rows % micro_batch_size:
-    raise ValueError(f"a batch of {rows} rows is not divisible by micro_batch_size="
-                     f"{micro_batch_size}; choose a batch size that is a multiple of it")
+    raise ValueError(
+      f"a batch of {rows} rows is not divisible by micro_batch_size="
+      f"{micro_batch_size}; choose a batch size that is a multiple of it"
+    )
   targets = np.zeros_like(batch["tokens"])
   targets[:, :-1] = batch["tokens"][:, 1:]
   target_mask = np.zeros_like(batch["loss_mask"])
   target_mask[:, :-1] = batch["loss_mask"][:, 1:]
   index, valid = _gather_layout(target_mask, micro_batch_size, gather_bucket)
   divisor = max(int(target_mask.sum()), 1) / (rows // micro_batch_size)
-  return {**batch, "targets": targets, "target_mask": target_mask, "gather_index": index,
-          "gather_valid": valid, "token_divisor": np.full((rows,), divisor, np.float32)}
+  return {
+    **batch,
+    "targets": targets,
+    "target_mask": target_mask,
+    "gather_index": index,
+    "gather_valid": valid,
+    "token_divisor": np.full((rows,), divisor, np.float32),
+  }
 
 
-def next_examples(cursor: cursor_lib.Cursor, lengths: Sequence[int], *, rows: int,
-                  seq_len: int, pack: bool, shuffle: bool = True):
+def next_examples(
+  cursor: cursor_lib.Cursor,
+  lengths: Sequence[int],
+  *,
+  rows: int,
+  seq_len: int,
+  pack: bool,
+  shuffle: bool = True,
+):
   """Dataset indices of the next batch and the advanced cursor.
 
   Unpacked: the next `rows` indices. Packed: indices are taken in stream order
@@ -142,12 +165,15 @@ def make_loss_fn(fwd: policy.ForwardConfig):
   trainable/frozen: see `policy.policy_params`. The loss is this micro-batch's
   share of the batch's token-mean NLL (module docstring).
   """
+
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = policy.policy_params(trainable, frozen, fwd)
     logp = target_logprobs(params, adapters, micro_batch, fwd)
-    loss, _ = sft_losses.sft_loss(logp, micro_batch["target_mask"],
-                                  num_tokens=micro_batch["token_divisor"][0])
+    loss, _ = sft_losses.sft_loss(
+      logp, micro_batch["target_mask"], num_tokens=micro_batch["token_divisor"][0]
+    )
     return loss, {}
+
   return loss_fn
 
 
@@ -161,11 +187,21 @@ def make_eval_fn(fwd: policy.ForwardConfig):
     logp = target_logprobs(params, adapters, batch, fwd)
     mask = batch["target_mask"]
     return -jnp.sum(sft_losses.sequence_logprob(logp, mask)), jnp.sum(mask.astype(jnp.float32))
+
   return eval_fn
 
 
-def evaluate(eval_fn, trainable, frozen, examples: Sequence[packing.Example], *, seq_len: int,
-             pad_id: int, rows: int, gather_bucket: int = 64) -> dict[str, float]:
+def evaluate(
+  eval_fn,
+  trainable,
+  frozen,
+  examples: Sequence[packing.Example],
+  *,
+  seq_len: int,
+  pad_id: int,
+  rows: int,
+  gather_bucket: int = 64,
+) -> dict[str, float]:
   """Token-mean NLL ("eval_loss") and its exp ("eval_perplexity") over `examples`.
 
   Examples go `rows` at a time (the last batch is padded with copies of the first
@@ -174,10 +210,11 @@ def evaluate(eval_fn, trainable, frozen, examples: Sequence[packing.Example], *,
   filler = (examples[0][0], np.zeros(len(examples[0][0]), bool))
   nll, count = 0.0, 0.0
   for start in range(0, len(examples), rows):
-    part = list(examples[start:start + rows])
+    part = list(examples[start : start + rows])
     part += [filler] * (rows - len(part))
-    batch = make_batch(part, seq_len=seq_len, pad_id=pad_id, micro_batch_size=rows,
-                       gather_bucket=gather_bucket)
+    batch = make_batch(
+      part, seq_len=seq_len, pad_id=pad_id, micro_batch_size=rows, gather_bucket=gather_bucket
+    )
     s, c = eval_fn(trainable, frozen, batch)
     nll, count = nll + float(s), count + float(c)
   loss = nll / max(count, 1.0)
@@ -188,8 +225,11 @@ def batch_stats(batch: Batch) -> dict[str, float]:
   """Host-side facts of a batch: padding efficiency, examples and target tokens."""
   seg = batch["segment_ids"]
   examples = int(sum(len(np.unique(r[r > 0])) for r in seg))
-  return {"padding_efficiency": packing.padding_efficiency(batch), "examples": examples,
-          "target_tokens": int(batch["target_mask"].sum())}
+  return {
+    "padding_efficiency": packing.padding_efficiency(batch),
+    "examples": examples,
+    "target_tokens": int(batch["target_mask"].sum()),
+  }
 
 
 def synthetic_records(num_records: int, seed: int) -> list[dict[str, str]]:

@@ -7,6 +7,7 @@ weights) the resident set stays high while the next phase (the train step's
 multi-GB temporaries, allocated fresh with mmap) grows on top of it. Measured
 on the GRPO benchmark: ~0.3-0.7 GiB of peak RSS.
 """
+
 import ctypes
 import ctypes.util
 import functools
@@ -17,7 +18,7 @@ def _malloc_trim():
   name = ctypes.util.find_library("c")
   try:
     return ctypes.CDLL(name).malloc_trim if name else None
-  except (OSError, AttributeError):   # not glibc (macOS, musl): nothing to do
+  except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
     return None
 
 

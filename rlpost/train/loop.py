@@ -19,6 +19,7 @@ Resuming is automatic: the newest finished checkpoint is restored and metric
 records written after it are dropped, so a killed run continues exactly where
 its last checkpoint left it.
 """
+
 import dataclasses
 import json
 import math
@@ -47,6 +48,7 @@ class LoopConfig:
   postfix: metric names shown on the progress bar.
   seed: seeds the fresh data cursor.
   """
+
   steps: int
   checkpoint_every: int
   keep: int = 3
@@ -59,8 +61,8 @@ class LoopConfig:
 class Run(NamedTuple):
   workdir: str
   metrics_path: str
-  checkpoints: Any          # orbax CheckpointManager
-  tensorboard: Any          # tensorboardX SummaryWriter or None
+  checkpoints: Any  # orbax CheckpointManager
+  tensorboard: Any  # tensorboardX SummaryWriter or None
 
 
 def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3):
@@ -69,11 +71,17 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     raise ValueError("--workdir is required (checkpoints and metrics are written there)")
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
-            else json.dumps(config, indent=2))
-  run = Run(workdir, os.path.join(workdir, "metrics.jsonl"),
-            checkpoint.manager(workdir, max_to_keep=keep),
-            metrics_lib.tensorboard_writer(workdir))
+    f.write(
+      config.to_json_best_effort(indent=2)
+      if hasattr(config, "to_json_best_effort")
+      else json.dumps(config, indent=2)
+    )
+  run = Run(
+    workdir,
+    os.path.join(workdir, "metrics.jsonl"),
+    checkpoint.manager(workdir, max_to_keep=keep),
+    metrics_lib.tensorboard_writer(workdir),
+  )
   restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
   if restored is None:
     metrics_lib.truncate_jsonl(run.metrics_path, -1)
@@ -101,8 +109,9 @@ def finish(run: Run, keys, title: str) -> str | None:
   if run.tensorboard is not None:
     run.tensorboard.close()
   run.checkpoints.close()
-  return metrics_lib.plot_curves(run.metrics_path, list(keys),
-                                 os.path.join(run.workdir, "curves.png"), title)
+  return metrics_lib.plot_curves(
+    run.metrics_path, list(keys), os.path.join(run.workdir, "curves.png"), title
+  )
 
 
 def _postfix(record: dict, keys) -> dict[str, str]:
@@ -117,9 +126,16 @@ def _postfix(record: dict, keys) -> dict[str, str]:
   return shown
 
 
-def run_loop(workdir: str, config, state: TrainState, step_fn: StepFn, loop: LoopConfig, *,
-             initial_metrics: Callable[[TrainState], dict] | None = None,
-             stop_after: int | None = None) -> tuple[TrainState, dict]:
+def run_loop(
+  workdir: str,
+  config,
+  state: TrainState,
+  step_fn: StepFn,
+  loop: LoopConfig,
+  *,
+  initial_metrics: Callable[[TrainState], dict] | None = None,
+  stop_after: int | None = None,
+) -> tuple[TrainState, dict]:
   """Runs (or resumes) the steps of one experiment; returns (final state, last record).
 
   Args:

@@ -1,4 +1,5 @@
 """Metrics on disk: JSONL (always), TensorBoard events (when tensorboardX is installed), PNG curves."""
+
 import json
 import math
 import os
@@ -69,8 +70,10 @@ def plot_curves(jsonl_path: str, keys: list[str], png_path: str, title: str = ""
   if not records or not keys:
     return None
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
   for ax, key in zip(axes[0], keys):
     pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]

@@ -13,6 +13,7 @@ The gradient is the mean over micro-batches of each micro-batch's loss
 gradient, so token-mean losses are token means per micro-batch (exact for
 sequence-level aggregation with equal-size micro-batches).
 """
+
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -35,28 +36,41 @@ class TrainState(NamedTuple):
   opt_state: optax state of `trainable`.
   key: PRNG key of the run (split deterministically by step).
   """
+
   step: jax.Array
   trainable: Any
   opt_state: Any
   key: jax.Array
 
 
-def make_optimizer(*, learning_rate: float, total_steps: int, warmup_fraction: float = 0.1,
-                   weight_decay: float = 0.1, b1: float = 0.9, b2: float = 0.99,
-                   max_grad_norm: float | None = 0.1) -> optax.GradientTransformation:
+def make_optimizer(
+  *,
+  learning_rate: float,
+  total_steps: int,
+  warmup_fraction: float = 0.1,
+  weight_decay: float = 0.1,
+  b1: float = 0.9,
+  b2: float = 0.99,
+  max_grad_norm: float | None = 0.1,
+) -> optax.GradientTransformation:
   """AdamW with linear warm-up then cosine decay, after global-norm clipping."""
   warmup = int(round(warmup_fraction * total_steps))
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=learning_rate, warmup_steps=max(warmup, 1) if warmup else 0,
-      decay_steps=max(total_steps, warmup + 1), end_value=0.0)
+    init_value=0.0,
+    peak_value=learning_rate,
+    warmup_steps=max(warmup, 1) if warmup else 0,
+    decay_steps=max(total_steps, warmup + 1),
+    end_value=0.0,
+  )
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*chain)
 
 
 def init_train_state(trainable, optimizer: optax.GradientTransformation, key) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), trainable=trainable,
-                    opt_state=optimizer.init(trainable), key=key)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32), trainable=trainable, opt_state=optimizer.init(trainable), key=key
+  )
 
 
 def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
@@ -70,8 +84,12 @@ def _micro_batches(batch, num_micro: int):
   return jax.tree.map(lambda x: einops.rearrange(x, "(n m) ... -> n m ...", n=num_micro), batch)
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
-                    mesh: jax.sharding.Mesh, micro_batch_size: int):
+def make_train_step(
+  loss_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  mesh: jax.sharding.Mesh,
+  micro_batch_size: int,
+):
   """Returns jitted `train_step(state, frozen, batch) -> (state, metrics)`.
 
   Args:
@@ -86,14 +104,16 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   # On a 1-device mesh the mean is the identity; XLA:CPU would still copy every
   # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
-  mean_over_devices = ((lambda x: x) if mesh.shape[DATA_AXIS] == 1
-                       else (lambda x: jax.lax.pmean(x, DATA_AXIS)))
+  mean_over_devices = (
+    (lambda x: x) if mesh.shape[DATA_AXIS] == 1 else (lambda x: jax.lax.pmean(x, DATA_AXIS))
+  )
 
   def per_device(state: TrainState, frozen, batch):
     rows = jax.tree.leaves(batch)[0].shape[0]
     if rows % micro_batch_size:
-      raise ValueError(f"{rows} rows per device are not divisible by micro_batch_size="
-                       f"{micro_batch_size}")
+      raise ValueError(
+        f"{rows} rows per device are not divisible by micro_batch_size={micro_batch_size}"
+      )
     micro = _micro_batches(batch, rows // micro_batch_size)
 
     def accumulate(carry, mb):
@@ -107,18 +127,21 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
     else:
       zero_grads = jax.tree.map(jnp.zeros_like, state.trainable)
       metric_shapes = jax.eval_shape(lambda: loss_fn(state.trainable, frozen, first)[1])
-      zeros = (zero_grads, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                                       metric_shapes))
+      zeros = (
+        zero_grads,
+        jnp.zeros(()),
+        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+      )
       (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n),
-                                        (grads, loss, metrics))
+    grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n), (grads, loss, metrics))
     updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)
     metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
     return TrainState(state.step + 1, trainable, opt_state, state.key), metrics
 
-  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)),
-                          out_specs=(P(), P()), check_vma=False)
+  sharded = jax.shard_map(
+    per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)), out_specs=(P(), P()), check_vma=False
+  )
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state, frozen, batch):

@@ -1,4 +1,5 @@
 """Weight loading: GGUF (llama.cpp) and Hugging Face safetensors <-> params."""
+
 from rlpost.models.weights.gguf import default_gguf_path
 from rlpost.models.weights.gguf import load_gguf
 from rlpost.models.weights.safetensors import export_hf_checkpoint

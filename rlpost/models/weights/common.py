@@ -12,20 +12,36 @@ The params pytree (numpy arrays; `jax.device_put` it once before use):
 
 `info` dicts carry exactly the fields of `rlpost.models.gemma3.Config`.
 """
+
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-INFO_FIELDS = ("vocab_size", "embed_dim", "num_layers", "num_heads", "num_kv_heads",
-               "head_dim", "mlp_dim", "sliding_window", "global_every", "local_rope_base",
-               "global_rope_base", "query_pre_attn_scalar", "rms_eps")
+INFO_FIELDS = (
+  "vocab_size",
+  "embed_dim",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "mlp_dim",
+  "sliding_window",
+  "global_every",
+  "local_rope_base",
+  "global_rope_base",
+  "query_pre_attn_scalar",
+  "rms_eps",
+)
 
 NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
-_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-           "float16": np.dtype(np.float16)}
+_DTYPES = {
+  "float32": np.dtype(np.float32),
+  "bfloat16": np.dtype(ml_dtypes.bfloat16),
+  "float16": np.dtype(np.float16),
+}
 
 
 def canonical_dtype(dtype: Any) -> np.dtype:
@@ -45,25 +61,38 @@ def layer_shapes(info: dict[str, Any]) -> dict[str, tuple[int, ...]]:
   d, f, hd = info["embed_dim"], info["mlp_dim"], info["head_dim"]
   qd, kd = info["num_heads"] * hd, info["num_kv_heads"] * hd
   shapes = {n: (d,) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm")}
-  shapes.update(q_norm=(hd,), k_norm=(hd,), q=(d, qd), k=(d, kd), v=(d, kd), o=(qd, d),
-                gate=(d, f), up=(d, f), down=(f, d))
+  shapes.update(
+    q_norm=(hd,),
+    k_norm=(hd,),
+    q=(d, qd),
+    k=(d, kd),
+    v=(d, kd),
+    o=(qd, d),
+    gate=(d, f),
+    up=(d, f),
+    down=(f, d),
+  )
   return shapes
 
 
 def param_shapes(info: dict[str, Any]) -> dict[str, Any]:
   """The full params pytree of shapes for `info`."""
   n = info["num_layers"]
-  return {"embed": (info["vocab_size"], info["embed_dim"]),
-          "final_norm": (info["embed_dim"],),
-          "layers": {k: (n, *s) for k, s in layer_shapes(info).items()}}
+  return {
+    "embed": (info["vocab_size"], info["embed_dim"]),
+    "final_norm": (info["embed_dim"],),
+    "layers": {k: (n, *s) for k, s in layer_shapes(info).items()},
+  }
 
 
 def empty_params(info: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
   """Uninitialised params of the right shapes, filled in place by the loaders."""
   shapes = param_shapes(info)
-  return {"embed": np.empty(shapes["embed"], dtype),
-          "final_norm": np.empty(shapes["final_norm"], dtype),
-          "layers": {k: np.empty(s, dtype) for k, s in shapes["layers"].items()}}
+  return {
+    "embed": np.empty(shapes["embed"], dtype),
+    "final_norm": np.empty(shapes["final_norm"], dtype),
+    "layers": {k: np.empty(s, dtype) for k, s in shapes["layers"].items()},
+  }
 
 
 def check_info(info: dict[str, Any], source: str) -> dict[str, Any]:
@@ -75,21 +104,27 @@ def check_info(info: dict[str, Any], source: str) -> dict[str, Any]:
     if not isinstance(info[k], (int, np.integer)) or info[k] <= 0:
       raise ValueError(f"{source}: {k}={info[k]!r} must be a positive integer")
   if info["num_heads"] % info["num_kv_heads"]:
-    raise ValueError(f"{source}: num_heads={info['num_heads']} is not a multiple of "
-                     f"num_kv_heads={info['num_kv_heads']}")
+    raise ValueError(
+      f"{source}: num_heads={info['num_heads']} is not a multiple of "
+      f"num_kv_heads={info['num_kv_heads']}"
+    )
   return {k: info[k] for k in INFO_FIELDS}
 
 
 def check_params(params: dict[str, Any], info: dict[str, Any]) -> None:
   """Raises ValueError naming every leaf whose shape does not match `info`."""
   want = param_shapes(info)
-  got = {"embed": params["embed"].shape, "final_norm": params["final_norm"].shape,
-         "layers": {k: params["layers"][k].shape for k in want["layers"]
-                    if k in params["layers"]}}
-  bad = [f"{k}: {got[k]} != {want[k]}" for k in ("embed", "final_norm")
-         if tuple(got[k]) != want[k]]
-  bad += [f"layers/{k}: {got['layers'].get(k)} != {s}" for k, s in want["layers"].items()
-          if tuple(got["layers"].get(k, ())) != s]
+  got = {
+    "embed": params["embed"].shape,
+    "final_norm": params["final_norm"].shape,
+    "layers": {k: params["layers"][k].shape for k in want["layers"] if k in params["layers"]},
+  }
+  bad = [f"{k}: {got[k]} != {want[k]}" for k in ("embed", "final_norm") if tuple(got[k]) != want[k]]
+  bad += [
+    f"layers/{k}: {got['layers'].get(k)} != {s}"
+    for k, s in want["layers"].items()
+    if tuple(got["layers"].get(k, ())) != s
+  ]
   if bad:
     raise ValueError("params do not match the model info: " + "; ".join(bad))
 
@@ -100,7 +135,9 @@ def global_every_from_flags(is_global: list[bool], source: str) -> int:
   flags = [bool(x) for x in is_global]
   period = flags.index(True) + 1 if True in flags else max(6, len(flags) + 1)
   if flags != [i % period == period - 1 for i in range(len(flags))]:
-    raise ValueError(f"{source}: per-layer attention pattern {flags} (True = global) is "
-                     f"not 'one global layer every {period}'; other patterns are not "
-                     "supported")
+    raise ValueError(
+      f"{source}: per-layer attention pattern {flags} (True = global) is "
+      f"not 'one global layer every {period}'; other patterns are not "
+      "supported"
+    )
   return period

@@ -6,6 +6,7 @@ parses the same layout (GGUF v2/v3, little-endian) with `struct` in well under
 a second, using the `gguf` package's type tables, and leaves the numerics to
 `gguf.quants.dequantize`. `tests/test_weights.py` checks it against GGUFReader.
 """
+
 import dataclasses
 import math
 import mmap
@@ -18,16 +19,30 @@ import numpy as np
 
 _VT = gguf.GGUFValueType
 _SCALARS = {  # value type -> (struct format, python type)
-    _VT.UINT8: ("<B", int), _VT.INT8: ("<b", int), _VT.UINT16: ("<H", int),
-    _VT.INT16: ("<h", int), _VT.UINT32: ("<I", int), _VT.INT32: ("<i", int),
-    _VT.UINT64: ("<Q", int), _VT.INT64: ("<q", int), _VT.FLOAT32: ("<f", float),
-    _VT.FLOAT64: ("<d", float), _VT.BOOL: ("<?", bool),
+  _VT.UINT8: ("<B", int),
+  _VT.INT8: ("<b", int),
+  _VT.UINT16: ("<H", int),
+  _VT.INT16: ("<h", int),
+  _VT.UINT32: ("<I", int),
+  _VT.INT32: ("<i", int),
+  _VT.UINT64: ("<Q", int),
+  _VT.INT64: ("<q", int),
+  _VT.FLOAT32: ("<f", float),
+  _VT.FLOAT64: ("<d", float),
+  _VT.BOOL: ("<?", bool),
 }
 _NUMPY = {  # numeric array element type -> numpy dtype
-    _VT.UINT8: np.uint8, _VT.INT8: np.int8, _VT.UINT16: np.uint16,
-    _VT.INT16: np.int16, _VT.UINT32: np.uint32, _VT.INT32: np.int32,
-    _VT.UINT64: np.uint64, _VT.INT64: np.int64, _VT.FLOAT32: np.float32,
-    _VT.FLOAT64: np.float64, _VT.BOOL: np.bool_,
+  _VT.UINT8: np.uint8,
+  _VT.INT8: np.int8,
+  _VT.UINT16: np.uint16,
+  _VT.INT16: np.int16,
+  _VT.UINT32: np.uint32,
+  _VT.INT32: np.int32,
+  _VT.UINT64: np.uint64,
+  _VT.INT64: np.int64,
+  _VT.FLOAT32: np.float32,
+  _VT.FLOAT64: np.float64,
+  _VT.BOOL: np.bool_,
 }
 
 
@@ -43,6 +58,7 @@ class TensorInfo:
     offset: absolute byte offset of the data in the file.
     nbytes: size of the stored data in bytes.
   """
+
   name: str
   shape: tuple[int, ...]
   qtype: gguf.GGMLQuantizationType
@@ -55,6 +71,7 @@ class GGUFFile:
   """A parsed GGUF file: `metadata` maps keys to Python values (numeric arrays
   as numpy arrays, string arrays as lists); `tensors` maps names to TensorInfo.
   """
+
   path: str
   metadata: dict[str, Any]
   tensors: dict[str, TensorInfo]
@@ -90,7 +107,7 @@ class _Cursor:
   def string(self) -> str:
     n = self.unpack("<Q")
     start, self.off = self.off, self.off + n
-    return self.buf[start:self.off].decode("utf-8")
+    return self.buf[start : self.off].decode("utf-8")
 
   def value(self, vtype: int) -> Any:
     vtype = _VT(vtype)
@@ -115,8 +132,10 @@ def _check_magic(cur: _Cursor, path: str) -> None:
   if magic != b"GGUF":
     raise ValueError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
   if version not in (2, 3):
-    raise ValueError(f"{path}: GGUF version {version} is not supported (only little-endian "
-                     "v2/v3; big-endian files show a byte-swapped version)")
+    raise ValueError(
+      f"{path}: GGUF version {version} is not supported (only little-endian "
+      "v2/v3; big-endian files show a byte-swapped version)"
+    )
 
 
 def _tensor_index(cur: _Cursor, count: int, data_start_fn, size: int, path: str):
@@ -135,13 +154,17 @@ def _tensor_index(cur: _Cursor, count: int, data_start_fn, size: int, path: str)
   for name, ggml_shape, qtype, rel in raw:
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if ggml_shape[0] % block:
-      raise ValueError(f"{path}: tensor {name} has row length {ggml_shape[0]}, not a "
-                       f"multiple of the {qtype.name} block size {block}")
+      raise ValueError(
+        f"{path}: tensor {name} has row length {ggml_shape[0]}, not a "
+        f"multiple of the {qtype.name} block size {block}"
+      )
     nbytes = ggml_shape[0] // block * type_size * math.prod(ggml_shape[1:])
     offset = data_start + rel
     if offset + nbytes > size:
-      raise ValueError(f"{path}: tensor {name} ends at byte {offset + nbytes} but the file "
-                       f"has {size} bytes (truncated download?)")
+      raise ValueError(
+        f"{path}: tensor {name} ends at byte {offset + nbytes} but the file "
+        f"has {size} bytes (truncated download?)"
+      )
     tensors[name] = TensorInfo(name, tuple(reversed(ggml_shape)), qtype, offset, nbytes)
   return tensors
 
@@ -159,6 +182,5 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     key = cur.string()
     metadata[key] = cur.value(cur.unpack("<I"))
   align = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
-  tensors = _tensor_index(cur, n_tensors, lambda off: -(-off // align) * align,
-                          len(buf), path)
+  tensors = _tensor_index(cur, n_tensors, lambda off: -(-off // align) * align, len(buf), path)
   return GGUFFile(path, metadata, tensors, buf)
