@@ -5,15 +5,12 @@ r"""Direct preference optimisation (sigmoid DPO against a frozen reference).
   python -m experiments.dpo --config=experiments/configs/dpo.py:tiny --workdir=/tmp/dpo_tiny
 """
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from experiments import cli
 from rlpost.recipes import dpo
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/configs/dpo.py:tiny", "DPO config (path.py:variant)."
-)
+_CONFIG = cli.define_config("experiments/configs/dpo.py:tiny", "DPO config (path.py:variant).")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics; resumes from it.")
 
 
@@ -24,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

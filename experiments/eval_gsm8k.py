@@ -13,11 +13,11 @@ import os
 from absl import app
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
 
+from experiments import cli
 from rlpost.recipes import eval as eval_recipe
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "GRPO config (when no --workdir).")
+_CONFIG = cli.define_config(None, "GRPO config (when no --workdir).")
 _WORKDIR = flags.DEFINE_string("workdir", "", "A GRPO run directory: evaluates base and trained.")
 _SPLIT = flags.DEFINE_string("split", "test", "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", None, "First N problems (default: config.eval).")
@@ -50,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,14 +6,13 @@ r"""GRPO-family RL on GSM8K (or the tiny toy task).
 Resumes automatically from the newest checkpoint in --workdir.
 """
 
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from experiments import cli
 from rlpost.recipes import grpo
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/configs/grpo_gsm8k.py:tiny", "GRPO config (path.py:variant)."
+_CONFIG = cli.define_config(
+  "experiments/configs/grpo_gsm8k.py:tiny", "GRPO config (path.py:variant)."
 )
 _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here.")
 
@@ -24,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -10,14 +10,14 @@ import time
 from absl import app
 from absl import flags
 import jax
-from ml_collections import config_flags
 
+from experiments import cli
 from rlpost import sampling
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import loading
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", "experiments/configs/sample.py:tiny", "Sampling config (path.py:variant)."
+_CONFIG = cli.define_config(
+  "experiments/configs/sample.py:tiny", "Sampling config (path.py:variant)."
 )
 _PROMPT = flags.DEFINE_multi_string(
   "prompt", [], "Prompt text; repeat for several. Overrides config.prompts and config.prompt_file."
@@ -99,4 +99,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

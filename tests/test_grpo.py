@@ -132,6 +132,54 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
     grpo.run(_config("tiny", **overrides), str(tmp_path))
 
 
+@pytest.mark.parametrize(
+  "overrides,match",
+  [
+    ({"sampling.temperature": 0.0}, r"config\.sampling\.temperature=0\.0: .*all 0"),
+    (
+      {"sampling.temperature": 0.0, "algo.advantage_estimator": "reinforce_pp"},
+      r"config\.sampling\.temperature=0\.0: training needs a temperature > 0",
+    ),
+    ({"algo.num_generations": 1}, r"config\.algo\.num_generations=1: grpo compares"),
+    (
+      {"algo.num_generations": 1, "algo.advantage_estimator": "rloo"},
+      r"config\.algo\.num_generations=1: rloo",
+    ),
+    ({"sampling.max_new_tokens": 0}, r"config\.sampling\.max_new_tokens=0"),
+    ({"train.learning_rate": 0.0}, r"config\.train\.learning_rate=0\.0"),
+    ({"train.learning_rate": -1e-3}, r"config\.train\.learning_rate=-0\.001"),
+    ({"train.max_bad_steps": 0}, r"config\.train\.max_bad_steps=0"),
+    ({"rollout.nosuch": 1}, r"config\.rollout\.nosuch: no such field; valid fields"),
+  ],
+)
+def test_degenerate_settings_fail_before_any_model_is_loaded(
+  overrides, match, tmp_path, monkeypatch
+):
+  def no_loading(cfg):
+    raise AssertionError("the model was loaded before the config was checked")
+
+  monkeypatch.setattr(grpo.common, "load_model", no_loading)
+  with pytest.raises(ValueError, match=match):
+    grpo.run(_config("tiny", **overrides), str(tmp_path))
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
+  args = [
+    sys.executable,
+    "-m",
+    "experiments.grpo",
+    "--config=experiments/configs/grpo_gsm8k.py:tiny",
+    "--config.algo.nosuch=1",
+    f"--workdir={tmp_path}",
+  ]
+  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert "config.algo.nosuch: no such field; valid fields of config.algo:" in out.stderr
+  assert "'kl_method'" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
   cfg = _config(
     "tiny",

@@ -25,6 +25,13 @@ def _adapters(params, seed=0):
   return jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(seed + 1), x.shape), ad)
 
 
+def _forward_args(seed: int, length: int):
+  """(tokens [2, length], positions, causal mask) for gemma3.forward on random tokens."""
+  tokens = jax.random.randint(jax.random.key(seed), (2, length), 0, CONFIG.vocab_size)
+  positions = jnp.broadcast_to(jnp.arange(length), (2, length))
+  return tokens, positions, causal_attention_mask(jnp.ones((2, length), bool))
+
+
 def test_fresh_adapters_change_nothing():
   params = _random_params()
   ad = lora.init_adapters(jax.random.key(0), params, CFG)
@@ -36,12 +43,7 @@ def test_fresh_adapters_change_nothing():
 def test_unmerged_forward_equals_merged_forward():
   params = _random_params()
   ad = _adapters(params)
-  tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, CONFIG.vocab_size)
-  args = (
-    tokens,
-    jnp.broadcast_to(jnp.arange(12), (2, 12)),
-    causal_attention_mask(jnp.ones((2, 12), bool)),
-  )
+  args = _forward_args(seed=2, length=12)
   unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
   merged, _ = gemma3.forward(lora.merge(params, ad, CFG), *args, config=CONFIG)
   base, _ = gemma3.forward(params, *args, config=CONFIG)
@@ -98,12 +100,7 @@ def test_unmerged_forward_equals_numpy_merged_forward():
       * np.einsum("lir,lro->lio", np.asarray(ab["a"], np.float64), np.asarray(ab["b"], np.float64)),
       jnp.float32,
     )
-  tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, CONFIG.vocab_size)
-  args = (
-    tokens,
-    jnp.broadcast_to(jnp.arange(10), (2, 10)),
-    causal_attention_mask(jnp.ones((2, 10), bool)),
-  )
+  args = _forward_args(seed=3, length=10)
   unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
   merged, _ = gemma3.forward({**params, "layers": layers}, *args, config=CONFIG)
   np.testing.assert_allclose(unmerged, merged, atol=2e-4, rtol=1e-4)

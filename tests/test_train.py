@@ -1,5 +1,7 @@
-"""train_step: micro-batch accumulation and data-parallel shard_map agree with one big step."""
+"""train_step: micro-batch accumulation and data-parallel shard_map agree with one big step;
+non-finite steps never reach the weights; the run loop stops after too many of them."""
 
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +88,7 @@ def test_two_devices_equal_one_device():
       np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
       assert abs(l2 - l1) < 1e-5
       np.testing.assert_allclose([g1, g2], test_train._analytic_first_grad_norm(), rtol=1e-5)
+      test_train.check_nan_step_is_skipped(num_devices=2)   # NaN rows on one device only
       import jax; assert len(jax.devices()) == 2
       print("OK")
   """)
@@ -104,3 +107,60 @@ def test_two_devices_equal_one_device():
     timeout=300,
   )
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def check_nan_step_is_skipped(num_devices: int):
+  """A NaN in some rows (with 2 devices: only the second device's rows) makes the loss and
+  gradient non-finite: the whole step is skipped on every device, bitwise."""
+  opt = optax.adamw(0.1)
+  mesh = train.make_mesh(num_devices)
+  step = train.make_train_step(_linear_loss, opt, mesh, micro_batch_size=2)
+  state = train.replicate(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
+  x, y = _data()
+  state, _ = step(state, None, {"x": x, "y": y})  # one finite step: nonzero Adam moments
+  before = jax.device_get((state.step, state.trainable, state.opt_state))
+  y_nan = y.at[6].set(jnp.nan)  # a row of the last micro-batch / device
+  for bad in (1, 2):
+    state, metrics = step(state, None, {"x": x, "y": y_nan})
+    assert not np.isfinite(float(metrics["loss"])) and float(metrics["skipped_nonfinite"]) == 1
+    jax.tree.map(
+      np.testing.assert_array_equal,
+      jax.device_get((state.step, state.trainable, state.opt_state)),
+      before,
+    )
+    assert int(state.bad_steps) == bad and int(state.total_bad_steps) == bad
+  state, metrics = step(state, None, {"x": x, "y": y})
+  assert float(metrics["skipped_nonfinite"]) == 0 and int(state.step) == 2
+  assert int(state.bad_steps) == 0 and int(state.total_bad_steps) == 2
+
+
+def test_nan_step_leaves_weights_and_optimizer_state_bitwise_unchanged():
+  """Mutation caught: the update applied without the finite check (NaN weights)."""
+  check_nan_step_is_skipped(num_devices=1)
+
+
+def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path):
+  """Consecutive non-finite steps: NaN logged in JSONL and on the progress bar, then the
+  named error after train.max_bad_steps; the weights were never touched."""
+  from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
+
+  opt = optax.sgd(0.1)
+  mesh = train.make_mesh(1)
+  step = train.make_train_step(_linear_loss, opt, mesh, micro_batch_size=8)
+  state = train.replicate(train.init_train_state(jnp.ones((4,)), opt, jax.random.key(0)), mesh)
+  x, y = _data()
+
+  def step_fn(state, cursor, index):
+    batch = {"x": x, "y": y if index < 2 else y.at[0].set(jnp.inf)}
+    state, metrics = step(state, None, batch)
+    return state, cursor._replace(position=index + 1), metrics
+
+  loop = loop_lib.LoopConfig(steps=10, checkpoint_every=1, max_bad_steps=3, postfix=("loss",))
+  with pytest.raises(loop_lib.NonFiniteTrainingError, match="train.max_bad_steps=3"):
+    loop_lib.run_loop(str(tmp_path), {"test": True}, state, step_fn, loop)
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 5
+  assert "NaN" in lines[-1] or "Infinity" in lines[-1]
+  records = [json.loads(line) for line in lines]
+  assert [r["skipped_nonfinite"] for r in records] == [0.0, 0.0, 1.0, 1.0, 1.0]
+  assert not np.isfinite(records[-1]["loss"])

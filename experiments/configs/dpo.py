@@ -44,6 +44,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b1": 0.9,
       "adam_b2": 0.99,
       "max_grad_norm": 1.0,
+      "max_bad_steps": 3,  # stop after this many consecutive non-finite steps
       "logprob_chunk": 512,  # tokens per output-projection chunk
       "remat": "dots",  # none | dots | full (activation memory policy)
       "compute_dtype": "float32" if tiny else "bfloat16",  # matmul inputs (fp32 accumulation)

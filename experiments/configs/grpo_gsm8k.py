@@ -109,6 +109,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "adam_b1": 0.9,
       "adam_b2": 0.99,
       "max_grad_norm": 0.1,
+      "max_bad_steps": 3,  # stop after this many consecutive non-finite steps
       "logprob_chunk": 256,
       "compute_dtype": "float32",  # trainer matmul inputs: float32 | bfloat16
       "remat": "dots",  # none | dots | full (activation memory policy)

@@ -53,6 +53,18 @@ def renaming_errors(cls, where: dict[str, str], **kwargs):
     raise ValueError(message) from None
 
 
+def check_loop_settings(cfg) -> None:
+  """Steps, checkpointing and the non-finite-step limit every recipe's loop needs."""
+  if cfg.train.steps < 1:
+    fail("train.steps", cfg.train.steps, "must be >= 1")
+  if cfg.train.max_bad_steps < 1:
+    fail("train.max_bad_steps", cfg.train.max_bad_steps, "must be >= 1 (3 is a good default)")
+  if cfg.checkpoint.every < 1:
+    fail("checkpoint.every", cfg.checkpoint.every, "must be >= 1 step")
+  if cfg.checkpoint.keep < 1:
+    fail("checkpoint.keep", cfg.checkpoint.keep, "must be >= 1 checkpoint")
+
+
 def lora_config(cfg) -> lora_lib.LoraConfig | None:
   """The `lora` block: None when disabled."""
   if not cfg.lora.enabled:

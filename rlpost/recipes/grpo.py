@@ -104,8 +104,30 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, RolloutConfig, policy.Forw
   """Validates the ConfigDict before anything is loaded; returns its static settings."""
   algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", RENAMED)
   rollout = common.from_block(RolloutConfig, cfg.rollout, "rollout", RENAMED)
-  forward = common.forward_config(cfg, cfg.sampling.temperature)
   t, d, s = cfg.train, cfg.data, cfg.sampling
+  if not s.temperature > 0:
+    group = algo.advantage_estimator in adv_lib.GROUP_ESTIMATORS
+    why = (
+      f"greedy decoding gives the {algo.num_generations} samples of a prompt identical "
+      f"completions, so {algo.advantage_estimator}'s group-relative advantages are all 0"
+      if group
+      else "the trainer's logprobs divide the logits by the temperature"
+    )
+    common.fail(
+      "sampling.temperature",
+      s.temperature,
+      f"training needs a temperature > 0 ({why}); use e.g. 1.0. Greedy evaluation is "
+      "experiments.eval_gsm8k's job.",
+    )
+  if s.max_new_tokens < 1:
+    common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
+  if s.prompt_bucket < 1:
+    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+  if not t.learning_rate > 0:
+    common.fail("train.learning_rate", t.learning_rate, "must be > 0")
+  if t.batch_prompts < 1:
+    common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
+  forward = common.forward_config(cfg, s.temperature)
   rows = t.batch_prompts * algo.num_generations
   if rows % t.micro_batch_size:
     common.fail(
@@ -118,8 +140,7 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, RolloutConfig, policy.Forw
     common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
   if d.template not in prompts_lib.TEMPLATES:
     common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
-  if t.steps < 1:
-    common.fail("train.steps", t.steps, "must be >= 1")
+  common.check_loop_settings(cfg)
   if rollout.overlong_buffer and rollout.overlong_buffer > s.max_new_tokens:
     common.fail(
       "rollout.overlong_buffer",
@@ -186,6 +207,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     keep=cfg.checkpoint.keep,
     title=f"grpo[{cfg.name}]",
     seed=cfg.seed,
+    max_bad_steps=cfg.train.max_bad_steps,
     curves=("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
     postfix=("reward/mean", "kl"),
   )

@@ -29,8 +29,7 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
   Returns the trainer's forward config (temperature 1).
   """
   fail, t = common.fail, cfg.train
-  if t.steps < 1:
-    fail("train.steps", t.steps, "must be >= 1")
+  common.check_loop_settings(cfg)
   if t.micro_batch_size < 1 or t.batch_size < 1 or t.batch_size % t.micro_batch_size:
     fail(
       "train.batch_size",
@@ -63,8 +62,6 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
     fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
   if cfg.get("eval") is not None and cfg.eval.every < 0:
     fail("eval.every", cfg.eval.every, "must be >= 0 (0: never)")
-  if cfg.checkpoint.every < 1:
-    fail("checkpoint.every", cfg.checkpoint.every, "must be >= 1")
   return common.forward_config(cfg, temperature=1.0)
 
 
@@ -106,6 +103,7 @@ def loop_config(cfg, title: str, curves) -> loop_lib.LoopConfig:
     curves=tuple(curves),
     postfix=("loss",),
     seed=cfg.seed,
+    max_bad_steps=cfg.train.max_bad_steps,
   )
 
 

@@ -1,16 +1,53 @@
-"""Orbax save/restore of the whole TrainState plus a JSON `meta` dict (data cursor, ...).
+"""Orbax save/restore of the whole TrainState plus a JSON `meta` dict, verified and fail-soft.
 
 Checkpoints are written synchronously to a temporary directory and renamed
 when complete, so a run killed mid-save leaves the previous checkpoint as the
-newest readable one; `restore_latest` only ever sees finished checkpoints.
+newest readable one.
+
+Integrity: `save` records in `meta["digests"]` a CRC-32 of every array's bytes
+(with its dtype and shape), keyed by the array's path in the state; `restore`
+recomputes them before the state is used. The digest is of the logical
+(gathered) array, so it survives restoring onto another mesh. Orbax checksums
+only its index structures; the digests cover the array data.
+
+Fallback: `restore_latest` tries the newest checkpoint first. One that fails to
+restore or to verify (digest mismatch, checksum error, missing file, unreadable
+metadata, missing commit marker) is reported (step, file, why) and moved to
+`workdir/quarantine/` (never deleted), and the next newest is tried. If
+checkpoints existed but none is intact, it raises `NoIntactCheckpointError`
+naming the directory and the choices.
 """
 
+import json
+import logging
 import os
+import shutil
+import time
+import zlib
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from rlpost.train.step import TrainState
+
+_COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint could not be written; the previous one is intact."""
+
+
+class NoIntactCheckpointError(RuntimeError):
+  """Every checkpoint of a run failed to restore or verify."""
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint's files or array bytes do not match what was saved."""
+
+
+class StateMismatchError(ValueError):
+  """A checkpoint holds a state of another structure than this run's (a changed config)."""
 
 
 def manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
@@ -32,33 +69,148 @@ def _to_saveable(state: TrainState):
   return state._replace(key=jax.random.key_data(state.key))
 
 
+def _layout(state: TrainState) -> dict[str, str]:
+  """{array path: "dtype[shape]"}, the first part of each digest."""
+  return {
+    jax.tree_util.keystr(path): f"{np.dtype(leaf.dtype)}{list(leaf.shape)}"
+    for path, leaf in jax.tree_util.tree_flatten_with_path(_to_saveable(state))[0]
+  }
+
+
+def digests(state: TrainState) -> dict[str, str]:
+  """{array path: "dtype[shape]:crc32"} of every array of the state (gathered to host)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(_to_saveable(state))[0]:
+    array = np.asarray(jax.device_get(leaf))
+    crc = zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    out[jax.tree_util.keystr(path)] = f"{array.dtype}{list(array.shape)}:{crc:08x}"
+  return out
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict) -> None:
-  """Saves `state` and the JSON-serialisable `meta` as checkpoint `step`; blocks until done."""
+  """Saves `state` and `meta` (+ the state's digests) as checkpoint `step`; blocks until done.
+
+  A failed write (disk full, permission, ...) raises CheckpointWriteError; the
+  half-written temporary directory is never taken for a checkpoint and is
+  removed when the run is next opened.
+  """
   if step in mngr.all_steps():
     return
-  mngr.save(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.StandardSave(_to_saveable(state)), meta=ocp.args.JsonSave(meta)
-    ),
-  )
-  mngr.wait_until_finished()
+  meta = {**meta, "digests": digests(state)}
+  try:
+    mngr.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(_to_saveable(state)), meta=ocp.args.JsonSave(meta)
+      ),
+    )
+    mngr.wait_until_finished()
+  except Exception as e:  # orbax wraps OS errors in several exception types
+    previous = [s for s in mngr.all_steps() if s != step]
+    kept = f"checkpoint {max(previous)} is intact" if previous else "no earlier checkpoint exists"
+    raise CheckpointWriteError(
+      f"writing checkpoint {step} in {mngr.directory} failed ({type(e).__name__}: {e}); "
+      f"{kept}. Free disk space or fix permissions, then rerun the same command to resume."
+    ) from e
 
 
-def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
-  """(state, meta) of the newest finished checkpoint, or None when there is none.
+def _check_commit_markers(step_dir: str) -> None:
+  for name in _COMMIT_MARKERS:
+    path = os.path.join(step_dir, name)
+    if not os.path.isfile(path):
+      raise CorruptCheckpointError(f"{path} is missing (the checkpoint was never committed)")
+  path = os.path.join(step_dir, "_CHECKPOINT_METADATA")
+  try:
+    with open(path, encoding="utf-8") as f:
+      json.load(f)
+  except (OSError, ValueError) as e:
+    raise CorruptCheckpointError(f"{path} is unreadable ({e})") from e
 
-  `like` is a TrainState of the right structure (e.g. freshly initialised);
-  it gives shapes, dtypes and shardings.
+
+def _check_layout(mngr: ocp.CheckpointManager, step: int, like: TrainState) -> None:
+  """Raises StateMismatchError when the saved arrays' dtypes/shapes are not this run's."""
+  meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  saved = {k: v.rsplit(":", 1)[0] for k, v in (meta.get("digests") or {}).items()}
+  wanted = _layout(like)
+  if saved and saved != wanted:
+    diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+    first = diff[0]
+    raise StateMismatchError(
+      f"checkpoint {step} in {mngr.directory} holds a train state of another structure: "
+      f"{first} is {saved.get(first, 'absent')} there and {wanted.get(first, 'absent')} in "
+      f"this run ({len(diff)} array(s) differ). The config changed since the run started "
+      "(e.g. LoRA on/off, model, dtype): resume with the run's own config.json, or use a new "
+      "--workdir."
+    )
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState):
+  """(state, meta) of checkpoint `step`, verified against its digests.
+
+  Raises CorruptCheckpointError (or orbax's error) when it cannot be read or
+  verified, StateMismatchError when it holds another structure than `like`.
   """
-  step = mngr.latest_step()
-  if step is None:
-    return None
+  _check_commit_markers(os.path.join(str(mngr.directory), str(step)))
+  _check_layout(mngr, step, like)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
   restored = mngr.restore(
     step,
     args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
   )
-  state = restored["state"]
+  state, meta = restored["state"], dict(restored["meta"])
   impl = jax.random.key_impl(like.key)
-  return state._replace(key=jax.random.wrap_key_data(state.key, impl=impl)), restored["meta"]
+  state = state._replace(key=jax.random.wrap_key_data(state.key, impl=impl))
+  saved = meta.pop("digests", None)
+  if saved is None:
+    raise CorruptCheckpointError(f"meta of checkpoint {step} holds no array digests")
+  found = digests(state)
+  bad = sorted(k for k in set(saved) | set(found) if saved.get(k) != found.get(k))
+  if bad:
+    raise CorruptCheckpointError(
+      f"array bytes differ from those saved for {len(bad)} array(s): {', '.join(bad[:4])}"
+    )
+  return state, meta
+
+
+def quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
+  """Moves checkpoint `step` to `workdir/quarantine/` (never deletes it); returns the new path."""
+  source = os.path.join(str(mngr.directory), str(step))
+  target_dir = os.path.join(os.path.dirname(str(mngr.directory)), "quarantine")
+  os.makedirs(target_dir, exist_ok=True)
+  target = os.path.join(target_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+  while os.path.exists(target):
+    target += "+"
+  shutil.move(source, target)
+  mngr.reload()
+  return target
+
+
+def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
+  """(state, meta) of the newest intact checkpoint, or None when there is none at all.
+
+  `like` is a TrainState of the right structure (e.g. freshly initialised);
+  it gives shapes, dtypes and shardings. Corrupt checkpoints are reported and
+  quarantined (module docstring).
+  """
+  quarantined = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      return restore(mngr, step, like)
+    except StateMismatchError:
+      raise  # a changed config, not a corrupt file: leave the checkpoints where they are
+    except Exception as e:  # any failure to read or verify: fall back to an older one
+      where = quarantine(mngr, step)
+      quarantined.append(where)
+      message = (
+        f"CHECKPOINT {step} IS CORRUPT and was moved to {where}: {type(e).__name__}: {e}. "
+        "Trying the previous checkpoint."
+      )
+      logging.error(message)
+      print(message, flush=True)
+  if quarantined:
+    raise NoIntactCheckpointError(
+      f"no intact checkpoint in {mngr.directory}: every one failed to restore or verify and "
+      f"was moved to {os.path.dirname(quarantined[0])}. Either start fresh in a new --workdir, "
+      f"or remove {mngr.directory} (and metrics.jsonl) to restart this run from step 0."
+    )
+  return None

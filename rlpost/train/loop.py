@@ -47,6 +47,8 @@ class LoopConfig:
   curves: metric names plotted in curves.png.
   postfix: metric names shown on the progress bar.
   seed: seeds the fresh data cursor.
+  max_bad_steps: stop (NonFiniteTrainingError) after this many consecutive train
+    steps with a non-finite loss or gradient norm (each left the weights unchanged).
   """
 
   steps: int
@@ -56,6 +58,15 @@ class LoopConfig:
   curves: tuple[str, ...] = ("loss",)
   postfix: tuple[str, ...] = ("loss",)
   seed: int = 0
+  max_bad_steps: int = 3
+
+  def __post_init__(self):
+    if self.max_bad_steps < 1:
+      raise ValueError(f"LoopConfig.max_bad_steps={self.max_bad_steps}: use >= 1")
+
+
+class NonFiniteTrainingError(RuntimeError):
+  """Too many consecutive train steps had a non-finite loss or gradient norm."""
 
 
 class Run(NamedTuple):
@@ -164,6 +175,15 @@ def run_loop(
         save(run, state, {"iteration": done, "cursor": cursor._asdict()})
       bar.update(1)
       bar.set_postfix(_postfix(record, loop.postfix))
+      bad = int(state.bad_steps)
+      if bad >= loop.max_bad_steps:
+        raise NonFiniteTrainingError(
+          f"step {done}: {bad} consecutive train steps had a non-finite loss or gradient norm "
+          f"(train.max_bad_steps={loop.max_bad_steps}); each left the weights and optimizer "
+          f"state unchanged. The newest checkpoint is in {run.workdir}/checkpoints and the "
+          f"metrics (NaN / Infinity included) in {run.metrics_path}. Lower train.learning_rate, "
+          "check the rewards and data for NaN, or raise train.max_bad_steps."
+        )
   png = finish(run, loop.curves, loop.title)
   print(f"metrics: {run.metrics_path}  curves: {png}")
   return state, record

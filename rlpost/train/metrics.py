@@ -1,22 +1,21 @@
 """Metrics on disk: JSONL (always), TensorBoard events (when tensorboardX is installed), PNG curves."""
 
 import json
-import math
 import os
 
 import numpy as np
 
 
 def to_python(metrics: dict) -> dict:
-  """Arrays / numpy scalars -> plain floats and ints (JSON-ready)."""
+  """Arrays / numpy scalars -> plain floats and ints (JSON-ready).
+
+  Non-finite floats stay floats: JSONL writes them as NaN / Infinity / -Infinity
+  (which `json.loads` reads back), TensorBoard records them as such.
+  """
   out = {}
   for name, value in metrics.items():
     value = np.asarray(value)
-    if value.ndim == 0:
-      value = value.item()
-      out[name] = value if not isinstance(value, float) or math.isfinite(value) else str(value)
-    else:
-      out[name] = value.tolist()
+    out[name] = value.item() if value.ndim == 0 else value.tolist()
   return out
 
 

@@ -31,16 +31,21 @@ DATA_AXIS = "data"
 class TrainState(NamedTuple):
   """Everything that changes during training; print it, save it, diff it.
 
-  step: [] int32 optimizer steps taken.
+  step: [] int32 optimizer updates applied (non-finite steps excluded).
   trainable: the trained pytree (LoRA adapters, or the full params).
   opt_state: optax state of `trainable`.
   key: PRNG key of the run (split deterministically by step).
+  bad_steps: [] int32 consecutive train steps with a non-finite loss or gradient
+    norm (0 after a finite one); such steps leave trainable and opt_state as they were.
+  total_bad_steps: [] int32 such steps over the whole run.
   """
 
   step: jax.Array
   trainable: Any
   opt_state: Any
   key: jax.Array
+  bad_steps: jax.Array
+  total_bad_steps: jax.Array
 
 
 def make_optimizer(
@@ -68,8 +73,14 @@ def make_optimizer(
 
 
 def init_train_state(trainable, optimizer: optax.GradientTransformation, key) -> TrainState:
+  zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the step donates each one
   return TrainState(
-    step=jnp.zeros((), jnp.int32), trainable=trainable, opt_state=optimizer.init(trainable), key=key
+    step=zero(),
+    trainable=trainable,
+    opt_state=optimizer.init(trainable),
+    key=key,
+    bad_steps=zero(),
+    total_bad_steps=zero(),
   )
 
 
@@ -99,7 +110,9 @@ def make_train_step(
     micro_batch_size: rows per micro-batch on each device.
 
   The old state is donated. `frozen` (base params, or None) is replicated.
-  Metrics are means over micro-batches and devices, plus "grad_norm" and "loss".
+  Metrics are means over micro-batches and devices, plus "grad_norm", "loss" and
+  "skipped_nonfinite" (1.0 when the loss or gradient norm was not finite: the
+  update was skipped and `state.bad_steps` counts it; see TrainState).
   """
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   # On a 1-device mesh the mean is the identity; XLA:CPU would still copy every
@@ -134,10 +147,28 @@ def make_train_step(
       )
       (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
     grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n), (grads, loss, metrics))
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
     trainable = optax.apply_updates(state.trainable, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, trainable, opt_state, state.key), metrics
+    # A non-finite loss or gradient norm (global: both are means over devices) must not
+    # reach the weights: keep the old trainable and optimizer state, count the step.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = TrainState(
+      step=state.step + finite.astype(jnp.int32),
+      trainable=keep(trainable, state.trainable),
+      opt_state=keep(opt_state, state.opt_state),
+      key=state.key,
+      bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
+      total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
+    )
+    metrics = {
+      **metrics,
+      "loss": loss,
+      "grad_norm": grad_norm,
+      "skipped_nonfinite": (~finite).astype(jnp.float32),
+    }
+    return new_state, metrics
 
   sharded = jax.shard_map(
     per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)), out_specs=(P(), P()), check_vma=False

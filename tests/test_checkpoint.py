@@ -1,0 +1,183 @@
+"""Checkpoints fail soft: corrupt ones are detected, quarantined and skipped; failed writes
+leave the previous checkpoint restorable; a changed config is not mistaken for corruption."""
+
+import errno
+import json
+import os
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+from experiments.configs import grpo_gsm8k
+from rlpost.recipes import grpo
+from rlpost.train import checkpoint
+
+_TIMING = ("time/", "tokens_per_s", "step_seconds")
+
+
+def _config(**overrides):
+  cfg = grpo_gsm8k.get_config("tiny")
+  with cfg.unlocked():
+    cfg.train.steps, cfg.checkpoint.every = 6, 2
+    for dotted, value in overrides.items():
+      block, name = dotted.split(".")
+      cfg[block][name] = value
+  return cfg
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)} for line in f]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """A finished 6-step tiny GRPO run with checkpoints 2, 4 and 6, and its final state."""
+  workdir = tmp_path_factory.mktemp("finished")
+  return workdir, grpo.run(_config(), str(workdir))
+
+
+def _assert_same_weights(state, other):
+  """Trainable params and optimizer state bitwise equal."""
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    jax.device_get((state.trainable, state.opt_state)),
+    jax.device_get((other.trainable, other.opt_state)),
+  )
+
+
+def _copy(finished_run, tmp_path) -> pathlib.Path:
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run[0], workdir)
+  return workdir
+
+
+def _flip_bytes(path: pathlib.Path, count: int = 64) -> None:
+  data = bytearray(path.read_bytes())
+  start = len(data) // 2
+  for i in range(start, min(start + count, len(data))):
+    data[i] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+def _largest_file(directory: pathlib.Path) -> pathlib.Path:
+  return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def _corrupt_array_bytes(step_dir):  # the issue's case: bytes inside a data chunk
+  _flip_bytes(_largest_file(step_dir / "state" / "ocdbt.process_0" / "d"))
+
+
+def _corrupt_state_file(step_dir):  # a data file orbax checksums (CRC-32C)
+  _flip_bytes(_largest_file(step_dir / "state" / "d"))
+
+
+def _corrupt_meta(step_dir):
+  (step_dir / "meta" / "metadata").write_text("{not json")
+
+
+def _remove_commit_marker(step_dir):
+  (step_dir / "commit_success.txt").unlink()
+
+
+def _corrupt_checkpoint_metadata(step_dir):
+  (step_dir / "_CHECKPOINT_METADATA").write_bytes(b"\x00\x01garbage")
+
+
+@pytest.mark.parametrize(
+  "corrupt",
+  [
+    _corrupt_array_bytes,
+    _corrupt_state_file,
+    _corrupt_meta,
+    _remove_commit_marker,
+    _corrupt_checkpoint_metadata,
+  ],
+)
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(corrupt, finished_run, tmp_path):
+  """Rerun after corrupting checkpoint 6: the run resumes from 4, redoes steps 5-6 exactly,
+  and checkpoint 6 is moved to workdir/quarantine, not deleted."""
+  workdir = _copy(finished_run, tmp_path)
+  corrupt(workdir / "checkpoints" / "6")
+  state = grpo.run(_config(), str(workdir))
+  assert _metrics(workdir) == _metrics(finished_run[0])
+  _assert_same_weights(state, finished_run[1])
+  (kept,) = list((workdir / "quarantine").iterdir())
+  assert kept.name.startswith("6-") and (kept / "state").is_dir()
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [
+    2,
+    4,
+    6,
+  ]
+
+
+def test_corrupt_array_bytes_fail_the_digest_check(finished_run, tmp_path):
+  """Bytes flipped inside a data chunk pass orbax's own checks; the digests catch them."""
+  workdir = _copy(finished_run, tmp_path)
+  state, meta = checkpoint.restore(checkpoint.manager(str(workdir)), 6, finished_run[1])
+  assert meta["iteration"] == 6 and "digests" not in meta
+  _assert_same_weights(state, finished_run[1])
+  _corrupt_array_bytes(workdir / "checkpoints" / "6")
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="array bytes differ"):
+    checkpoint.restore(checkpoint.manager(str(workdir)), 6, finished_run[1])
+
+
+def test_no_intact_checkpoint_stops_naming_the_directory_and_choices(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  for step in (2, 4, 6):
+    _corrupt_meta(workdir / "checkpoints" / str(step))
+  with pytest.raises(checkpoint.NoIntactCheckpointError, match="new --workdir") as err:
+    grpo.run(_config(), str(workdir))
+  assert str(workdir / "checkpoints") in str(err.value)
+  assert len(list((workdir / "quarantine").iterdir())) == 3
+
+
+def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):
+  workdir = _copy(finished_run, tmp_path)
+  with pytest.raises(checkpoint.StateMismatchError, match="config changed"):
+    grpo.run(_config(**{"lora.enabled": True}), str(workdir))
+  assert not (workdir / "quarantine").exists()
+
+
+def test_failed_write_stops_the_run_and_the_previous_checkpoint_restores(tmp_path, monkeypatch):
+  """ENOSPC raised inside the save of checkpoint 4: a clear error; checkpoint 2 restores
+  bitwise and the same command resumes from it."""
+  workdir = str(tmp_path / "run")
+  at_two = grpo.run(_config(), workdir, stop_after=2)
+
+  async def disk_full(self, item, directory):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="checkpoint 2 is intact"):
+      grpo.run(_config(), workdir, stop_after=2)
+  mngr = checkpoint.manager(workdir)
+  assert mngr.all_steps() == [2]
+  state, meta = checkpoint.restore_latest(mngr, at_two)
+  assert meta["iteration"] == 2
+  _assert_same_weights(state, at_two)
+  mngr.close()
+  grpo.run(_config(), workdir)
+  assert [r["step"] for r in _metrics(workdir)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sft_falls_back_past_a_corrupt_checkpoint_too(tmp_path):
+  """The fallback lives in the shared run loop: SFT (and DPO) get it as GRPO does."""
+  from experiments.configs import sft as sft_configs  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import sft as sft_recipe  # pylint: disable=g-import-not-at-top
+
+  cfg = sft_configs.get_config("tiny")
+  cfg.eval.every, cfg.train.steps, cfg.checkpoint.every = 0, 4, 2
+  straight, _ = sft_recipe.run(cfg, str(tmp_path / "straight"))
+  workdir = tmp_path / "run"
+  shutil.copytree(tmp_path / "straight", workdir)
+  _corrupt_array_bytes(workdir / "checkpoints" / "4")
+  resumed, _ = sft_recipe.run(cfg, str(workdir))
+  _assert_same_weights(resumed, straight)
+  assert _metrics(workdir) == _metrics(tmp_path / "straight")
+  assert [p.name.split("-")[0] for p in (workdir / "quarantine").iterdir()] == ["4"]
