@@ -9,9 +9,9 @@ import pytest
 
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import losses
-from rlpost.rl import objectives as algorithms
+from rlpost.rl import objectives
 
-GRPO, PPO = algorithms.GRPOConfig, algorithms.PPOConfig
+GRPO, PPO = objectives.GRPOConfig, objectives.PPOConfig
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_grpo_advantages_dispatch(name):
     "rloo": lambda r: adv_lib.rloo(r, 4),
     "reinforce_pp": adv_lib.reinforce_pp,
   }[name]
-  np.testing.assert_array_equal(algorithms.grpo_advantages(rewards, config), direct(rewards))
+  np.testing.assert_array_equal(objectives.grpo_advantages(rewards, config), direct(rewards))
 
 
 def _batch(seed=0, batch=4, seq=5):
@@ -89,7 +89,7 @@ def _batch(seed=0, batch=4, seq=5):
 def test_grpo_loss_at_ratio_one_matches_numpy():
   mask, old, _, ref, entropy, adv = _batch()
   config = GRPO(beta=0.1, entropy_coef=0.01, kl_method="k3")
-  loss, metrics = algorithms.grpo_loss(old, old, ref, adv, mask, config, entropy=entropy)
+  loss, metrics = objectives.grpo_loss(old, old, ref, adv, mask, config, entropy=entropy)
   d = old.astype(np.float64) - ref
   k3 = np.exp(-d) + d - 1
   adv_bt = np.broadcast_to(adv[:, None], mask.shape)
@@ -113,7 +113,7 @@ def test_grpo_loss_composes_pieces(policy_loss):
     tis_cap=1.5,
     entropy_coef=0.001,
   )
-  step = jax.jit(algorithms.grpo_loss, static_argnames="config")
+  step = jax.jit(objectives.grpo_loss, static_argnames="config")
   loss, metrics = step(
     logp, old, ref, adv, mask, config=config, entropy=entropy, sampler_logp=sampler
   )
@@ -137,12 +137,12 @@ def test_grpo_loss_composes_pieces(policy_loss):
 def test_grpo_loss_missing_inputs_raise():
   mask, old, logp, ref, entropy, adv = _batch(2)
   with pytest.raises(ValueError, match="ref_logp"):
-    algorithms.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.1))
+    objectives.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.1))
   with pytest.raises(ValueError, match="sampler_logp"):
-    algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(tis_cap=2.0))
+    objectives.grpo_loss(logp, old, ref, adv, mask, GRPO(tis_cap=2.0))
   with pytest.raises(ValueError, match="return_entropy"):
-    algorithms.grpo_loss(logp, old, ref, adv, mask, GRPO(entropy_coef=0.1))
-  loss, metrics = algorithms.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.0), entropy=entropy)
+    objectives.grpo_loss(logp, old, ref, adv, mask, GRPO(entropy_coef=0.1))
+  loss, metrics = objectives.grpo_loss(logp, old, None, adv, mask, GRPO(beta=0.0), entropy=entropy)
   assert "kl" not in metrics and np.isfinite(float(loss))
 
 
@@ -172,7 +172,7 @@ def test_ppo_advantages_and_loss():
   scores = rng.normal(size=mask.shape[0]).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
   config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01)
-  adv, returns = algorithms.ppo_advantages(scores, values, old, ref, mask, config)
+  adv, returns = objectives.ppo_advantages(scores, values, old, ref, mask, config)
   want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1, 0.95, 0.9)
   np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
@@ -190,7 +190,7 @@ def test_ppo_advantages_and_loss():
     vf_coef=0.5,
   )
   adv = np.asarray(adv)
-  loss, metrics = algorithms.ppo_loss(
+  loss, metrics = objectives.ppo_loss(
     logp, old, adv, new_values, values, returns, mask, config, entropy=entropy
   )
   ratio = np.exp(logp.astype(np.float64) - old)

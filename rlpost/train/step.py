@@ -148,16 +148,24 @@ def make_train_step(
       (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
     grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n), (grads, loss, metrics))
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.trainable)
-    trainable = optax.apply_updates(state.trainable, updates)
     # A non-finite loss or gradient norm (global: both are means over devices) must not
-    # reach the weights: keep the old trainable and optimizer state, count the step.
+    # reach the weights: the update runs in the taken branch of a cond, so a bad step
+    # keeps the old trainable and optimizer state (a jnp.where over the two states
+    # would hold both at once: +1.1 GiB for a full-parameter 270M step).
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+
+    def update(trainable_and_opt):
+      trainable, opt_state = trainable_and_opt
+      updates, opt_state = optimizer.update(grads, opt_state, trainable)
+      return optax.apply_updates(trainable, updates), opt_state
+
+    trainable, opt_state = jax.lax.cond(
+      finite, update, lambda old: old, (state.trainable, state.opt_state)
+    )
     new_state = TrainState(
       step=state.step + finite.astype(jnp.int32),
-      trainable=keep(trainable, state.trainable),
-      opt_state=keep(opt_state, state.opt_state),
+      trainable=trainable,
+      opt_state=opt_state,
       key=state.key,
       bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
       total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
