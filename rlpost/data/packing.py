@@ -24,7 +24,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rlpost.ops.masks import segment_attention_mask  # re-exported: the mask packed rows need
+from rlpost.ops.masks import segment_attention_mask  # noqa: F401  re-exported: the mask packed rows need
 
 Example = tuple[Sequence[int], Sequence[bool]]
 Batch = dict[str, np.ndarray]
