@@ -30,16 +30,16 @@ def check_renamed(block, prefix: str, renamed: dict[str, str]) -> None:
       )
 
 
-def from_block(cls, block, prefix: str, renamed: dict[str, str] | None = None, **extra):
-  """`cls(**block, **extra)`, with errors that name `prefix.field` and the fix."""
+def from_block(cls, block, prefix: str, renamed: dict[str, str] | None = None):
+  """`cls(**block)`, with errors that name `prefix.field` and the fix."""
   block = dict(block)
   check_renamed(block, prefix, renamed or {})
-  valid = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
+  valid = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(block) - set(valid))
   if unknown:
     names = ", ".join(f"config.{prefix}.{name}" for name in unknown)
     raise ValueError(f"{names}: no such field; valid fields of config.{prefix}: {valid}")
-  return renaming_errors(cls, {n: prefix for n in valid}, **block, **extra)
+  return renaming_errors(cls, {n: prefix for n in valid}, **block)
 
 
 def renaming_errors(cls, where: dict[str, str], **kwargs):
