@@ -98,6 +98,48 @@ def test_gae_ignores_masked_positions(shape, seed, gamma, lam, junk):
   assert np.all(np.asarray(clean[1])[~mask] == 0.0)
 
 
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16))
+def test_gae_undiscounted_with_zero_values_gives_every_token_the_trajectory_return(shape, seed):
+  """gamma = lambda = 1, V = 0, the score on the last action token (PPO's token rewards)."""
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  scores = rng.normal(size=shape[0]).astype(np.float32)
+  rewards = adv.sequence_to_token_rewards(scores, mask)
+  got_adv, got_ret = _gae(rewards, np.zeros(shape, np.float32), mask, gamma=1.0, lam=1.0)
+  want = np.where(mask, scores[:, None], 0.0)
+  np.testing.assert_allclose(got_adv, want, rtol=1e-6)
+  np.testing.assert_allclose(got_ret, want, rtol=1e-6)
+
+
+@SETTINGS
+@given(
+  seed=st.integers(0, 2**16),
+  gamma=st.floats(0.5, 1.0),
+  lam=st.floats(0.0, 1.0),
+  inserts=st.lists(st.integers(0, 8), min_size=1, max_size=6),
+)
+def test_gae_inserting_masked_tokens_changes_nothing_at_action_tokens(seed, gamma, lam, inserts):
+  """Tool / environment tokens (loss_mask = 0) spliced in anywhere are skipped by GAE."""
+  rng = np.random.default_rng(seed)
+  batch, seq = 2, 8
+  rewards = rng.normal(size=(batch, seq)).astype(np.float32)
+  values = rng.normal(size=(batch, seq)).astype(np.float32)
+  mask = np.ones((batch, seq), bool)
+  adv_clean, ret_clean = _gae(rewards, values, mask, gamma=gamma, lam=lam)
+  # Insert masked columns (junk rewards and values) before the given positions.
+  cols = sorted(inserts, reverse=True)
+  r2, v2, m2 = rewards, values, mask
+  for c in cols:
+    r2 = np.insert(r2, c, rng.normal(size=batch) * 100, axis=1)
+    v2 = np.insert(v2, c, rng.normal(size=batch) * 100, axis=1)
+    m2 = np.insert(m2, c, False, axis=1)
+  adv_ins, ret_ins = _gae(r2, v2, m2, gamma=gamma, lam=lam)
+  np.testing.assert_allclose(np.asarray(adv_ins)[m2].reshape(batch, seq), adv_clean, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(ret_ins)[m2].reshape(batch, seq), ret_clean, rtol=1e-6)
+  assert np.all(np.asarray(adv_ins)[~m2] == 0.0) and np.all(np.asarray(ret_ins)[~m2] == 0.0)
+
+
 def _np_group_stats(rewards, group):
   r = rewards.astype(np.float64).reshape(-1, group)
   return r, r.mean(1, keepdims=True), r.std(1, ddof=1, keepdims=True)

@@ -43,6 +43,10 @@ GRPO, PPO = objectives.GRPOConfig, objectives.PPOConfig
     (PPO, dict(gae_lambda=-0.1), "gae_lambda", "[0, 1]"),
     (PPO, dict(clip_range_value=0.0), "clip_range_value", "positive"),
     (PPO, dict(kl_method="kl2"), "kl_method", "k3"),
+    (PPO, dict(critic_lambda=1.5), "critic_lambda", "[0, 1]"),
+    (PPO, dict(critic_warmup_steps=-1), "critic_warmup_steps", ">= 0"),
+    (PPO, dict(mini_batch_size=0), "mini_batch_size", "None for the whole batch"),
+    (PPO, dict(epsilon=1.0), "epsilon", "[0, 1)"),
   ],
 )
 def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
@@ -171,11 +175,18 @@ def test_ppo_advantages_and_loss():
   rng = np.random.default_rng(3)
   scores = rng.normal(size=mask.shape[0]).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
-  config = PPO(gamma=0.95, gae_lambda=0.9, beta=0.1, entropy_coef=0.01)
-  adv, returns = objectives.ppo_advantages(scores, values, old, ref, mask, config)
+  config = PPO(gamma=0.95, gae_lambda=0.9, critic_lambda=0.9, beta=0.1, entropy_coef=0.01)
+  adv, returns, _ = objectives.ppo_advantages(scores, values, old, ref, mask, config)
   want_adv, want_ret = _np_ppo_advantages(scores, values, old, ref, mask, 0.1, 0.95, 0.9)
   np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(returns, want_ret, rtol=1e-4, atol=1e-5)
+  # Decoupled lambdas (VC-PPO): advantages from gae_lambda, value targets from critic_lambda.
+  decoupled = dataclasses.replace(config, critic_lambda=1.0)
+  adv_d, returns_d, _ = objectives.ppo_advantages(scores, values, old, ref, mask, decoupled)
+  _, want_ret_1 = _np_ppo_advantages(scores, values, old, ref, mask, 0.1, 0.95, 1.0)
+  np.testing.assert_allclose(adv_d, want_adv, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(returns_d, want_ret_1, rtol=1e-4, atol=1e-5)
+  assert not np.allclose(returns_d, want_ret, atol=1e-3)  # the two lambdas really differ here
   new_values = values + rng.uniform(-0.3, 0.3, values.shape).astype(np.float32)
   # Non-default clip ranges, checked against NumPy (mutation caught: ppo_loss ignoring
   # clip_range_value, epsilon_low or epsilon_high and using the library defaults).
@@ -188,6 +199,7 @@ def test_ppo_advantages_and_loss():
     epsilon_high=0.3,
     clip_range_value=0.05,
     vf_coef=0.5,
+    critic_lambda=0.9,
   )
   adv = np.asarray(adv)
   loss, metrics = objectives.ppo_loss(
@@ -206,3 +218,31 @@ def test_ppo_advantages_and_loss():
   np.testing.assert_allclose(
     loss, mean(pg_tok) + 0.5 * mean(vf_tok) - 0.01 * mean(entropy), rtol=1e-5
   )
+
+
+def test_ppo_epsilon_sides_default_to_epsilon():
+  assert (PPO(epsilon=0.3).epsilon_low, PPO(epsilon=0.3).epsilon_high) == (0.3, 0.3)
+  assert PPO(epsilon=0.3, epsilon_high=0.28).epsilon_high == 0.28
+
+
+def test_ppo_kl_goes_to_the_reward_or_to_the_loss():
+  """kl_in_reward: -beta * k1 per token in the rewards, no loss term; else beta * KL in the loss."""
+  mask, old, logp, ref, _, _ = _batch(5)
+  rng = np.random.default_rng(5)
+  scores = rng.normal(size=mask.shape[0]).astype(np.float32)
+  values = np.zeros(mask.shape, np.float32)
+  in_reward = PPO(beta=0.2, whiten_advantages=False, gae_lambda=1.0)
+  _, _, rewards = objectives.ppo_advantages(scores, values, old, ref, mask, in_reward)
+  last = adv_lib.sequence_to_token_rewards(scores, mask)
+  want = np.where(mask, np.asarray(last) - 0.2 * (old.astype(np.float64) - ref), 0.0)
+  np.testing.assert_allclose(rewards, want, rtol=1e-5, atol=1e-6)
+  in_loss = dataclasses.replace(in_reward, kl_in_reward=False)
+  _, _, rewards = objectives.ppo_advantages(scores, values, old, ref, mask, in_loss)
+  np.testing.assert_allclose(rewards, last)
+  args = (logp, old, np.zeros(mask.shape, np.float32), values, values, values, mask)
+  loss_r, m_r = objectives.ppo_loss(*args, in_reward, ref_logp=ref)
+  loss_l, m_l = objectives.ppo_loss(*args, in_loss, ref_logp=ref)
+  np.testing.assert_allclose(m_r["kl"], m_l["kl"])
+  np.testing.assert_allclose(loss_l - loss_r, 0.2 * m_l["kl"], rtol=1e-5)
+  with pytest.raises(ValueError, match="ref_logp"):
+    objectives.ppo_loss(*args, in_loss)

@@ -17,6 +17,7 @@ import jax
 from rlpost.models import gemma3
 from rlpost.models import lora as lora_lib
 from rlpost.ops import logprobs as logprobs_lib
+from rlpost.ops.masks import causal_attention_mask
 
 REMAT = {"none": None, "dots": "dots", "full": "full"}  # name -> gemma3.forward's policy
 
@@ -101,6 +102,19 @@ def hidden_states(
     compute_dtype=fwd.compute_dtype,
   )
   return hidden_BxSxD
+
+
+def completion_hidden(params, adapters, batch, fwd: ForwardConfig) -> jax.Array:
+  """`[N, T, D]` hidden states of an `RLBatch` at the slots that predict its completion.
+
+  Slot P + t - 1 predicts completion token t (slot P + t): logprobs and critic
+  values of token t are both read there.
+  """
+  P, T = batch.prompt_len, batch.completion_len
+  hidden_BxSxD = hidden_states(
+    params, adapters, batch.tokens, batch.positions, causal_attention_mask(batch.valid), fwd
+  )
+  return hidden_BxSxD[:, P - 1 : P + T - 1]
 
 
 def token_logprobs(

@@ -65,9 +65,9 @@ def check_loop_settings(cfg) -> None:
     fail("checkpoint.keep", cfg.checkpoint.keep, "must be >= 1 checkpoint")
 
 
-def lora_config(cfg) -> lora_lib.LoraConfig | None:
-  """The `lora` block: None when disabled."""
-  if not cfg.lora.enabled:
+def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
+  """The `lora` block: None when disabled (unless `always`: a PPO critic's adapters)."""
+  if not (cfg.lora.enabled or always):
     return None
   targets = tuple(s.strip() for s in cfg.lora.targets.split(",") if s.strip())
   try:
@@ -110,13 +110,16 @@ def load_model(cfg):
   return loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
 
 
-def make_optimizer(cfg, total_steps: int):
-  """AdamW of the `train` block, its schedule over `total_steps` optimizer steps."""
+def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):
+  """AdamW of the `train` block, its schedule over `total_steps` optimizer steps.
+
+  `learning_rate` overrides train.learning_rate (a PPO critic's own rate).
+  """
   t = cfg.train
   if not t.learning_rate > 0:
     fail("train.learning_rate", t.learning_rate, "must be > 0")
   return step_lib.make_optimizer(
-    learning_rate=t.learning_rate,
+    learning_rate=learning_rate or t.learning_rate,
     total_steps=total_steps,
     warmup_fraction=t.warmup_fraction,
     weight_decay=t.weight_decay,

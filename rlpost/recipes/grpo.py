@@ -19,13 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost import rewards as rewards_lib
 from rlpost import sampling
-from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks
 from rlpost.data.cursor import Cursor, next_indices
 from rlpost.models import policy
 from rlpost.recipes import common
+from rlpost.recipes import rollout
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
@@ -49,37 +48,11 @@ RENAMED = {
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """How a batch of groups is collected (the `rollout` block).
-
-  dynamic_sampling: DAPO: drop groups whose G rewards tie (no signal) and
-    sample further prompts, up to `max_resample_rounds` extra rounds.
-  overlong_buffer: DAPO soft overlong penalty window in TOKENS before
-    sampling.max_new_tokens; None: off.
-  overlong_penalty: the penalty at max_new_tokens.
-  """
-
-  dynamic_sampling: bool = False
-  max_resample_rounds: int = 3
-  overlong_buffer: int | None = None
-  overlong_penalty: float = 1.0
-
-  def __post_init__(self):
-    if self.max_resample_rounds < 0:
-      raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
-    if self.overlong_buffer is not None and self.overlong_buffer < 1:
-      raise ValueError(
-        f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "
-        "positive number of tokens, or None to turn the penalty off"
-      )
-
-
-@dataclasses.dataclass(frozen=True)
 class Setup:
   """Static pieces of a GRPO run, resolved once from the ConfigDict."""
 
   algo: objectives.GRPOConfig
-  rollout: RolloutConfig
+  rollout: rollout.RolloutConfig
   forward: policy.ForwardConfig
   sampling: sampling.SamplingConfig
   batch_prompts: int
@@ -100,72 +73,32 @@ class Pieces(NamedTuple):
   train_step: Any
 
 
-def check_config(cfg) -> tuple[objectives.GRPOConfig, RolloutConfig, policy.ForwardConfig]:
+def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, policy.ForwardConfig]:
   """Validates the ConfigDict before anything is loaded; returns its static settings."""
   algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", RENAMED)
-  rollout = common.from_block(RolloutConfig, cfg.rollout, "rollout", RENAMED)
-  t, d, s = cfg.train, cfg.data, cfg.sampling
-  if not s.temperature > 0:
-    group = algo.advantage_estimator in adv_lib.GROUP_ESTIMATORS
-    why = (
-      f"greedy decoding gives the {algo.num_generations} samples of a prompt identical "
-      f"completions, so {algo.advantage_estimator}'s group-relative advantages are all 0"
-      if group
-      else "the trainer's logprobs divide the logits by the temperature"
-    )
-    common.fail(
-      "sampling.temperature",
-      s.temperature,
-      f"training needs a temperature > 0 ({why}); use e.g. 1.0. Greedy evaluation is "
-      "experiments.eval_gsm8k's job.",
-    )
-  if s.max_new_tokens < 1:
-    common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
-  if s.prompt_bucket < 1:
-    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
-  if not t.learning_rate > 0:
-    common.fail("train.learning_rate", t.learning_rate, "must be > 0")
-  if t.batch_prompts < 1:
-    common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
-  forward = common.forward_config(cfg, s.temperature)
-  rows = t.batch_prompts * algo.num_generations
-  if rows % t.micro_batch_size:
-    common.fail(
-      "train.micro_batch_size",
-      t.micro_batch_size,
-      f"train.batch_prompts * algo.num_generations = {rows} rows are not divisible "
-      f"by it; choose a divisor of {rows}",
-    )
-  if d.source not in tasks.SOURCES:
-    common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
-  if d.template not in prompts_lib.TEMPLATES:
-    common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
-  common.check_loop_settings(cfg)
-  if rollout.overlong_buffer and rollout.overlong_buffer > s.max_new_tokens:
-    common.fail(
-      "rollout.overlong_buffer",
-      rollout.overlong_buffer,
-      f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
-    )
-  return algo, rollout, forward
+  rollout_cfg = common.from_block(rollout.RolloutConfig, cfg.rollout, "rollout", RENAMED)
+  group = algo.advantage_estimator in adv_lib.GROUP_ESTIMATORS
+  greedy_why = (
+    f"greedy decoding gives the {algo.num_generations} samples of a prompt identical "
+    f"completions, so {algo.advantage_estimator}'s group-relative advantages are all 0"
+    if group
+    else "the trainer's logprobs divide the logits by the temperature"
+  )
+  rows = cfg.train.batch_prompts * algo.num_generations
+  rows_text = "train.batch_prompts * algo.num_generations"
+  rollout.check_settings(cfg, rollout_cfg, rows, rows_text, greedy_why)
+  return algo, rollout_cfg, common.forward_config(cfg, cfg.sampling.temperature)
 
 
 def build(cfg, loaded=None) -> Pieces:
   """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
-  algo, rollout, forward = check_config(cfg)
+  algo, rollout_cfg, forward = check_config(cfg)
   _, params, tokenizer = loaded or common.load_model(cfg)
-  sc = sampling.SamplingConfig(
-    temperature=cfg.sampling.temperature,
-    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-    max_new_tokens=cfg.sampling.max_new_tokens,
-    pad_id=tokenizer.pad_id,
-    prompt_bucket=cfg.sampling.prompt_bucket,
-  )
   setup = Setup(
     algo=algo,
-    rollout=rollout,
+    rollout=rollout_cfg,
     forward=forward,
-    sampling=sc,
+    sampling=rollout.sampling_config(cfg, tokenizer),
     batch_prompts=cfg.train.batch_prompts,
     micro_batch_size=cfg.train.micro_batch_size,
     template=cfg.data.template,
@@ -226,7 +159,7 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   groups, metrics, cursor = collect(p, params_s, cursor, key)
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
-  metrics.update(rollout_metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
+  metrics.update(rollout.metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
   batch = train_batch(setup, groups)
   rollout_s = time.perf_counter() - start
   params, adapters = policy.policy_params(state.trainable, p.frozen, setup.forward)
@@ -269,8 +202,8 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
   kept, dropped, rounds, errors = [], [], 0, {}
   while True:
     idx, cursor = next_indices(cursor, len(problems), B, shuffle=setup.shuffle)
-    groups, errs = sample_groups(
-      p, params_s, [problems[i] for i in idx], jax.random.fold_in(key, rounds)
+    groups, errs = rollout.sample_groups(
+      p, params_s, [problems[i] for i in idx], jax.random.fold_in(key, rounds), G
     )
     for name, n in errs.items():
       errors[f"reward/{name}/errors"] = errors.get(f"reward/{name}/errors", 0) + n
@@ -283,83 +216,6 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
   filled = max(0, B - len(kept))
   groups = (kept + dropped[:filled])[:B]
   return groups, {**errors, "dynamic/rounds": rounds, "dynamic/filled": filled}, cursor
-
-
-def sample_groups(p: Pieces, params_s, problems, key):
-  """One sampling round: G completions for each problem, scored.
-
-  Returns a list of per-group dicts {batch (the group's RLBatch rows), rewards
-  [G] (total), per_fn {name: [G]}, completions, answers}, and the error counts.
-  """
-  setup, tokenizer, task = p.setup, p.tokenizer, p.task
-  G = setup.algo.num_generations
-  texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
-  tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], setup.sampling)
-  out = jax.device_get(
-    sampling.sample(
-      params_s,
-      tokens,
-      lengths,
-      key,
-      model_config=setup.forward.model,
-      config=setup.sampling,
-      num_samples=G,
-    )
-  )
-  batch = batch_lib.from_samples(tokens, lengths, out, G)
-  if setup.template != "plain":
-    batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
-  prefix = prompts_lib.completion_prefix(setup.template)
-  completions = [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
-  answers = [q.final for q in problems for _ in range(G)]
-  per_fn, errors = rewards_lib.score(
-    task.reward_fns, [t for t in texts for _ in range(G)], completions, answers
-  )
-  r = setup.rollout
-  if r.overlong_buffer:
-    per_fn["overlong_penalty"] = np.asarray(
-      adv_lib.overlong_penalty(
-        jnp.asarray(batch.loss_mask.sum(1)),
-        max_len=setup.sampling.max_new_tokens,
-        buffer_len=r.overlong_buffer,
-        penalty_factor=r.overlong_penalty,
-      ),
-      np.float32,
-    )
-  total = sum(per_fn.values())
-  groups = []
-  for g in range(len(problems)):
-    rows = slice(g * G, (g + 1) * G)
-    groups.append(
-      {
-        "batch": batch_lib.select_rows(batch, rows),
-        "rewards": total[rows],
-        "per_fn": {k: v[rows] for k, v in per_fn.items()},
-        "completions": completions[rows],
-        "answers": answers[rows],
-      }
-    )
-  return groups, errors
-
-
-def rollout_metrics(groups, num_generations: int, accuracy_fns) -> dict:
-  """Reward mean/std (total and per function), accuracies, lengths, zero-signal fraction."""
-  rewards = np.concatenate([g["rewards"] for g in groups])
-  lengths = np.concatenate([g["batch"].loss_mask.sum(1) for g in groups])
-  comps = [c for g in groups for c in g["completions"]]
-  answers = [a for g in groups for a in g["answers"]]
-  metrics = {
-    "reward/mean": rewards.mean(),
-    "reward/std": rewards.std(),
-    "completion_len/mean": lengths.mean(),
-    "completion_len/max": lengths.max(),
-    "zero_signal_groups": np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, num_generations))),
-  }
-  for name in groups[0]["per_fn"]:
-    metrics[f"reward/{name}"] = np.concatenate([g["per_fn"][name] for g in groups]).mean()
-  for name, fn in accuracy_fns.items():
-    metrics[name] = np.mean([fn(c, a) for c, a in zip(comps, answers)])
-  return metrics
 
 
 def train_batch(setup: Setup, groups) -> RLBatch:

@@ -19,8 +19,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from rlpost.models import critic as critic_lib
 from rlpost.models import policy
-from rlpost.ops.masks import causal_attention_mask
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import losses
 from rlpost.rl.batch import RLBatch
@@ -113,45 +113,82 @@ class GRPOConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
-  """PPO settings (token-level KL in the reward, GAE, clipped value loss).
+  """PPO settings: actor-critic with GAE, clipped value loss, critic warm-up.
+
+  Names follow Tunix's PPOConfig where they mean the same thing.
 
   Attributes:
-    gamma, gae_lambda: GAE discount and lambda, each in [0, 1].
-    clip_range_value: value-loss clip range, or None for the plain squared error.
+    num_iterations: epochs over each rollout batch.
+    mini_batch_size: rows per optimizer step (None: the whole batch); each
+      epoch takes the rows in a fresh order.
+    gamma: discount, in [0, 1].
+    gae_lambda: GAE lambda of the actor's advantages, in [0, 1].
+    critic_lambda: GAE lambda of the critic's value targets (VC-PPO decouples
+      it from the actor's; 1.0 is the unbiased Monte Carlo return).
+    epsilon: ratio clip range; `epsilon_low` / `epsilon_high` default to it.
+    epsilon_c: dual-clip constant (> 1) or None.
+    entropy_coef: weight of the entropy bonus.
+    clip_range_value: value clip range around the rollout values, or None.
     vf_coef: weight of the value loss.
-    beta: coefficient of the per-token KL penalty folded into the rewards.
-    whiten_advantages: whiten GAE advantages over the batch's loss tokens.
-    num_iterations, policy_loss, kl_method, kl_clamp, epsilon_low, epsilon_high,
-    epsilon_c, loss_agg_mode, entropy_coef, tis_cap: as in GRPOConfig.
+    beta: KL(policy || reference) coefficient; 0 disables it.
+    kl_method: a `losses.KL_ESTIMATORS` name.
+    kl_in_reward: True: `-beta * KL` per token is added to the rewards before
+      GAE (classic RLHF); False: `beta * KL` is a loss term (as GRPO).
+    kl_clamp: optional clip of the per-token KL estimate.
+    critic_warmup_steps: iterations at the start of a run in which only the
+      critic trains (the actor's weights and optimizer state do not move).
+    whiten_advantages: whiten advantages over the batch's loss tokens.
+    policy_loss, loss_agg_mode, tis_cap: as in GRPOConfig.
   """
 
   num_iterations: int = 1
+  mini_batch_size: int | None = None
   gamma: float = 1.0
   gae_lambda: float = 0.95
+  critic_lambda: float = 1.0
+  epsilon: float = 0.2
+  epsilon_low: float | None = None
+  epsilon_high: float | None = None
+  epsilon_c: float | None = None
+  entropy_coef: float = 0.0
   clip_range_value: float | None = 0.2
   vf_coef: float = 0.1
   beta: float = 0.05
   kl_method: str = "k1"
+  kl_in_reward: bool = True
   kl_clamp: float | None = None
+  critic_warmup_steps: int = 0
   whiten_advantages: bool = True
   policy_loss: str = "clipped"
-  epsilon_low: float = 0.2
-  epsilon_high: float = 0.2
-  epsilon_c: float | None = None
   loss_agg_mode: str = "token-mean"
-  entropy_coef: float = 0.0
   tis_cap: float | None = None
 
   def __post_init__(self):
-    _require(0.0 <= self.gamma <= 1.0, self, "gamma", "use a value in [0, 1]")
-    _require(0.0 <= self.gae_lambda <= 1.0, self, "gae_lambda", "use a value in [0, 1]")
+    _require(0.0 <= self.epsilon < 1.0, self, "epsilon", "use a value in [0, 1)")
+    for side in ("epsilon_low", "epsilon_high"):
+      if getattr(self, side) is None:  # Tunix: both sides default to epsilon
+        object.__setattr__(self, side, self.epsilon)
+    for name in ("gamma", "gae_lambda", "critic_lambda"):
+      _require(0.0 <= getattr(self, name) <= 1.0, self, name, "use a value in [0, 1]")
+    _require(
+      self.mini_batch_size is None or self.mini_batch_size >= 1,
+      self,
+      "mini_batch_size",
+      "use >= 1 rows per optimizer step, or None for the whole batch",
+    )
     _require(
       self.clip_range_value is None or self.clip_range_value > 0,
       self,
       "clip_range_value",
       "use a positive clip range or None",
     )
-    _require(self.vf_coef >= 0.0, self, "vf_coef", "use a value >= 0")
+    _require(self.vf_coef > 0.0, self, "vf_coef", "use a value > 0 (the critic trains on it)")
+    _require(
+      self.critic_warmup_steps >= 0,
+      self,
+      "critic_warmup_steps",
+      "use >= 0 critic-only iterations",
+    )
     _validate_policy_fields(self)
 
 
@@ -255,34 +292,37 @@ def grpo_loss(
 
 
 def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config):
-  """PPO advantages and value targets `([N, T], [N, T])` float32.
+  """PPO advantages, value targets and token rewards, each `[N, T]` float32.
 
-  The sequence score goes on the last valid token, `-beta * KL` on every
-  valid token (when `beta > 0`), then GAE; advantages are whitened over the
-  valid tokens if `config.whiten_advantages` (returns are not).
+  The sequence score goes on the last loss token; with `kl_in_reward` and
+  `beta > 0`, `-beta * KL(logp || ref)` goes on every loss token. GAE with
+  `gae_lambda` gives the advantages (whitened over loss tokens when
+  `whiten_advantages`), GAE with `critic_lambda` the returns (value targets).
+  Everything off `loss_mask` is 0, and masked slots are skipped by GAE.
 
   Args:
     scores_N: `[N]` sequence rewards.
     values_BxT: `[N, T]` critic values from the rollout.
-    logp_BxT: `[N, T]` logprobs of the rollout policy (the `old_logp` of the
-      subsequent `ppo_loss` calls).
-    ref_logp_BxT: `[N, T]` reference logprobs; may be None if `beta == 0`.
+    logp_BxT: `[N, T]` logprobs of the policy that sampled (for the KL reward).
+    ref_logp_BxT: `[N, T]` reference logprobs; may be None unless the KL is in
+      the reward.
     mask_BxT: `[N, T]` loss mask.
     config: PPOConfig.
   """
   rewards_BxT = adv_lib.sequence_to_token_rewards(scores_N, mask_BxT)
-  if config.beta > 0:
+  if config.kl_in_reward and config.beta > 0:
     if ref_logp_BxT is None:
-      raise ValueError("PPOConfig.beta > 0 needs ref_logp; pass it or set beta=0")
+      raise ValueError("PPOConfig.kl_in_reward with beta > 0 needs ref_logp; pass it or set beta=0")
     rewards_BxT = losses.kl_in_rewards(
       rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config.beta, config.kl_method, config.kl_clamp
     )
-  adv_BxT, returns_BxT = adv_lib.gae(
-    rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma, lam=config.gae_lambda
-  )
+  gae = functools.partial(adv_lib.gae, rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma)
+  adv_BxT, returns_BxT = gae(lam=config.gae_lambda)
+  if config.critic_lambda != config.gae_lambda:
+    _, returns_BxT = gae(lam=config.critic_lambda)
   if config.whiten_advantages:
     adv_BxT = adv_lib.masked_whiten(adv_BxT, mask_BxT)
-  return adv_BxT, returns_BxT
+  return adv_BxT, returns_BxT, rewards_BxT
 
 
 def ppo_loss(
@@ -296,17 +336,30 @@ def ppo_loss(
   config,
   entropy=None,
   sampler_logp=None,
+  ref_logp=None,
 ):
-  """PPO loss: policy loss + vf_coef * value loss - entropy bonus.
+  """PPO loss: policy loss (+ beta * KL unless it is in the reward) + vf_coef * value loss
+  - entropy bonus.
 
-  Shapes `[batch, seq]`; `values_BxT` is differentiated (critic), `old_values`
-  and `returns` come from the rollout. Returns `(loss, metrics)`.
+  Shapes `[batch, seq]`; `logp_BxT` and `values_BxT` are differentiated (actor,
+  critic); `old_logp`, `old_values` and `returns` come from the rollout.
+  `ref_logp` (optional) adds the `kl` metric, and the loss term when
+  `not config.kl_in_reward and beta > 0`. Returns `(loss, metrics)`.
   """
   max_tokens = mask_BxT.shape[1]
   loss, metrics = _policy_term(
     logp_BxT, old_logp_BxT, advantages_BxT, mask_BxT, config, sampler_logp, max_tokens
   )
   metrics["pg_loss"] = loss
+  kl_in_loss = not config.kl_in_reward and config.beta > 0
+  if kl_in_loss and ref_logp is None:
+    raise ValueError("PPOConfig.kl_in_reward=False with beta > 0 needs ref_logp in the loss")
+  if ref_logp is not None:
+    kl_BxT = losses.kl_penalty(logp_BxT, ref_logp, config.kl_method, config.kl_clamp, mask=mask_BxT)
+    kl = losses.aggregate(kl_BxT, mask_BxT, config.loss_agg_mode, max_tokens)
+    metrics["kl"] = kl
+    if kl_in_loss:
+      loss = loss + config.beta * kl
   vf_loss, vf_metrics = losses.value_loss(
     values_BxT,
     old_values_BxT,
@@ -332,14 +385,15 @@ def completion_logprobs(
   weights it reproduces `batch.sampler_logp` (float32, ~1e-5). Slots off
   `loss_mask` are 0.
   """
-  P, T = batch.prompt_len, batch.completion_len
-  hidden_BxSxD = policy.hidden_states(
-    params, adapters, batch.tokens, batch.positions, causal_attention_mask(batch.valid), fwd
-  )
+  hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
+  return _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, return_entropy)
+
+
+def _logprobs_from_hidden(hidden_BxTxD, params, batch: RLBatch, fwd, return_entropy):
   return policy.token_logprobs(
-    hidden_BxSxD[:, P - 1 : P + T - 1],
+    hidden_BxTxD,
     params["embed"],
-    batch.tokens[:, P:],
+    batch.tokens[:, batch.prompt_len :],
     batch.loss_mask > 0,
     fwd,
     return_entropy=return_entropy,
@@ -381,3 +435,59 @@ def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
     return loss, {**metrics, "sampler_logp_gap": gap.max()}
 
   return loss_fn
+
+
+def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: critic_lib.CriticLayout):
+  """`loss_fn(trainable, frozen, batch) -> (loss, metrics)` of actor and critic together.
+
+  `trainable = {"actor": ..., "critic": ...}`; `frozen` is the base params
+  (LoRA actor or lora critic trunk; the reference). The batch carries the
+  rollout's `values`, `returns` and token-level `advantages`. As in GRPO,
+  without `batch.old_logp` the old logprobs are the current ones under
+  stop_gradient (one epoch, one mini-batch).
+  """
+
+  def loss_fn(trainable, frozen, batch: RLBatch):
+    batch.check_shapes()
+    params, adapters = policy.policy_params(trainable["actor"], frozen, fwd)
+    hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
+    logp, entropy = _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, True)
+    shared = hidden_BxTxD if layout.mode == "shared" else None
+    values = critic_lib.values(trainable["critic"], frozen, batch, layout, fwd, shared)
+    mask = batch.loss_mask
+    old = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
+    loss, metrics = ppo_loss(
+      logp,
+      old,
+      batch.advantages,
+      values,
+      batch.values,
+      batch.returns,
+      mask,
+      config,
+      entropy=entropy,
+      sampler_logp=batch.sampler_logp,
+      ref_logp=batch.ref_logp,
+    )
+    gap = jnp.abs(jax.lax.stop_gradient(logp) - batch.sampler_logp) * mask
+    return loss, {**metrics, "sampler_logp_gap": gap.max()}
+
+  return loss_fn
+
+
+@functools.partial(jax.jit, static_argnames=("fwd", "layout", "with_logp"))
+def ppo_rollout_forward(
+  trainable, frozen, batch: RLBatch, fwd: policy.ForwardConfig, layout, with_logp: bool
+):
+  """No-gradient pass after sampling: (old logprobs [N, T] or None, critic values [N, T]).
+
+  The shared layout reads both from one policy forward.
+  """
+  fwd = fwd.without_remat()
+  params, adapters = policy.policy_params(trainable["actor"], frozen, fwd)
+  hidden_BxTxD = None
+  if with_logp or layout.mode == "shared":
+    hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
+  logp = _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, False) if with_logp else None
+  values = critic_lib.values(trainable["critic"], frozen, batch, layout, fwd, hidden_BxTxD)
+  return logp, values

@@ -72,6 +72,24 @@ def make_optimizer(
   return optax.chain(*chain)
 
 
+def gated(inner: optax.GradientTransformation, flag: str) -> optax.GradientTransformation:
+  """`inner`, applied only when the update's extra argument `flag` (a traced bool) is True.
+
+  When it is False the update is zero and the state is returned as it was
+  (moments, step count, schedule position, weight decay: nothing moves), with
+  no recompilation when the flag flips. PPO gates the actor this way during
+  critic warm-up: `optimizer.update(grads, state, params, actor_on=...)`.
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def update(updates, state, params=None, **extra_args):
+    on = extra_args.get(flag, True)
+    skip = lambda: (jax.tree.map(jnp.zeros_like, updates), state)
+    return jax.lax.cond(on, lambda: inner.update(updates, state, params, **extra_args), skip)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
 def init_train_state(trainable, optimizer: optax.GradientTransformation, key) -> TrainState:
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the step donates each one
   return TrainState(
@@ -100,16 +118,21 @@ def make_train_step(
   optimizer: optax.GradientTransformation,
   mesh: jax.sharding.Mesh,
   micro_batch_size: int,
+  grad_norm_parts: tuple[str, ...] = (),
 ):
-  """Returns jitted `train_step(state, frozen, batch) -> (state, metrics)`.
+  """Returns jitted `train_step(state, frozen, batch, opt_args=None) -> (state, metrics)`.
 
   Args:
     loss_fn: `(trainable, frozen, micro_batch) -> (scalar loss, dict of scalar metrics)`.
     optimizer: optax transformation (clipping included).
     mesh: device mesh with axis "data"; every batch leaf is split on axis 0.
     micro_batch_size: rows per micro-batch on each device.
+    grad_norm_parts: keys of a dict `trainable` whose own gradient norms are
+      reported as "grad_norm/<key>" (PPO: actor, critic).
 
-  The old state is donated. `frozen` (base params, or None) is replicated.
+  The old state is donated. `frozen` (base params, or None) and `opt_args` (a
+  dict of scalars passed to `optimizer.update` as extra arguments, e.g. the
+  `gated` flag) are replicated; their values never recompile the step.
   Metrics are means over micro-batches and devices, plus "grad_norm", "loss" and
   "skipped_nonfinite" (1.0 when the loss or gradient norm was not finite: the
   update was skipped and `state.bad_steps` counts it; see TrainState).
@@ -121,7 +144,7 @@ def make_train_step(
     (lambda x: x) if mesh.shape[DATA_AXIS] == 1 else (lambda x: jax.lax.pmean(x, DATA_AXIS))
   )
 
-  def per_device(state: TrainState, frozen, batch):
+  def per_device(state: TrainState, frozen, batch, opt_args):
     rows = jax.tree.leaves(batch)[0].shape[0]
     if rows % micro_batch_size:
       raise ValueError(
@@ -156,7 +179,7 @@ def make_train_step(
 
     def update(trainable_and_opt):
       trainable, opt_state = trainable_and_opt
-      updates, opt_state = optimizer.update(grads, opt_state, trainable)
+      updates, opt_state = optimizer.update(grads, opt_state, trainable, **opt_args)
       return optax.apply_updates(trainable, updates), opt_state
 
     trainable, opt_state = jax.lax.cond(
@@ -175,16 +198,21 @@ def make_train_step(
       "loss": loss,
       "grad_norm": grad_norm,
       "skipped_nonfinite": (~finite).astype(jnp.float32),
+      **{f"grad_norm/{k}": optax.tree.norm(grads[k]) for k in grad_norm_parts},
     }
     return new_state, metrics
 
   sharded = jax.shard_map(
-    per_device, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS)), out_specs=(P(), P()), check_vma=False
+    per_device,
+    mesh=mesh,
+    in_specs=(P(), P(), P(DATA_AXIS), P()),
+    out_specs=(P(), P()),
+    check_vma=False,
   )
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train_step(state, frozen, batch):
-    return sharded(state, frozen, batch)
+  def train_step(state, frozen, batch, opt_args=None):
+    return sharded(state, frozen, batch, opt_args or {})
 
   return train_step
 

@@ -1,0 +1,100 @@
+"""PPO with a learned critic on GSM8K: `--config=experiments/configs/ppo_gsm8k.py:VARIANT`.
+
+VARIANT is `gemma3_270m` (real weights, GSM8K; LoRA actor, `lora` critic) or
+`tiny` (random tiny model, "answer 7" task; full-parameter actor and critic).
+The `algo` block is exactly the fields of rlpost.rl.objectives.PPOConfig (Tunix's
+PPOConfig names), the `critic` block those of rlpost.recipes.ppo.CriticConfig.
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from experiments.configs import common
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  if variant not in common.MODELS:
+    raise ValueError(f"Unknown variant {variant!r}; models: {sorted(common.MODELS)}")
+  tiny = variant == "tiny"
+  c = ml_collections.ConfigDict()
+  c.name = "ppo"  # the run's label (progress bar, curves)
+  c.seed = 0
+  c.model = common.model_config(variant)
+  c.lora = common.lora_config(enabled=not tiny, rank=32)  # the actor's (and a lora critic's)
+  c.algo = ml_collections.ConfigDict(
+    {
+      "num_iterations": 1,  # epochs over each rollout batch
+      # rows per optimizer step; None: the whole batch
+      "mini_batch_size": 8 if tiny else placeholder(int),
+      "gamma": 1.0,
+      "gae_lambda": 0.95,  # the actor's advantages
+      "critic_lambda": 1.0,  # the critic's targets (VC-PPO: decoupled from gae_lambda)
+      "epsilon": 0.2,  # ratio clip; epsilon_low / epsilon_high default to it
+      "epsilon_low": placeholder(float),
+      "epsilon_high": placeholder(float),
+      "epsilon_c": placeholder(float),  # dual-clip constant (> 1); None: off
+      "entropy_coef": 0.0,
+      "clip_range_value": 0.2 if not tiny else 1.0,  # value clip around the rollout values
+      "vf_coef": 0.1,
+      "beta": 0.05 if not tiny else 0.01,  # KL(policy || reference) coefficient
+      "kl_method": "k1",  # k1 | k2 | k3
+      "kl_in_reward": True,  # True: -beta*KL per token in the rewards; False: in the loss
+      "kl_clamp": placeholder(float),
+      "critic_warmup_steps": 2 if tiny else 5,  # critic-only iterations first
+      "whiten_advantages": True,
+      "policy_loss": "clipped",  # clipped | gspo | cispo
+      "loss_agg_mode": "token-mean",
+      "tis_cap": placeholder(float),
+    }
+  )
+  c.critic = ml_collections.ConfigDict(
+    {
+      "mode": placeholder(str),  # lora | full | shared; None: lora with a LoRA actor, else full
+      # None: 10x train.learning_rate (Tunix, verl); the tiny model's full trunk wants 1x
+      "learning_rate": 3e-2 if tiny else placeholder(float),
+    }
+  )
+  c.rollout = ml_collections.ConfigDict(
+    {
+      "overlong_buffer": placeholder(int),  # soft overlong penalty window in tokens; None: off
+      "overlong_penalty": 1.0,
+    }
+  )
+  c.data = ml_collections.ConfigDict(
+    {
+      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit
+      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
+      "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
+      "fewshot": 2,
+      "shuffle": True,
+      "digit": "7",
+    }
+  )
+  c.sampling = ml_collections.ConfigDict(
+    {
+      "temperature": 1.0 if tiny else 0.9,
+      "max_new_tokens": 8 if tiny else 192,
+      "prompt_bucket": 16 if tiny else 64,
+    }
+  )
+  c.train = ml_collections.ConfigDict(
+    {
+      "steps": 40 if tiny else 200,  # iterations (each: one rollout batch)
+      "batch_prompts": 16 if tiny else 8,  # prompts per iteration, one completion each
+      "micro_batch_size": 8,
+      "learning_rate": 3e-2 if tiny else 3e-6,  # the actor's (critic.learning_rate: the critic's)
+      "warmup_fraction": 0.1,
+      "weight_decay": 0.1,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "max_grad_norm": 0.1,  # each of actor and critic clipped on its own
+      "max_bad_steps": 3,
+      "logprob_chunk": 256,
+      "compute_dtype": "float32",
+      "remat": "dots",
+    }
+  )
+  c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
+  c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
+  c.lock()
+  return c

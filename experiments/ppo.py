@@ -1,0 +1,26 @@
+r"""PPO with a learned critic on GSM8K (or the tiny toy task).
+
+  python -m experiments.ppo --config=experiments/configs/ppo_gsm8k.py:gemma3_270m \
+      --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/ppo_run
+
+Resumes automatically from the newest checkpoint in --workdir.
+"""
+
+from absl import flags
+
+from experiments import cli
+from rlpost.recipes import ppo
+
+_CONFIG = cli.define_config(
+  "experiments/configs/ppo_gsm8k.py:tiny", "PPO config (path.py:variant)."
+)
+_WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here.")
+
+
+def main(argv):
+  del argv
+  ppo.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  cli.run(main)

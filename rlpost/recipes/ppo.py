@@ -1,0 +1,322 @@
+"""PPO with a learned critic, from a ConfigDict (configs/ppo_gsm8k.py).
+
+Reads top to bottom: `check_config`, `build` (model, actor + critic state, one
+optimizer tree, train step), `run` (the shared run loop), `iteration`. One
+iteration:
+
+  prompts -> one completion each -> rewards (host) -> RLBatch
+  -> ref logprobs (beta > 0) -> one no-gradient pass: critic values [+ old logprobs]
+  -> token rewards (score on the last loss token, -beta * KL per token when
+     kl_in_reward) -> GAE: advantages (gae_lambda), value targets (critic_lambda)
+  -> num_iterations epochs x mini-batches of train_step(state, frozen, mini_batch, actor_on)
+
+`state.trainable = {"actor": ..., "critic": ...}` and one optax tree updates
+both (`optax.multi_transform`, each part clipped and scheduled on its own); the
+actor's part is `step.gated` on `actor_on`, False during the first
+`critic_warmup_steps` iterations, so the switch is a traced bool: no recompilation.
+"""
+
+import dataclasses
+import functools
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlpost.data import tasks
+from rlpost.data.cursor import Cursor, next_indices
+from rlpost.models import critic as critic_lib
+from rlpost.models import policy
+from rlpost.recipes import common, rollout
+from rlpost.rl import advantages as adv_lib
+from rlpost.rl import batch as batch_lib
+from rlpost.rl import objectives
+from rlpost.train import host_memory
+from rlpost.train import loop as loop_lib
+from rlpost.train import step as step_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """The `critic` block.
+
+  mode: one of critic.MODES; None: 'lora' with a LoRA actor, else 'full'.
+  learning_rate: the critic's peak learning rate; None: 10x train.learning_rate.
+  """
+
+  mode: str | None = None
+  learning_rate: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Static pieces of a PPO run, resolved once from the ConfigDict."""
+
+  algo: objectives.PPOConfig
+  critic: critic_lib.CriticLayout
+  critic_learning_rate: float
+  rollout: rollout.RolloutConfig
+  forward: policy.ForwardConfig
+  sampling: Any  # sampling.SamplingConfig
+  batch_prompts: int
+  mini_batch_size: int
+  micro_batch_size: int
+  template: str
+  shuffle: bool
+  seed: int
+
+  @property
+  def updates_per_iteration(self) -> int:
+    return self.algo.num_iterations * (self.batch_prompts // self.mini_batch_size)
+
+
+class Pieces(NamedTuple):
+  """Everything a PPO run is built from (see `build`)."""
+
+  setup: Setup
+  tokenizer: Any
+  task: tasks.Task
+  state: step_lib.TrainState  # trainable = {"actor": ..., "critic": ...}
+  frozen: Any  # base params: LoRA actor's base, lora critic's trunk, the reference; or None
+  train_step: Any
+
+
+def check_config(cfg) -> Setup:
+  """Validates the ConfigDict before anything is loaded (Setup without `sampling`)."""
+  algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
+  rollout_cfg = common.from_block(rollout.RolloutConfig, cfg.rollout, "rollout")
+  if rollout_cfg.dynamic_sampling:
+    common.fail(
+      "rollout.dynamic_sampling",
+      True,
+      "PPO samples one completion per prompt and its critic gives every sample a "
+      "baseline: there are no tied groups to drop; use False",
+    )
+  critic_cfg = common.from_block(CriticConfig, cfg.critic, "critic")
+  t = cfg.train
+  rows = t.batch_prompts
+  mini = algo.mini_batch_size or rows
+  if rows % mini:
+    common.fail(
+      "algo.mini_batch_size",
+      mini,
+      f"train.batch_prompts = {rows} rows (one completion per prompt) are not divisible "
+      f"by it; choose a divisor of {rows}, or None for the whole batch",
+    )
+  rollout.check_settings(
+    cfg,
+    rollout_cfg,
+    mini,
+    "algo.mini_batch_size (None: train.batch_prompts)",
+    "the trainer's logprobs divide the logits by the temperature",
+  )
+  if algo.critic_warmup_steps >= t.steps:
+    common.fail(
+      "algo.critic_warmup_steps",
+      algo.critic_warmup_steps,
+      f"must be < train.steps={t.steps} (the actor trains only after the warm-up)",
+    )
+  mode = critic_cfg.mode or ("lora" if cfg.lora.enabled else "full")
+  if mode not in critic_lib.MODES:
+    common.fail("critic.mode", mode, f"use one of {', '.join(critic_lib.MODES)}")
+  critic_lr = critic_cfg.learning_rate or 10 * t.learning_rate
+  if not critic_lr > 0:
+    common.fail("critic.learning_rate", critic_lr, "must be > 0 (None: 10x train.learning_rate)")
+  layout = critic_lib.CriticLayout(
+    mode, common.lora_config(cfg, always=True) if mode == "lora" else None
+  )
+  return Setup(
+    algo=algo,
+    critic=layout,
+    critic_learning_rate=critic_lr,
+    rollout=rollout_cfg,
+    forward=common.forward_config(cfg, cfg.sampling.temperature),
+    sampling=None,
+    batch_prompts=rows,
+    mini_batch_size=mini,
+    micro_batch_size=t.micro_batch_size,
+    template=cfg.data.template,
+    shuffle=cfg.data.shuffle,
+    seed=cfg.seed,
+  )
+
+
+def make_optimizer(cfg, setup: Setup) -> optax.GradientTransformation:
+  """One optax tree: the actor's AdamW gated on `actor_on`, the critic's at its own rate.
+
+  Each part is clipped to train.max_grad_norm on its own and scheduled over its
+  own optimizer steps (the actor's start after the critic warm-up).
+  """
+  per_iter = setup.updates_per_iteration
+  total = cfg.train.steps * per_iter
+  actor = common.make_optimizer(cfg, total - setup.algo.critic_warmup_steps * per_iter)
+  critic = common.make_optimizer(cfg, total, learning_rate=setup.critic_learning_rate)
+  return optax.multi_transform(
+    {"actor": step_lib.gated(actor, "actor_on"), "critic": critic},
+    {"actor": "actor", "critic": "critic"},
+  )
+
+
+def build(cfg, loaded=None) -> Pieces:
+  """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
+  setup = check_config(cfg)
+  _, params, tokenizer = loaded or common.load_model(cfg)
+  setup = dataclasses.replace(setup, sampling=rollout.sampling_config(cfg, tokenizer))
+  fwd, algo = setup.forward, setup.algo
+  task = tasks.load_task(cfg.data, "train", cfg.seed)
+  key = jax.random.key(cfg.seed)
+  actor, frozen = common.trainable_and_frozen(params, fwd, key)
+  if not fwd.lora and (algo.beta > 0 or setup.critic.mode == "lora"):
+    actor, frozen = jax.tree.map(jnp.copy, params), params  # updates are donated: train a copy
+  critic = critic_lib.init_critic(jax.random.fold_in(key, 2), params, setup.critic)
+  optimizer = make_optimizer(cfg, setup)
+  mesh = step_lib.make_mesh()
+  trainable = {"actor": actor, "critic": critic}
+  state = step_lib.replicate(
+    step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
+  )
+  loss_fn = objectives.make_ppo_loss_fn(algo, fwd, setup.critic)
+  train_step = step_lib.make_train_step(
+    loss_fn, optimizer, mesh, setup.micro_batch_size, grad_norm_parts=("actor", "critic")
+  )
+  host_memory.release_freed_memory()
+  return Pieces(setup, tokenizer, task, state, step_lib.replicate(frozen, mesh), train_step)
+
+
+def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
+  """Trains until cfg.train.steps iterations are done (or `stop_after` in this call).
+
+  Resumes from the newest checkpoint in `workdir` (actor, critic and both
+  optimizer states). Returns the final TrainState.
+  """
+  p = build(cfg, loaded)
+  loop = loop_lib.LoopConfig(
+    steps=cfg.train.steps,
+    checkpoint_every=cfg.checkpoint.every,
+    keep=cfg.checkpoint.keep,
+    title=f"ppo[{cfg.name}]",
+    seed=cfg.seed,
+    max_bad_steps=cfg.train.max_bad_steps,
+    curves=("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
+    postfix=("reward/mean", "explained_variance"),
+  )
+  state, _ = loop_lib.run_loop(
+    workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after
+  )
+  return state
+
+
+_advantages = jax.jit(objectives.ppo_advantages, static_argnames="config")
+
+
+def iteration(p: Pieces, state, cursor: Cursor, index: int):
+  """One PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
+  setup, algo = p.setup, p.setup.algo
+  start = time.perf_counter()
+  params_s = policy.sampling_params(state.trainable["actor"], p.frozen, setup.forward)
+  idx, cursor = next_indices(
+    cursor, len(p.task.problems), setup.batch_prompts, shuffle=setup.shuffle
+  )
+  problems = [p.task.problems[i] for i in idx]
+  groups, errors = rollout.sample_groups(
+    p, params_s, problems, jax.random.fold_in(state.key, index), 1
+  )
+  del params_s
+  host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
+  metrics = {f"reward/{name}/errors": n for name, n in errors.items()}
+  metrics.update(rollout.metrics(groups, 1, p.task.accuracy_fns))
+  batch = batch_lib.to_device(
+    batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
+  )
+  scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
+  rollout_s = time.perf_counter() - start
+
+  batch, stats = score_tokens(p, state, batch, scores)
+  metrics.update(stats)
+  forward_s = time.perf_counter() - start - rollout_s
+
+  actor_on = index >= algo.critic_warmup_steps
+  opt_args = {"actor_on": jnp.asarray(actor_on)}
+  passes = []
+  rows, mini = setup.batch_prompts, setup.mini_batch_size
+  for epoch in range(algo.num_iterations):
+    order = np.arange(rows)
+    if mini < rows:  # a fresh, reproducible order per (iteration, epoch)
+      order = np.random.default_rng([setup.seed, index, epoch]).permutation(rows)
+    for first in range(0, rows, mini):
+      mini_batch = batch_lib.select_rows(batch, order[first : first + mini])
+      state, m = p.train_step(state, p.frozen, mini_batch, opt_args)
+      passes.append(m)
+  passes = jax.device_get(passes)
+  metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
+  for name in ("ratio_mean", "approx_kl", "kl"):
+    if name in passes[0]:
+      metrics[f"{name}/first_pass"] = passes[0][name]
+  metrics["actor_on"] = float(actor_on)
+  elapsed = time.perf_counter() - start
+  metrics.update(
+    {
+      "time/rollout_s": rollout_s,
+      "time/forward_s": forward_s,
+      "time/train_s": elapsed - rollout_s - forward_s,
+      "tokens_per_s": float(batch.loss_mask.sum()) / elapsed,
+    }
+  )
+  return state, cursor, metrics
+
+
+def score_tokens(p: Pieces, state, batch, scores_N):
+  """Fills the batch's ref_logp, old_logp, values, token_rewards, advantages and returns.
+
+  Returns (batch, metrics): explained variance of the rollout values, and the
+  mean / std over loss tokens of returns, values and advantages.
+  """
+  setup, algo = p.setup, p.setup.algo
+  if algo.beta > 0:
+    ref_logp = objectives.completion_logprobs_jit(p.frozen, None, batch, setup.forward)
+    batch = dataclasses.replace(batch, ref_logp=ref_logp)
+  with_old = algo.num_iterations > 1 or setup.mini_batch_size < setup.batch_prompts
+  old_logp, values = objectives.ppo_rollout_forward(
+    state.trainable, p.frozen, batch, setup.forward, setup.critic, with_old
+  )
+  # The KL reward uses the logprobs of the policy that sampled (the sampler's own when
+  # no separate old-policy pass runs: they agree to float32 rounding).
+  logp = batch.sampler_logp if old_logp is None else old_logp
+  advantages, returns, token_rewards = _advantages(
+    scores_N, values, logp, batch.ref_logp, batch.loss_mask, config=algo
+  )
+  batch = dataclasses.replace(
+    batch,
+    old_logp=old_logp,
+    values=values,
+    returns=returns,
+    advantages=advantages,
+    token_rewards=token_rewards,
+  )
+  mask = batch.loss_mask
+  stats = {
+    "explained_variance": explained_variance(values, returns, mask),
+    **{
+      f"{name}/{stat}": fn(x, mask)
+      for name, x in (("returns", returns), ("values", values), ("advantages", advantages))
+      for stat, fn in (("mean", adv_lib.masked_mean), ("std", _masked_std))
+    },
+  }
+  return batch, {k: float(v) for k, v in jax.device_get(stats).items()}
+
+
+def _masked_std(x, mask):
+  return jnp.sqrt(adv_lib.masked_var(x, mask))
+
+
+def explained_variance(values_NxT, returns_NxT, mask_NxT):
+  """`1 - Var[returns - values] / Var[returns]` over loss tokens (1: perfect; 0: a constant).
+
+  NaN when the returns do not vary (variance <= 1e-12: nothing to explain).
+  """
+  var_returns = adv_lib.masked_var(returns_NxT, mask_NxT)
+  var_residual = adv_lib.masked_var(returns_NxT - values_NxT, mask_NxT)
+  return jnp.where(var_returns > 1e-12, 1.0 - var_residual / var_returns, jnp.nan)

@@ -1,0 +1,180 @@
+"""Rollout pieces the RL recipes share: settings checks, sampling, scoring, rollout metrics.
+
+A recipe's `Pieces` (GRPO, PPO) carries `setup` (with `template`, `sampling`,
+`forward`, `rollout`), `tokenizer` and `task`; `sample_groups` turns prompts
+into scored `RLBatch` rows with it.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost import rewards as rewards_lib
+from rlpost import sampling
+from rlpost.data import prompts as prompts_lib
+from rlpost.data import tasks
+from rlpost.recipes import common
+from rlpost.rl import advantages as adv_lib
+from rlpost.rl import batch as batch_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """How a batch of groups is collected (the `rollout` block).
+
+  dynamic_sampling: DAPO: drop groups whose G rewards tie (no signal) and
+    sample further prompts, up to `max_resample_rounds` extra rounds.
+  overlong_buffer: DAPO soft overlong penalty window in TOKENS before
+    sampling.max_new_tokens; None: off.
+  overlong_penalty: the penalty at max_new_tokens.
+  """
+
+  dynamic_sampling: bool = False
+  max_resample_rounds: int = 3
+  overlong_buffer: int | None = None
+  overlong_penalty: float = 1.0
+
+  def __post_init__(self):
+    if self.max_resample_rounds < 0:
+      raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
+    if self.overlong_buffer is not None and self.overlong_buffer < 1:
+      raise ValueError(
+        f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "
+        "positive number of tokens, or None to turn the penalty off"
+      )
+
+
+def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greedy_why: str):
+  """The sampling, data, train and loop fields every RL recipe reads (before any loading).
+
+  rows: rows of one batch (`rows_text` says how they are counted);
+  greedy_why: why this recipe cannot train on greedy samples.
+  """
+  t, d, s = cfg.train, cfg.data, cfg.sampling
+  if not s.temperature > 0:
+    common.fail(
+      "sampling.temperature",
+      s.temperature,
+      f"training needs a temperature > 0 ({greedy_why}); use e.g. 1.0. Greedy evaluation is "
+      "experiments.eval_gsm8k's job.",
+    )
+  if s.max_new_tokens < 1:
+    common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
+  if s.prompt_bucket < 1:
+    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+  if not t.learning_rate > 0:
+    common.fail("train.learning_rate", t.learning_rate, "must be > 0")
+  if t.batch_prompts < 1:
+    common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
+  if t.micro_batch_size < 1 or rows % t.micro_batch_size:
+    common.fail(
+      "train.micro_batch_size",
+      t.micro_batch_size,
+      f"{rows_text} = {rows} rows are not divisible by it; choose a divisor of {rows}",
+    )
+  if d.source not in tasks.SOURCES:
+    common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
+  if d.template not in prompts_lib.TEMPLATES:
+    common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
+  common.check_loop_settings(cfg)
+  if rollout.overlong_buffer and rollout.overlong_buffer > s.max_new_tokens:
+    common.fail(
+      "rollout.overlong_buffer",
+      rollout.overlong_buffer,
+      f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
+    )
+
+
+def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
+  """The sampler's settings: the `sampling` block and the tokenizer's stop and pad ids."""
+  return sampling.SamplingConfig(
+    temperature=cfg.sampling.temperature,
+    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+    max_new_tokens=cfg.sampling.max_new_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=cfg.sampling.prompt_bucket,
+  )
+
+
+def sample_groups(p, params_s, problems, key, num_generations: int):
+  """One sampling round: G completions for each problem, scored.
+
+  Returns a list of per-group dicts {batch (the group's RLBatch rows), rewards
+  [G] (total), per_fn {name: [G]}, completions, answers}, and the error counts.
+  """
+  setup, tokenizer, task = p.setup, p.tokenizer, p.task
+  G = num_generations
+  texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
+  tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], setup.sampling)
+  out = jax.device_get(
+    sampling.sample(
+      params_s,
+      tokens,
+      lengths,
+      key,
+      model_config=setup.forward.model,
+      config=setup.sampling,
+      num_samples=G,
+    )
+  )
+  batch = batch_lib.from_samples(tokens, lengths, out, G)
+  if setup.template != "plain":
+    batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
+  prefix = prompts_lib.completion_prefix(setup.template)
+  completions = [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
+  answers = [q.final for q in problems for _ in range(G)]
+  per_fn, errors = rewards_lib.score(
+    task.reward_fns, [t for t in texts for _ in range(G)], completions, answers
+  )
+  r = setup.rollout
+  if r.overlong_buffer:
+    per_fn["overlong_penalty"] = np.asarray(
+      adv_lib.overlong_penalty(
+        jnp.asarray(batch.loss_mask.sum(1)),
+        max_len=setup.sampling.max_new_tokens,
+        buffer_len=r.overlong_buffer,
+        penalty_factor=r.overlong_penalty,
+      ),
+      np.float32,
+    )
+  total = sum(per_fn.values())
+  groups = []
+  for g in range(len(problems)):
+    rows = slice(g * G, (g + 1) * G)
+    groups.append(
+      {
+        "batch": batch_lib.select_rows(batch, rows),
+        "rewards": total[rows],
+        "per_fn": {k: v[rows] for k, v in per_fn.items()},
+        "completions": completions[rows],
+        "answers": answers[rows],
+      }
+    )
+  return groups, errors
+
+
+def metrics(groups, num_generations: int, accuracy_fns) -> dict:
+  """Reward mean/std (total and per function), accuracies, lengths, zero-signal fraction.
+
+  The zero-signal fraction (groups whose G rewards tie) is left out for G = 1.
+  """
+  rewards = np.concatenate([g["rewards"] for g in groups])
+  lengths = np.concatenate([g["batch"].loss_mask.sum(1) for g in groups])
+  comps = [c for g in groups for c in g["completions"]]
+  answers = [a for g in groups for a in g["answers"]]
+  metrics = {
+    "reward/mean": rewards.mean(),
+    "reward/std": rewards.std(),
+    "completion_len/mean": lengths.mean(),
+    "completion_len/max": lengths.max(),
+  }
+  if num_generations > 1:
+    tied = adv_lib.zero_signal_groups(rewards, num_generations)
+    metrics["zero_signal_groups"] = np.mean(np.asarray(tied))
+  for name in groups[0]["per_fn"]:
+    metrics[f"reward/{name}"] = np.concatenate([g["per_fn"][name] for g in groups]).mean()
+  for name, fn in accuracy_fns.items():
+    metrics[name] = np.mean([fn(c, a) for c, a in zip(comps, answers)])
+  return metrics

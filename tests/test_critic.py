@@ -1,0 +1,113 @@
+"""The PPO critic (rlpost.models.critic): alignment, causality, layouts, memory."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost.models import critic as critic_lib
+from rlpost.models import gemma3, policy
+from rlpost.models import lora as lora_lib
+from rlpost.rl.batch import RLBatch
+
+CONFIG = gemma3.get_config("tiny")
+LORA = lora_lib.LoraConfig(rank=4, alpha=8.0)
+FWD = policy.ForwardConfig(model=CONFIG)
+P, T = 5, 6
+
+
+def _batch(tokens):
+  n, s = tokens.shape
+  return RLBatch(
+    tokens=jnp.asarray(tokens, jnp.int32),
+    positions=jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (n, s)),
+    valid=jnp.ones((n, s), bool),
+    loss_mask=jnp.ones((n, T), jnp.float32),
+    sampler_logp=jnp.zeros((n, T), jnp.float32),
+  )
+
+
+def _critic(mode, params, key):
+  """A critic whose every part is non-zero (a fresh head and LoRA B are 0: nothing to see)."""
+  layout = critic_lib.CriticLayout(mode, LORA if mode == "lora" else None)
+  critic = critic_lib.init_critic(key, params, layout)
+  leaves, tree = jax.tree.flatten(critic)
+  keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
+  noisy = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  return jax.tree.unflatten(tree, noisy), layout
+
+
+def _values(mode, params, critic, layout, batch):
+  shared = policy.completion_hidden(params, None, batch, FWD) if mode == "shared" else None
+  return critic_lib.values(critic, params, batch, layout, FWD, shared)
+
+
+@pytest.mark.parametrize("mode", critic_lib.MODES)
+def test_value_of_token_t_sees_only_tokens_before_t(mode):
+  """V(t) is read at the slot that predicts token t: tokens >= t cannot change it, t-1 does.
+
+  Mutation caught: reading the hidden state at token t's own slot (`P : P + T`).
+  """
+  key = jax.random.key(0)
+  params = gemma3.init_params(key, CONFIG)
+  critic, layout = _critic(mode, params, jax.random.key(1))
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, CONFIG.vocab_size, (1, P + T))
+  base = np.asarray(_values(mode, params, critic, layout, _batch(tokens)))
+  for t in range(T):
+    later = tokens.copy()
+    later[:, P + t :] = (later[:, P + t :] + 1) % CONFIG.vocab_size  # token t and after
+    v = np.asarray(_values(mode, params, critic, layout, _batch(later)))
+    np.testing.assert_allclose(v[:, : t + 1], base[:, : t + 1], rtol=1e-5, atol=1e-6)
+    earlier = tokens.copy()
+    earlier[:, P + t - 1] = (earlier[:, P + t - 1] + 7) % CONFIG.vocab_size  # token t-1
+    v = np.asarray(_values(mode, params, critic, layout, _batch(earlier)))
+    assert abs(v[0, t] - base[0, t]) > 1e-6, (mode, t)
+
+
+@pytest.mark.parametrize("mode", critic_lib.MODES)
+def test_fresh_critic_predicts_zero_and_is_zero_off_the_loss_mask(mode):
+  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  layout = critic_lib.CriticLayout(mode, LORA if mode == "lora" else None)
+  critic = critic_lib.init_critic(jax.random.key(1), params, layout)
+  tokens = np.random.default_rng(1).integers(3, CONFIG.vocab_size, (2, P + T))
+  batch = _batch(tokens)
+  assert np.all(np.asarray(_values(mode, params, critic, layout, batch)) == 0.0)
+  noisy, _ = _critic(mode, params, jax.random.key(2))
+  mask = np.ones((2, T), np.float32)
+  mask[0, 3:] = 0
+  v = np.asarray(_values(mode, params, noisy, layout, dataclasses.replace(batch, loss_mask=mask)))
+  assert np.all(v[mask == 0] == 0.0) and np.all(v[mask > 0] != 0.0)
+
+
+def _nbytes(tree):
+  return sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def test_lora_critic_holds_no_second_copy_of_the_base_weights():
+  """On Gemma 3 270M shapes (no weights materialised): the lora critic adds < 10% of the base.
+
+  Mutation caught: a lora critic that copies the trunk (as `full` does).
+  """
+  config = gemma3.get_config("gemma3_270m")
+  params = jax.eval_shape(lambda: gemma3.init_params(jax.random.key(0), config))
+  base = _nbytes(params)
+  sizes = {}
+  for mode in critic_lib.MODES:
+    layout = critic_lib.CriticLayout(mode, lora_lib.LoraConfig(rank=32) if mode == "lora" else None)
+    sizes[mode] = _nbytes(
+      jax.eval_shape(lambda p, l=layout: critic_lib.init_critic(jax.random.key(0), p, l), params)
+    )
+  assert base > 1e9  # 268M float32 parameters
+  assert sizes["lora"] < 0.1 * base, sizes
+  assert sizes["shared"] == (config.embed_dim + 1) * 4
+  assert sizes["full"] > base  # the layout that does copy the trunk
+
+
+def test_bad_layout_names_the_field_and_the_choices():
+  with pytest.raises(ValueError, match=r"mode='twin'.*lora, full, shared"):
+    critic_lib.CriticLayout("twin")
+  with pytest.raises(ValueError, match="LoraConfig"):
+    critic_lib.CriticLayout("lora")

@@ -1,0 +1,168 @@
+"""PPO end to end on the tiny model: learning, critic warm-up, first-pass invariants,
+exact resume, config errors."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import ppo_gsm8k
+from rlpost.data.cursor import Cursor
+from rlpost.recipes import ppo
+from conftest import assert_adapters_trained
+
+_TIMING = ("time/", "tokens_per_s")
+
+
+def _config(**overrides):
+  cfg = ppo_gsm8k.get_config("tiny")
+  with cfg.unlocked():
+    for dotted, value in overrides.items():
+      *path, last = dotted.split(".")
+      node = cfg
+      for name in path:
+        node = node[name]
+      node[last] = value
+  return cfg
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)} for line in f]
+
+
+def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
+  """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns."""
+  cfg = _config(**{"checkpoint.every": 100})
+  ppo.run(cfg, str(tmp_path))
+  records = _metrics(tmp_path)
+  rewards = [r["reward/mean"] for r in records]
+  start, end = np.mean(rewards[:3]), np.mean(rewards[-4:])
+  assert end >= start + 2.5, f"reward {start:.2f} -> {end:.2f}: {rewards}"
+  ev = np.mean([r["explained_variance"] for r in records[-5:]])
+  assert ev > 0.1, [r["explained_variance"] for r in records]
+  warmup = cfg.algo.critic_warmup_steps
+  assert [r["actor_on"] for r in records[: warmup + 1]] == [0.0] * warmup + [1.0]
+  for key in ("vf_clip_frac", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "approx_kl"):
+    assert key in records[-1]
+  assert records[-1]["grad_norm/actor"] > 0 and records[-1]["grad_norm/critic"] > 0
+
+
+def _host(x):
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  return np.asarray(x)
+
+
+def _bytes_equal(a, b):
+  leaves_a, leaves_b = map(jax.tree.leaves, (a, b))
+  assert len(leaves_a) == len(leaves_b)
+  return all(np.array_equal(_host(x), _host(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+@pytest.mark.parametrize("mode,lora", [("full", False), ("lora", True), ("shared", False)])
+def test_critic_warmup_freezes_the_actor_and_its_optimizer_state(mode, lora):
+  """Warm-up iterations: actor weights AND its AdamW state bitwise unchanged (weight decay
+  on), the critic moves; the first iteration after it moves the actor.
+
+  Mutation caught: the gate only zeroing the gradient (AdamW's decay and moment updates
+  would still move the actor), and a gate flag that never reaches the optimizer.
+  """
+  cfg = _config(
+    **{
+      "lora.enabled": lora,
+      "critic.mode": mode,
+      "train.weight_decay": 0.1,
+      "algo.critic_warmup_steps": 2,
+      "train.steps": 4,
+    }
+  )
+  p = ppo.build(cfg)
+  state, cursor = p.state, Cursor(0, 0, 0)
+  actor0 = jax.device_get(state.trainable["actor"])
+  actor_opt0 = jax.device_get(state.opt_state.inner_states["actor"])
+  critic0 = jax.device_get(state.trainable["critic"])
+  for index in range(2):
+    state, cursor, metrics = ppo.iteration(p, state, cursor, index)
+    assert metrics["actor_on"] == 0.0
+  assert _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
+  assert _bytes_equal(actor_opt0, jax.device_get(state.opt_state.inner_states["actor"]))
+  assert not _bytes_equal(critic0, jax.device_get(state.trainable["critic"]))
+  state, cursor, metrics = ppo.iteration(p, state, cursor, 2)
+  assert metrics["actor_on"] == 1.0
+  assert not _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, tmp_path):
+  """num_iterations = 2: old logprobs come from a separate pass, so ratio 1 can fail.
+
+  Mutation caught: the reference logprobs fed as the old ones (the actor has moved
+  from the reference after the warm-up), and a LoRA split that ignores the adapters.
+  """
+  cfg = _config(
+    **{
+      "lora.enabled": lora,
+      "train.steps": 5,
+      "algo.num_iterations": 2,
+      "algo.critic_warmup_steps": 1,
+      "checkpoint.every": 100,
+    }
+  )
+  state = ppo.run(cfg, str(tmp_path))
+  records = _metrics(tmp_path)
+  for r in records:
+    assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, r["step"])
+    assert abs(r["approx_kl/first_pass"]) < 1e-6, (lora, r["step"])
+  assert abs(records[0]["kl/first_pass"]) < 1e-6  # actor == reference before it trains
+  assert records[-1]["kl/first_pass"] > 1e-6  # control: the actor moved
+  assert records[0]["sampler_logp_gap"] < 1e-4
+  if lora:
+    assert_adapters_trained(jax.device_get(state.trainable["actor"]))
+
+
+def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(tmp_path):
+  """2 iterations + restart + 2 == 4 straight: actor, critic, both optimizer states, metrics."""
+  cfg = _config(
+    **{
+      "train.steps": 4,
+      "checkpoint.every": 2,
+      "algo.critic_warmup_steps": 3,
+      "algo.num_iterations": 2,
+    }
+  )
+  straight = ppo.run(cfg, str(tmp_path / "straight"))
+  ppo.run(cfg, str(tmp_path / "split"), stop_after=2)
+  resumed = ppo.run(cfg, str(tmp_path / "split"))
+  assert _bytes_equal(straight, resumed)  # the whole TrainState
+  assert _metrics(tmp_path / "straight") == _metrics(tmp_path / "split")
+  assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize(
+  "overrides,expected",
+  [
+    ({"critic.mode": "twin"}, ["config.critic.mode='twin'", "lora, full, shared"]),
+    ({"algo.gae_lambda": -0.1}, ["config.algo.gae_lambda=-0.1", "[0, 1]"]),
+    ({"algo.critic_lambda": 1.5}, ["config.algo.critic_lambda=1.5", "[0, 1]"]),
+    ({"algo.critic_warmup_steps": 40}, ["config.algo.critic_warmup_steps=40", "train.steps=40"]),
+    ({"algo.mini_batch_size": 5}, ["config.algo.mini_batch_size=5", "divisor of 16"]),
+    ({"train.micro_batch_size": 3}, ["config.train.micro_batch_size=3", "divisor of 8"]),
+    ({"critic.learning_rate": -1.0}, ["config.critic.learning_rate=-1.0", "> 0"]),
+    ({"critic.nosuch": 1}, ["config.critic.nosuch", "valid fields of config.critic"]),
+    ({"algo.num_generations": 4}, ["config.algo.num_generations", "valid fields"]),
+    ({"rollout.dynamic_sampling": True}, ["config.rollout.dynamic_sampling=True", "use False"]),
+    ({"sampling.temperature": 0.0}, ["config.sampling.temperature=0.0", "> 0"]),
+  ],
+)
+def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, expected, tmp_path):
+  cfg = _config(**overrides)
+  with pytest.raises(ValueError) as err:
+    ppo.check_config(cfg)
+  for text in expected:
+    assert text in str(err.value), str(err.value)
+  with pytest.raises(ValueError):
+    ppo.run(cfg, str(tmp_path))
+  assert not os.path.exists(tmp_path / "metrics.jsonl")
