@@ -1,6 +1,6 @@
 r"""GSM8K test accuracy of the base model and of a trained checkpoint (before/after).
 
-  python -m experiments.eval_gsm8k --workdir=/tmp/grpo_run          # config from the run
+  python -m experiments.eval_gsm8k --workdir=/tmp/grpo_run          # config from the run (GRPO or PPO)
   python -m experiments.eval_gsm8k --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
       --config.data.data_dir=../shared/data/gsm8k                  # base model only
 
@@ -17,8 +17,11 @@ import ml_collections
 from experiments import cli
 from rlpost.recipes import eval as eval_recipe
 
-_CONFIG = cli.define_config(None, "GRPO config (when no --workdir).")
-_WORKDIR = flags.DEFINE_string("workdir", "", "A GRPO run directory: evaluates base and trained.")
+_CONFIG = cli.define_config(None, "GRPO or PPO config (when no --workdir).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", "", "A GRPO or PPO run directory: evaluates base and trained."
+)
+_BASE = flags.DEFINE_bool("base", True, "Also evaluate the base model.")
 _SPLIT = flags.DEFINE_string("split", "test", "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", None, "First N problems (default: config.eval).")
 _PASS_K = flags.DEFINE_integer("pass_k", None, "Samples per problem for pass@k (0: off).")
@@ -30,14 +33,19 @@ def _config():
     with open(os.path.join(_WORKDIR.value, "config.json"), encoding="utf-8") as f:
       return ml_collections.ConfigDict(json.load(f))
   if _CONFIG.value is None:
-    raise app.UsageError("Pass --workdir (a GRPO run) or --config")
+    raise app.UsageError("Pass --workdir (a GRPO or PPO run) or --config")
   return _CONFIG.value
 
 
 def main(argv):
   del argv
   report = eval_recipe.evaluate_run(
-    _config(), _WORKDIR.value, split=_SPLIT.value, num_problems=_NUM.value, pass_k=_PASS_K.value
+    _config(),
+    _WORKDIR.value,
+    split=_SPLIT.value,
+    num_problems=_NUM.value,
+    pass_k=_PASS_K.value,
+    base=_BASE.value,
   )
   path = _OUTPUT.value or (
     os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value else ""

@@ -9,6 +9,7 @@ from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
 from rlpost.models import gemma3
 from rlpost.models import tokenizer as tokenizer_lib
+from conftest import GSM8K_DIR, require_shared
 
 PROBLEMS = [
   Problem("q0", "a\n#### 7", "7"),
@@ -89,3 +90,29 @@ def test_fewshot_prompt_text():
   assert prompts_lib.prompt_text(problem, "plain", [example]) == "What is 3 + 4?"
   with pytest.raises(ValueError, match="data.template='cot'"):
     prompts_lib.prompt_text(problem, "cot", [])
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "ppo"])
+def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_path):
+  """A run's checkpoint is evaluated with the recipe that wrote it (PPO: the actor only).
+
+  Mutation caught: evaluating a PPO run through the GRPO recipe (its state does not
+  match the checkpoint).
+  """
+  from experiments.configs import grpo_gsm8k, ppo_gsm8k
+  from rlpost.recipes import grpo, ppo
+
+  module, config = (grpo, grpo_gsm8k) if recipe == "grpo" else (ppo, ppo_gsm8k)
+  cfg = config.get_config("tiny")
+  with cfg.unlocked():
+    cfg.data.data_dir = str(require_shared(GSM8K_DIR))
+    cfg.train.steps, cfg.checkpoint.every = 3, 3
+    if recipe == "ppo":
+      cfg.algo.critic_warmup_steps = 1
+  module.run(cfg, str(tmp_path))
+  report = evaluation.evaluate_run(cfg, str(tmp_path), num_problems=2, pass_k=0)
+  assert report["trained"]["iteration"] == 3 and report["trained"]["num_problems"] == 2
+  assert "base" in report
+  assert evaluation.recipe_of(cfg) is module
+  no_base = evaluation.evaluate_run(cfg, str(tmp_path), num_problems=2, pass_k=0, base=False)
+  assert "base" not in no_base and no_base["trained"] == report["trained"]

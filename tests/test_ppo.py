@@ -11,13 +11,14 @@ import pytest
 from experiments.configs import ppo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.recipes import ppo
-from conftest import assert_adapters_trained
+from rlpost.train import checkpoint
+from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
 
 _TIMING = ("time/", "tokens_per_s")
 
 
-def _config(**overrides):
-  cfg = ppo_gsm8k.get_config("tiny")
+def _config(variant="tiny", **overrides):
+  cfg = ppo_gsm8k.get_config(variant)
   with cfg.unlocked():
     for dotted, value in overrides.items():
       *path, last = dotted.split(".")
@@ -118,7 +119,7 @@ def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, tmp_path)
     assert abs(r["approx_kl/first_pass"]) < 1e-6, (lora, r["step"])
   assert abs(records[0]["kl/first_pass"]) < 1e-6  # actor == reference before it trains
   assert records[-1]["kl/first_pass"] > 1e-6  # control: the actor moved
-  assert records[0]["sampler_logp_gap"] < 1e-4
+  assert records[0]["sampler_logp_gap/first_pass"] < 1e-4
   if lora:
     assert_adapters_trained(jax.device_get(state.trainable["actor"]))
 
@@ -166,3 +167,34 @@ def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, exp
   with pytest.raises(ValueError):
     ppo.run(cfg, str(tmp_path))
   assert not os.path.exists(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.real_model
+def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
+  """Gemma 3 270M, LoRA actor + lora critic: one warm-up and one actor iteration, two
+  epochs each, so the old logprobs come from a separate trainer pass."""
+  require_shared(GSM8K_DIR)
+  require_gemma3()
+  cfg = _config(
+    "gemma3_270m",
+    **{
+      "data.data_dir": str(GSM8K_DIR),
+      "train.steps": 2,
+      "train.batch_prompts": 2,
+      "train.micro_batch_size": 2,
+      "algo.critic_warmup_steps": 1,
+      "algo.num_iterations": 2,
+      "sampling.max_new_tokens": 8,
+      "data.fewshot": 1,
+    },
+  )
+  ppo.run(cfg, str(tmp_path))
+  records = _metrics(tmp_path)
+  assert [r["actor_on"] for r in records] == [0.0, 1.0]
+  for r in records:
+    assert np.isfinite(r["loss"]) and abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, r
+    # float32 sampler and trainer agree on the real model.
+    assert r["sampler_logp_gap/first_pass"] < 1e-3, r
+  assert abs(records[0]["kl/first_pass"]) < 1e-6  # actor == reference before it trains
+  assert records[1]["grad_norm/critic"] > 0
+  assert checkpoint.manager(str(tmp_path)).latest_step() == 2

@@ -14,7 +14,7 @@ from rlpost import sampling
 from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
 from rlpost.models import policy
-from rlpost.recipes import grpo
+from rlpost.recipes import grpo, ppo
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
@@ -121,6 +121,11 @@ def evaluate(
   return report
 
 
+def recipe_of(cfg):
+  """The recipe module a run's ConfigDict belongs to (PPO configs have a `critic` block)."""
+  return ppo if "critic" in cfg else grpo
+
+
 def evaluate_run(
   cfg,
   workdir: str = "",
@@ -128,36 +133,44 @@ def evaluate_run(
   split: str = "test",
   num_problems: int | None = None,
   pass_k: int | None = None,
+  base: bool = True,
 ) -> dict:
-  """Report {"split", "base": ..., "trained": ...} for a GRPO ConfigDict.
+  """Report {"split", "base": ..., "trained": ...} for a GRPO or PPO ConfigDict.
 
-  "trained" (with the checkpoint's iteration) only when `workdir` holds a run.
-  num_problems / pass_k: None takes the config's `eval` block.
+  "trained" (with the checkpoint's iteration) only when `workdir` holds a run;
+  "base" unless `base=False`. num_problems / pass_k: None takes the config's
+  `eval` block.
   """
-  p = grpo.build(cfg)
+  recipe = recipe_of(cfg)
+  p = recipe.build(cfg)
   problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[: num_problems or cfg.eval.num_problems]
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
   setup = p.setup
-  common = dict(
-    template=setup.template,
-    examples=p.task.examples,
-    sampling_config=setup.sampling,
-    pass_k=pass_k,
-    seed=cfg.seed,
-  )
-  base = p.frozen if setup.forward.lora else p.ref_params or p.state.trainable
-  report = {
-    "split": split,
-    "base": evaluate(base, setup.forward.model, p.tokenizer, problems, desc="base", **common),
+  settings = {
+    "template": setup.template,
+    "examples": p.task.examples,
+    "sampling_config": setup.sampling,
+    "pass_k": pass_k,
+    "seed": cfg.seed,
   }
+  actor = lambda trainable: trainable["actor"] if recipe is ppo else trainable
+  report = {"split": split}
+  if base:
+    if setup.forward.lora or recipe is ppo:
+      weights = p.frozen if p.frozen is not None else actor(p.state.trainable)
+    else:
+      weights = p.ref_params or p.state.trainable
+    report["base"] = evaluate(
+      weights, setup.forward.model, p.tokenizer, problems, desc="base", **settings
+    )
   if workdir:
     restored = checkpoint.restore_latest(checkpoint.manager(workdir), p.state)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     state, meta = restored
-    params = policy.sampling_params(state.trainable, p.frozen, setup.forward)
+    params = policy.sampling_params(actor(state.trainable), p.frozen, setup.forward)
     report["trained"] = evaluate(
-      params, setup.forward.model, p.tokenizer, problems, desc="trained", **common
+      params, setup.forward.model, p.tokenizer, problems, desc="trained", **settings
     )
     report["trained"]["iteration"] = meta["iteration"]
   return report

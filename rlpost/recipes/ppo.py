@@ -252,7 +252,7 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
       passes.append(m)
   passes = jax.device_get(passes)
   metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
-  for name in ("ratio_mean", "approx_kl", "kl"):
+  for name in ("ratio_mean", "approx_kl", "kl", "sampler_logp_gap"):
     if name in passes[0]:
       metrics[f"{name}/first_pass"] = passes[0][name]
   metrics["actor_on"] = float(actor_on)
