@@ -2,7 +2,8 @@
 
 Where things live (one job per module):
   models/      gemma3 (config, init, forward, cache), lora, policy (ForwardConfig, trainable vs
-               frozen), loading, tokenizer, weights/ (gguf, safetensors): a new model goes here
+               frozen), critic (PPO value head and layouts), loading, tokenizer, weights/
+               (gguf, safetensors): a new model goes here
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
   rl/          batch (the typed RLBatch), advantages (ESTIMATORS table: a new estimator goes
@@ -13,7 +14,8 @@ Where things live (one job per module):
   supervised/  sft, dpo and their losses
   train/       step (TrainState, the one jitted train step), loop (the one run loop),
                checkpoint, metrics, host_memory
-  recipes/     grpo, sft, dpo, eval: the only modules that read ConfigDicts
+  recipes/     grpo, ppo (and the rollout pieces they share), sft, dpo, eval: the only
+               modules that read ConfigDicts
 
 Shape suffixes on names at public boundaries (`tokens_BxS`, `logp_BxT`):
   B  rows of a batch (sequences; in RL often N = B * G)

@@ -69,3 +69,28 @@ _CACHE_DIR = os.environ.setdefault(
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+TIMING_METRICS = ("time/", "tokens_per_s")
+
+
+def with_overrides(cfg, overrides: dict):
+  """`cfg` with dotted fields set (`{"train.steps": 4}`), as `--config.train.steps=4` would."""
+  with cfg.unlocked():
+    for dotted, value in overrides.items():
+      *path, last = dotted.split(".")
+      node = cfg
+      for name in path:
+        node = node[name]
+      node[last] = value
+  return cfg
+
+
+def run_metrics(workdir) -> list[dict]:
+  """The records of `workdir/metrics.jsonl` without timings (comparable across runs)."""
+  import json
+
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [
+      {k: v for k, v in json.loads(line).items() if not k.startswith(TIMING_METRICS)} for line in f
+    ]

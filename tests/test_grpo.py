@@ -1,7 +1,5 @@
 """GRPO end to end on the tiny model: learning, first-step invariants, exact resume, config errors."""
 
-import copy
-import json
 import os
 import signal
 import subprocess
@@ -16,26 +14,22 @@ from experiments.configs import grpo_gsm8k
 from rlpost.models import policy
 from rlpost.recipes import grpo
 from rlpost.train import checkpoint
-from conftest import GSM8K_DIR, REPO_ROOT, assert_adapters_trained, require_gemma3, require_shared
-
-_TIMING = ("time/", "tokens_per_s")
+from conftest import (
+  GSM8K_DIR,
+  REPO_ROOT,
+  assert_adapters_trained,
+  require_gemma3,
+  require_shared,
+  run_metrics,
+  with_overrides,
+)
 
 
 def _config(variant="tiny", **overrides):
-  cfg = grpo_gsm8k.get_config(variant)
-  with cfg.unlocked():
-    for dotted, value in overrides.items():
-      *path, last = dotted.split(".")
-      node = cfg
-      for name in path:
-        node = node[name]
-      node[last] = value
-  return cfg
+  return with_overrides(grpo_gsm8k.get_config(variant), overrides)
 
 
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)} for line in f]
+_metrics = run_metrics
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,6 @@
 """PPO end to end on the tiny model: learning, critic warm-up, first-pass invariants,
 exact resume, config errors."""
 
-import json
 import os
 
 import jax
@@ -12,26 +11,21 @@ from experiments.configs import ppo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.recipes import ppo
 from rlpost.train import checkpoint
-from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
-
-_TIMING = ("time/", "tokens_per_s")
+from conftest import (
+  GSM8K_DIR,
+  assert_adapters_trained,
+  require_gemma3,
+  require_shared,
+  run_metrics,
+  with_overrides,
+)
 
 
 def _config(variant="tiny", **overrides):
-  cfg = ppo_gsm8k.get_config(variant)
-  with cfg.unlocked():
-    for dotted, value in overrides.items():
-      *path, last = dotted.split(".")
-      node = cfg
-      for name in path:
-        node = node[name]
-      node[last] = value
-  return cfg
+  return with_overrides(ppo_gsm8k.get_config(variant), overrides)
 
 
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)} for line in f]
+_metrics = run_metrics
 
 
 def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):

@@ -10,7 +10,8 @@ follow Tunix where it has one (`beta`, `kl_method`, `epsilon_low`,
 
 `make_grpo_loss_fn` is the loss of one micro-batch of an `RLBatch`:
 trainer logprobs of the loss tokens -> clipped policy loss (+ beta * KL
-- entropy bonus), all over `loss_mask`.
+- entropy bonus), all over `loss_mask`. `make_ppo_loss_fn` adds the critic's
+values and the clipped value loss (actor and critic in one trainable pytree).
 """
 
 import dataclasses
