@@ -1,5 +1,7 @@
 """LoRA: unmerged forward == merged forward; sampler on merged weights == trainer on adapters."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,6 +145,92 @@ def test_lora_train_step_moves_adapters_only_and_lowers_the_loss():
   for name, ab in state.trainable["layers"].items():
     assert float(jnp.abs(ab["b"]).max()) > 0, f"{name}: B never left zero (no gradient)"
   assert losses[-1] < losses[0] - 0.05, losses
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (2, 3, 5)])
+def test_delta_value_and_gradients_equal_autodiff_of_the_formula(shape):
+  """The custom-VJP adapter path: value and (x, a, b) gradients == autodiff of
+  scale * (x @ a) @ b, for 2-D and [batch, seq, in] inputs."""
+  kx, ka, kb, kg = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(kx, shape)
+  a = jax.random.normal(ka, (5, 3))
+  b = jax.random.normal(kb, (3, 6))
+  g = jax.random.normal(kg, (*shape[:-1], 6))
+  plain = lambda x, a, b: jnp.sum(jnp.tanh(1.7 * ((x @ a) @ b)) * g)
+  custom = lambda x, a, b: jnp.sum(jnp.tanh(lora.delta(x, a, b, 1.7)) * g)
+  np.testing.assert_allclose(lora.delta(x, a, b, 1.7), 1.7 * (x @ a) @ b, rtol=1e-6, atol=1e-6)
+  want = jax.grad(plain, (0, 1, 2))(x, a, b)
+  got = jax.jit(jax.grad(custom, (0, 1, 2)))(x, a, b)
+  for w, o, name in zip(want, got, "xab"):
+    np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_delta_in_bf16_rounds_the_matmul_inputs_and_keeps_float32_gradients():
+  kx, ka, kb, kg = jax.random.split(jax.random.key(1), 4)
+  x, a = jax.random.normal(kx, (6, 8)), jax.random.normal(ka, (8, 4))
+  b, g = jax.random.normal(kb, (4, 5)), jax.random.normal(kg, (6, 5))
+  r = lambda t: np.asarray(t.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+  xa = r(x) @ r(a)
+  np.testing.assert_allclose(
+    lora.delta(x, a, b, 2.0, jnp.bfloat16), 2.0 * r(xa) @ r(b), rtol=1e-5, atol=1e-5
+  )
+  dx, da, db = jax.grad(lambda *t: jnp.sum(lora.delta(*t, 2.0, jnp.bfloat16) * g), (0, 1, 2))(
+    x, a, b
+  )
+  assert {dx.dtype, da.dtype, db.dtype} == {jnp.dtype(jnp.float32)}
+  gb = 2.0 * r(g) @ r(b).T  # the rule on rounded values, float64 here
+  np.testing.assert_allclose(db, 2.0 * r(xa).T @ r(g), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(da, r(x).T @ r(gb), rtol=2e-2, atol=1e-2)
+  np.testing.assert_allclose(dx, r(gb) @ r(a).T, rtol=2e-2, atol=1e-2)
+
+
+def test_adapter_gradients_agree_across_remat_policies():
+  """The "dots" policy keeps only named activations: LoRA gradients through the whole
+  model equal those with every activation kept (and with full recomputation)."""
+  params = _random_params(2)
+  ad = _adapters(params, 3)
+  tokens, positions, mask = _forward_args(seed=4, length=10)
+
+  def grads(remat):
+    def loss(ad):
+      logits, _ = gemma3.forward(
+        params,
+        tokens,
+        positions,
+        mask,
+        config=CONFIG,
+        adapters=ad,
+        lora_scale=CFG.scale,
+        remat=remat,
+      )
+      return jnp.sum(jax.nn.log_softmax(logits)[..., 7])
+
+    return jax.jit(jax.grad(loss))(ad)
+
+  want = grads(None)
+  for remat in ("dots", "full"):
+    jax.tree.map(
+      lambda w, g: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5), want, grads(remat)
+    )
+
+
+def test_dots_policy_keeps_only_the_named_activations(capsys):
+  """Per layer and token, "dots" keeps the layer input, q, k, v, the o and down outputs, the MLP hidden,
+  gated_gelu's two products and each adapter's `x @ a`; not the gate/up projections nor
+  the base and adapter halves of a projection apart (that doubled the memory)."""
+  params = _random_params(2)
+  ad = _adapters(params, 3)
+  tokens, positions, mask = _forward_args(seed=4, length=10)
+  loss = lambda ad: gemma3.forward(
+    params, tokens, positions, mask, config=CONFIG, adapters=ad, lora_scale=CFG.scale, remat="dots"
+  )[0].sum()
+  jax.ad_checkpoint.print_saved_residuals(loss, ad)
+  L, c = CONFIG.num_layers, CONFIG
+  per_layer = re.findall(rf"f32\[{L},2,10,(\d+)\]", capsys.readouterr().out)
+  qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+  # + the layer's input (the scan keeps it to recompute the rest)
+  want = qd + 2 * kd + 3 * c.embed_dim + 3 * c.mlp_dim + len(lora.ALL_TARGETS) * CFG.rank
+  assert sum(map(int, per_layer)) == want, sorted(per_layer)
 
 
 def test_bad_lora_config_raises():

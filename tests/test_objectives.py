@@ -246,3 +246,26 @@ def test_ppo_kl_goes_to_the_reward_or_to_the_loss():
   np.testing.assert_allclose(loss_l - loss_r, 0.2 * m_l["kl"], rtol=1e-5)
   with pytest.raises(ValueError, match="ref_logp"):
     objectives.ppo_loss(*args, in_loss)
+
+
+def test_value_stats_from_summed_moments_equal_the_direct_statistics():
+  """Moments of two halves added (what the train step's mean does, up to one factor)
+  give the whole batch's explained variance, means and stds; constant returns: NaN."""
+  rng = np.random.default_rng(0)
+  returns = rng.normal(2.0, 1.5, (6, 9)).astype(np.float32)
+  values = (returns + rng.normal(0, 0.5, (6, 9))).astype(np.float32)
+  adv = rng.normal(0, 1, (6, 9)).astype(np.float32)
+  mask = (rng.random((6, 9)) > 0.3).astype(np.float32)
+  halves = [
+    objectives.value_moments(values[s], returns[s], adv[s], mask[s])
+    for s in (slice(0, 3), slice(3, 6))
+  ]
+  stats = objectives.value_stats(jax.tree.map(lambda a, b: (a + b) / 2, *halves))
+  on = mask > 0
+  r, v, a = (x[on].astype(np.float64) for x in (returns, values, adv))
+  np.testing.assert_allclose(stats["explained_variance"], 1 - np.var(r - v) / np.var(r), rtol=1e-4)
+  for name, x in (("returns", r), ("values", v), ("advantages", a)):
+    np.testing.assert_allclose(stats[f"{name}/mean"], x.mean(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(stats[f"{name}/std"], x.std(), rtol=1e-4)
+  flat = objectives.value_moments(values, np.full_like(returns, 3.0), adv, mask)
+  assert np.isnan(objectives.value_stats(flat)["explained_variance"])

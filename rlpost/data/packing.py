@@ -21,8 +21,6 @@ e.g. `tokenize_sft(..., max_len=seq_len)`).
 
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from rlpost.ops.masks import segment_attention_mask  # noqa: F401  re-exported: the mask packed rows need
 

@@ -35,17 +35,24 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from rlpost.models import lora as lora_lib
+
 Params = dict[str, Any]
 Cache = dict[str, jax.Array]
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # training matmul input dtypes (`compute_dtype`)
 _MASKED = -2.3819763e38  # most negative bfloat16-representable float32
+# What the "dots" remat policy keeps per layer: the projection outputs the backward
+# pass reads (q, k, v before their norms; o and down before theirs), the MLP hidden
+# `gelu(gate) * up` and the two products gated_gelu saves, and the LoRA `x @ a`.
+# Everything else (norms, RoPE, attention) is recomputed. Not kept: the gate and up
+# projections (gated_gelu's backward does not read them) and the base and adapter
+# halves of each projection apart (only their sum is read).
+_SAVED_BY_DOTS = ("proj_out", "mlp_hidden", "gated_gelu", "lora_xa")
+
 _REMAT_POLICIES = {
   None: None,
-  "dots": jax.checkpoint_policies.save_from_both_policies(
-    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    jax.checkpoint_policies.save_only_these_names("gated_gelu"),
-  ),
+  "dots": jax.checkpoint_policies.save_only_these_names(*_SAVED_BY_DOTS),
   "full": jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -304,9 +311,8 @@ def _proj(
     ys = jnp.split(_dense(x, layer[fused], compute_dtype), points, axis=-1)
   else:
     ys = [_dense(x, layer[name], compute_dtype) for name in names]
-  dense = lambda x, w: _dense(x, w, compute_dtype)
   return [
-    y + lora_scale * dense(dense(x, adapters[name]["a"]), adapters[name]["b"])
+    y + lora_lib.delta(x, adapters[name]["a"], adapters[name]["b"], lora_scale, compute_dtype)
     if adapters is not None and name in adapters
     else y
     for name, y in zip(names, ys)
@@ -351,7 +357,7 @@ def _block(
   proj = lambda x, names, sizes: _proj(x, layer, adapters, names, sizes, lora_scale, compute_dtype)
   qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   h = rms_norm(x_BxTxD, layer["attn_norm"], c.rms_eps)
-  q, k, v = proj(h, ("q", "k", "v"), (qd, kd, kd))
+  q, k, v = (checkpoint_name(y, "proj_out") for y in proj(h, ("q", "k", "v"), (qd, kd, kd)))
   q = q.reshape(B, T, c.num_heads, c.head_dim)
   k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
   v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
@@ -363,11 +369,12 @@ def _block(
   k_all, v_all, carry_out = keys_fn(k, v)
   mask = _pick(is_global, masks)
   attn = _attention(q, k_all, v_all, mask, c)
-  x = x_BxTxD + rms_norm(proj(attn, ("o",), (c.embed_dim,))[0], layer["post_attn_norm"], c.rms_eps)
+  out = lambda x, name, size: checkpoint_name(proj(x, (name,), (size,))[0], "proj_out")
+  x = x_BxTxD + rms_norm(out(attn, "o", c.embed_dim), layer["post_attn_norm"], c.rms_eps)
   h = rms_norm(x, layer["mlp_norm"], c.rms_eps)
   gate, up = proj(h, ("gate", "up"), (c.mlp_dim, c.mlp_dim))
-  mlp = gated_gelu(gate, up, compute_dtype)
-  x = x + rms_norm(proj(mlp, ("down",), (c.embed_dim,))[0], layer["post_mlp_norm"], c.rms_eps)
+  mlp = checkpoint_name(gated_gelu(gate, up, compute_dtype), "mlp_hidden")
+  x = x + rms_norm(out(mlp, "down", c.embed_dim), layer["post_mlp_norm"], c.rms_eps)
   return x, carry_out
 
 
@@ -440,8 +447,9 @@ def forward(
       "b": [L, r, out]}}} applied unmerged (see rlpost.models.lora).
     lora_scale: alpha / rank multiplier of the adapters' contribution.
     remat: training memory policy for the layer scan (no cache only): None
-      keeps every activation for the backward pass; "dots" keeps only matmul
-      outputs and recomputes the elementwise work (norms, RoPE, softmax, GELU);
+      keeps every activation for the backward pass; "dots" keeps the
+      projection outputs the backward reads (_SAVED_BY_DOTS) and recomputes
+      the elementwise work and attention (norms, RoPE, softmax, GELU);
       "full" keeps only each layer's input and recomputes the layer.
     compute_dtype: None runs the layer matmuls in the weights' dtype; e.g.
       "bfloat16" rounds the inputs of every layer matmul (forward and

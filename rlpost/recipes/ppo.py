@@ -10,6 +10,11 @@ iteration:
      kl_in_reward) -> GAE: advantages (gae_lambda), value targets (critic_lambda)
   -> num_iterations epochs x mini-batches of train_step(state, frozen, mini_batch, actor_on)
 
+When the batch feeds a single optimizer step (`Setup.gae_in_step`: one epoch,
+one mini-batch, and whitening, if on, sees the whole batch in one loss call),
+the no-gradient pass is skipped: the critic has not moved since the rollout, so
+the train step's own values are the rollout values, and GAE runs in the loss.
+
 `state.trainable = {"actor": ..., "critic": ...}` and one optax tree updates
 both (`optax.multi_transform`, each part clipped and scheduled on its own); the
 actor's part is `step.gated` on `actor_on`, False during the first
@@ -31,7 +36,6 @@ from rlpost.data.cursor import Cursor, next_indices
 from rlpost.models import critic as critic_lib
 from rlpost.models import policy
 from rlpost.recipes import common, rollout
-from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
 from rlpost.train import host_memory
@@ -67,6 +71,7 @@ class Setup:
   template: str
   shuffle: bool
   seed: int
+  gae_in_step: bool = False  # set by `build` (it depends on the mesh); see the module doc
 
   @property
   def updates_per_iteration(self) -> int:
@@ -174,6 +179,13 @@ def build(cfg, loaded=None) -> Pieces:
   critic = critic_lib.init_critic(jax.random.fold_in(key, 2), params, setup.critic)
   optimizer = make_optimizer(cfg, setup)
   mesh = step_lib.make_mesh()
+  one_call = mesh.size == 1 and setup.micro_batch_size >= setup.batch_prompts
+  setup = dataclasses.replace(
+    setup,
+    gae_in_step=algo.num_iterations == 1
+    and setup.mini_batch_size == setup.batch_prompts
+    and (one_call or not algo.whiten_advantages),
+  )
   trainable = {"actor": actor, "critic": critic}
   state = step_lib.replicate(
     step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
@@ -234,8 +246,7 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
   rollout_s = time.perf_counter() - start
 
-  batch, stats = score_tokens(p, state, batch, scores)
-  metrics.update(stats)
+  batch, moments = score_tokens(p, state, batch, scores)
   forward_s = time.perf_counter() - start - rollout_s
 
   actor_on = index >= algo.critic_warmup_steps
@@ -251,6 +262,9 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
       state, m = p.train_step(state, p.frozen, mini_batch, opt_args)
       passes.append(m)
   passes = jax.device_get(passes)
+  if moments is None:  # GAE ran in the (single) train step
+    moments = {k: passes[0].pop(k) for k in list(passes[0]) if k.startswith("moments/")}
+  metrics.update(objectives.value_stats(moments))
   metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
   for name in ("ratio_mean", "approx_kl", "kl", "sampler_logp_gap"):
     if name in passes[0]:
@@ -269,15 +283,20 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
 
 
 def score_tokens(p: Pieces, state, batch, scores_N):
-  """Fills the batch's ref_logp, old_logp, values, token_rewards, advantages and returns.
+  """Fills the batch for the train steps. Returns (batch, value moments or None).
 
-  Returns (batch, metrics): explained variance of the rollout values, and the
-  mean / std over loss tokens of returns, values and advantages.
+  Always `ref_logp` (beta > 0) and `scores`. Unless `gae_in_step`: also the
+  rollout `values` (and `old_logp` when the batch is used more than once),
+  `token_rewards`, `advantages`, `returns`, and the batch's
+  `objectives.value_moments`; with `gae_in_step` the train step computes those.
   """
   setup, algo = p.setup, p.setup.algo
+  batch = dataclasses.replace(batch, scores=scores_N)
   if algo.beta > 0:
     ref_logp = objectives.completion_logprobs_jit(p.frozen, None, batch, setup.forward)
     batch = dataclasses.replace(batch, ref_logp=ref_logp)
+  if setup.gae_in_step:
+    return batch, None
   with_old = algo.num_iterations > 1 or setup.mini_batch_size < setup.batch_prompts
   old_logp, values = objectives.ppo_rollout_forward(
     state.trainable, p.frozen, batch, setup.forward, setup.critic, with_old
@@ -296,27 +315,7 @@ def score_tokens(p: Pieces, state, batch, scores_N):
     advantages=advantages,
     token_rewards=token_rewards,
   )
-  mask = batch.loss_mask
-  stats = {
-    "explained_variance": explained_variance(values, returns, mask),
-    **{
-      f"{name}/{stat}": fn(x, mask)
-      for name, x in (("returns", returns), ("values", values), ("advantages", advantages))
-      for stat, fn in (("mean", adv_lib.masked_mean), ("std", _masked_std))
-    },
-  }
-  return batch, {k: float(v) for k, v in jax.device_get(stats).items()}
+  return batch, jax.device_get(_moments(values, returns, advantages, batch.loss_mask))
 
 
-def _masked_std(x, mask):
-  return jnp.sqrt(adv_lib.masked_var(x, mask))
-
-
-def explained_variance(values_NxT, returns_NxT, mask_NxT):
-  """`1 - Var[returns - values] / Var[returns]` over loss tokens (1: perfect; 0: a constant).
-
-  NaN when the returns do not vary (variance <= 1e-12: nothing to explain).
-  """
-  var_returns = adv_lib.masked_var(returns_NxT, mask_NxT)
-  var_residual = adv_lib.masked_var(returns_NxT - values_NxT, mask_NxT)
-  return jnp.where(var_returns > 1e-12, 1.0 - var_residual / var_returns, jnp.nan)
+_moments = jax.jit(objectives.value_moments)

@@ -442,10 +442,13 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
   """`loss_fn(trainable, frozen, batch) -> (loss, metrics)` of actor and critic together.
 
   `trainable = {"actor": ..., "critic": ...}`; `frozen` is the base params
-  (LoRA actor or lora critic trunk; the reference). The batch carries the
-  rollout's `values`, `returns` and token-level `advantages`. As in GRPO,
-  without `batch.old_logp` the old logprobs are the current ones under
-  stop_gradient (one epoch, one mini-batch).
+  (LoRA actor or lora critic trunk; the reference). The batch carries either
+  the rollout's `values`, `returns` and token-level `advantages`, or, when it
+  feeds a single optimizer step, only `scores`: then the rollout values are
+  this pass's own under stop_gradient (the critic has not moved since the
+  rollout), GAE runs here, and the metrics carry `value_moments` of the batch
+  (no separate value pass). As in GRPO, without `batch.old_logp` the old
+  logprobs are the current ones under stop_gradient.
   """
 
   def loss_fn(trainable, frozen, batch: RLBatch):
@@ -457,13 +460,24 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
     values = critic_lib.values(trainable["critic"], frozen, batch, layout, fwd, shared)
     mask = batch.loss_mask
     old = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
+    moments = {}
+    if batch.values is None:
+      if batch.scores is None:
+        raise ValueError("the PPO loss needs batch.values/returns/advantages or batch.scores")
+      old_values = jax.lax.stop_gradient(values)
+      advantages, returns, _ = ppo_advantages(
+        batch.scores, old_values, batch.sampler_logp, batch.ref_logp, mask, config
+      )
+      moments = value_moments(old_values, returns, advantages, mask)
+    else:
+      old_values, advantages, returns = batch.values, batch.advantages, batch.returns
     loss, metrics = ppo_loss(
       logp,
       old,
-      batch.advantages,
+      advantages,
       values,
-      batch.values,
-      batch.returns,
+      old_values,
+      returns,
       mask,
       config,
       entropy=entropy,
@@ -471,9 +485,49 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
       ref_logp=batch.ref_logp,
     )
     gap = jnp.abs(jax.lax.stop_gradient(logp) - batch.sampler_logp) * mask
-    return loss, {**metrics, "sampler_logp_gap": gap.max()}
+    return loss, {**metrics, **moments, "sampler_logp_gap": gap.max()}
 
   return loss_fn
+
+
+def value_moments(values_BxT, returns_BxT, advantages_BxT, mask_BxT) -> dict:
+  """Sums over loss tokens (`moments/...`) from which `value_stats` gives batch statistics.
+
+  Sums add up over micro-batches and devices, and the train step's mean of
+  them only scales them all by one factor, so the statistics stay exact for
+  the whole batch.
+  """
+  series = {
+    "returns": returns_BxT,
+    "values": values_BxT,
+    "advantages": advantages_BxT,
+    "residual": returns_BxT - values_BxT,
+  }
+  moments = {"moments/count": jnp.sum(mask_BxT)}
+  for name, x in series.items():
+    x = jnp.where(mask_BxT > 0, x, 0.0)
+    moments[f"moments/{name}/sum"] = jnp.sum(x)
+    moments[f"moments/{name}/sum_sq"] = jnp.sum(x * x)
+  return moments
+
+
+def value_stats(moments) -> dict[str, float]:
+  """`explained_variance` and mean / std of returns, values, advantages (host, float64).
+
+  explained_variance = 1 - Var[returns - values] / Var[returns] over loss
+  tokens (1: perfect; 0: no better than a constant); NaN when the returns do
+  not vary (variance <= 1e-6 of their mean square: nothing to explain).
+  """
+  m = {k: float(v) for k, v in moments.items()}
+  n = max(m["moments/count"], 1e-12)
+  mean = lambda k: m[f"moments/{k}/sum"] / n
+  var = lambda k: max(m[f"moments/{k}/sum_sq"] / n - mean(k) ** 2, 0.0)
+  stats = {}
+  for name in ("returns", "values", "advantages"):
+    stats[f"{name}/mean"], stats[f"{name}/std"] = mean(name), var(name) ** 0.5
+  varies = var("returns") > 1e-6 * m["moments/returns/sum_sq"] / n
+  stats["explained_variance"] = 1.0 - var("residual") / var("returns") if varies else float("nan")
+  return stats
 
 
 @functools.partial(jax.jit, static_argnames=("fwd", "layout", "with_logp"))
