@@ -2,7 +2,8 @@ r"""Seconds per PPO iteration by phase and peak RSS, Gemma 3 270M architecture, 
 
 Workload (issue 13): 8 prompts x 1 sample, 32-token prompts, 64 new tokens (no
 early stop), random weights, beta > 0 (reference logprobs every iteration), one
-epoch, one mini-batch. Modes: `lora` (LoRA actor, `lora` critic: adapters + a
+epoch, one mini-batch (so GAE runs in the train step: no separate value pass).
+Modes: `lora` (LoRA actor, `lora` critic: adapters + a
 head on the shared frozen trunk) and `full` (full-parameter actor, `full`
 critic: a second trunk). Each mode runs in its own subprocess (peak RSS is per
 mode); then, unless --grpo=false, `experiments.benchmarks.grpo_step` runs the
@@ -10,6 +11,7 @@ GRPO iteration (2 prompts x 4, the same sequence shapes, dtype and remat) the
 same way, and the ratios PPO / GRPO are reported. Prints ONE JSON object.
 
   python -m experiments.benchmarks.ppo_step [--modes=lora,full] [--critic_mode=shared]
+      [--separate_value_pass]   (time the value pass the default workload skips)
 """
 
 import dataclasses
@@ -37,6 +39,11 @@ _CRITIC = flags.DEFINE_enum(
 )
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
 _GRPO = flags.DEFINE_bool("grpo", True, "Also run the GRPO iteration benchmark and compare.")
+_SEPARATE = flags.DEFINE_bool(
+  "separate_value_pass",
+  False,
+  "Time the no-gradient value pass even when GAE could run in the step.",
+)
 
 
 def _random_reward(prompts, completions, answers):
@@ -61,7 +68,10 @@ def _run_mode(mode: str) -> dict:
   question = " ".join(["hello"] * 31)
   assert len(pieces.tokenizer.encode(question)) == 32
   setup = dataclasses.replace(
-    pieces.setup, template="plain", sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=())
+    pieces.setup,
+    template="plain",
+    sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=()),
+    gae_in_step=pieces.setup.gae_in_step and not _SEPARATE.value,
   )
   pieces = pieces._replace(
     setup=setup,
@@ -89,6 +99,7 @@ def _run_mode(mode: str) -> dict:
   return {
     "mode": mode,
     "critic_mode": setup.critic.mode,
+    "gae_in_step": setup.gae_in_step,
     "param_dtype": cfg.model.dtype,
     "compute_dtype": cfg.train.compute_dtype,
     "remat": cfg.train.remat,
@@ -96,7 +107,9 @@ def _run_mode(mode: str) -> dict:
     "steady_iteration_s_median": median("total_s"),
     "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
     "steady_rollout_s_median": median("rollout_s"),
-    "steady_forward_s_median": median("forward_s"),  # reference + critic values passes, GAE
+    "steady_forward_s_median": median(
+      "forward_s"
+    ),  # reference pass [+ critic value pass and GAE unless gae_in_step]
     "steady_train_s_median": median("train_s"),
     "completion_tokens_per_iteration": times[-1]["completion_tokens"],
     "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
@@ -122,6 +135,7 @@ def main(argv):
     "loadavg_before": open("/proc/loadavg").read().split()[:3],
   }
   extra = [f"--critic_mode={_CRITIC.value}"] if _CRITIC.value else []
+  extra.append(f"--separate_value_pass={_SEPARATE.value}")
   for mode in _MODES.value:
     results[mode] = _subprocess_json(
       ["experiments.benchmarks.ppo_step", f"--mode={mode}", f"--iterations={_ITERATIONS.value}"]

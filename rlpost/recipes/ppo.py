@@ -247,6 +247,7 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   rollout_s = time.perf_counter() - start
 
   batch, moments = score_tokens(p, state, batch, scores)
+  jax.block_until_ready(batch)  # honest phase times (the train step would wait anyway)
   forward_s = time.perf_counter() - start - rollout_s
 
   actor_on = index >= algo.critic_warmup_steps
