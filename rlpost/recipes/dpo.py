@@ -76,5 +76,5 @@ def run(cfg, workdir: str, stop_after: int | None = None):
     return batch, cursor, dpo.pair_stats(batch)
 
   step_fn = functools.partial(sft_recipe.supervised_step, train_step, frozen, next_batch, None, cfg)
-  loop = sft_recipe.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])
+  loop = loop_lib.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)

@@ -134,15 +134,11 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
   p = build(cfg, loaded)
-  loop = loop_lib.LoopConfig(
-    steps=cfg.train.steps,
-    checkpoint_every=cfg.checkpoint.every,
-    keep=cfg.checkpoint.keep,
-    title=f"grpo[{cfg.name}]",
-    seed=cfg.seed,
-    max_bad_steps=cfg.train.max_bad_steps,
-    curves=("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
-    postfix=("reward/mean", "kl"),
+  loop = loop_lib.loop_config(
+    cfg,
+    f"grpo[{cfg.name}]",
+    ("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
+    ("reward/mean", "kl"),
   )
   state, _ = loop_lib.run_loop(
     workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after

@@ -205,15 +205,11 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   optimizer states). Returns the final TrainState.
   """
   p = build(cfg, loaded)
-  loop = loop_lib.LoopConfig(
-    steps=cfg.train.steps,
-    checkpoint_every=cfg.checkpoint.every,
-    keep=cfg.checkpoint.keep,
-    title=f"ppo[{cfg.name}]",
-    seed=cfg.seed,
-    max_bad_steps=cfg.train.max_bad_steps,
-    curves=("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
-    postfix=("reward/mean", "explained_variance"),
+  loop = loop_lib.loop_config(
+    cfg,
+    f"ppo[{cfg.name}]",
+    ("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
+    ("reward/mean", "explained_variance"),
   )
   state, _ = loop_lib.run_loop(
     workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after

@@ -94,19 +94,6 @@ def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor
   return state, cursor, record
 
 
-def loop_config(cfg, title: str, curves) -> loop_lib.LoopConfig:
-  return loop_lib.LoopConfig(
-    steps=cfg.train.steps,
-    checkpoint_every=cfg.checkpoint.every,
-    keep=cfg.checkpoint.keep,
-    title=title,
-    curves=tuple(curves),
-    postfix=("loss",),
-    seed=cfg.seed,
-    max_bad_steps=cfg.train.max_bad_steps,
-  )
-
-
 def records(cfg) -> tuple[list[dict], list[dict]]:
   """(train records, held-out eval records) of `data.source` (configs/sft.py)."""
   d, n_eval = cfg.data, cfg.eval.num_examples
@@ -163,7 +150,9 @@ def run(cfg, workdir: str, stop_after: int | None = None):
       eval_fn, state.trainable, frozen, eval_examples, rows=t.micro_batch_size, **batch_args
     )
   step_fn = functools.partial(supervised_step, train_step, frozen, next_batch, evaluate, cfg)
-  loop = loop_config(cfg, "sft", ["loss", "eval_loss", "eval_perplexity", "padding_efficiency"])
+  loop = loop_lib.loop_config(
+    cfg, "sft", ["loss", "eval_loss", "eval_perplexity", "padding_efficiency"]
+  )
   return loop_lib.run_loop(
     workdir, cfg, state, step_fn, loop, initial_metrics=evaluate, stop_after=stop_after
   )

@@ -60,6 +60,20 @@ class LoopConfig:
   seed: int = 0
   max_bad_steps: int = 3
 
+
+def loop_config(cfg, title: str, curves, postfix=("loss",)) -> LoopConfig:
+  """The LoopConfig of a recipe ConfigDict (its `train`, `checkpoint` and `seed` fields)."""
+  return LoopConfig(
+    steps=cfg.train.steps,
+    checkpoint_every=cfg.checkpoint.every,
+    keep=cfg.checkpoint.keep,
+    title=title,
+    curves=tuple(curves),
+    postfix=tuple(postfix),
+    seed=cfg.seed,
+    max_bad_steps=cfg.train.max_bad_steps,
+  )
+
   def __post_init__(self):
     if self.max_bad_steps < 1:
       raise ValueError(f"LoopConfig.max_bad_steps={self.max_bad_steps}: use >= 1")
