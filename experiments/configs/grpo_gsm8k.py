@@ -14,7 +14,7 @@ from experiments.configs import common
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo")
 
 
-def _algorithm(name: str) -> ml_collections.ConfigDict:
+def algorithm(name: str) -> ml_collections.ConfigDict:
   """The `algo` block: exactly the fields of rlpost.rl.objectives.GRPOConfig.
 
   The variants differ only here (and DAPO in the `rollout` block).
@@ -79,7 +79,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = common.model_config(model)
   c.lora = common.lora_config(enabled=not tiny, rank=32)
-  c.algo = _algorithm(algo)
+  c.algo = algorithm(algo)
   c.rollout = _rollout(algo)
   c.data = ml_collections.ConfigDict(
     {

@@ -7,6 +7,7 @@ reasoning at once. Rewards see `completion_prefix(template) + completion`:
 the text the answer format is defined on.
 """
 
+from rlpost.envs import scaffold
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
 
@@ -38,3 +39,23 @@ def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str
   if template == "plain":
     return problem.question
   raise ValueError(f"data.template={template!r} is not one of {TEMPLATES}")
+
+
+def prompt_observation(problem: Problem, template: str, examples: list[Problem]) -> tuple[str, str]:
+  """(scaffold, text): the prompt as environment text inside a `rlpost.envs.scaffold`.
+
+  chat: the system text and the question in one user turn; fewshot / plain: the
+  whole text after BOS.
+  """
+  if template == "chat":
+    return "chat", f"{SYSTEM_PROMPT}\n\n{problem.question}"
+  return "plain", prompt_text(problem, template, examples)
+
+
+def prompt_ids(problem: Problem, template: str, examples: list[Problem], tokenizer) -> list[int]:
+  """The prompt's token ids (BOS first): the problem's text never becomes control ids.
+
+  Equals `tokenizer.encode(prompt_text(...))` when the text holds no control-token string.
+  """
+  kind, text = prompt_observation(problem, template, examples)
+  return scaffold.prompt_ids(tokenizer, kind, text)

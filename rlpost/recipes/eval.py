@@ -21,8 +21,8 @@ from rlpost.train import checkpoint
 
 
 def _completions(params, model_config, tokenizer, problems, template, examples, sc, key, k):
-  texts = [prompts_lib.prompt_text(p, template, examples) for p in problems]
-  tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], sc)
+  ids = [prompts_lib.prompt_ids(p, template, examples, tokenizer) for p in problems]
+  tokens, lengths = sampling.pad_prompts(ids, sc)
   out = jax.device_get(
     sampling.sample(
       params, tokens, lengths, key, model_config=model_config, config=sc, num_samples=k

@@ -105,6 +105,12 @@ def build(cfg, loaded=None) -> Pieces:
     shuffle=cfg.data.shuffle,
   )
   task = tasks.load_task(cfg.data, "train", cfg.seed)
+  policy_pieces = build_policy(cfg, params, algo, forward)
+  return Pieces(setup, tokenizer, task, *policy_pieces)
+
+
+def build_policy(cfg, params, algo: objectives.GRPOConfig, forward: policy.ForwardConfig):
+  """(state, frozen, ref_params, train_step) of a GRPO-family policy over `params`."""
   key = jax.random.key(cfg.seed)
   trainable, frozen = common.trainable_and_frozen(params, forward, key)
   if forward.lora:
@@ -122,10 +128,10 @@ def build(cfg, loaded=None) -> Pieces:
   frozen = step_lib.replicate(frozen, mesh)
   ref_params = frozen if forward.lora else step_lib.replicate(ref_params, mesh)
   train_step = step_lib.make_train_step(
-    objectives.make_grpo_loss_fn(algo, forward), optimizer, mesh, setup.micro_batch_size
+    objectives.make_grpo_loss_fn(algo, forward), optimizer, mesh, cfg.train.micro_batch_size
   )
   host_memory.release_freed_memory()  # weight loading / initialization temporaries
-  return Pieces(setup, tokenizer, task, state, frozen, ref_params, train_step)
+  return state, frozen, ref_params, train_step
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
@@ -158,6 +164,26 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   metrics.update(rollout.metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
   batch = train_batch(setup, groups)
   rollout_s = time.perf_counter() - start
+  state, update_metrics = update(p, state, batch)
+  metrics.update(update_metrics)
+  tokens = float(batch.loss_mask.sum())
+  metrics.update(
+    {
+      "time/rollout_s": rollout_s,
+      "time/train_s": time.perf_counter() - start - rollout_s,
+      "tokens_per_s": tokens / (time.perf_counter() - start),
+    }
+  )
+  return state, cursor, metrics
+
+
+def update(p, state, batch: RLBatch):
+  """Reference and old logprobs as needed, then num_iterations train steps on `batch`.
+
+  `p` has setup (algo, forward), frozen, ref_params and train_step. Returns
+  (state, metrics averaged over the passes, plus first-pass ratio and KL).
+  """
+  setup = p.setup
   params, adapters = policy.policy_params(state.trainable, p.frozen, setup.forward)
   logprobs = lambda w, a: objectives.completion_logprobs_jit(w, a, batch, setup.forward)
   if setup.algo.beta > 0:
@@ -169,19 +195,11 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
     state, m = p.train_step(state, p.frozen, batch)
     passes.append(m)
   passes = jax.device_get(passes)
-  metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
+  metrics = {k: np.mean([m[k] for m in passes]) for k in passes[0]}
   metrics["ratio_mean/first_pass"] = passes[0]["ratio_mean"]
   if "kl" in passes[0]:
     metrics["kl/first_pass"] = passes[0]["kl"]
-  tokens = float(batch.loss_mask.sum())
-  metrics.update(
-    {
-      "time/rollout_s": rollout_s,
-      "time/train_s": time.perf_counter() - start - rollout_s,
-      "tokens_per_s": tokens / (time.perf_counter() - start),
-    }
-  )
-  return state, cursor, metrics
+  return state, metrics
 
 
 def collect(p: Pieces, params_s, cursor: Cursor, key):

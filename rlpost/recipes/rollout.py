@@ -107,7 +107,8 @@ def sample_groups(p, params_s, problems, key, num_generations: int):
   setup, tokenizer, task = p.setup, p.tokenizer, p.task
   G = num_generations
   texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
-  tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts], setup.sampling)
+  ids = [prompts_lib.prompt_ids(q, setup.template, task.examples, tokenizer) for q in problems]
+  tokens, lengths = sampling.pad_prompts(ids, setup.sampling)
   out = jax.device_get(
     sampling.sample(
       params_s,

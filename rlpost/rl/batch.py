@@ -136,7 +136,7 @@ def concatenate(batches: list[RLBatch], pad_id: int) -> RLBatch:
   return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
 
 
-def _stop_length(tokens: list[int], tokenizer, stop_strings) -> int | None:
+def stop_length(tokens: list[int], tokenizer, stop_strings) -> int | None:
   """Fewest leading tokens whose decoded text contains a stop string (None: never).
 
   Decodes whole prefixes (decoding token by token would split multi-byte
@@ -158,7 +158,8 @@ def truncate_at_stop_strings(batch: RLBatch, tokenizer, stop_strings) -> RLBatch
 
   The sampler stops on token ids only; multi-token stops (e.g. a few-shot
   prompt's "</answer>") are applied here by shrinking `loss_mask` and `valid`,
-  exactly as if generation had stopped there.
+  exactly as if generation had stopped there: the tokens after the stop become
+  `pad_id` and their sampler logprobs 0.
   """
   if not stop_strings:
     return batch
@@ -166,12 +167,20 @@ def truncate_at_stop_strings(batch: RLBatch, tokenizer, stop_strings) -> RLBatch
   P = batch.prompt_len
   for row in range(mask.shape[0]):
     n = int(mask[row].sum())
-    end = _stop_length([int(t) for t in batch.tokens[row, P : P + n]], tokenizer, stop_strings)
+    end = stop_length([int(t) for t in batch.tokens[row, P : P + n]], tokenizer, stop_strings)
     if end is not None:
       mask[row, end:] = 0
   valid = batch.valid.copy()
   valid[:, P:] = mask > 0
-  return dataclasses.replace(batch, loss_mask=mask, valid=valid)
+  tokens = batch.tokens.copy()
+  tokens[:, P:] = np.where(mask > 0, tokens[:, P:], tokenizer.pad_id)
+  return dataclasses.replace(
+    batch,
+    tokens=tokens,
+    loss_mask=mask,
+    valid=valid,
+    sampler_logp=np.where(mask > 0, batch.sampler_logp, 0.0).astype(np.float32),
+  )
 
 
 def completion_texts(batch: RLBatch, tokenizer) -> list[str]:

@@ -1,0 +1,27 @@
+r"""Multi-turn agentic RL (FrozenLake; tools) with the GRPO family over trajectories.
+
+  python -m experiments.agentic --config=experiments/configs/agentic.py:frozenlake_gemma3 \
+      --workdir=/tmp/agentic_run
+
+Resumes automatically from the newest checkpoint in --workdir. Transcripts of
+sampled episodes go to --workdir/trajectories.jsonl.
+"""
+
+from absl import flags
+
+from experiments import cli
+from rlpost.recipes import agentic
+
+_CONFIG = cli.define_config(
+  "experiments/configs/agentic.py:frozenlake_tiny", "Agentic RL config (path.py:variant)."
+)
+_WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints, metrics and transcripts go here.")
+
+
+def main(argv):
+  del argv
+  agentic.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,98 @@
+"""Multi-turn agentic RL: `--config=experiments/configs/agentic.py:ENV_MODEL[,ALGORITHM]`.
+
+ENV_MODEL:
+  frozenlake_tiny     random tiny model, one fixed non-slippery 3x3 map, one-letter
+                      actions (L, D, R, U): learns in minutes on CPU
+  frozenlake_gemma3   the real Gemma 3 270M, 4x4 maps drawn from the task seed,
+                      word actions (left, down, right, up)
+ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
+(the `algo` block of configs/grpo_gsm8k.py).
+"""
+
+import ml_collections
+
+from experiments.configs import common
+from experiments.configs import grpo_gsm8k
+
+VARIANTS = {"frozenlake_tiny": "tiny", "frozenlake_gemma3": "gemma3_270m"}
+
+
+def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
+  parts = variant.split(",")
+  if (
+    parts[0] not in VARIANTS
+    or len(parts) > 2
+    or parts[-1:] != parts[:1]
+    and (parts[-1] not in grpo_gsm8k.ALGORITHMS)
+  ):
+    raise ValueError(
+      f"Unknown variant {variant!r}; use ENV_MODEL[,ALGORITHM] with ENV_MODEL in "
+      f"{sorted(VARIANTS)} and ALGORITHM in {list(grpo_gsm8k.ALGORITHMS)}"
+    )
+  algo = parts[1] if len(parts) == 2 else "grpo"
+  model = VARIANTS[parts[0]]
+  tiny = model == "tiny"
+  c = ml_collections.ConfigDict()
+  c.name = f"{parts[0]},{algo}"  # the run's label (progress bar, curves)
+  c.seed = 0
+  c.model = common.model_config(model)
+  c.lora = common.lora_config(enabled=not tiny, rank=32)
+  c.algo = grpo_gsm8k.algorithm(algo)
+  c.algo.num_generations = 8
+  if tiny:
+    c.algo.beta = 0.0  # no reference pass: the tiny task has nothing to stay close to
+  c.env = ml_collections.ConfigDict(
+    {
+      "name": "frozenlake",
+      "size": 4,  # maps drawn from the task seed are size x size
+      "slippery": False,
+      "hole_prob": 0.2,
+      "max_turns": 6 if tiny else 8,
+      "style": "char" if tiny else "word",  # char: L/D/R/U; word: left/down/right/up
+      "invalid_penalty": 0.1,
+      "fixed_map": "SFF,FHF,FFG" if tiny else "",  # rows, comma-separated; "" = from the seed
+    }
+  )
+  c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
+  c.rollout = ml_collections.ConfigDict(
+    {
+      "template": "plain" if tiny else "chat",  # scaffold around observations: chat | plain
+      "max_turn_tokens": 1 if tiny else 24,  # sampled tokens per turn
+      "max_total_tokens": 256 if tiny else 512,  # completion slots: turns + observations
+      "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
+      # later turns over all rows and the whole window: one compilation, more compute
+      "fixed_shapes": tiny,
+    }
+  )
+  c.rollout_threads = 8  # env.step calls of a turn run concurrently on this many threads
+  c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "prompt_bucket": 64 if tiny else 128})
+  c.train = ml_collections.ConfigDict(
+    {
+      "steps": 40 if tiny else 60,
+      "batch_tasks": 2,  # task seeds per step (x num_generations episodes)
+      "micro_batch_size": 8,
+      "learning_rate": 3e-2 if tiny else 2e-5,
+      "warmup_fraction": 0.1,
+      "weight_decay": 0.1,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "max_grad_norm": 0.1,
+      "max_bad_steps": 3,
+      "logprob_chunk": 256,
+      "compute_dtype": "float32",
+      "remat": "dots",
+    }
+  )
+  c.eval = ml_collections.ConfigDict(
+    {
+      "every": 1 if tiny else 10,  # greedy episodes on held-out seeds every N iterations (0: off)
+      "num_tasks": 1 if tiny else 100,
+      "seed_offset": 1_000_000,  # held-out seeds: seed_offset, seed_offset + 1, ...
+    }
+  )
+  c.log = ml_collections.ConfigDict(
+    {"trajectories_every": 5 if tiny else 5, "trajectories_logged": 4}
+  )
+  c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
+  c.lock()
+  return c

@@ -1,0 +1,293 @@
+"""FrozenLake as a text environment: walk from S to G on a grid without falling into a hole.
+
+A map is a tuple of equal-length strings over S (start, exactly one), F (frozen),
+H (hole) and G (goal, exactly one). The agent moves left, down, right or up; a
+move off the grid stays in place; stepping on H ends the episode with reward 0,
+reaching G ends it with reward 1 (info success True), any other move gives 0.
+
+Slippery lakes move in the intended direction with probability 1/3 and in each
+of the two perpendicular directions with 1/3 (never the opposite), drawn from
+`np.random.default_rng((seed, turn))`: deterministic given the episode's seed
+and the turn, with no random generator kept in the state.
+
+Replies are parsed in one of two styles, fixed when the env is made:
+  "word": the reply names exactly one distinct action word (left, down, right,
+    up), case-insensitive, as a whole word ("leftover" is not "left"; "left, I
+    said left" is left; "left or right" is invalid). When the reply contains a
+    complete <answer>...</answer> span, only the first such span is read.
+  "char": the reply, stripped of surrounding whitespace, is exactly one of the
+    letters L, D, R, U (case-insensitive).
+A reply that does not parse leaves the state unchanged except `turn` + 1, costs
+`invalid_penalty` and says which answers are valid.
+"""
+
+import math
+import re
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from rlpost.envs.protocol import Env, Step
+
+ACTIONS = ("left", "down", "right", "up")
+DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (row, col) change per action
+CHARS = ("L", "D", "R", "U")
+STYLES = ("word", "char")
+TILES = "SFHG"
+MAX_MAP_DRAWS = 10_000
+
+_WORD_RE = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+class State(NamedTuple):
+  """One FrozenLake position; immutable (tuples, ints, bools)."""
+
+  map: tuple[str, ...]
+  row: int
+  col: int
+  turn: int  # replies taken so far, valid or not
+  seed: int  # the episode's seed (slippery draws use (seed, turn))
+  done: bool
+
+
+# ---- maps ----
+
+
+def validate_map(m) -> None:
+  """Raises ValueError naming the problem unless `m` is a valid map."""
+  if isinstance(m, str) or not isinstance(m, (tuple, list)):
+    raise ValueError(f"map must be a tuple of strings (rows), got {type(m).__name__}: {m!r}")
+  if not m or not all(isinstance(r, str) and r for r in m):
+    raise ValueError(f"map must be a non-empty tuple of non-empty strings, got {m!r}")
+  widths = sorted({len(r) for r in m})
+  if len(widths) > 1:
+    raise ValueError(f"map rows must have equal lengths, got lengths {widths} in {m!r}")
+  unknown = sorted(set("".join(m)) - set(TILES))
+  if unknown:
+    raise ValueError(f"map has unknown letters {unknown} in {m!r}; use only S, F, H, G")
+  for tile in "SG":
+    n = "".join(m).count(tile)
+    if n != 1:
+      raise ValueError(f"map must have exactly one {tile!r}, found {n} in {m!r}")
+
+
+def _find(m: tuple[str, ...], tile: str) -> tuple[int, int]:
+  """(row, col) of the first `tile` in `m`."""
+  for r, line in enumerate(m):
+    if tile in line:
+      return r, line.index(tile)
+  raise ValueError(f"no {tile!r} in map {m!r}")
+
+
+def has_path(m: tuple[str, ...]) -> bool:
+  """Whether G is reachable from S through non-hole cells (breadth-first search)."""
+  start, goal = _find(m, "S"), _find(m, "G")
+  seen, queue = {start}, deque([start])
+  while queue:
+    cell = queue.popleft()
+    if cell == goal:
+      return True
+    for dr, dc in DELTAS:
+      r, c = cell[0] + dr, cell[1] + dc
+      if 0 <= r < len(m) and 0 <= c < len(m[0]) and (r, c) not in seen and m[r][c] != "H":
+        seen.add((r, c))
+        queue.append((r, c))
+  return False
+
+
+def _check_size_and_hole_prob(size, hole_prob) -> None:
+  if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 2:
+    raise ValueError(f"size={size!r} must be an integer >= 2 (the map is size x size)")
+  if not isinstance(hole_prob, (int, float)) or not 0 <= hole_prob < 1:
+    raise ValueError(f"hole_prob={hole_prob!r} must be a number in [0, 1)")
+
+
+def _check_seed(seed) -> None:
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f"seed={seed!r} must be a non-negative integer")
+
+
+def generate_map(size: int, seed: int, hole_prob: float = 0.2) -> tuple[str, ...]:
+  """A size x size map: S top-left, G bottom-right, other cells holes with `hole_prob`.
+
+  Redraws (from `np.random.default_rng(seed)`) until G is reachable from S, so the
+  same (size, seed, hole_prob) always gives the same map.
+  """
+  _check_size_and_hole_prob(size, hole_prob)
+  _check_seed(seed)
+  rng = np.random.default_rng(seed)
+  for _ in range(MAX_MAP_DRAWS):
+    holes = rng.random((size, size)) < hole_prob
+    rows = [["H" if h else "F" for h in line] for line in holes]
+    rows[0][0], rows[-1][-1] = "S", "G"
+    m = tuple("".join(r) for r in rows)
+    if has_path(m):
+      return m
+  raise RuntimeError(
+    f"no map with a path from S to G in {MAX_MAP_DRAWS} draws for size={size}, "
+    f"hole_prob={hole_prob}; lower hole_prob"
+  )
+
+
+# ---- actions ----
+
+
+def _answer_span(text: str) -> str:
+  """The first complete <answer>...</answer> span's content, else the whole text."""
+  match = _ANSWER_RE.search(text)
+  return match.group(1) if match else text
+
+
+def parse_action(text: str, style: str) -> int | None:
+  """The action index (into ACTIONS) `text` names in `style`, or None (see module doc)."""
+  if style == "word":
+    words = {w.lower() for w in _WORD_RE.findall(_answer_span(text))}
+    return ACTIONS.index(words.pop()) if len(words) == 1 else None
+  if style == "char":
+    letter = text.strip().upper()
+    return CHARS.index(letter) if letter in CHARS else None
+  raise ValueError(f"style={style!r} must be one of {STYLES}")
+
+
+def answer_hint(style: str) -> str:
+  """The line telling the model how to answer in `style`."""
+  if style == "word":
+    return "Answer with one of: left, down, right, up."
+  if style == "char":
+    return "Answer with one letter: L, D, R or U."
+  raise ValueError(f"style={style!r} must be one of {STYLES}")
+
+
+def instructions(style: str) -> str:
+  """The text opening an episode (before the board) in `style`."""
+  if style == "char":
+    return f"S start, F ice, H hole, G goal, P you.\n{answer_hint(style)}"
+  return (
+    "Walk on the frozen lake from S to G without stepping into a hole.\n"
+    "S: start, F: frozen (safe), H: hole (episode ends), G: goal, P: your position.\n"
+    f"{answer_hint(style)}"
+  )
+
+
+def invalid_message(style: str) -> str:
+  """What the model reads after a reply that did not parse (short in char style:
+  a byte-level tiny model reads every character)."""
+  if style == "char":
+    return "Invalid. Use L, D, R or U."
+  return f"Your reply was not understood. {answer_hint(style)}"
+
+
+# ---- dynamics ----
+
+
+def render(state: State) -> str:
+  """The board with the agent's cell shown as P, one row per line."""
+  rows = list(state.map)
+  line = rows[state.row]
+  rows[state.row] = line[: state.col] + "P" + line[state.col + 1 :]
+  return "\n".join(rows)
+
+
+def observation(state: State, style: str) -> str:
+  """The board, then the agent's position on its own line (the last thing the model
+  reads before answering: a small model need not find P in the grid)."""
+  r, c = state.row, state.col
+  where = f"At {r},{c}." if style == "char" else f"You are at row {r + 1}, column {c + 1}."
+  return f"{render(state)}\n{where}"
+
+
+def realized_action(action: int, seed: int, turn: int, slippery: bool) -> int:
+  """The action actually taken: `action`, or on ice intended/perpendicular with 1/3 each."""
+  if not slippery:
+    return action
+  k = int(np.random.default_rng((seed, turn)).integers(3))
+  return (action, (action - 1) % 4, (action + 1) % 4)[k]
+
+
+def move(state: State, action: int) -> tuple[int, int]:
+  """(row, col) after `action` from `state`; off the grid stays in place."""
+  dr, dc = DELTAS[action]
+  r, c = state.row + dr, state.col + dc
+  if 0 <= r < len(state.map) and 0 <= c < len(state.map[0]):
+    return r, c
+  return state.row, state.col
+
+
+def _info(success: bool, invalid: bool) -> dict:
+  return {"success": success, "invalid_action": invalid}
+
+
+def step_state(state: State, text: str, style: str, slippery: bool, invalid_penalty: float) -> Step:
+  """One FrozenLake step from `state` given the reply `text`; `state` is not changed."""
+  if state.done:
+    raise ValueError("step called on a finished episode (state.done is True); reset first")
+  action = parse_action(text, style)
+  if action is None:
+    new = state._replace(turn=state.turn + 1)
+    obs = f"{invalid_message(style)}\n{observation(new, style)}"
+    return Step(new, obs, -float(invalid_penalty), False, _info(False, True))
+  row, col = move(state, realized_action(action, state.seed, state.turn, slippery))
+  tile = state.map[row][col]
+  done = tile in "HG"
+  new = state._replace(row=row, col=col, turn=state.turn + 1, done=done)
+  reward = 1.0 if tile == "G" else 0.0
+  obs = "" if done else observation(new, style)
+  return Step(new, obs, reward, done, _info(tile == "G", False))
+
+
+# ---- the env ----
+
+
+def _check_env_args(size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map):
+  _check_size_and_hole_prob(size, hole_prob)
+  if not isinstance(slippery, bool):
+    raise ValueError(f"slippery={slippery!r} must be True or False")
+  if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+    raise ValueError(f"max_turns={max_turns!r} must be a positive integer")
+  if style not in STYLES:
+    raise ValueError(f"style={style!r} must be one of {STYLES}")
+  if not isinstance(invalid_penalty, (int, float)) or not math.isfinite(invalid_penalty):
+    raise ValueError(f"invalid_penalty={invalid_penalty!r} must be a finite number (e.g. 0.1)")
+  if invalid_penalty < 0:
+    raise ValueError(f"invalid_penalty={invalid_penalty!r} must be >= 0 (it is subtracted)")
+  if fixed_map is not None:
+    validate_map(fixed_map)
+
+
+def make_env(
+  size: int = 4,
+  slippery: bool = False,
+  hole_prob: float = 0.2,
+  max_turns: int = 8,
+  style: str = "word",
+  invalid_penalty: float = 0.1,
+  fixed_map: tuple[str, ...] | None = None,
+) -> Env:
+  """A FrozenLake `Env`.
+
+  reset(task, seed): `task` is a map, or None for `fixed_map` when given, else
+  `generate_map(size, seed, hole_prob)`. The first observation is
+  `instructions(style)` then `observation(state, style)` (the board and the
+  agent's position); later ones are `observation` alone (after an invalid
+  reply, `invalid_message(style)` first); "" once done.
+  """
+  _check_env_args(size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map)
+  fixed = None if fixed_map is None else tuple(fixed_map)
+
+  def reset(task, seed):
+    _check_seed(seed)
+    if task is None:
+      m = fixed if fixed is not None else generate_map(size, seed, hole_prob)
+    else:
+      validate_map(task)
+      m = tuple(task)
+    row, col = _find(m, "S")
+    state = State(map=m, row=row, col=col, turn=0, seed=int(seed), done=False)
+    return state, f"{instructions(style)}\n\n{observation(state, style)}"
+
+  def step(state, text):
+    return step_state(state, text, style, slippery, invalid_penalty)
+
+  return Env(name="frozenlake", reset=reset, step=step, max_turns=max_turns, stop_strings=())

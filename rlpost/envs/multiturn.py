@@ -1,0 +1,299 @@
+"""Multi-turn rollouts, token in / token out: the only data source of agentic RL.
+
+One episode per row. Each turn, every row still alive goes through ONE call
+of the jitted sampler; its input is the row's first prompt followed by
+everything since (sampled tokens and observation tokens, exactly as they were
+produced: nothing is decoded and re-encoded, no chat template is re-applied).
+The sampled text is decoded only to give it to the environment.
+
+  reset -> first prompt ids -> [sample turn -> cut at a stop string / budget
+  -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
+
+The training stream of a row is [first prompt | completion slots]: the prompt
+is the context (left-padded, as in single-turn), the T = `max_total_tokens`
+completion slots hold the turns and observations. `loss_mask` is 1 exactly on
+sampled tokens; observation and scaffolding tokens are `valid` context with
+`loss_mask` 0 (see `rlpost.envs.scaffold`).
+
+A turn ends at the end-of-turn (or EOS) token, at the token that completes one
+of `env.stop_strings` (kept whole, even when the tag ends inside it), at
+`max_turn_tokens`, or where the row's completion slots run out. Every sampled
+turn gets exactly one `env.step` call. An episode is truncated when it is not
+done after `env.max_turns` turns or when its next observation (plus one
+sampled token) does not fit in the slots.
+
+Randomness: turn 0 samples the G rows of a task from one shared prefill with
+`key` (exactly the single-turn sampler call); turn k > 0 uses
+`fold_in(key, k)`.
+
+Shapes of the later turns' sampler calls (each new shape is one compilation,
+~5 s even for a tiny model on CPU): with `fixed_shapes`, every later turn
+samples all N rows (finished ones as discarded copies) over contexts padded
+to the whole window (first prompt + T): one compilation, more compute per
+turn. Otherwise the alive rows are padded to a power of two and the
+contexts to a multiple of the prompt bucket: less compute, more compilations.
+"""
+
+import dataclasses
+from concurrent import futures
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from rlpost import sampling
+from rlpost.envs import protocol
+from rlpost.envs import scaffold
+from rlpost.rl import batch as batch_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnConfig:
+  """Budgets and layout of a multi-turn rollout.
+
+  template: the scaffold around observations ("chat" | "plain").
+  max_turn_tokens: sampled tokens per turn at most (the sampler's static cap).
+  max_total_tokens: completion slots T per row (turns + observations).
+  mask_truncated: put loss_mask = 0 on every token of a truncated episode.
+  fixed_shapes: later turns sample every row over the whole window (module doc).
+  """
+
+  template: str = "chat"
+  max_turn_tokens: int = 32
+  max_total_tokens: int = 256
+  mask_truncated: bool = False
+  fixed_shapes: bool = False
+
+  def __post_init__(self):
+    if self.template not in scaffold.SCAFFOLDS:
+      raise ValueError(f"TurnConfig.template={self.template!r}: use one of {scaffold.SCAFFOLDS}")
+    if self.max_turn_tokens < 1:
+      raise ValueError(f"TurnConfig.max_turn_tokens={self.max_turn_tokens}: use >= 1 token")
+    if self.max_total_tokens < 1:
+      raise ValueError(f"TurnConfig.max_total_tokens={self.max_total_tokens}: use >= 1 token")
+
+
+class Episode(NamedTuple):
+  """What happened in one row (host side, for rewards, metrics and transcripts).
+
+  first_observation: the text `reset` showed.
+  reward: sum of the turns' rewards.
+  turn_rewards: the reward of each turn.
+  texts: each turn's decoded assistant text; observations: the text after it.
+  infos: each turn's `info` dict.
+  done: the environment ended the episode; truncated: the driver did.
+  """
+
+  task: Any
+  seed: int
+  first_observation: str
+  reward: float
+  turn_rewards: list
+  texts: list
+  observations: list
+  infos: list
+  done: bool
+  truncated: bool
+
+
+class Rollout(NamedTuple):
+  """batch: the RLBatch (NumPy, no advantages); rewards [N] float32; episodes: N Episodes."""
+
+  batch: batch_lib.RLBatch
+  rewards: np.ndarray
+  episodes: list
+
+
+def step_rows(env: protocol.Env, states, texts, pool: futures.Executor | None):
+  """`env.step` on each (state, text), concurrently on `pool` (None: in turn); row order kept."""
+  if pool is None:
+    return [env.step(s, t) for s, t in zip(states, texts)]
+  return list(pool.map(env.step, states, texts))
+
+
+def _sample_turn(params, contexts, rows: int, width: int | None, key, limit, model_config, sc):
+  """One sampler call over `contexts` (token lists).
+
+  rows: the batch is padded to this many rows (copies of the first context,
+  discarded); width: contexts are left-padded to exactly this many slots
+  (None: to a multiple of the prompt bucket). Returns (tokens, logprobs) per
+  context: the sampled tokens up to and including the stop token.
+  """
+  n = len(contexts)
+  padded = contexts + [contexts[0]] * (rows - n)
+  if width is None:
+    tokens, lengths = sampling.pad_prompts(padded, sc)
+  else:
+    tokens = np.asarray([[sc.pad_id] * (width - len(c)) + c for c in padded], np.int32)
+    lengths = np.asarray([len(c) for c in padded], np.int32)
+  out = jax.device_get(
+    sampling.sample(
+      params, tokens, lengths, key, limit, model_config=model_config, config=sc, num_samples=1
+    )
+  )
+  return [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
+
+
+def rollout(
+  params,
+  env: protocol.Env,
+  tasks: list,
+  seeds: list[int],
+  key: jax.Array,
+  *,
+  tokenizer,
+  model_config,
+  sampling_config: sampling.SamplingConfig,
+  turns: TurnConfig,
+  num_generations: int = 1,
+  pool: futures.Executor | None = None,
+) -> Rollout:
+  """Runs `num_generations` episodes of every (task, seed); rows are task-major.
+
+  Args:
+    params: sampler params (see `policy.sampling_params`).
+    env: the environment (`rlpost.envs.protocol`).
+    tasks, seeds: one environment task and seed per group of G rows.
+    key: PRNG key of the rollout (module docstring).
+    tokenizer: encodes observations, decodes turns.
+    model_config: the model's static architecture.
+    sampling_config: temperature, stop ids, pad id, prompt bucket; its
+      `max_new_tokens` must equal `turns.max_turn_tokens`.
+    turns: budgets and scaffold.
+    num_generations: G episodes per task.
+    pool: runs the `env.step` calls of a turn concurrently (None: sequentially).
+  """
+  sc, G, T = sampling_config, num_generations, turns.max_total_tokens
+  if sc.max_new_tokens != turns.max_turn_tokens:
+    raise ValueError(
+      f"sampling_config.max_new_tokens={sc.max_new_tokens} must equal "
+      f"turns.max_turn_tokens={turns.max_turn_tokens} (the per-turn cap)"
+    )
+  if len(tasks) != len(seeds) or not tasks:
+    raise ValueError(
+      f"need one seed per task and at least one task: {len(tasks)} tasks, {len(seeds)} seeds"
+    )
+  firsts = [env.reset(task, seed) for task, seed in zip(tasks, seeds)]
+  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
+  N = len(tasks) * G
+  longest = max(len(p) for p in prompts)
+  window = -(-(longest + T) // sc.prompt_bucket) * sc.prompt_bucket
+  states = [firsts[r // G][0] for r in range(N)]
+  stream = [[] for _ in range(N)]  # completion-slot token ids
+  sampled = [[] for _ in range(N)]  # 1: sampled by the model, 0: observation
+  logps = [[] for _ in range(N)]
+  turn_of = [[] for _ in range(N)]
+  log = [{"rewards": [], "texts": [], "observations": [], "infos": []} for _ in range(N)]
+  done, truncated = [False] * N, [False] * N
+  alive, turn = list(range(N)), 0
+  while alive:
+    if turn == 0:
+      tokens, lengths = sampling.pad_prompts(prompts, sc)
+      limit = None if T >= sc.max_new_tokens else T
+      out = jax.device_get(
+        sampling.sample(
+          params, tokens, lengths, key, limit, model_config=model_config, config=sc, num_samples=G
+        )
+      )
+      turn_out = [
+        (out.tokens[r, : out.lengths[r]], out.logprobs[r, : out.lengths[r]]) for r in alive
+      ]
+    else:
+      limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
+      contexts = [prompts[r // G] + stream[r] for r in alive]
+      if turns.fixed_shapes:
+        rows, width = N, window
+      else:
+        rows, width = 1 << (len(alive) - 1).bit_length(), None
+      turn_key = jax.random.fold_in(key, turn)
+      turn_out = _sample_turn(params, contexts, rows, width, turn_key, limit, model_config, sc)
+    texts = []
+    for r, (toks, lps) in zip(alive, turn_out):
+      toks = [int(t) for t in toks]
+      end = batch_lib.stop_length(toks, tokenizer, env.stop_strings)
+      n = min(len(toks) if end is None else end, T - len(stream[r]))
+      stream[r] += toks[:n]
+      sampled[r] += [1] * n
+      logps[r] += [float(x) for x in lps[:n]]
+      turn_of[r] += [turn] * n
+      texts.append(tokenizer.decode(toks[:n]))
+    steps = step_rows(env, [states[r] for r in alive], texts, pool)
+    still = []
+    for r, text, step in zip(alive, texts, steps):
+      states[r] = step.state
+      entry = log[r]
+      entry["rewards"].append(float(step.reward))
+      entry["texts"].append(text)
+      entry["observations"].append(step.observation)
+      entry["infos"].append(dict(step.info))
+      if step.done:
+        done[r] = True
+        continue
+      closed = bool(stream[r]) and sampled[r][-1] == 1 and stream[r][-1] == tokenizer.end_of_turn_id
+      obs = scaffold.observation_ids(tokenizer, turns.template, step.observation, closed)
+      if turn + 1 >= env.max_turns or len(stream[r]) + len(obs) + 1 > T:
+        truncated[r] = True
+        continue
+      stream[r] += obs
+      sampled[r] += [0] * len(obs)
+      logps[r] += [0.0] * len(obs)
+      turn_of[r] += [turn] * len(obs)
+      still.append(r)
+    alive, turn = still, turn + 1
+  batch = _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc)
+  if turns.mask_truncated:
+    keep = ~np.asarray(truncated)[:, None]
+    batch = dataclasses.replace(batch, loss_mask=batch.loss_mask * keep)
+  episodes = [
+    Episode(
+      task=tasks[r // G],
+      seed=seeds[r // G],
+      first_observation=firsts[r // G][1],
+      reward=float(sum(log[r]["rewards"])),
+      turn_rewards=log[r]["rewards"],
+      texts=log[r]["texts"],
+      observations=log[r]["observations"],
+      infos=log[r]["infos"],
+      done=done[r],
+      truncated=truncated[r],
+    )
+    for r in range(N)
+  ]
+  rewards = np.asarray([e.reward for e in episodes], np.float32)
+  return Rollout(batch, rewards, episodes)
+
+
+def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc) -> batch_lib.RLBatch:
+  """The RLBatch of the rows: left-padded first prompts, then T completion slots.
+
+  turn_ids: the turn a slot's token belongs to (observations: the turn they
+  answer), -1 on empty slots.
+  """
+  N = len(stream)
+  longest = max(len(p) for p in prompts)
+  P = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
+  tokens = np.full((N, P + T), sc.pad_id, np.int32)
+  valid = np.zeros((N, P + T), bool)
+  positions = np.zeros((N, P + T), np.int32)
+  loss_mask = np.zeros((N, T), np.float32)
+  logp = np.zeros((N, T), np.float32)
+  turn_ids = np.full((N, T), -1, np.int32)
+  for r in range(N):
+    prompt, n = prompts[r // G], len(stream[r])
+    tokens[r, P - len(prompt) : P] = prompt
+    valid[r, P - len(prompt) : P] = True
+    positions[r, P - len(prompt) : P] = np.arange(len(prompt))
+    positions[r, P:] = len(prompt) + np.arange(T)
+    tokens[r, P : P + n] = stream[r]
+    valid[r, P : P + n] = True
+    loss_mask[r, :n] = sampled[r]
+    logp[r, :n] = logps[r]
+    turn_ids[r, :n] = turn_of[r]
+  return batch_lib.RLBatch(
+    tokens=tokens,
+    positions=positions,
+    valid=valid,
+    loss_mask=loss_mask,
+    sampler_logp=logp,
+    turn_ids=turn_ids,
+  )

@@ -1,0 +1,50 @@
+"""The environment protocol: host-side plain functions over immutable state.
+
+An environment is an `Env` of functions, never an object with hidden state:
+
+  reset(task, seed) -> (state, observation_text)
+  step(state, assistant_text) -> Step(state, observation_text, reward, done, info)
+
+`task` is what the environment is about (a map, a math problem; None lets the
+environment derive it from `seed`), `seed` makes everything random about it
+reproducible: the same (task, seed) and the same assistant texts give the same
+observations and rewards. `step` must not mutate its input state (return a new
+one), so a driver can keep, retry or compare states freely.
+
+`info` keys the metrics read when present (all bools):
+  success         the episode reached its goal (e.g. FrozenLake's G)
+  invalid_action  the assistant text could not be parsed as an action
+  tool_call       the turn was a tool call (answered by a tool, not the env)
+  tool_error      the tool call failed (unknown tool, bad arguments, ...)
+"""
+
+from typing import Any, Callable, NamedTuple
+
+
+class Step(NamedTuple):
+  """What `Env.step` returns."""
+
+  state: Any
+  observation: str  # text shown to the model next ("" when done)
+  reward: float
+  done: bool
+  info: dict
+
+
+class Env(NamedTuple):
+  """An environment: its functions and the limits a rollout driver applies.
+
+  name: label for metrics and configs.
+  reset: (task, seed) -> (state, first observation text).
+  step: (state, assistant_text) -> Step.
+  max_turns: model turns per episode; the driver ends (truncates) an episode
+    that is not done after this many turns.
+  stop_strings: texts that end a model turn besides the end-of-turn token
+    (e.g. a tool call's close tag); the turn ends at the token completing one.
+  """
+
+  name: str
+  reset: Callable[[Any, int], tuple[Any, str]]
+  step: Callable[[Any, str], Step]
+  max_turns: int
+  stop_strings: tuple[str, ...] = ()

@@ -1,0 +1,34 @@
+"""A single-turn RL task as a one-turn environment (the bridge to `rollout.sample_groups`).
+
+reset(problem, seed) shows the task's prompt; the first assistant turn is
+scored with the task's reward functions (on `completion_prefix + text`, as the
+single-turn path scores it) and ends the episode. Rolled out with
+`single_turn_setup`'s scaffold and stop strings, the RL batch equals the
+single-turn sampler's bit for bit (tested).
+"""
+
+from rlpost import rewards as rewards_lib
+from rlpost.data import prompts as prompts_lib
+from rlpost.data import tasks
+from rlpost.envs import protocol
+
+
+def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
+  """(env, scaffold template) of `task` under a data template (fewshot | chat | plain)."""
+  kind, _ = prompts_lib.prompt_observation(task.problems[0], template, task.examples)
+  prefix = prompts_lib.completion_prefix(template)
+
+  def reset(problem, seed: int):
+    del seed  # nothing random in a fixed prompt
+    return problem, prompts_lib.prompt_observation(problem, template, task.examples)[1]
+
+  def step(problem, text: str) -> protocol.Step:
+    prompt = prompts_lib.prompt_text(problem, template, task.examples)
+    per_fn, errors = rewards_lib.score(task.reward_fns, [prompt], [prefix + text], [problem.final])
+    info = {name: fn(prefix + text, problem.final) for name, fn in task.accuracy_fns.items()}
+    info.update({f"reward/{name}/errors": n for name, n in errors.items()})
+    reward = float(sum(float(v[0]) for v in per_fn.values()))
+    return protocol.Step(problem, "", reward, True, info)
+
+  stops = prompts_lib.STOP_STRINGS if template != "plain" else ()
+  return protocol.Env("single_turn", reset, step, max_turns=1, stop_strings=stops), kind

@@ -1,0 +1,287 @@
+"""Multi-turn agentic RL from a ConfigDict (configs/agentic.py): GRPO over trajectories.
+
+Rollouts are the only data source: tasks come from environment seeds, there
+is no dataloader. One iteration:
+
+  B task seeds -> G episodes each (multi-turn rollout, `rlpost.envs.multiturn`)
+  -> trajectory rewards -> group advantages on the model's tokens
+  -> the GRPO update (`grpo.update`: ref / old logprobs, train steps)
+  -> [every eval.every iterations: greedy episodes on held-out seeds]
+  -> [every log.trajectories_every iterations: transcripts to trajectories.jsonl]
+
+Training seeds of iteration i are i*B .. i*B+B-1; held-out seeds start at
+`eval.seed_offset`, which training never reaches (checked).
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from concurrent import futures
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost import sampling
+from rlpost.envs import frozenlake
+from rlpost.envs import multiturn
+from rlpost.envs import protocol
+from rlpost.envs import tools
+from rlpost.models import policy
+from rlpost.recipes import common
+from rlpost.recipes import grpo
+from rlpost.rl import advantages as adv_lib
+from rlpost.rl import batch as batch_lib
+from rlpost.rl import objectives
+from rlpost.train import host_memory
+from rlpost.train import loop as loop_lib
+from rlpost.train import metrics as metrics_lib
+
+ENVIRONMENTS = ("frozenlake",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Static pieces of an agentic run, resolved once from the ConfigDict."""
+
+  algo: objectives.GRPOConfig
+  forward: policy.ForwardConfig
+  turns: multiturn.TurnConfig
+  sampling: sampling.SamplingConfig
+  greedy: sampling.SamplingConfig
+  batch_tasks: int
+  eval_every: int
+  eval_tasks: int
+  eval_seed_offset: int
+  trajectories_every: int
+  trajectories_logged: int
+  step_threads: int
+
+
+class Pieces(NamedTuple):
+  """Everything an agentic run is built from (see `build`)."""
+
+  setup: Setup
+  tokenizer: Any
+  env: protocol.Env
+  state: Any
+  frozen: Any
+  ref_params: Any
+  train_step: Any
+
+
+def make_env(cfg) -> protocol.Env:
+  """The `env` block's environment, wrapped with the `tools` block's tools when enabled."""
+  e = cfg.env
+  if e.name not in ENVIRONMENTS:
+    common.fail("env.name", e.name, f"use one of {ENVIRONMENTS}")
+  fixed = tuple(r.strip() for r in e.fixed_map.split(",")) if e.fixed_map else None
+  try:
+    env = frozenlake.make_env(
+      size=e.size,
+      slippery=e.slippery,
+      hole_prob=e.hole_prob,
+      max_turns=e.max_turns,
+      style=e.style,
+      invalid_penalty=e.invalid_penalty,
+      fixed_map=fixed,
+    )
+  except ValueError as err:
+    raise ValueError(f"config.env: {err}") from None
+  if cfg.tools.enabled:
+    env = tools.with_tools(env, tools.REGISTRY, cfg.tools.max_result_chars)
+  return env
+
+
+def check_config(cfg) -> tuple[objectives.GRPOConfig, policy.ForwardConfig, multiturn.TurnConfig]:
+  """Validates the ConfigDict before anything is loaded; returns its static settings."""
+  algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", grpo.RENAMED)
+  turns = common.from_block(multiturn.TurnConfig, cfg.rollout, "rollout")
+  t, s, ev = cfg.train, cfg.sampling, cfg.eval
+  if not s.temperature > 0:
+    common.fail(
+      "sampling.temperature",
+      s.temperature,
+      "training needs a temperature > 0 (greedy episodes of a task are identical, so group "
+      "advantages are 0); greedy validation uses eval.* instead",
+    )
+  if s.prompt_bucket < 1:
+    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+  if t.batch_tasks < 1:
+    common.fail("train.batch_tasks", t.batch_tasks, "must be >= 1")
+  rows = t.batch_tasks * algo.num_generations
+  if t.micro_batch_size < 1 or rows % t.micro_batch_size:
+    common.fail(
+      "train.micro_batch_size",
+      t.micro_batch_size,
+      f"train.batch_tasks * algo.num_generations = {rows} rows are not divisible by it",
+    )
+  if ev.every < 0 or ev.num_tasks < 1:
+    common.fail(
+      "eval", f"every={ev.every}, num_tasks={ev.num_tasks}", "use every >= 0, num_tasks >= 1"
+    )
+  if t.steps * t.batch_tasks > ev.seed_offset:
+    common.fail(
+      "eval.seed_offset",
+      ev.seed_offset,
+      f"training uses seeds up to train.steps * train.batch_tasks = {t.steps * t.batch_tasks}; "
+      "held-out seeds must start above them",
+    )
+  common.check_loop_settings(cfg)
+  return algo, common.forward_config(cfg, s.temperature), turns
+
+
+def build(cfg, loaded=None) -> Pieces:
+  """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
+  algo, forward, turns = check_config(cfg)
+  env = make_env(cfg)
+  _, params, tokenizer = loaded or common.load_model(cfg)
+  sc = sampling.SamplingConfig(
+    temperature=cfg.sampling.temperature,
+    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+    max_new_tokens=turns.max_turn_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=cfg.sampling.prompt_bucket,
+  )
+  setup = Setup(
+    algo=algo,
+    forward=forward,
+    turns=turns,
+    sampling=sc,
+    greedy=dataclasses.replace(sc, temperature=0.0),
+    batch_tasks=cfg.train.batch_tasks,
+    eval_every=cfg.eval.every,
+    eval_tasks=cfg.eval.num_tasks,
+    eval_seed_offset=cfg.eval.seed_offset,
+    trajectories_every=cfg.log.trajectories_every,
+    trajectories_logged=cfg.log.trajectories_logged,
+    step_threads=cfg.rollout_threads,
+  )
+  return Pieces(setup, tokenizer, env, *grpo.build_policy(cfg, params, algo, forward))
+
+
+def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
+  """Trains until cfg.train.steps iterations are done (or `stop_after` in this call).
+
+  Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
+  """
+  p = build(cfg, loaded)
+  curves = ("reward/mean", "success", "greedy/success", "turns/mean", "invalid_action_rate")
+  loop = loop_lib.loop_config(
+    cfg, f"agentic[{cfg.name}]", curves, ("reward/mean", "greedy/success")
+  )
+  with futures.ThreadPoolExecutor(p.setup.step_threads) as pool:
+    state, _ = loop_lib.run_loop(
+      workdir,
+      cfg,
+      p.state,
+      functools.partial(iteration, p, pool, workdir),
+      loop,
+      initial_metrics=functools.partial(initial_metrics, p, pool),
+      stop_after=stop_after,
+    )
+  return state
+
+
+def initial_metrics(p: Pieces, pool, state) -> dict:
+  """Step 0's record: greedy episodes on the held-out seeds before training."""
+  return evaluate(p, pool, state) if p.setup.eval_every else {}
+
+
+def evaluate(p: Pieces, pool, state) -> dict:
+  """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics."""
+  setup = p.setup
+  seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
+  out = _rollout(p, pool, state, seeds, jax.random.key(0), setup.greedy, 1)
+  return {f"greedy/{k}": v for k, v in episode_metrics(out.episodes).items()}
+
+
+def _rollout(p: Pieces, pool, state, seeds, key, sc, num_generations) -> multiturn.Rollout:
+  params_s = policy.sampling_params(state.trainable, p.frozen, p.setup.forward)
+  out = multiturn.rollout(
+    params_s,
+    p.env,
+    [None] * len(seeds),
+    seeds,
+    key,
+    tokenizer=p.tokenizer,
+    model_config=p.setup.forward.model,
+    sampling_config=sc,
+    turns=p.setup.turns,
+    num_generations=num_generations,
+    pool=pool,
+  )
+  del params_s
+  host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
+  return out
+
+
+def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
+  """One iteration (module docstring): the loop's step_fn. The cursor is passed through."""
+  setup = p.setup
+  start = time.perf_counter()
+  B, G = setup.batch_tasks, setup.algo.num_generations
+  seeds = [index * B + b for b in range(B)]
+  out = _rollout(p, pool, state, seeds, jax.random.fold_in(state.key, index), setup.sampling, G)
+  metrics = episode_metrics(out.episodes)
+  tied = adv_lib.zero_signal_groups(jnp.asarray(out.rewards), G)
+  metrics["zero_signal_groups"] = float(np.mean(np.asarray(tied)))
+  batch = dataclasses.replace(
+    batch_lib.to_device(out.batch),
+    advantages=objectives.grpo_advantages(jnp.asarray(out.rewards), setup.algo),
+  )
+  rollout_s = time.perf_counter() - start
+  state, update_metrics = grpo.update(p, state, batch)
+  metrics.update(update_metrics)
+  metrics["time/rollout_s"] = rollout_s
+  metrics["time/train_s"] = time.perf_counter() - start - rollout_s
+  if setup.eval_every and (index + 1) % setup.eval_every == 0:
+    metrics.update(evaluate(p, pool, state))
+  if setup.trajectories_every and (index + 1) % setup.trajectories_every == 0:
+    write_trajectories(workdir, index + 1, out.episodes[: setup.trajectories_logged])
+  return state, cursor, metrics
+
+
+def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
+  """Reward, success, turns, tool use, invalid actions and truncation over episodes.
+
+  Rates per turn: tool_call_rate, tool_error_rate, invalid_action_rate; per
+  episode: success (the last turn's info), truncation_rate.
+  """
+  turns = sum(len(e.infos) for e in episodes)
+  count = lambda key: sum(bool(i.get(key)) for e in episodes for i in e.infos)
+  rewards = np.asarray([e.reward for e in episodes])
+  return {
+    "reward/mean": float(rewards.mean()),
+    "reward/std": float(rewards.std()),
+    "success": float(np.mean([bool(e.infos and e.infos[-1].get("success")) for e in episodes])),
+    "turns/mean": turns / len(episodes),
+    "tool_call_rate": count("tool_call") / turns,
+    "tool_error_rate": count("tool_error") / turns,
+    "invalid_action_rate": count("invalid_action") / turns,
+    "truncation_rate": float(np.mean([e.truncated for e in episodes])),
+  }
+
+
+def write_trajectories(workdir: str, step: int, episodes) -> None:
+  """Appends readable transcripts to workdir/trajectories.jsonl (records after a resume point dropped)."""
+  path = os.path.join(workdir, "trajectories.jsonl")
+  metrics_lib.truncate_jsonl(path, step - 1)
+  for e in episodes:
+    turns = [
+      {"assistant": a, "observation": o, "reward": r, "info": i}
+      for a, o, r, i in zip(e.texts, e.observations, e.turn_rewards, e.infos)
+    ]
+    record = {
+      "step": step,
+      "seed": e.seed,
+      "first_observation": e.first_observation,
+      "reward": e.reward,
+      "done": e.done,
+      "truncated": e.truncated,
+      "turns": turns,
+    }
+    metrics_lib.append_jsonl(path, json.loads(json.dumps(record, default=str)))

@@ -1,0 +1,347 @@
+"""FrozenLake: hand-checked transitions, parsing, slippery statistics, map generation."""
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from rlpost.envs import frozenlake as fl
+from rlpost.envs.protocol import Env, Step
+
+MAP4 = ("SFFF", "FHFH", "FFFH", "HFFG")
+OPEN5 = ("SFFFF", "FFFFF", "FFFFF", "FFFFF", "FFFFG")  # no holes: slips are visible
+
+# (row, col, action) -> (new row, new col, reward, done, success), worked out by hand
+# on MAP4:   S F F F / F H F H / F F F H / H F F G
+TABLE = {
+  (0, 0, "left"): (0, 0, 0.0, False, False),  # off the grid: stays
+  (0, 0, "up"): (0, 0, 0.0, False, False),
+  (0, 0, "right"): (0, 1, 0.0, False, False),
+  (0, 0, "down"): (1, 0, 0.0, False, False),
+  (0, 1, "down"): (1, 1, 0.0, True, False),  # hole
+  (0, 3, "right"): (0, 3, 0.0, False, False),
+  (0, 3, "up"): (0, 3, 0.0, False, False),
+  (0, 3, "left"): (0, 2, 0.0, False, False),
+  (0, 3, "down"): (1, 3, 0.0, True, False),
+  (1, 0, "right"): (1, 1, 0.0, True, False),
+  (1, 0, "left"): (1, 0, 0.0, False, False),
+  (1, 0, "up"): (0, 0, 0.0, False, False),
+  (2, 0, "down"): (3, 0, 0.0, True, False),
+  (2, 2, "right"): (2, 3, 0.0, True, False),
+  (2, 2, "up"): (1, 2, 0.0, False, False),
+  (2, 2, "left"): (2, 1, 0.0, False, False),
+  (2, 2, "down"): (3, 2, 0.0, False, False),
+  (3, 1, "down"): (3, 1, 0.0, False, False),
+  (3, 1, "left"): (3, 0, 0.0, True, False),
+  (3, 2, "down"): (3, 2, 0.0, False, False),
+  (3, 2, "right"): (3, 3, 1.0, True, True),  # goal
+}
+
+
+def at(row, col, m=MAP4, turn=0, seed=0):
+  return fl.State(map=m, row=row, col=col, turn=turn, seed=seed, done=False)
+
+
+@pytest.mark.parametrize("key", list(TABLE))
+def test_transitions_match_hand_table(key):
+  row, col, action = key
+  out = make().step(at(row, col), action)
+  want_row, want_col, reward, done, success = TABLE[key]
+  assert (out.state.row, out.state.col) == (want_row, want_col)
+  assert (out.reward, out.done, out.info["success"]) == (reward, done, success)
+  assert out.info["invalid_action"] is False
+  assert out.state.turn == 1 and out.state.done == done
+
+
+def make(**kw):
+  kw.setdefault("fixed_map", MAP4)
+  return fl.make_env(**kw)
+
+
+def play(env, state, texts):
+  steps = []
+  for text in texts:
+    steps.append(env.step(state, text))
+    state = steps[-1].state
+  return steps
+
+
+def test_reset_shows_instructions_and_board_with_player():
+  env = make()
+  state, obs = env.reset(None, 3)
+  assert state == fl.State(MAP4, 0, 0, 0, 3, False)
+  assert obs == fl.instructions("word") + "\n\nPFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1."
+  assert "Answer with one of: left, down, right, up." in obs
+  _, obs_char = make(style="char").reset(None, 3)
+  assert obs_char.startswith(fl.instructions("char"))
+  assert "Answer with one letter: L, D, R or U." in fl.instructions("char")
+  assert isinstance(env, Env) and env.name == "frozenlake" and env.stop_strings == ()
+
+
+def test_right_then_down_falls_into_the_hole():
+  env = make()
+  state, _ = env.reset(None, 0)
+  first, second = play(env, state, ["right", "down"])
+  assert first.observation == "SPFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 2."  # S kept
+  assert (first.reward, first.done) == (0.0, False)
+  assert (second.state.row, second.state.col) == (1, 1)
+  assert (second.reward, second.done, second.info["success"]) == (0.0, True, False)
+  assert second.observation == ""
+
+
+def test_safe_path_reaches_the_goal():
+  env = make()
+  state, _ = env.reset(None, 0)
+  steps = play(env, state, ["down", "down", "right", "right", "down", "right"])
+  cells = [(s.state.row, s.state.col) for s in steps]
+  assert cells == [(1, 0), (2, 0), (2, 1), (2, 2), (3, 2), (3, 3)]
+  assert [s.reward for s in steps] == [0.0] * 5 + [1.0]
+  assert [s.done for s in steps] == [False] * 5 + [True]
+  assert steps[-1].info == {"success": True, "invalid_action": False}
+  assert steps[-1].state.turn == 6
+
+
+def test_step_after_done_raises():
+  env = make()
+  state, _ = env.reset(None, 0)
+  hole = play(env, state, ["right", "down"])[-1].state
+  with pytest.raises(ValueError, match="finished episode"):
+    env.step(hole, "left")
+
+
+def test_step_does_not_mutate_and_old_state_replays():
+  env = make(slippery=True)
+  state, _ = env.reset(None, 5)
+  saved = fl.State(*state)
+  first = env.step(state, "right")
+  assert state == saved
+  assert env.step(state, "right") == first
+  invalid = env.step(state, "fly")
+  assert state == saved and invalid.state is not state
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31), st.lists(st.sampled_from(fl.ACTIONS + ("??",)), max_size=8))
+def test_slippery_trajectories_are_reproducible(seed, actions):
+  env = make(slippery=True, fixed_map=OPEN5)
+
+  def run():
+    state, obs = env.reset(None, seed)
+    steps = []
+    for a in actions:
+      if state.done:
+        break
+      steps.append(env.step(state, a))
+      state = steps[-1].state
+    return obs, steps
+
+  assert run() == run()
+
+
+def test_slippery_trajectories_depend_on_seed():
+  env = make(slippery=True, fixed_map=OPEN5)
+  paths = set()
+  for seed in range(10):
+    state, _ = env.reset(None, seed)
+    steps = play(env, state, ["right", "down", "right", "down"])
+    paths.add(tuple((s.state.row, s.state.col) for s in steps))
+  assert len(paths) > 1
+
+
+def test_not_slippery_ignores_seed():
+  env = make(fixed_map=OPEN5)
+  paths = set()
+  for seed in range(10):
+    state, _ = env.reset(None, seed)
+    steps = play(env, state, ["right", "down", "right"])
+    paths.add(tuple((s.state.row, s.state.col) for s in steps))
+  assert paths == {((0, 1), (1, 1), (1, 2))}
+
+
+@pytest.mark.parametrize("vary", ["seed", "turn"])
+@pytest.mark.parametrize("action", fl.ACTIONS)
+def test_slippery_moves_intended_or_perpendicular_a_third_each(action, vary):
+  env = make(slippery=True, fixed_map=OPEN5)
+  a = fl.ACTIONS.index(action)
+  dr, dc = fl.DELTAS[a]
+  kinds = {(dr, dc): "intended", (-dr, -dc): "opposite", (dc, dr): "perp", (-dc, -dr): "perp"}
+  counts = {"intended": 0, "perp": 0, "opposite": 0}
+  n = 600
+  for i in range(n):
+    start = at(2, 2, OPEN5, seed=i) if vary == "seed" else at(2, 2, OPEN5, seed=7, turn=i)
+    out = env.step(start, action).state
+    counts[kinds[(out.row - 2, out.col - 2)]] += 1
+  assert counts["opposite"] == 0
+  assert abs(counts["intended"] / n - 1 / 3) < 0.07, counts
+  assert abs(counts["perp"] / n - 2 / 3) < 0.07, counts
+
+
+def test_slippery_perpendiculars_are_balanced():
+  # From the center, "up" slips left or right: each about a third.
+  env = make(slippery=True, fixed_map=OPEN5)
+  cols = [env.step(at(2, 2, OPEN5, seed=s), "up").state.col for s in range(600)]
+  assert abs(cols.count(1) / 600 - 1 / 3) < 0.07
+  assert abs(cols.count(3) / 600 - 1 / 3) < 0.07
+
+
+WORD_CASES = {
+  "right": 2,
+  "I go Right.": 2,
+  "LEFT": 0,
+  "Down!": 1,
+  "up, definitely up": 3,
+  "left or right": None,
+  "leftover": None,
+  "upward": None,
+  "downright": None,
+  "": None,
+  "go north": None,
+  "I thought about left. <answer>down</answer>": 1,
+  "<ANSWER> Up </ANSWER> then left": 3,
+  "<answer>left or up</answer>": None,
+  "<answer>nothing</answer> right": None,  # the answer span alone counts
+  "<answer>right": 2,  # no complete span: the whole text
+}
+
+
+@pytest.mark.parametrize("text", list(WORD_CASES))
+def test_parse_action_word_style(text):
+  assert fl.parse_action(text, "word") == WORD_CASES[text]
+
+
+CHAR_CASES = {"R": 2, " r\n": 2, "l": 0, "D": 1, "U": 3, "RR": None, "X": None, "": None}
+CHAR_CASES.update({"right": None, "R.": None})
+
+
+@pytest.mark.parametrize("text", list(CHAR_CASES))
+def test_parse_action_char_style(text):
+  assert fl.parse_action(text, "char") == CHAR_CASES[text]
+
+
+def test_parse_action_rejects_unknown_style():
+  with pytest.raises(ValueError, match="style='words'"):
+    fl.parse_action("left", "words")
+
+
+@pytest.mark.parametrize("style", ["word", "char"])
+def test_invalid_action_penalizes_and_keeps_state(style):
+  env = make(style=style, invalid_penalty=0.25)
+  state, _ = env.reset(None, 0)
+  state = env.step(state, "right" if style == "word" else "R").state
+  out = env.step(state, "jump")
+  assert out.state == state._replace(turn=state.turn + 1)
+  assert (out.reward, out.done) == (-0.25, False)
+  assert out.info == {"success": False, "invalid_action": True}
+  assert out.observation.startswith(fl.invalid_message(style))
+  assert all(a in out.observation for a in (fl.ACTIONS if style == "word" else fl.CHARS))
+  assert out.observation.endswith(fl.observation(out.state, style))
+  assert "SPFF\nFHFH\nFFFH\nHFFG\n" in out.observation
+
+
+def test_invalid_message_names_every_action():
+  env = make()
+  state, _ = env.reset(None, 0)
+  out = env.step(state, "left or right")
+  assert out.reward == -0.1
+  assert all(word in out.observation for word in fl.ACTIONS)
+
+
+def test_char_style_observation_is_the_board_and_a_short_position():
+  env = make(style="char")
+  state, _ = env.reset(None, 0)
+  assert env.step(state, "D").observation == "SFFF\nPHFH\nFFFH\nHFFG\nAt 1,0."
+
+
+def reachable(m):
+  """Cells reachable from (0, 0) through non-hole cells, by depth-first search."""
+  n = len(m)
+  seen, stack = set(), [(0, 0)]
+  while stack:
+    r, c = stack.pop()
+    if (r, c) in seen or not (0 <= r < n and 0 <= c < n) or m[r][c] == "H":
+      continue
+    seen.add((r, c))
+    stack += [(r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)]
+  return seen
+
+
+@pytest.mark.parametrize("size", [4, 5, 8])
+def test_generated_maps_are_valid_and_solvable(size):
+  for seed in range(51):
+    m = fl.generate_map(size, seed)
+    assert len(m) == size and all(len(r) == size for r in m)
+    assert set("".join(m)) <= set("SFHG")
+    flat = "".join(m)
+    assert flat.count("S") == 1 and m[0][0] == "S"
+    assert flat.count("G") == 1 and m[-1][-1] == "G"
+    assert (size - 1, size - 1) in reachable(m), m
+    fl.validate_map(m)
+
+
+def test_generate_map_is_deterministic_and_seed_dependent():
+  for seed in range(5):
+    assert fl.generate_map(6, seed, 0.3) == fl.generate_map(6, seed, 0.3)
+  assert len({fl.generate_map(6, seed, 0.3) for seed in range(5)}) > 1
+  assert fl.generate_map(3, 0, 0.0) == ("SFF", "FFF", "FFG")
+
+
+def test_generated_maps_have_holes_near_hole_prob():
+  flat = "".join("".join(fl.generate_map(8, s, 0.2)[1:-1]) for s in range(30))
+  assert 0.1 < flat.count("H") / len(flat) < 0.25
+
+
+def test_reset_without_fixed_map_generates_from_seed():
+  env = fl.make_env(size=5, hole_prob=0.3)
+  state, _ = env.reset(None, 11)
+  assert state.map == fl.generate_map(5, 11, 0.3)
+  task_state, _ = env.reset(list(MAP4), 11)
+  assert task_state.map == MAP4 and isinstance(task_state.map, tuple)
+
+
+@pytest.mark.parametrize(
+  "bad, match",
+  [
+    (("SFFS", "FFFG"), "exactly one 'S'"),
+    (("SFF", "FFF"), "exactly one 'G'"),
+    (("SFX", "FFG"), "unknown letters"),
+    (("SFF", "FG"), "equal lengths"),
+    ((), "non-empty"),
+    ("SFFG", "tuple of strings"),
+  ],
+)
+def test_validate_map_rejects_bad_maps(bad, match):
+  with pytest.raises(ValueError, match=match):
+    fl.validate_map(bad)
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(size=1), "size=1"),
+    (dict(hole_prob=1.0), "hole_prob=1.0"),
+    (dict(max_turns=0), "max_turns=0"),
+    (dict(style="letters"), "style='letters'"),
+    (dict(invalid_penalty=-0.1), "invalid_penalty=-0.1"),
+    (dict(slippery="yes"), "slippery='yes'"),
+    (dict(fixed_map=("SF", "FF")), "exactly one 'G'"),
+  ],
+)
+def test_make_env_rejects_bad_arguments(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    fl.make_env(**kwargs)
+
+
+def test_bad_seed_and_size_are_rejected():
+  with pytest.raises(ValueError, match="seed=-1"):
+    make().reset(None, -1)
+  with pytest.raises(ValueError, match="size=1"):
+    fl.generate_map(1, 0)
+  with pytest.raises(ValueError, match="exactly one 'S'"):
+    make().reset(("FFF", "FFG"), 0)
+
+
+def test_step_returns_a_protocol_step():
+  env = make()
+  state, _ = env.reset(None, 0)
+  out = env.step(state, "down")
+  assert isinstance(out, Step) and isinstance(out.state, fl.State)
+  assert out.state.map == MAP4 and fl.observation(out.state, "word") == out.observation
