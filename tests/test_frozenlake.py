@@ -69,7 +69,11 @@ def test_reset_shows_instructions_and_board_with_player():
   env = make()
   state, obs = env.reset(None, 3)
   assert state == fl.State(MAP4, 0, 0, 0, 3, False)
-  assert obs == fl.instructions("word") + "\n\nPFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1."
+  assert (
+    obs
+    == fl.instructions("word")
+    + "\n\nPFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1.\nYour move:"
+  )
   assert "Answer with one of: left, down, right, up." in obs
   _, obs_char = make(style="char").reset(None, 3)
   assert obs_char.startswith(fl.instructions("char"))
@@ -81,7 +85,9 @@ def test_right_then_down_falls_into_the_hole():
   env = make()
   state, _ = env.reset(None, 0)
   first, second = play(env, state, ["right", "down"])
-  assert first.observation == "SPFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 2."  # S kept
+  assert (
+    first.observation == "SPFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 2.\nYour move:"
+  )  # S kept
   assert (first.reward, first.done) == (0.0, False)
   assert (second.state.row, second.state.col) == (1, 1)
   assert (second.reward, second.done, second.info["success"]) == (0.0, True, False)

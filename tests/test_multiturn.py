@@ -60,6 +60,7 @@ def _rollout(
   template="chat",
   params=None,
   mask_truncated=False,
+  stops=(),
 ):
   sc = sampling.SamplingConfig(
     temperature=1.0,
@@ -68,7 +69,9 @@ def _rollout(
     pad_id=TOK.pad_id,
     prompt_bucket=16,
   )
-  turns = multiturn.TurnConfig(template, turn_tokens, total, mask_truncated=mask_truncated)
+  turns = multiturn.TurnConfig(
+    template, turn_tokens, total, mask_truncated=mask_truncated, stop_strings=stops
+  )
   params = _random_params(0) if params is None else params
   out = multiturn.rollout(
     params,
@@ -349,3 +352,26 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   d_logp = jax.grad(loss_of_logp)(logp)
   assert float(jnp.abs(d_logp * (mask == 0)).max()) == 0.0
   assert float(jnp.abs(d_logp * mask).max()) > 0
+
+
+def test_turns_end_at_the_token_completing_a_stop_string():
+  """With TurnConfig.stop_strings, a turn's text contains a stop string only in its last
+  token (kept whole); without them the same rollout runs past it.
+
+  Mutation caught: ignoring TurnConfig.stop_strings.
+  """
+  stops = tuple("aeiou0123456789 ")
+  args = dict(seeds=[1, 2, 5, 4], G=2, turn_tokens=8, total=300)
+  out, _ = _rollout(_counting_env([]), stops=stops, **args)
+  free, _ = _rollout(_counting_env([]), **args)
+  hit = lambda text: any(s in text for s in stops)
+  cut = 0
+  for e in out.episodes:
+    for text in e.texts:
+      ids = TOK.encode(text, add_bos=False)
+      assert not hit(TOK.decode(ids[:-1])), text
+      cut += hit(text)
+  assert cut > 3
+  assert any(
+    hit(TOK.decode(TOK.encode(t, add_bos=False)[:-1])) for e in free.episodes for t in e.texts
+  )

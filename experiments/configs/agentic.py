@@ -52,9 +52,12 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
     {
-      "template": "plain" if tiny else "chat",  # scaffold around observations: chat | plain
-      "max_turn_tokens": 1 if tiny else 24,  # sampled tokens per turn
-      "max_total_tokens": 128 if tiny else 512,  # completion slots: turns + observations
+      # scaffold around observations: chat | plain (the base Gemma 3 270M does not
+      # follow the chat format; it answers the plain-text cue "Your move:")
+      "template": "plain",
+      "max_turn_tokens": 1 if tiny else 4,  # sampled tokens per turn
+      "stop_strings": () if tiny else ("\n",),  # texts that also end a turn
+      "max_total_tokens": 128 if tiny else 384,  # completion slots: turns + observations
       "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
       # later turns over all rows and the whole window: one compilation, more compute
       "fixed_shapes": tiny,

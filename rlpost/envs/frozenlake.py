@@ -167,7 +167,9 @@ def instructions(style: str) -> str:
   return (
     "Walk on the frozen lake from S to G without stepping into a hole.\n"
     "S: start, F: frozen (safe), H: hole (episode ends), G: goal, P: your position.\n"
-    f"{answer_hint(style)}"
+    f"{answer_hint(style)}\n\n"
+    "Example:\nSFF\nPHF\nFFG\nYou are at row 2, column 1.\nYour move: down\n"
+    "SFF\nFHF\nPFG\nYou are at row 3, column 1.\nYour move: right"
   )
 
 
@@ -194,7 +196,10 @@ def observation(state: State, style: str) -> str:
   """The board, then the agent's position on its own line (the last thing the model
   reads before answering: a small model need not find P in the grid)."""
   r, c = state.row, state.col
-  where = f"At {r},{c}." if style == "char" else f"You are at row {r + 1}, column {c + 1}."
+  if style == "char":
+    where = f"At {r},{c}."
+  else:  # ends with a cue a base (not chat-tuned) model continues with a move
+    where = f"You are at row {r + 1}, column {c + 1}.\nYour move:"
   return f"{render(state)}\n{where}"
 
 

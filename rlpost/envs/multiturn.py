@@ -16,7 +16,7 @@ sampled tokens; observation and scaffolding tokens are `valid` context with
 `loss_mask` 0 (see `rlpost.envs.scaffold`).
 
 A turn ends at the end-of-turn (or EOS) token, at the token that completes one
-of `env.stop_strings` (kept whole, even when the tag ends inside it), at
+of `env.stop_strings` or `TurnConfig.stop_strings` (kept whole, even when the tag ends inside it), at
 `max_turn_tokens`, or where the row's completion slots run out. Every sampled
 turn gets exactly one `env.step` call. An episode is truncated when it is not
 done after `env.max_turns` turns or when its next observation (plus one
@@ -56,6 +56,8 @@ class TurnConfig:
   max_total_tokens: completion slots T per row (turns + observations).
   mask_truncated: put loss_mask = 0 on every token of a truncated episode.
   fixed_shapes: later turns sample every row over the whole window (module doc).
+  stop_strings: texts that end a turn in addition to the environment's (e.g.
+    "\n" when a base model answers after a cue in the plain scaffold).
   """
 
   template: str = "chat"
@@ -63,12 +65,20 @@ class TurnConfig:
   max_total_tokens: int = 256
   mask_truncated: bool = False
   fixed_shapes: bool = False
+  stop_strings: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.template not in scaffold.SCAFFOLDS:
       raise ValueError(f"TurnConfig.template={self.template!r}: use one of {scaffold.SCAFFOLDS}")
     if self.max_turn_tokens < 1:
       raise ValueError(f"TurnConfig.max_turn_tokens={self.max_turn_tokens}: use >= 1 token")
+    if isinstance(self.stop_strings, str) or not all(
+      isinstance(t, str) and t for t in self.stop_strings
+    ):
+      raise ValueError(
+        f"TurnConfig.stop_strings={self.stop_strings!r}: use a tuple of non-empty strings"
+      )
+    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
     if self.max_total_tokens < 1:
       raise ValueError(f"TurnConfig.max_total_tokens={self.max_total_tokens}: use >= 1 token")
 
@@ -173,6 +183,7 @@ def rollout(
     raise ValueError(
       f"need one seed per task and at least one task: {len(tasks)} tasks, {len(seeds)} seeds"
     )
+  stops = tuple(env.stop_strings) + turns.stop_strings
   firsts = [env.reset(task, seed) for task, seed in zip(tasks, seeds)]
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
@@ -210,7 +221,7 @@ def rollout(
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
       toks = [int(t) for t in toks]
-      end = batch_lib.stop_length(toks, tokenizer, env.stop_strings)
+      end = batch_lib.stop_length(toks, tokenizer, stops)
       n = min(len(toks) if end is None else end, T - len(stream[r]))
       stream[r] += toks[:n]
       sampled[r] += [1] * n

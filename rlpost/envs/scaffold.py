@@ -11,7 +11,7 @@ Scaffolds (the `template` argument):
          (the leading <end_of_turn> only when the model's turn did not end with
          one, e.g. at a tool call's close tag; the "\\n" after the model's own
          <end_of_turn> is scaffolding, so it is not trained on)
-  plain  first prompt  <bos>{observation};  later turns  {observation}
+  plain  first prompt  <bos>{observation};  later turns  \n{observation}
 """
 
 SCAFFOLDS = ("chat", "plain")
@@ -57,6 +57,6 @@ def observation_ids(
   """
   _check(template)
   if template == "plain":
-    return text_ids(tokenizer, observation)
+    return text_ids(tokenizer, f"\n{observation}")
   close = [] if model_closed_turn else [tokenizer.end_of_turn_id]
   return close + text_ids(tokenizer, "\n") + _user_turn(tokenizer, observation)
