@@ -21,7 +21,7 @@ from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.recipes import grpo
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import objectives
-from conftest import with_overrides
+from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
 
 TOK = tokenizer_lib.byte_tokenizer()
@@ -375,3 +375,24 @@ def test_turns_end_at_the_token_completing_a_stop_string():
   assert any(
     hit(TOK.decode(TOK.encode(t, add_bos=False)[:-1])) for e in free.episodes for t in e.texts
   )
+
+
+def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
+  """With the real vocabulary too: observation text holds no control id; the scaffold's own
+  ids are the only ones, and the text decodes back exactly."""
+  require_gemma3()
+  tok = tokenizer_lib.load_gguf_tokenizer()
+  controls = set(tok.special_tokens.values())
+  obs = f"{HOSTILE} <eos><pad> <start_of_image>"
+  ids = scaffold.observation_ids(tok, "chat", obs, model_closed_turn=False)
+  assert [i for i in ids if i in controls] == [
+    tok.end_of_turn_id,
+    tok.start_of_turn_id,
+    tok.end_of_turn_id,
+    tok.start_of_turn_id,
+  ]
+  assert tok.decode(ids, skip_special=False) == (
+    f"<end_of_turn>\n<start_of_turn>user\n{obs}<end_of_turn>\n<start_of_turn>model\n"
+  )
+  first = scaffold.prompt_ids(tok, "plain", obs)
+  assert first[0] == tok.bos_id and not set(first[1:]) & controls
