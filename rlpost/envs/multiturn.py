@@ -121,24 +121,36 @@ def step_rows(env: protocol.Env, states, texts, pool: futures.Executor | None):
   return list(pool.map(env.step, states, texts))
 
 
-def _sample_turn(params, contexts, rows: int, width: int | None, key, limit, model_config, sc):
-  """One sampler call over `contexts` (token lists).
+def _sample_alive(params, contexts, turn, G, N, window, key, limit, turns, model_config, sc):
+  """The sampled (tokens, logprobs) of each alive row this turn, up to its stop token.
 
-  rows: the batch is padded to this many rows (copies of the first context,
-  discarded); width: contexts are left-padded to exactly this many slots
-  (None: to a multiple of the prompt bucket). Returns (tokens, logprobs) per
-  context: the sampled tokens up to and including the stop token.
+  Turn 0: `contexts` are the B first prompts, sampled G times each from one shared
+  prefill (the single-turn sampler call; `limit` None when the cap is the turn cap).
+  Later turns: one context per alive row, rows and widths padded per
+  `turns.fixed_shapes` (module doc); padding rows copy the first and are dropped.
   """
-  n = len(contexts)
-  padded = contexts + [contexts[0]] * (rows - n)
-  if width is None:
-    tokens, lengths = sampling.pad_prompts(padded, sc)
+  if turn == 0:
+    tokens, lengths = sampling.pad_prompts(contexts, sc)
+    limit, num_samples, n = (None if limit == sc.max_new_tokens else limit), G, N
   else:
-    tokens = np.asarray([[sc.pad_id] * (width - len(c)) + c for c in padded], np.int32)
-    lengths = np.asarray([len(c) for c in padded], np.int32)
+    n, num_samples = len(contexts), 1
+    rows = N if turns.fixed_shapes else 1 << (n - 1).bit_length()
+    padded = contexts + [contexts[0]] * (rows - n)
+    if turns.fixed_shapes:
+      tokens = np.asarray([[sc.pad_id] * (window - len(c)) + c for c in padded], np.int32)
+      lengths = np.asarray([len(c) for c in padded], np.int32)
+    else:
+      tokens, lengths = sampling.pad_prompts(padded, sc)
   out = jax.device_get(
     sampling.sample(
-      params, tokens, lengths, key, limit, model_config=model_config, config=sc, num_samples=1
+      params,
+      tokens,
+      lengths,
+      key,
+      limit,
+      model_config=model_config,
+      config=sc,
+      num_samples=num_samples,
     )
   )
   return [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
@@ -198,26 +210,12 @@ def rollout(
   done, truncated = [False] * N, [False] * N
   alive, turn = list(range(N)), 0
   while alive:
-    if turn == 0:
-      tokens, lengths = sampling.pad_prompts(prompts, sc)
-      limit = None if T >= sc.max_new_tokens else T
-      out = jax.device_get(
-        sampling.sample(
-          params, tokens, lengths, key, limit, model_config=model_config, config=sc, num_samples=G
-        )
-      )
-      turn_out = [
-        (out.tokens[r, : out.lengths[r]], out.logprobs[r, : out.lengths[r]]) for r in alive
-      ]
-    else:
-      limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
-      contexts = [prompts[r // G] + stream[r] for r in alive]
-      if turns.fixed_shapes:
-        rows, width = N, window
-      else:
-        rows, width = 1 << (len(alive) - 1).bit_length(), None
-      turn_key = jax.random.fold_in(key, turn)
-      turn_out = _sample_turn(params, contexts, rows, width, turn_key, limit, model_config, sc)
+    turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
+    contexts = prompts if turn == 0 else [prompts[r // G] + stream[r] for r in alive]
+    limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
+    turn_out = _sample_alive(
+      params, contexts, turn, G, N, window, turn_key, limit, turns, model_config, sc
+    )
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
       toks = [int(t) for t in toks]
