@@ -222,7 +222,7 @@ _advantages = jax.jit(objectives.ppo_advantages, static_argnames="config")
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
   """One PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
-  setup, algo = p.setup, p.setup.algo
+  setup = p.setup
   start = time.perf_counter()
   params_s = policy.sampling_params(state.trainable["actor"], p.frozen, setup.forward)
   idx, cursor = next_indices(
@@ -241,11 +241,28 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   )
   scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
   rollout_s = time.perf_counter() - start
+  state, update_metrics = update(p, state, batch, scores, index)
+  metrics.update(update_metrics)
+  elapsed = time.perf_counter() - start
+  metrics["time/rollout_s"] = rollout_s
+  metrics["time/train_s"] = elapsed - rollout_s - metrics["time/forward_s"]
+  metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / elapsed
+  return state, cursor, metrics
 
-  batch, moments = score_tokens(p, state, batch, scores)
+
+def update(p, state, batch, scores_N, index: int):
+  """The critic pass and GAE (or GAE in the step), then epochs of mini-batch train steps.
+
+  `p` has setup (algo, forward, critic, batch_prompts rows, mini_batch_size,
+  seed, gae_in_step), frozen and train_step; `scores_N` are the rows' rewards,
+  placed on each row's last loss token. Returns (state, metrics with value
+  statistics, pass means, first-pass ratio / KL, actor_on, time/forward_s).
+  """
+  setup, algo = p.setup, p.setup.algo
+  start = time.perf_counter()
+  batch, moments = score_tokens(p, state, batch, scores_N)
   jax.block_until_ready(batch)  # honest phase times (the train step would wait anyway)
-  forward_s = time.perf_counter() - start - rollout_s
-
+  forward_s = time.perf_counter() - start
   actor_on = index >= algo.critic_warmup_steps
   opt_args = {"actor_on": jnp.asarray(actor_on)}
   passes = []
@@ -261,22 +278,14 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   passes = jax.device_get(passes)
   if moments is None:  # GAE ran in the (single) train step
     moments = {k: passes[0].pop(k) for k in list(passes[0]) if k.startswith("moments/")}
-  metrics.update(objectives.value_stats(moments))
+  metrics = objectives.value_stats(moments)
   metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
   for name in ("ratio_mean", "approx_kl", "kl", "sampler_logp_gap"):
     if name in passes[0]:
       metrics[f"{name}/first_pass"] = passes[0][name]
   metrics["actor_on"] = float(actor_on)
-  elapsed = time.perf_counter() - start
-  metrics.update(
-    {
-      "time/rollout_s": rollout_s,
-      "time/forward_s": forward_s,
-      "time/train_s": elapsed - rollout_s - forward_s,
-      "tokens_per_s": float(batch.loss_mask.sum()) / elapsed,
-    }
-  )
-  return state, cursor, metrics
+  metrics["time/forward_s"] = forward_s
+  return state, metrics
 
 
 def score_tokens(p: Pieces, state, batch, scores_N):
