@@ -396,3 +396,30 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
   )
   first = scaffold.prompt_ids(tok, "plain", obs)
   assert first[0] == tok.bos_id and not set(first[1:]) & controls
+
+
+@pytest.mark.parametrize(
+  "result,match",
+  [
+    (ValueError("boom"), "step raised ValueError: boom"),
+    ("not a step", "step returned str"),
+    (protocol.Step(0, 5, 0.0, True, {}), "observation is int"),
+    (protocol.Step(0, "", float("nan"), True, {}), "reward is nan"),
+    (protocol.Step(0, "", "1", True, {}), "reward is str"),
+    (protocol.Step(0, "", 1.0, "yes", {}), "done is str"),
+    (protocol.Step(0, "", 1.0, True, None), "info is NoneType"),
+  ],
+)
+def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match):
+  def step(state, text):
+    if isinstance(result, Exception):
+      raise result
+    return result
+
+  env = protocol.Env("broken", lambda task, seed: (0, "hi"), step, max_turns=2)
+  with pytest.raises((RuntimeError, TypeError), match=match) as info:
+    multiturn.step_rows(env, [0, 0], ["a", "b"], None)
+  assert "'broken'" in str(info.value)
+  bad_reset = env._replace(reset=lambda task, seed: "just text")
+  with pytest.raises(TypeError, match="reset"):
+    _rollout(bad_reset, seeds=[0], G=1)

@@ -35,6 +35,7 @@ contexts to a multiple of the prompt bucket: less compute, more compilations.
 """
 
 import dataclasses
+import functools
 from concurrent import futures
 from typing import Any, NamedTuple
 
@@ -114,11 +115,46 @@ class Rollout(NamedTuple):
   episodes: list
 
 
+def checked_step(env: protocol.Env, state, text: str) -> protocol.Step:
+  """`env.step(state, text)` as a `Step`; a raising or malformed step fails naming the env.
+
+  The returned tuple must be (state, observation: str, reward: finite number,
+  done: bool, info: dict).
+  """
+  try:
+    result = env.step(state, text)
+  except Exception as e:
+    raise RuntimeError(
+      f"environment {env.name!r}: step raised {type(e).__name__}: {e} (assistant text "
+      f"{text[:120]!r}); an environment should return an observation for bad input"
+    ) from e
+  if not isinstance(result, tuple) or len(result) != 5:
+    raise TypeError(
+      f"environment {env.name!r}: step returned {type(result).__name__}; return "
+      "Step(state, observation, reward, done, info) (rlpost.envs.protocol)"
+    )
+  step = protocol.Step(*result)
+  problems = []
+  if not isinstance(step.observation, str):
+    problems.append(f"observation is {type(step.observation).__name__}, not str")
+  if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float, np.number)):
+    problems.append(f"reward is {type(step.reward).__name__}, not a number")
+  elif not np.isfinite(step.reward):
+    problems.append(f"reward is {step.reward}, not finite")
+  if not isinstance(step.done, (bool, np.bool_)):
+    problems.append(f"done is {type(step.done).__name__}, not bool")
+  if not isinstance(step.info, dict):
+    problems.append(f"info is {type(step.info).__name__}, not dict")
+  if problems:
+    raise TypeError(f"environment {env.name!r}: step returned a bad Step: {'; '.join(problems)}")
+  return step
+
+
 def step_rows(env: protocol.Env, states, texts, pool: futures.Executor | None):
-  """`env.step` on each (state, text), concurrently on `pool` (None: in turn); row order kept."""
+  """`checked_step` on each (state, text), concurrently on `pool` (None: in turn); row order kept."""
   if pool is None:
-    return [env.step(s, t) for s, t in zip(states, texts)]
-  return list(pool.map(env.step, states, texts))
+    return [checked_step(env, s, t) for s, t in zip(states, texts)]
+  return list(pool.map(functools.partial(checked_step, env), states, texts))
 
 
 def _sample_alive(params, contexts, turn, G, N, window, key, limit, turns, model_config, sc):
@@ -197,6 +233,12 @@ def rollout(
     )
   stops = tuple(env.stop_strings) + turns.stop_strings
   firsts = [env.reset(task, seed) for task, seed in zip(tasks, seeds)]
+  for seed, first in zip(seeds, firsts):
+    if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[1], str)):
+      raise TypeError(
+        f"environment {env.name!r}: reset(task, seed={seed}) must return (state, "
+        f"observation text), got {type(first).__name__} {str(first)[:80]!r}"
+      )
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
   longest = max(len(p) for p in prompts)
