@@ -91,7 +91,6 @@ class Pieces(NamedTuple):
 
 def check_config(cfg) -> Setup:
   """Validates the ConfigDict before anything is loaded (Setup without `sampling`)."""
-  algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
   rollout_cfg = common.from_block(rollout.RolloutConfig, cfg.rollout, "rollout")
   if rollout_cfg.dynamic_sampling:
     common.fail(
@@ -100,24 +99,39 @@ def check_config(cfg) -> Setup:
       "PPO samples one completion per prompt and its critic gives every sample a "
       "baseline: there are no tied groups to drop; use False",
     )
+  setup = learner_setup(cfg, cfg.train.batch_prompts, "train.batch_prompts")
+  rollout.check_settings(
+    cfg,
+    rollout_cfg,
+    setup.mini_batch_size,
+    "algo.mini_batch_size (None: train.batch_prompts)",
+    "the trainer's logprobs divide the logits by the temperature",
+  )
+  return dataclasses.replace(
+    setup, rollout=rollout_cfg, template=cfg.data.template, shuffle=cfg.data.shuffle
+  )
+
+
+def learner_setup(cfg, rows: int, rows_text: str) -> Setup:
+  """The `algo`, `critic`, `train` and forward settings of a PPO learner of `rows` rows
+  per iteration (`rows_text` says which config fields give them)."""
+  algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
   critic_cfg = common.from_block(CriticConfig, cfg.critic, "critic")
   t = cfg.train
-  rows = t.batch_prompts
   mini = algo.mini_batch_size or rows
   if rows % mini:
     common.fail(
       "algo.mini_batch_size",
       mini,
-      f"train.batch_prompts = {rows} rows (one completion per prompt) are not divisible "
+      f"{rows_text} = {rows} rows (one completion per prompt) are not divisible "
       f"by it; choose a divisor of {rows}, or None for the whole batch",
     )
-  rollout.check_settings(
-    cfg,
-    rollout_cfg,
-    mini,
-    "algo.mini_batch_size (None: train.batch_prompts)",
-    "the trainer's logprobs divide the logits by the temperature",
-  )
+  if t.micro_batch_size < 1 or mini % t.micro_batch_size:
+    common.fail(
+      "train.micro_batch_size",
+      t.micro_batch_size,
+      f"a mini-batch of {mini} rows is not divisible by it; choose a divisor of {mini}",
+    )
   if algo.critic_warmup_steps >= t.steps:
     common.fail(
       "algo.critic_warmup_steps",
@@ -137,14 +151,14 @@ def check_config(cfg) -> Setup:
     algo=algo,
     critic=layout,
     critic_learning_rate=critic_lr,
-    rollout=rollout_cfg,
+    rollout=rollout.RolloutConfig(),
     forward=common.forward_config(cfg, cfg.sampling.temperature),
     sampling=None,
     batch_prompts=rows,
     mini_batch_size=mini,
     micro_batch_size=t.micro_batch_size,
-    template=cfg.data.template,
-    shuffle=cfg.data.shuffle,
+    template="",
+    shuffle=False,
     seed=cfg.seed,
   )
 
@@ -170,8 +184,14 @@ def build(cfg, loaded=None) -> Pieces:
   setup = check_config(cfg)
   _, params, tokenizer = loaded or common.load_model(cfg)
   setup = dataclasses.replace(setup, sampling=rollout.sampling_config(cfg, tokenizer))
-  fwd, algo = setup.forward, setup.algo
   task = tasks.load_task(cfg.data, "train", cfg.seed)
+  setup, state, frozen, train_step = build_learner(cfg, params, setup)
+  return Pieces(setup, tokenizer, task, state, frozen, train_step)
+
+
+def build_learner(cfg, params, setup: Setup):
+  """(setup with `gae_in_step`, state {actor, critic}, frozen, train_step) over `params`."""
+  fwd, algo = setup.forward, setup.algo
   key = jax.random.key(cfg.seed)
   actor, frozen = common.trainable_and_frozen(params, fwd, key)
   if not fwd.lora and (algo.beta > 0 or setup.critic.mode == "lora"):
@@ -195,7 +215,7 @@ def build(cfg, loaded=None) -> Pieces:
     loss_fn, optimizer, mesh, setup.micro_batch_size, grad_norm_parts=("actor", "critic")
   )
   host_memory.release_freed_memory()
-  return Pieces(setup, tokenizer, task, state, step_lib.replicate(frozen, mesh), train_step)
+  return setup, state, step_lib.replicate(frozen, mesh), train_step
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
