@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import grpo_gsm8k
+from experiments.configs import ppo_gsm8k
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.envs import multiturn
@@ -19,7 +20,9 @@ from rlpost.envs import single_turn
 from rlpost.models import policy
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.recipes import grpo
+from rlpost.recipes import ppo
 from rlpost.recipes import rollout as rollout_lib
+from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
 from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
@@ -423,3 +426,37 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
   bad_reset = env._replace(reset=lambda task, seed: "just text")
   with pytest.raises(TypeError, match="reset"):
     _rollout(bad_reset, seeds=[0], G=1)
+
+
+def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
+  """PPO over the one-turn environment: after the critic pass and GAE (values,
+  returns, advantages, token rewards, with KL in the reward) the batch equals
+  single-turn PPO's bit for bit."""
+  cfg = with_overrides(ppo_gsm8k.get_config("tiny"), {"train.batch_prompts": 16, "algo.beta": 0.05})
+  p = ppo.build(cfg)
+  params = policy.sampling_params(p.state.trainable["actor"], p.frozen, p.setup.forward)
+  problems, key, sc = p.task.problems[:16], jax.random.key(11), p.setup.sampling
+  groups, _ = rollout_lib.sample_groups(p, params, problems, key, 1)
+  single = batch_lib.to_device(batch_lib.concatenate([g["batch"] for g in groups], sc.pad_id))
+  scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
+  env, kind = single_turn.make_env(p.task, cfg.data.template)
+  out = multiturn.rollout(
+    params,
+    env,
+    problems,
+    list(range(16)),
+    key,
+    tokenizer=p.tokenizer,
+    model_config=p.setup.forward.model,
+    sampling_config=sc,
+    turns=multiturn.TurnConfig(kind, sc.max_new_tokens, sc.max_new_tokens),
+    num_generations=1,
+  )
+  multi = dataclasses.replace(jax.tree.map(jnp.asarray, out.batch), turn_ids=None)
+  np.testing.assert_array_equal(out.rewards, scores)
+  assert not p.setup.gae_in_step  # the separate critic pass and GAE run here
+  a, _ = ppo.score_tokens(p, p.state, single, scores)
+  b, _ = ppo.score_tokens(p, p.state, multi, jnp.asarray(out.rewards))
+  equal = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+  assert all(jax.tree.leaves(equal)), equal
+  assert a.values is not None and a.advantages is not None and a.ref_logp is not None

@@ -7,24 +7,27 @@ ENV_MODEL:
   frozenlake_gemma3   the real Gemma 3 270M, 4x4 maps drawn from the task seed,
                       word actions (left, down, right, up)
 ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
-(the `algo` block of configs/grpo_gsm8k.py).
+(the `algo` block of configs/grpo_gsm8k.py); ppo: PPO with a learned critic (the `algo`
+and `critic` blocks of configs/ppo_gsm8k.py), one episode per task.
 """
 
 import ml_collections
 
 from experiments.configs import common
 from experiments.configs import grpo_gsm8k
+from experiments.configs import ppo_gsm8k
 
 VARIANTS = {"frozenlake_tiny": "tiny", "frozenlake_gemma3": "gemma3_270m"}
+ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)
 
 
 def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   env_model, _, algo = variant.partition(",")
   algo = algo or "grpo"
-  if env_model not in VARIANTS or algo not in grpo_gsm8k.ALGORITHMS:
+  if env_model not in VARIANTS or algo not in ALGORITHMS:
     raise ValueError(
       f"Unknown variant {variant!r}; use ENV_MODEL[,ALGORITHM] with ENV_MODEL in "
-      f"{sorted(VARIANTS)} and ALGORITHM in {list(grpo_gsm8k.ALGORITHMS)}"
+      f"{sorted(VARIANTS)} and ALGORITHM in {list(ALGORITHMS)}"
     )
   model = VARIANTS[env_model]
   tiny = model == "tiny"
@@ -33,8 +36,14 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = common.model_config(model)
   c.lora = common.lora_config(enabled=not tiny, rank=32)
-  c.algo = grpo_gsm8k.algorithm(algo)
-  c.algo.num_generations = 16 if tiny else 8
+  c.learner = "ppo" if algo == "ppo" else "grpo"  # which update trains on the episodes
+  if algo == "ppo":
+    c.algo = ppo_gsm8k.algorithm(tiny)
+    c.algo.mini_batch_size = None  # one optimizer step per iteration, as GRPO
+    c.critic = ppo_gsm8k.critic(tiny)
+  else:
+    c.algo = grpo_gsm8k.algorithm(algo)
+    c.algo.num_generations = 16 if tiny else 8
   if tiny:
     c.algo.beta = 0.0  # no reference pass: the tiny task has nothing to stay close to
   c.env = ml_collections.ConfigDict(
@@ -68,7 +77,8 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(
     {
       "steps": 80 if tiny else 60,
-      "batch_tasks": 1 if tiny else 2,  # task seeds per step (x num_generations episodes)
+      # task seeds per step (GRPO: x algo.num_generations episodes; PPO: one episode each)
+      "batch_tasks": 16 if algo == "ppo" else (1 if tiny else 2),
       "micro_batch_size": 8,
       "learning_rate": 1e-2 if tiny else 2e-5,
       "warmup_fraction": 0.1,

@@ -12,16 +12,9 @@ from ml_collections.config_dict import placeholder
 from experiments.configs import common
 
 
-def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
-  if variant not in common.MODELS:
-    raise ValueError(f"Unknown variant {variant!r}; models: {sorted(common.MODELS)}")
-  tiny = variant == "tiny"
-  c = ml_collections.ConfigDict()
-  c.name = "ppo"  # the run's label (progress bar, curves)
-  c.seed = 0
-  c.model = common.model_config(variant)
-  c.lora = common.lora_config(enabled=not tiny, rank=32)  # the actor's (and a lora critic's)
-  c.algo = ml_collections.ConfigDict(
+def algorithm(tiny: bool) -> ml_collections.ConfigDict:
+  """The `algo` block: exactly the fields of rlpost.rl.objectives.PPOConfig."""
+  return ml_collections.ConfigDict(
     {
       "num_iterations": 1,  # epochs over each rollout batch
       # rows per optimizer step; None: the whole batch
@@ -47,13 +40,30 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "tis_cap": placeholder(float),
     }
   )
-  c.critic = ml_collections.ConfigDict(
+
+
+def critic(tiny: bool) -> ml_collections.ConfigDict:
+  """The `critic` block: the fields of rlpost.recipes.ppo.CriticConfig."""
+  return ml_collections.ConfigDict(
     {
       "mode": placeholder(str),  # lora | full | shared; None: lora with a LoRA actor, else full
       # None: 10x train.learning_rate (Tunix, verl); the tiny model's full trunk wants 1x
       "learning_rate": 3e-2 if tiny else placeholder(float),
     }
   )
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  if variant not in common.MODELS:
+    raise ValueError(f"Unknown variant {variant!r}; models: {sorted(common.MODELS)}")
+  tiny = variant == "tiny"
+  c = ml_collections.ConfigDict()
+  c.name = "ppo"  # the run's label (progress bar, curves)
+  c.seed = 0
+  c.model = common.model_config(variant)
+  c.lora = common.lora_config(enabled=not tiny, rank=32)  # the actor's (and a lora critic's)
+  c.algo = algorithm(tiny)
+  c.critic = critic(tiny)
   c.rollout = ml_collections.ConfigDict(
     {
       "overlong_buffer": placeholder(int),  # soft overlong penalty window in tokens; None: off

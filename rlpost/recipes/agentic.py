@@ -1,11 +1,15 @@
-"""Multi-turn agentic RL from a ConfigDict (configs/agentic.py): GRPO over trajectories.
+"""Multi-turn agentic RL from a ConfigDict (configs/agentic.py): GRPO or PPO over trajectories.
 
 Rollouts are the only data source: tasks come from environment seeds, there
 is no dataloader. One iteration:
 
   B task seeds -> G episodes each (multi-turn rollout, `rlpost.envs.multiturn`)
-  -> trajectory rewards -> group advantages on the model's tokens
-  -> the GRPO update (`grpo.update`: ref / old logprobs, train steps)
+  -> trajectory rewards -> `config.learner`:
+     grpo: group advantages on the model's tokens -> `grpo.update` (ref / old
+       logprobs, train steps)
+     ppo (G = 1): the reward on each episode's last sampled token -> `ppo.update`
+       (critic values, GAE over the stream: observation tokens are transparent,
+       value targets; actor + critic train step)
   -> [every eval.every iterations: greedy episodes on held-out seeds]
   -> [every log.trajectories_every iterations: transcripts to trajectories.jsonl]
 
@@ -33,6 +37,7 @@ from rlpost.envs import tools
 from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.recipes import grpo
+from rlpost.recipes import ppo
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
@@ -41,13 +46,31 @@ from rlpost.train import loop as loop_lib
 from rlpost.train import metrics as metrics_lib
 
 ENVIRONMENTS = ("frozenlake",)
+LEARNERS = ("grpo", "ppo")
+
+
+class GRPOLearnerSetup(NamedTuple):
+  """What `grpo.update` reads of a setup."""
+
+  algo: objectives.GRPOConfig
+  forward: policy.ForwardConfig
+
+
+class Learner(NamedTuple):
+  """The `p` of `grpo.update` / `ppo.update`: their setup, frozen weights and train step."""
+
+  setup: Any  # GRPOLearnerSetup | ppo.Setup
+  frozen: Any
+  ref_params: Any
+  train_step: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Static pieces of an agentic run, resolved once from the ConfigDict."""
 
-  algo: objectives.GRPOConfig
+  learner: str
+  num_generations: int  # episodes per task (PPO: 1)
   forward: policy.ForwardConfig
   turns: multiturn.TurnConfig
   sampling: sampling.SamplingConfig
@@ -68,9 +91,7 @@ class Pieces(NamedTuple):
   tokenizer: Any
   env: protocol.Env
   state: Any
-  frozen: Any
-  ref_params: Any
-  train_step: Any
+  learner: Learner
 
 
 def make_env(cfg) -> protocol.Env:
@@ -96,29 +117,40 @@ def make_env(cfg) -> protocol.Env:
   return env
 
 
-def check_config(cfg) -> tuple[objectives.GRPOConfig, policy.ForwardConfig, multiturn.TurnConfig]:
-  """Validates the ConfigDict before anything is loaded; returns its static settings."""
-  algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", grpo.RENAMED)
+def check_config(cfg):
+  """Validates the ConfigDict before anything is loaded.
+
+  Returns (learner setup: GRPOLearnerSetup | ppo.Setup, episodes per task, TurnConfig).
+  """
+  if cfg.learner not in LEARNERS:
+    common.fail("learner", cfg.learner, f"use one of {LEARNERS}")
   turns = common.from_block(multiturn.TurnConfig, cfg.rollout, "rollout")
   t, s, ev = cfg.train, cfg.sampling, cfg.eval
   if not s.temperature > 0:
     common.fail(
       "sampling.temperature",
       s.temperature,
-      "training needs a temperature > 0 (greedy episodes of a task are identical, so group "
-      "advantages are 0); greedy validation uses eval.* instead",
+      "training needs a temperature > 0 (the trainer's logprobs divide the logits by it, "
+      "and greedy episodes of a task are identical); greedy validation uses eval.* instead",
     )
   if s.prompt_bucket < 1:
     common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
   if t.batch_tasks < 1:
     common.fail("train.batch_tasks", t.batch_tasks, "must be >= 1")
-  rows = t.batch_tasks * algo.num_generations
-  if t.micro_batch_size < 1 or rows % t.micro_batch_size:
-    common.fail(
-      "train.micro_batch_size",
-      t.micro_batch_size,
-      f"train.batch_tasks * algo.num_generations = {rows} rows are not divisible by it",
-    )
+  if cfg.learner == "ppo":
+    learner = ppo.learner_setup(cfg, t.batch_tasks, "train.batch_tasks (one episode each)")
+    num_generations = 1
+  else:
+    algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", grpo.RENAMED)
+    learner = GRPOLearnerSetup(algo, common.forward_config(cfg, s.temperature))
+    num_generations = algo.num_generations
+    rows = t.batch_tasks * num_generations
+    if t.micro_batch_size < 1 or rows % t.micro_batch_size:
+      common.fail(
+        "train.micro_batch_size",
+        t.micro_batch_size,
+        f"train.batch_tasks * algo.num_generations = {rows} rows are not divisible by it",
+      )
   if ev.every < 0 or ev.num_tasks < 1:
     common.fail(
       "eval", f"every={ev.every}, num_tasks={ev.num_tasks}", "use every >= 0, num_tasks >= 1"
@@ -131,12 +163,12 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, policy.ForwardConfig, mult
       "held-out seeds must start above them",
     )
   common.check_loop_settings(cfg)
-  return algo, common.forward_config(cfg, s.temperature), turns
+  return learner, num_generations, turns
 
 
 def build(cfg, loaded=None) -> Pieces:
   """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
-  algo, forward, turns = check_config(cfg)
+  learner_setup, num_generations, turns = check_config(cfg)
   env = make_env(cfg)
   _, params, tokenizer = loaded or common.load_model(cfg)
   sc = sampling.SamplingConfig(
@@ -147,8 +179,9 @@ def build(cfg, loaded=None) -> Pieces:
     prompt_bucket=cfg.sampling.prompt_bucket,
   )
   setup = Setup(
-    algo=algo,
-    forward=forward,
+    learner=cfg.learner,
+    num_generations=num_generations,
+    forward=learner_setup.forward,
     turns=turns,
     sampling=sc,
     greedy=dataclasses.replace(sc, temperature=0.0),
@@ -160,7 +193,15 @@ def build(cfg, loaded=None) -> Pieces:
     trajectories_logged=cfg.log.trajectories_logged,
     step_threads=cfg.rollout_threads,
   )
-  return Pieces(setup, tokenizer, env, *grpo.build_policy(cfg, params, algo, forward))
+  if cfg.learner == "ppo":
+    learner_setup, state, frozen, train_step = ppo.build_learner(cfg, params, learner_setup)
+    learner = Learner(learner_setup, frozen, None, train_step)
+  else:
+    state, frozen, ref_params, train_step = grpo.build_policy(
+      cfg, params, learner_setup.algo, learner_setup.forward
+    )
+    learner = Learner(learner_setup, frozen, ref_params, train_step)
+  return Pieces(setup, tokenizer, env, state, learner)
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
@@ -200,7 +241,8 @@ def evaluate(p: Pieces, pool, state) -> dict:
 
 
 def _rollout(p: Pieces, pool, state, seeds, key, sc, num_generations) -> multiturn.Rollout:
-  params_s = policy.sampling_params(state.trainable, p.frozen, p.setup.forward)
+  actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
+  params_s = policy.sampling_params(actor, p.learner.frozen, p.setup.forward)
   out = multiturn.rollout(
     params_s,
     p.env,
@@ -223,21 +265,26 @@ def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
   """One iteration (module docstring): the loop's step_fn. The cursor is passed through."""
   setup = p.setup
   start = time.perf_counter()
-  B, G = setup.batch_tasks, setup.algo.num_generations
+  B, G = setup.batch_tasks, setup.num_generations
   seeds = [index * B + b for b in range(B)]
   out = _rollout(p, pool, state, seeds, jax.random.fold_in(state.key, index), setup.sampling, G)
   metrics = episode_metrics(out.episodes)
-  tied = adv_lib.zero_signal_groups(jnp.asarray(out.rewards), G)
-  metrics["zero_signal_groups"] = float(np.mean(np.asarray(tied)))
-  batch = dataclasses.replace(
-    batch_lib.to_device(out.batch),
-    advantages=objectives.grpo_advantages(jnp.asarray(out.rewards), setup.algo),
-  )
+  batch = batch_lib.to_device(out.batch)
+  rewards = jnp.asarray(out.rewards)
   rollout_s = time.perf_counter() - start
-  state, update_metrics = grpo.update(p, state, batch)
+  if setup.learner == "ppo":
+    state, update_metrics = ppo.update(p.learner, state, batch, rewards, index)
+  else:
+    algo = p.learner.setup.algo
+    metrics["zero_signal_groups"] = float(
+      np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, G)))
+    )
+    batch = dataclasses.replace(batch, advantages=objectives.grpo_advantages(rewards, algo))
+    state, update_metrics = grpo.update(p.learner, state, batch)
   metrics.update(update_metrics)
   metrics["time/rollout_s"] = rollout_s
-  metrics["time/train_s"] = time.perf_counter() - start - rollout_s
+  forward_s = metrics.get("time/forward_s", 0.0)  # PPO's critic pass, when separate
+  metrics["time/train_s"] = time.perf_counter() - start - rollout_s - forward_s
   if setup.eval_every and (index + 1) % setup.eval_every == 0:
     metrics.update(evaluate(p, pool, state))
   if setup.trajectories_every and (index + 1) % setup.trajectories_every == 0:
