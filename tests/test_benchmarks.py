@@ -1,0 +1,32 @@
+"""Benchmark scripts still run and print their JSON (tiny preset; no timing is asserted)."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+
+def test_multiturn_rollout_benchmark_runs_and_reports():
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.benchmarks.multiturn_rollout",
+      "--preset=tiny",
+      "--repeats=1",
+      "--rows=2",
+      "--turns=3",
+    ],
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=True,
+  )
+  report = json.loads(out.stdout)
+  assert report["multiturn"]["sampler_calls"] == 3
+  assert report["multiturn"]["seconds_median"] > 0 and report["single_turn"]["seconds_median"] > 0
+  assert report["cost_ratio"] == (
+    report["multiturn"]["seconds_median"] / report["single_turn"]["seconds_median"]
+  )
