@@ -6,7 +6,7 @@ Everything is bounded before any work is done: the input length, the node count 
 depth of the tree, every exponent (|e| <= MAX_EXPONENT, checked on its evaluated value) and
 every intermediate result (|x| <= MAX_MAGNITUDE). It never raises: a failure is a string
 "error: <reason>" a model can read; a success is the value in the one result format
-(`tools.format_number`).
+(`format_number`, re-exported as `tools.format_number`).
 """
 
 import ast
@@ -153,9 +153,19 @@ def _parse(text: str) -> ast.Expression:
     raise CalculatorError("invalid syntax") from None
 
 
+def format_number(x: float | int) -> str:
+  """THE result format for numbers: integral values without a point ("24", "-3"), others
+  as f"{x:.6f}" with trailing zeros and point stripped ("0.5", "0.333333"); "-0" is "0"."""
+  if isinstance(x, int) or (isinstance(x, float) and x.is_integer()):
+    return str(int(x))
+  text = f"{x:.6f}"
+  if "." in text:
+    text = text.rstrip("0").rstrip(".")
+  return "0" if text == "-0" else text
+
+
 def calculator(expression: str) -> str:
   """Evaluates an arithmetic expression; the result text, or "error: <reason>". Never raises."""
-  from rlpost.envs.tools import format_number  # here: tools imports this module
 
   if not isinstance(expression, str):
     return f"error: expected a string, got {type(expression).__name__}"

@@ -2,9 +2,9 @@
 
 reset(problem, seed) shows the task's prompt; the first assistant turn is
 scored with the task's reward functions (on `completion_prefix + text`, as the
-single-turn path scores it) and ends the episode. Rolled out with
-`single_turn_setup`'s scaffold and stop strings, the RL batch equals the
-single-turn sampler's bit for bit (tested).
+single-turn path scores it) and ends the episode. Rolled out with the scaffold
+`make_env` returns, the RL batch equals the single-turn sampler's bit for bit
+(tested in tests/test_multiturn.py).
 """
 
 from rlpost import rewards as rewards_lib

@@ -24,6 +24,8 @@ RESULT_CLOSE = "</result>"
 ERROR_PREFIX = "error: "
 TRUNCATION_MARKER = "...[truncated]"
 
+format_number = calculator.format_number  # THE result format for numbers
+
 Registry = Mapping[str, Callable[[str], str]]
 REGISTRY: Registry = types.MappingProxyType({"calculator": calculator.calculator})
 
@@ -33,17 +35,6 @@ class ToolCall(NamedTuple):
 
   name: str
   argument: str
-
-
-def format_number(x: float | int) -> str:
-  """THE result format for numbers: integral values without a point ("24", "-3"), others
-  as f"{x:.6f}" with trailing zeros and point stripped ("0.5", "0.333333"); "-0" is "0"."""
-  if isinstance(x, int) or (isinstance(x, float) and x.is_integer()):
-    return str(int(x))
-  text = f"{x:.6f}"
-  if "." in text:
-    text = text.rstrip("0").rstrip(".")
-  return "0" if text == "-0" else text
 
 
 def parse_tool_call(text: str) -> ToolCall | None | str:
