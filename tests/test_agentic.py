@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import agentic as agentic_configs
+from rlpost.data import gsm8k
+from rlpost.envs import gsm8k_calc
 from rlpost.recipes import agentic
-from conftest import run_metrics, with_overrides
+from conftest import GSM8K_DIR, require_shared, run_metrics, with_overrides
 
 
 def _config(variant="frozenlake_tiny", **overrides):
@@ -67,6 +69,63 @@ def test_resume_continues_exactly(tmp_path):
   assert read("straight") == read("resumed")
 
 
+def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
+  """gsm8k_calc on the tiny random model (byte tokenizer), a zero-shot prompt, short turns."""
+  require_shared(GSM8K_DIR)
+  ppo_ = algo == "ppo"
+  return _config(
+    f"gsm8k_calc_gemma3,{algo}",
+    **{
+      "model.preset": "tiny",
+      "model.weights": "random",
+      "env.data_dir": str(GSM8K_DIR),
+      "env.fewshot": 0,
+      "env.max_turns": 3,
+      "rollout.max_turn_tokens": 8,
+      "rollout.max_total_tokens": 40,
+      "train.steps": 2,
+      "train.batch_tasks": 2 if ppo_ else 1,
+      "train.micro_batch_size": 2,
+      "eval.every": 2,
+      "eval.num_tasks": 3,
+      "eval.batch_tasks": 2,
+      "log.trajectories_every": 2,
+      "checkpoint.every": 1000,
+      **({"algo.critic_warmup_steps": 0} if ppo_ else {"algo.num_generations": 2}),
+      **overrides,
+    },
+  )
+
+
+@pytest.mark.parametrize("algo,per_turn", [("grpo", False), ("ppo", True)])
+def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_turn):
+  """Two iterations on GSM8K problems (tiny model): greedy answer/format accuracy and tool
+  use over the 3 held-out test problems in rollouts of 2, before and after."""
+  cfg = _gsm8k_calc_tiny(algo, per_turn_rewards=per_turn)
+  agentic.run(cfg, str(tmp_path), loaded=_loaded())
+  records = run_metrics(tmp_path)
+  assert [r["step"] for r in records] == [0, 1, 2]
+  for key in ("answer_accuracy", "format_accuracy", "tool_episode_rate", "tool_call_rate"):
+    assert 0.0 <= records[0][f"greedy/{key}"] <= 1.0 and f"greedy/{key}" in records[2]
+    assert key in records[1]
+  with open(tmp_path / "trajectories.jsonl") as f:
+    first = json.loads(f.readline())["first_observation"]
+  assert first.startswith(gsm8k_calc.INSTRUCTIONS) and first.endswith("Answer: <reasoning>\n")
+
+
+def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_examples():
+  cfg = _gsm8k_calc_tiny()
+  env_tasks = agentic.make_env(cfg)
+  test = gsm8k.load_gsm8k("test", str(GSM8K_DIR))
+  train = gsm8k.load_gsm8k("train", str(GSM8K_DIR))
+  offset = cfg.eval.seed_offset
+  assert env_tasks.eval_tasks([offset, offset + 2]) == [test[0], test[2]]
+  rest = train[agentic.RESERVED_EXAMPLES :]
+  drawn = env_tasks.train_tasks(list(range(len(rest))))  # one pass: every problem once
+  assert sorted(drawn) == sorted(rest) and drawn != rest  # shuffled, the examples skipped
+  assert env_tasks.train_tasks([len(rest) + 5]) == [drawn[5]]  # then the same order again
+
+
 @pytest.mark.parametrize(
   "variant,overrides,match",
   [
@@ -82,6 +141,8 @@ def test_resume_continues_exactly(tmp_path):
     ("frozenlake_tiny", {"env.name": "chess"}, "env.name"),
     ("frozenlake_tiny", {"rollout.template": "html"}, "rollout.template"),
     ("frozenlake_tiny", {"train.micro_batch_size": 5}, "train.micro_batch_size"),
+    ("frozenlake_tiny", {"per_turn_rewards": True}, "per_turn_rewards"),
+    ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
   ],
 )
 def test_bad_configs_name_the_field(variant, overrides, match):

@@ -460,3 +460,72 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
   equal = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
   assert all(jax.tree.leaves(equal)), equal
   assert a.values is not None and a.advantages is not None and a.ref_logp is not None
+
+
+def _turn_ends(loss_mask_row) -> list[int]:
+  """Slots where a run of sampled tokens ends: the next slot is not sampled (or there is none)."""
+  m = np.asarray(loss_mask_row) > 0
+  return [int(p) for p in np.flatnonzero(m & ~np.append(m[1:], False))]
+
+
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_episode(mask_truncated):
+  """Per-turn rewards: turn k's reward on the k-th run of sampled tokens' last slot, 0
+  elsewhere; rows sum to the episode reward (masked rows: nothing).
+
+  Mutations caught: the first instead of the last slot of a turn, the episode sum on
+  every turn, ignoring the loss mask.
+  """
+  out, _ = _rollout(
+    _counting_env([]),
+    seeds=[1, 2, 5],
+    G=2,
+    turn_tokens=5,
+    total=48 if mask_truncated else 192,
+    mask_truncated=mask_truncated,
+  )
+  b = out.batch
+  assert any(len(e.infos) > 1 and any(e.turn_rewards) for e in out.episodes) or mask_truncated
+  assert any(e.truncated for e in out.episodes) or not mask_truncated
+  for r, e in enumerate(out.episodes):
+    expected = np.zeros(b.completion_len, np.float32)
+    if b.loss_mask[r].any():
+      ends = _turn_ends(b.loss_mask[r])
+      assert len(ends) == len(e.turn_rewards)
+      expected[ends] = e.turn_rewards
+      np.testing.assert_allclose(out.turn_rewards[r].sum(), e.reward, rtol=1e-6)
+    else:
+      assert mask_truncated and e.truncated
+    np.testing.assert_array_equal(out.turn_rewards[r], expected)
+
+
+def test_per_token_scores_give_reward_to_go_returns_per_turn():
+  """PPO with per-turn rewards (gamma = lambda = 1, zero values): the return at a turn's
+  tokens is the sum of that turn's and the later turns' rewards; placed all on the last
+  token, per-token scores equal the sequence-score path bitwise."""
+  out, _ = _rollout(_counting_env([]), seeds=[1, 2, 5], G=2, turn_tokens=5, total=192)
+  assert any(len(e.infos) > 1 and any(e.turn_rewards[:-1]) for e in out.episodes)
+  b = jax.tree.map(jnp.asarray, out.batch)
+  config = objectives.PPOConfig(gamma=1.0, gae_lambda=1.0, critic_lambda=1.0, beta=0.0)
+  zeros = jnp.zeros(b.loss_mask.shape)
+  off_mask_noise = np.where(np.asarray(b.loss_mask) > 0, 0.0, 7.0).astype(np.float32)
+  per_turn = objectives.ppo_advantages(
+    jnp.asarray(out.turn_rewards + off_mask_noise), zeros, zeros, None, b.loss_mask, config
+  )
+  _, returns, token_rewards = per_turn
+  np.testing.assert_array_equal(token_rewards, out.turn_rewards)
+  for r, e in enumerate(out.episodes):
+    for k in range(len(e.turn_rewards)):
+      slots = (np.asarray(b.turn_ids[r]) == k) & (np.asarray(b.loss_mask[r]) > 0)
+      np.testing.assert_allclose(returns[r][slots], sum(e.turn_rewards[k:]), rtol=1e-6)
+  last = np.zeros(b.loss_mask.shape, np.float32)
+  for r in range(len(out.episodes)):
+    last[r, _turn_ends(b.loss_mask[r])[-1]] = out.rewards[r]
+  values = jax.random.normal(jax.random.key(0), b.loss_mask.shape)
+  config = dataclasses.replace(config, gamma=0.9, gae_lambda=0.8)
+  sequence = objectives.ppo_advantages(
+    jnp.asarray(out.rewards), values, zeros, None, b.loss_mask, config
+  )
+  placed = objectives.ppo_advantages(jnp.asarray(last), values, zeros, None, b.loss_mask, config)
+  for x, y in zip(sequence, placed):
+    np.testing.assert_array_equal(x, y)

@@ -17,6 +17,10 @@ from rlpost.data import chat
 from rlpost.models import gemma3
 from rlpost.models import policy
 from rlpost.data.cursor import Cursor
+from rlpost.data import gsm8k
+from rlpost.data import tool_traces
+from rlpost.models import lora as lora_lib
+from rlpost.recipes import common
 from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
 
 CONFIG = gemma3.get_config("tiny")
@@ -210,6 +214,60 @@ def test_resume_is_bitwise(tmp_path):
   lines_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
   assert len(lines_a) == len(lines_b) == 4
   assert (tmp_path / "b" / "curves.png").exists()
+
+
+def test_gsm8k_tool_traces_train_on_the_model_segments_only(tmp_path):
+  """data.source=gsm8k_tools: each example is the gsm8k_calc rollout stream of a converted
+  solution (zero-shot prompt); the loss covers the model's calls and text, never results."""
+  data_dir = require_shared(GSM8K_DIR)
+  cfg = _tiny_config(
+    data__source="gsm8k_tools",
+    data__data_dir=str(data_dir),
+    data__seq_len=1536,
+    data__num_examples=4,
+    train__steps=2,
+    train__batch_size=2,
+    train__micro_batch_size=2,
+    checkpoint__every=1000,
+  )
+  cfg.eval.every, cfg.eval.num_examples = 2, 2
+  train, held_out = sft_recipe.tokenized_examples(cfg, TOK)
+  assert len(train) == 4 and len(held_out) == 2
+  problems = gsm8k.load_gsm8k("train", str(data_dir))
+  kept, _ = tool_traces.tool_traces(problems)
+  for (ids, mask), (problem, trace) in zip(train, kept):
+    start = int(np.argmax(mask))
+    prompt = TOK.decode(ids[:start])
+    assert prompt.endswith(f"Question: {problem.question}\nAnswer: <reasoning>\n")
+    trained = TOK.decode(ids[mask])
+    assert "<result>" not in trained and trained.startswith(trace[0].text)
+    calls = sum(role == "tool" for role, _ in trace)
+    assert trained.count("<tool>calculator:") == calls
+    assert TOK.decode(ids[start:][~mask[start:]]).count("<result>") == calls
+  _, record = sft_recipe.run(cfg, str(tmp_path))
+  assert np.isfinite(record["loss"]) and np.isfinite(record["eval_loss"])
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_init_from_starts_from_the_earlier_runs_weights(tmp_path, lora):
+  """model.init_from = an SFT workdir: its newest weights (LoRA adapters merged into the
+  same base); a run of another model block is refused."""
+  cfg = _tiny_config(lora__enabled=lora, train__steps=2, checkpoint__every=1)
+  state, _ = sft_recipe.run(cfg, str(tmp_path / "sft"))
+  base = common.load_model(cfg)[1]
+  trained = jax.device_get(state.trainable)
+  expected = lora_lib.merge(base, trained, common.lora_config(cfg)) if lora else trained
+  follow = _tiny_config(lora__enabled=not lora)  # the new run's own LoRA setting is free
+  follow.model.init_from = str(tmp_path / "sft")
+  _, params, _ = common.load_model(follow)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(expected))
+  assert not np.array_equal(params["layers"]["q"], base["layers"]["q"])
+  follow.model.dtype = "bfloat16"
+  with pytest.raises(ValueError, match="model.init_from.*model.dtype"):
+    common.load_model(follow)
+  follow.model.dtype, follow.model.init_from = "float32", str(tmp_path / "nothing")
+  with pytest.raises(ValueError, match="model.init_from.*config.json"):
+    common.load_model(follow)
 
 
 def test_jsonl_messages_with_held_out_eval(tmp_path):

@@ -19,7 +19,7 @@ def test_two_step_solution_becomes_calls_and_results():
   )
   trace = tool_traces.tool_trace(_problem(answer))
   assert trace == [
-    ("model", "<reasoning>\nNatalia sold 48/2 = <tool>calculator: 48/2</tool>"),
+    ("model", "Natalia sold 48/2 = <tool>calculator: 48/2</tool>"),
     ("tool", "<result>24</result>"),
     ("model", "24 clips in May.\nNatalia sold 48+24 = <tool>calculator: 48+24</tool>"),
     ("tool", "<result>72</result>"),
@@ -31,7 +31,7 @@ def test_decimal_results_and_solutions_without_annotations():
   trace = tool_traces.tool_trace(_problem("She earns 12/60 = $<<12/60=0.2>>0.2.\n#### 0.2", "0.2"))
   assert trace[1] == ("tool", "<result>0.2</result>")
   plain = tool_traces.tool_trace(_problem("Just count: 7.\n#### 7", "7"))
-  assert plain == [("model", "<reasoning>\nJust count: 7.\n</reasoning>\n<answer>7</answer>")]
+  assert plain == [("model", "Just count: 7.\n</reasoning>\n<answer>7</answer>")]
 
 
 def test_bad_annotations_are_dropped_and_counted():

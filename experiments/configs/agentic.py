@@ -6,6 +6,10 @@ ENV_MODEL:
                       3 turns: learns in about 2 minutes on CPU
   frozenlake_gemma3   the real Gemma 3 270M, 4x4 maps drawn from the task seed,
                       word actions (left, down, right, up)
+  gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
+                      gsm8k_calc): 2 solved tool-call examples in the prompt (after the
+                      tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
+                      --config.env.fewshot=0`); held-out tasks are GSM8K test problems
 ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
 (the `algo` block of configs/grpo_gsm8k.py); ppo: PPO with a learned critic (the `algo`
 and `critic` blocks of configs/ppo_gsm8k.py), one episode per task.
@@ -17,7 +21,11 @@ from experiments.configs import common
 from experiments.configs import grpo_gsm8k
 from experiments.configs import ppo_gsm8k
 
-VARIANTS = {"frozenlake_tiny": "tiny", "frozenlake_gemma3": "gemma3_270m"}
+VARIANTS = {
+  "frozenlake_tiny": "tiny",
+  "frozenlake_gemma3": "gemma3_270m",
+  "gsm8k_calc_gemma3": "gemma3_270m",
+}
 ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)
 
 
@@ -31,6 +39,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     )
   model = VARIANTS[env_model]
   tiny = model == "tiny"
+  calc = env_model.startswith("gsm8k_calc")
   c = ml_collections.ConfigDict()
   c.name = f"{env_model},{algo}"  # the run's label (progress bar, curves)
   c.seed = 0
@@ -46,27 +55,22 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.algo.num_generations = 16 if tiny else 8
   if tiny:
     c.algo.beta = 0.0  # no reference pass: the tiny task has nothing to stay close to
-  c.env = ml_collections.ConfigDict(
-    {
-      "name": "frozenlake",
-      "size": 4,  # maps drawn from the task seed are size x size
-      "slippery": False,
-      "hole_prob": 0.2,
-      "max_turns": 3 if tiny else 8,
-      "style": "char" if tiny else "word",  # char: L/D/R/U; word: left/down/right/up
-      "invalid_penalty": 0.1,
-      "fixed_map": "SF,HG" if tiny else "",  # rows, comma-separated; "" = from the seed
-    }
-  )
+  # PPO: each turn's reward on that turn's last sampled token (else the episode's sum on
+  # its last sampled token); GRPO always uses the episode's sum.
+  c.per_turn_rewards = False
+  c.env = gsm8k_calc_env() if calc else frozenlake_env(tiny)
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
     {
       # scaffold around observations: chat | plain (the base Gemma 3 270M does not
-      # follow the chat format; it answers the plain-text cue "Your move:")
+      # follow the chat format; it answers plain-text cues such as "Your move:")
       "template": "plain",
-      "max_turn_tokens": 1 if tiny else 4,  # sampled tokens per turn
-      "stop_strings": () if tiny else ("\n",),  # texts that also end a turn
-      "max_total_tokens": 128 if tiny else 384,  # completion slots: turns + observations
+      # sampled tokens per turn
+      "max_turn_tokens": 1 if tiny else (128 if calc else 4),
+      # texts that also end a turn (the environment adds its own, e.g. </tool>)
+      "stop_strings": () if tiny or calc else ("\n",),
+      # completion slots: turns + observations
+      "max_total_tokens": 128 if tiny else (320 if calc else 384),
       "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
       # later turns over all rows and the whole window: one compilation, more compute
       "fixed_shapes": tiny,
@@ -95,13 +99,41 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(
     {
       "every": 1 if tiny else 10,  # greedy episodes on held-out seeds every N iterations (0: off)
-      "num_tasks": 1 if tiny else 100,
+      "num_tasks": 1 if tiny else (300 if calc else 100),
+      "batch_tasks": 32 if calc else 0,  # held-out episodes per rollout call (0: all at once)
       "seed_offset": 1_000_000,  # held-out seeds: seed_offset, seed_offset + 1, ...
     }
   )
-  c.log = ml_collections.ConfigDict(
-    {"trajectories_every": 5 if tiny else 5, "trajectories_logged": 4}
-  )
+  c.log = ml_collections.ConfigDict({"trajectories_every": 5, "trajectories_logged": 4})
   c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   c.lock()
   return c
+
+
+def frozenlake_env(tiny: bool) -> ml_collections.ConfigDict:
+  """The `env` block of FrozenLake (rlpost.envs.frozenlake)."""
+  return ml_collections.ConfigDict(
+    {
+      "name": "frozenlake",
+      "size": 4,  # maps drawn from the task seed are size x size
+      "slippery": False,
+      "hole_prob": 0.2,
+      "max_turns": 3 if tiny else 8,
+      "style": "char" if tiny else "word",  # char: L/D/R/U; word: left/down/right/up
+      "invalid_penalty": 0.1,
+      "fixed_map": "SF,HG" if tiny else "",  # rows, comma-separated; "" = from the seed
+    }
+  )
+
+
+def gsm8k_calc_env() -> ml_collections.ConfigDict:
+  """The `env` block of GSM8K with a calculator (rlpost.envs.gsm8k_calc)."""
+  return ml_collections.ConfigDict(
+    {
+      "name": "gsm8k_calc",
+      "data_dir": "",  # GSM8K jsonl dir (train.jsonl, test.jsonl); "" = Hugging Face hub
+      "fewshot": 2,  # solved tool-call examples in the prompt (0 after the tool-trace SFT)
+      "max_turns": 6,  # model turns per episode, the answer's included
+      "tool_bonus": 0.0,  # reward for the first error-free calculator call (0: off)
+    }
+  )

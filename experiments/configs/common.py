@@ -20,6 +20,7 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
       "weights": weights,  # gguf | hf | random
       "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",  # float32 | bfloat16
+      "init_from": "",  # workdir of an earlier run (e.g. SFT): start from its newest weights
     }
   )
 

@@ -6,12 +6,14 @@ A GSM8K training solution carries calculator annotations:
 
 becomes a trace of model and tool segments in `rlpost.envs.tools`' syntax:
 
-  model: "<reasoning>\\nNatalia sold 48/2 = <tool>calculator: 48/2</tool>"
+  model: "Natalia sold 48/2 = <tool>calculator: 48/2</tool>"
   tool:  "<result>24</result>"
   model: "24 clips in May.\\n...\\n</reasoning>\\n<answer>72</answer>"
 
-The model writes the expression, the tool answers in the one result format
-(`tools.format_number`), the model continues. A solution is dropped (and the
+The prompt opens the reasoning tag (`rlpost.envs.gsm8k_calc.first_observation`
+ends with "<reasoning>\\n", as the few-shot prompt does). The model writes the
+expression, the tool answers in the one result format (`tools.format_number`),
+the model continues. A solution is dropped (and the
 reason counted) when an annotation is malformed, its expression fails in the
 calculator, or the calculator's result disagrees with the annotated one.
 `trace_ids` turns a trace into the exact token stream a multi-turn rollout
@@ -22,7 +24,7 @@ import collections
 import re
 from typing import NamedTuple
 
-from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, REASONING_START, Problem
+from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, Problem
 from rlpost.envs import calculator
 from rlpost.envs import scaffold
 from rlpost.envs import tools
@@ -60,7 +62,7 @@ def tool_trace(problem: Problem) -> list[Segment] | str:
   if _FINAL_MARK not in problem.answer:
     return "no final answer"
   reasoning = problem.answer.rsplit(_FINAL_MARK, 1)[0].strip()
-  segments, text, pos = [], f"{REASONING_START}\n", 0
+  segments, text, pos = [], "", 0
   for match in _ANNOTATION.finditer(reasoning):
     call = _annotation_call(match.group(1))
     if isinstance(call, str):

@@ -108,11 +108,43 @@ class Episode(NamedTuple):
 
 
 class Rollout(NamedTuple):
-  """batch: the RLBatch (NumPy, no advantages); rewards [N] float32; episodes: N Episodes."""
+  """What a rollout returns (NumPy).
+
+  batch: the RLBatch (no advantages).
+  rewards: [N] float32, each episode's reward (the sum of its turns' rewards).
+  turn_rewards: [N, T] float32, each turn's reward on that turn's last sampled
+    token (`place_turn_rewards`), 0 elsewhere; rows sum to `rewards` unless
+    `mask_truncated` masked the row.
+  episodes: N Episodes.
+  """
 
   batch: batch_lib.RLBatch
   rewards: np.ndarray
+  turn_rewards: np.ndarray
   episodes: list
+
+
+def place_turn_rewards(
+  turn_rewards: list, turn_ids: np.ndarray, loss_mask: np.ndarray
+) -> np.ndarray:
+  """Each turn's reward on the last loss token of that turn: [N, T] float32.
+
+  Args:
+    turn_rewards: per row, the reward of each of its turns (turn k at index k).
+    turn_ids: [N, T] int32, the turn each slot belongs to (-1: empty slot).
+    loss_mask: [N, T], 1 on sampled tokens.
+
+  A turn with no loss token (its row masked, e.g. by `mask_truncated`) puts
+  its reward nowhere, as a masked row's sequence reward is nowhere.
+  """
+  out = np.zeros(loss_mask.shape, np.float32)
+  for r, rewards in enumerate(turn_rewards):
+    acted = np.flatnonzero(np.asarray(loss_mask[r]) > 0)
+    for k, reward in enumerate(rewards):
+      slots = acted[turn_ids[r, acted] == k]
+      if slots.size:
+        out[r, slots[-1]] += reward
+  return out
 
 
 def checked_step(env: protocol.Env, state, text: str) -> protocol.Step:
@@ -311,7 +343,8 @@ def rollout(
     for r in range(N)
   ]
   rewards = np.asarray([e.reward for e in episodes], np.float32)
-  return Rollout(batch, rewards, episodes)
+  placed = place_turn_rewards([e.turn_rewards for e in episodes], batch.turn_ids, batch.loss_mask)
+  return Rollout(batch, rewards, placed, episodes)
 
 
 def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc) -> batch_lib.RLBatch:

@@ -24,11 +24,16 @@ def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
 
   def step(problem, text: str) -> protocol.Step:
     prompt = prompts_lib.prompt_text(problem, template, task.examples)
-    per_fn, errors = rewards_lib.score(task.reward_fns, [prompt], [prefix + text], [problem.final])
-    info = {name: fn(prefix + text, problem.final) for name, fn in task.accuracy_fns.items()}
-    info.update({f"reward/{name}/errors": n for name, n in errors.items()})
-    reward = float(sum(float(v[0]) for v in per_fn.values()))
+    reward, info = score(task, prompt, prefix + text, problem.final)
     return protocol.Step(problem, "", reward, True, info)
 
   stops = prompts_lib.STOP_STRINGS if template != "plain" else ()
   return protocol.Env("single_turn", reset, step, max_turns=1, stop_strings=stops), kind
+
+
+def score(task: tasks.Task, prompt: str, completion: str, truth: str) -> tuple[float, dict]:
+  """(sum of the task's rewards, info: its accuracy flags and reward-function error counts)."""
+  per_fn, errors = rewards_lib.score(task.reward_fns, [prompt], [completion], [truth])
+  info = {name: fn(completion, truth) for name, fn in task.accuracy_fns.items()}
+  info.update({f"reward/{name}/errors": n for name, n in errors.items()})
+  return float(sum(float(v[0]) for v in per_fn.values())), info

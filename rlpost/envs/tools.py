@@ -97,6 +97,16 @@ def result_observation(text: str) -> str:
   return f"{RESULT_OPEN}{text}{RESULT_CLOSE}"
 
 
+def answer_call(registry: Registry, call: ToolCall | str, max_chars: int) -> tuple[str, bool]:
+  """(observation, is_error) answering a `parse_tool_call` result that is not None: the
+  tool's result, or the parse error, clipped to `max_chars` inside the result tags."""
+  if isinstance(call, str):
+    result, is_error = clip(call, max_chars), True
+  else:
+    result, is_error = run_tool(registry, call, max_chars)
+  return result_observation(result), is_error
+
+
 def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 200) -> Env:
   """`env` with tool calls: a turn holding a call (see `parse_tool_call`) is answered by the
   tool (reward 0.0, not done, state unchanged, info tool_call/tool_error); any other turn
@@ -109,12 +119,9 @@ def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 
     if call is None:
       inner = env.step(state, assistant_text)
       return inner._replace(info={**inner.info, "tool_call": False})
-    if isinstance(call, str):
-      result, is_error = clip(call, max_result_chars), True
-    else:
-      result, is_error = run_tool(registry, call, max_result_chars)
+    observation, is_error = answer_call(registry, call, max_result_chars)
     info = {"tool_call": True, "tool_error": is_error}
-    return Step(state, result_observation(result), 0.0, False, info)
+    return Step(state, observation, 0.0, False, info)
 
   stops = env.stop_strings + ((CALL_CLOSE,) if CALL_CLOSE not in env.stop_strings else ())
   return env._replace(step=step, stop_strings=stops)

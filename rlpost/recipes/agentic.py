@@ -23,14 +23,17 @@ import json
 import os
 import time
 from concurrent import futures
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from rlpost import sampling
+from rlpost.data import tasks
 from rlpost.envs import frozenlake
+from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.envs import tools
@@ -45,8 +48,10 @@ from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
 from rlpost.train import metrics as metrics_lib
 
-ENVIRONMENTS = ("frozenlake",)
+ENVIRONMENTS = ("frozenlake", "gsm8k_calc")
 LEARNERS = ("grpo", "ppo")
+EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
+RESERVED_EXAMPLES = 8  # gsm8k_calc: the first training problems, kept for few-shot examples
 
 
 class GRPOLearnerSetup(NamedTuple):
@@ -78,10 +83,24 @@ class Setup:
   batch_tasks: int
   eval_every: int
   eval_tasks: int
+  eval_batch_tasks: int  # greedy episodes per rollout call (0: all at once)
   eval_seed_offset: int
   trajectories_every: int
   trajectories_logged: int
   step_threads: int
+  per_turn_rewards: bool  # PPO: each turn's reward on its last token (else their sum on the last)
+
+
+class EnvTasks(NamedTuple):
+  """An environment and the tasks its episodes are about.
+
+  train_tasks(seeds) / eval_tasks(seeds): one task per seed (None: the
+  environment derives it from the seed, as FrozenLake draws its map).
+  """
+
+  env: protocol.Env
+  train_tasks: Callable[[list[int]], list]
+  eval_tasks: Callable[[list[int]], list]
 
 
 class Pieces(NamedTuple):
@@ -90,17 +109,27 @@ class Pieces(NamedTuple):
   setup: Setup
   tokenizer: Any
   env: protocol.Env
+  tasks: EnvTasks
   state: Any
   learner: Learner
 
 
-def make_env(cfg) -> protocol.Env:
-  """The `env` block's environment, wrapped with the `tools` block's tools when enabled."""
+def make_env(cfg) -> EnvTasks:
+  """The `env` block's environment (with the `tools` block's tools when enabled) and tasks.
+
+  frozenlake: maps from the seeds. gsm8k_calc: training seed s is GSM8K train
+  problem s (mod the set, in an order shuffled by `cfg.seed`; the first
+  RESERVED_EXAMPLES are the few-shot examples, never trained on); held-out seed
+  `eval.seed_offset + k` is test problem k.
+  """
   e = cfg.env
   if e.name not in ENVIRONMENTS:
     common.fail("env.name", e.name, f"use one of {ENVIRONMENTS}")
-  fixed = tuple(r.strip() for r in e.fixed_map.split(",")) if e.fixed_map else None
+  none = lambda seeds: [None] * len(seeds)
   try:
+    if e.name == "gsm8k_calc":
+      return _gsm8k_calc(cfg)
+    fixed = tuple(r.strip() for r in e.fixed_map.split(",")) if e.fixed_map else None
     env = frozenlake.make_env(
       size=e.size,
       slippery=e.slippery,
@@ -114,7 +143,35 @@ def make_env(cfg) -> protocol.Env:
     raise ValueError(f"config.env: {err}") from None
   if cfg.tools.enabled:
     env = tools.with_tools(env, tools.REGISTRY, cfg.tools.max_result_chars)
-  return env
+  return EnvTasks(env, none, none)
+
+
+def _gsm8k_calc(cfg) -> EnvTasks:
+  e = cfg.env
+  if cfg.tools.enabled:
+    common.fail("tools.enabled", True, "gsm8k_calc answers calculator calls itself; use False")
+  data = ml_collections.ConfigDict(
+    {"source": "gsm8k", "data_dir": e.data_dir, "fewshot": RESERVED_EXAMPLES}
+  )
+  train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
+  if cfg.eval.num_tasks > len(test.problems):
+    common.fail(
+      "eval.num_tasks", cfg.eval.num_tasks, f"GSM8K test has {len(test.problems)} problems"
+    )
+  env = gsm8k_calc.make_env(
+    train,
+    fewshot=e.fewshot,
+    max_turns=e.max_turns,
+    tool_bonus=e.tool_bonus,
+    max_result_chars=cfg.tools.max_result_chars,
+  )
+  order = np.random.default_rng(cfg.seed).permutation(len(train.problems))
+  offset = cfg.eval.seed_offset
+  return EnvTasks(
+    env,
+    lambda seeds: [train.problems[order[s % len(order)]] for s in seeds],
+    lambda seeds: [test.problems[s - offset] for s in seeds],
+  )
 
 
 def check_config(cfg):
@@ -151,9 +208,18 @@ def check_config(cfg):
         t.micro_batch_size,
         f"train.batch_tasks * algo.num_generations = {rows} rows are not divisible by it",
       )
-  if ev.every < 0 or ev.num_tasks < 1:
+  if ev.every < 0 or ev.num_tasks < 1 or ev.batch_tasks < 0:
     common.fail(
-      "eval", f"every={ev.every}, num_tasks={ev.num_tasks}", "use every >= 0, num_tasks >= 1"
+      "eval",
+      f"every={ev.every}, num_tasks={ev.num_tasks}, batch_tasks={ev.batch_tasks}",
+      "use every >= 0, num_tasks >= 1, batch_tasks >= 0 (0: all tasks in one rollout)",
+    )
+  if cfg.per_turn_rewards and cfg.learner != "ppo":
+    common.fail(
+      "per_turn_rewards",
+      True,
+      "only PPO places rewards per token; GRPO's advantage is per episode (of the summed "
+      "reward): use False, or learner ppo (the ',ppo' variant)",
     )
   if t.steps * t.batch_tasks > ev.seed_offset:
     common.fail(
@@ -169,7 +235,7 @@ def check_config(cfg):
 def build(cfg, loaded=None) -> Pieces:
   """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
   learner_setup, num_generations, turns = check_config(cfg)
-  env = make_env(cfg)
+  env_tasks = make_env(cfg)
   _, params, tokenizer = loaded or common.load_model(cfg)
   sc = sampling.SamplingConfig(
     temperature=cfg.sampling.temperature,
@@ -188,10 +254,12 @@ def build(cfg, loaded=None) -> Pieces:
     batch_tasks=cfg.train.batch_tasks,
     eval_every=cfg.eval.every,
     eval_tasks=cfg.eval.num_tasks,
+    eval_batch_tasks=cfg.eval.batch_tasks,
     eval_seed_offset=cfg.eval.seed_offset,
     trajectories_every=cfg.log.trajectories_every,
     trajectories_logged=cfg.log.trajectories_logged,
     step_threads=cfg.rollout_threads,
+    per_turn_rewards=cfg.per_turn_rewards,
   )
   if cfg.learner == "ppo":
     learner_setup, state, frozen, train_step = ppo.build_learner(cfg, params, learner_setup)
@@ -201,7 +269,7 @@ def build(cfg, loaded=None) -> Pieces:
       cfg, params, learner_setup.algo, learner_setup.forward
     )
     learner = Learner(learner_setup, frozen, ref_params, train_step)
-  return Pieces(setup, tokenizer, env, state, learner)
+  return Pieces(setup, tokenizer, env_tasks.env, env_tasks, state, learner)
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
@@ -236,17 +304,23 @@ def evaluate(p: Pieces, pool, state) -> dict:
   """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics."""
   setup = p.setup
   seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
-  out = _rollout(p, pool, state, seeds, jax.random.key(0), setup.greedy, 1)
-  return {f"greedy/{k}": v for k, v in episode_metrics(out.episodes).items()}
+  chunk = setup.eval_batch_tasks or len(seeds)
+  episodes = []
+  for first in range(0, len(seeds), chunk):
+    part = seeds[first : first + chunk]
+    tasks_ = p.tasks.eval_tasks(part)
+    out = _rollout(p, pool, state, tasks_, part, jax.random.key(0), setup.greedy, 1)
+    episodes += out.episodes
+  return {f"greedy/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
-def _rollout(p: Pieces, pool, state, seeds, key, sc, num_generations) -> multiturn.Rollout:
+def _rollout(p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations) -> multiturn.Rollout:
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   params_s = policy.sampling_params(actor, p.learner.frozen, p.setup.forward)
   out = multiturn.rollout(
     params_s,
     p.env,
-    [None] * len(seeds),
+    tasks_,
     seeds,
     key,
     tokenizer=p.tokenizer,
@@ -267,13 +341,15 @@ def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
   start = time.perf_counter()
   B, G = setup.batch_tasks, setup.num_generations
   seeds = [index * B + b for b in range(B)]
-  out = _rollout(p, pool, state, seeds, jax.random.fold_in(state.key, index), setup.sampling, G)
+  key = jax.random.fold_in(state.key, index)
+  out = _rollout(p, pool, state, p.tasks.train_tasks(seeds), seeds, key, setup.sampling, G)
   metrics = episode_metrics(out.episodes)
   batch = batch_lib.to_device(out.batch)
   rewards = jnp.asarray(out.rewards)
   rollout_s = time.perf_counter() - start
   if setup.learner == "ppo":
-    state, update_metrics = ppo.update(p.learner, state, batch, rewards, index)
+    scores = jnp.asarray(out.turn_rewards) if setup.per_turn_rewards else rewards
+    state, update_metrics = ppo.update(p.learner, state, batch, scores, index)
   else:
     algo = p.learner.setup.algo
     metrics["zero_signal_groups"] = float(
@@ -296,21 +372,31 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   """Reward, success, turns, tool use, invalid actions and truncation over episodes.
 
   Rates per turn: tool_call_rate, tool_error_rate, invalid_action_rate; per
-  episode: success (the last turn's info), truncation_rate.
+  episode: success and EPISODE_ACCURACY keys (the last turn's info, when the
+  environment reports them), tool_episode_rate (episodes with a tool call),
+  truncation_rate.
   """
   turns = sum(len(e.infos) for e in episodes)
   count = lambda key: sum(bool(i.get(key)) for e in episodes for i in e.infos)
   rewards = np.asarray([e.reward for e in episodes])
-  return {
+  last = [e.infos[-1] if e.infos else {} for e in episodes]
+  out = {
     "reward/mean": float(rewards.mean()),
     "reward/std": float(rewards.std()),
-    "success": float(np.mean([bool(e.infos and e.infos[-1].get("success")) for e in episodes])),
+    "success": float(np.mean([bool(i.get("success")) for i in last])),
     "turns/mean": turns / len(episodes),
     "tool_call_rate": count("tool_call") / turns,
     "tool_error_rate": count("tool_error") / turns,
+    "tool_episode_rate": float(
+      np.mean([any(i.get("tool_call") for i in e.infos) for e in episodes])
+    ),
     "invalid_action_rate": count("invalid_action") / turns,
     "truncation_rate": float(np.mean([e.truncated for e in episodes])),
   }
+  for key in EPISODE_ACCURACY:
+    if any(key in i for i in last):
+      out[key] = float(np.mean([bool(i.get(key)) for i in last]))
+  return out
 
 
 def write_trajectories(workdir: str, step: int, episodes) -> None:

@@ -7,13 +7,17 @@ error names the config field (`block.field`), not the class.
 """
 
 import dataclasses
+import json
+import os
 
 import jax
+import ml_collections
 
 from rlpost.models import gemma3
 from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
+from rlpost.train import checkpoint
 from rlpost.train import step as step_lib
 
 
@@ -105,9 +109,46 @@ def model_preset(cfg) -> gemma3.Config:
 
 
 def load_model(cfg):
-  """(gemma3.Config, params, tokenizer) of the `model` block."""
+  """(gemma3.Config, params, tokenizer) of the `model` block (`init_from`: `weights_from_run`)."""
   m = cfg.model
-  return loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
+  config, params, tokenizer = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
+  if m.get("init_from"):
+    params = weights_from_run(m.init_from, params, cfg)
+  return config, params, tokenizer
+
+
+def weights_from_run(workdir: str, params, cfg):
+  """The trained weights of the run in `workdir` (e.g. an SFT warm-start): its newest
+  checkpoint's parameters, or its LoRA adapters merged into `params` (the same base).
+
+  The earlier run's config.json rebuilds the shape of its train state (trainable
+  part and AdamW state of `make_optimizer`: SFT, DPO and GRPO runs).
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    fail("model.init_from", workdir, "no config.json there: give the --workdir of an earlier run")
+  with open(path, encoding="utf-8") as f:
+    source = ml_collections.ConfigDict(json.load(f))
+  for name in ("preset", "weights", "path", "dtype"):
+    if source.model.get(name) != cfg.model.get(name):
+      fail(
+        "model.init_from",
+        workdir,
+        f"that run's model.{name} is {source.model.get(name)!r}, this run's "
+        f"{cfg.model.get(name)!r}: its weights fit another base; use the same model block",
+      )
+  fwd = forward_config(source, 1.0)
+  trainable, _ = trainable_and_frozen(params, fwd, jax.random.key(0))
+  optimizer = make_optimizer(source, source.train.steps)
+  like = step_lib.init_train_state(trainable, optimizer, jax.random.key(0))
+  try:
+    restored = checkpoint.restore_latest(checkpoint.manager(workdir), like)
+  except checkpoint.StateMismatchError as e:
+    fail("model.init_from", workdir, f"its checkpoint is not an SFT/DPO/GRPO train state: {e}")
+  if restored is None:
+    fail("model.init_from", workdir, "that run has no checkpoint yet")
+  trained = restored[0].trainable
+  return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
 
 
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):

@@ -274,9 +274,10 @@ def update(p, state, batch, scores_N, index: int):
   """The critic pass and GAE (or GAE in the step), then epochs of mini-batch train steps.
 
   `p` has setup (algo, forward, critic, batch_prompts rows, mini_batch_size,
-  seed, gae_in_step), frozen and train_step; `scores_N` are the rows' rewards,
-  placed on each row's last loss token. Returns (state, metrics with value
-  statistics, pass means, first-pass ratio / KL, actor_on, time/forward_s).
+  seed, gae_in_step), frozen and train_step; `scores_N` are the rows' rewards
+  [N], placed on each row's last loss token, or per-token rewards [N, T] (e.g.
+  per-turn). Returns (state, metrics with value statistics, pass means,
+  first-pass ratio / KL, actor_on, time/forward_s).
   """
   setup, algo = p.setup, p.setup.algo
   start = time.perf_counter()

@@ -11,16 +11,20 @@ import os
 import time
 
 import jax
+import numpy as np
+import logging
 
 from rlpost.data import chat
 from rlpost.data import gsm8k
+from rlpost.data import tool_traces
+from rlpost.envs import gsm8k_calc
 from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.supervised import sft
 from rlpost.train import loop as loop_lib
 from rlpost.train import step as step_lib
 
-SOURCES = ("gsm8k", "jsonl", "synthetic")
+SOURCES = ("gsm8k", "gsm8k_tools", "jsonl", "synthetic")
 
 
 def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfig:
@@ -116,14 +120,45 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
   return train_records, eval_records
 
 
+def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
+  """(train, held-out) examples, each (tokens [T] int32, loss_mask [T] bool), T <= seq_len.
+
+  `gsm8k_tools`: GSM8K solutions as calculator tool traces in the stream a
+  `gsm8k_calc` rollout builds (zero-shot prompt, plain scaffold), loss on the
+  model's segments; dropped solutions are counted in the log.
+  """
+  d = cfg.data
+  if d.source != "gsm8k_tools":
+    train_records, eval_records = records(cfg)
+    tokenize = lambda rs: [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in rs]
+    return tokenize(train_records), tokenize(eval_records)
+  out = []
+  for split, limit in (("train", d.num_examples), ("test", cfg.eval.num_examples)):
+    kept, dropped = tool_traces.tool_traces(gsm8k.load_gsm8k(split, d.data_dir))
+    logging.info("gsm8k_tools %s: %d traces kept, dropped %s", split, len(kept), dropped)
+    kept = kept[:limit] if limit else kept
+    out.append([trace_example(tokenizer, p, trace, d.seq_len) for p, trace in kept])
+  return out[0], out[1]
+
+
+def trace_example(tokenizer, problem, trace, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, loss_mask) of a tool trace, right-truncated to `max_len` (as chat.tokenize_sft)."""
+  observation = gsm8k_calc.first_observation(problem, shots=[])
+  ids, mask = tool_traces.trace_ids(tokenizer, "plain", observation, trace)
+  if mask.index(1) >= max_len:
+    raise ValueError(
+      f"data.seq_len={max_len}: the tool-trace prompt of {problem.question[:60]!r} is "
+      f"{mask.index(1)} tokens, so no model token fits; raise data.seq_len"
+    )
+  return np.asarray(ids[:max_len], np.int32), np.asarray(mask[:max_len], bool)
+
+
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record)."""
   fwd = check_config(cfg)
   _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd)
   d, t = cfg.data, cfg.train
-  train_records, eval_records = records(cfg)
-  examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in train_records]
-  eval_examples = [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in eval_records]
+  examples, eval_examples = tokenized_examples(cfg, tokenizer)
   lengths = [len(e[0]) for e in examples]
   train_step = step_lib.make_train_step(
     sft.make_loss_fn(fwd), optimizer, step_lib.make_mesh(), t.micro_batch_size

@@ -33,7 +33,9 @@ class RLBatch:
   loss_mask      [N, T] float32  1 on completion tokens that receive gradient
   sampler_logp   [N, T] float32  logprobs the sampler reported (0 off loss_mask)
   advantages     [N] or [N, T] float32   sequence- or token-level advantages
-  scores         [N] float32     sequence rewards (PPO's loss runs GAE itself when no values)
+  scores         [N] or [N, T] float32  sequence rewards, or per-token rewards (per-turn
+                                 rewards on each turn's last token); PPO's loss runs GAE
+                                 itself from them when there are no values
   old_logp       [N, T] float32  logprobs of the policy that sampled (num_iterations > 1)
   ref_logp       [N, T] float32  reference-policy logprobs (KL term)
   values         [N, T] float32  critic values at sampling time (PPO)
@@ -79,9 +81,10 @@ class RLBatch:
         chex.assert_shape(getattr(self, name), (n, t))
     if self.advantages is not None:
       chex.assert_shape(self.advantages, (n,) if self.advantages.ndim == 1 else (n, t))
-    for name in ("scores", "policy_version"):
-      if getattr(self, name) is not None:
-        chex.assert_shape(getattr(self, name), (n,))
+    if self.scores is not None:
+      chex.assert_shape(self.scores, (n,) if self.scores.ndim == 1 else (n, t))
+    if self.policy_version is not None:
+      chex.assert_shape(self.policy_version, (n,))
 
 
 def to_device(batch: RLBatch) -> RLBatch:

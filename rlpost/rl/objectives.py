@@ -295,14 +295,15 @@ def grpo_loss(
 def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config):
   """PPO advantages, value targets and token rewards, each `[N, T]` float32.
 
-  The sequence score goes on the last loss token; with `kl_in_reward` and
+  A sequence score goes on the last loss token (per-token scores, e.g. per-turn
+  rewards already placed, are taken as they are, off `loss_mask` dropped); with `kl_in_reward` and
   `beta > 0`, `-beta * KL(logp || ref)` goes on every loss token. GAE with
   `gae_lambda` gives the advantages (whitened over loss tokens when
   `whiten_advantages`), GAE with `critic_lambda` the returns (value targets).
   Everything off `loss_mask` is 0, and masked slots are skipped by GAE.
 
   Args:
-    scores_N: `[N]` sequence rewards.
+    scores_N: `[N]` sequence rewards, or `[N, T]` per-token rewards.
     values_BxT: `[N, T]` critic values from the rollout.
     logp_BxT: `[N, T]` logprobs of the policy that sampled (for the KL reward).
     ref_logp_BxT: `[N, T]` reference logprobs; may be None unless the KL is in
@@ -310,7 +311,10 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, confi
     mask_BxT: `[N, T]` loss mask.
     config: PPOConfig.
   """
-  rewards_BxT = adv_lib.sequence_to_token_rewards(scores_N, mask_BxT)
+  if scores_N.ndim == 2:
+    rewards_BxT = jnp.where(mask_BxT > 0, scores_N.astype(jnp.float32), 0.0)
+  else:
+    rewards_BxT = adv_lib.sequence_to_token_rewards(scores_N, mask_BxT)
   if config.kl_in_reward and config.beta > 0:
     if ref_logp_BxT is None:
       raise ValueError("PPOConfig.kl_in_reward with beta > 0 needs ref_logp; pass it or set beta=0")
