@@ -17,6 +17,7 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
       "--repeats=1",
       "--rows=2",
       "--turns=3",
+      "--train_repeats=1",
     ],
     cwd=REPO_ROOT,
     capture_output=True,
@@ -30,3 +31,11 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
   assert report["cost_ratio"] == (
     report["multiturn"]["seconds_median"] / report["single_turn"]["seconds_median"]
   )
+  train = report["train_step"]
+  rows, turns, sampled, observed = 2, 3, 16, 16  # the flags above and the defaults
+  assert train["multiturn"]["sampled_tokens"] == train["single_turn"]["sampled_tokens"]
+  assert train["single_turn"]["sampled_tokens"] == rows * turns * sampled
+  assert train["multiturn"]["trajectory_tokens"] == rows * (
+    turns * sampled + (turns - 1) * observed
+  )
+  assert train["ratio_per_sampled_token"] > 0

@@ -10,10 +10,16 @@ compile, then timed `--repeats` times (steady state). Prints ONE JSON object:
   single_turn  seconds (min, median), sampled tokens/s
   cost_ratio   multiturn median / single-turn median seconds (the issue's target:
                <= 2x with re-prefill)
+  train_step   the GRPO update (reference pass + one LoRA train step, the
+               frozenlake_gemma3 settings) on each rollout's batch: seconds
+               (min, median), seconds per sampled (loss) token and per
+               trajectory token (sampled + observation), and the multi-turn /
+               single-turn ratio per sampled token (`--train_repeats=0`: skipped)
 
   python -m experiments.benchmarks.multiturn_rollout
 """
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -24,11 +30,15 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from experiments.configs import agentic as agentic_configs
 from rlpost import sampling
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.models import gemma3
 from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.recipes import agentic
+from rlpost.recipes import grpo
+from rlpost.rl import batch as batch_lib
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
 _ROWS = flags.DEFINE_integer("rows", 8, "Episodes (rows).")
@@ -37,6 +47,7 @@ _TURNS = flags.DEFINE_integer("turns", 4, "Model turns per episode.")
 _SAMPLED = flags.DEFINE_integer("sampled", 16, "Sampled tokens per turn.")
 _OBSERVED = flags.DEFINE_integer("observed", 16, "Observation tokens after each turn.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions.")
+_TRAIN_REPEATS = flags.DEFINE_integer("train_repeats", 3, "Timed GRPO updates per batch (0: none).")
 
 
 def _fixed_env(turns: int, prompt_len: int, observed: int) -> protocol.Env:
@@ -91,7 +102,7 @@ def main(argv):
       turns=turns,
     )
     calls.append(len(out.episodes[0].texts))
-    return out.batch.tokens
+    return out.batch
 
   single_sc = sampling.SamplingConfig(
     temperature=1.0, stop_ids=(), max_new_tokens=K * S, pad_id=tok.pad_id, prompt_bucket=16
@@ -100,9 +111,10 @@ def main(argv):
   lengths = jnp.full((B,), P, jnp.int32)
 
   def single():
-    return sampling.sample(
+    out = sampling.sample(
       params, prompt, lengths, jax.random.key(1), model_config=config, config=single_sc
-    ).tokens
+    )
+    return batch_lib.from_samples(prompt, lengths, jax.device_get(out), 1)
 
   report = {
     "workload": {
@@ -116,13 +128,9 @@ def main(argv):
     "cpu": _cpu_model(),
     "jax": jax.__version__,
   }
+  batches = {}
   for name, fn in (("multiturn", multi), ("single_turn", single)):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(_REPEATS.value):
-      start = time.perf_counter()
-      jax.block_until_ready(fn())
-      times.append(time.perf_counter() - start)
+    times, batches[name] = _timed(fn, _REPEATS.value)
     median = statistics.median(times)
     report[name] = {
       "seconds_min": min(times),
@@ -134,7 +142,60 @@ def main(argv):
   report["cost_ratio"] = (
     report["multiturn"]["seconds_median"] / report["single_turn"]["seconds_median"]
   )
+  if _TRAIN_REPEATS.value:
+    report["train_step"] = _train_steps(config, params, tok, batches, _TRAIN_REPEATS.value)
   print(json.dumps(report, indent=2))
+
+
+def _timed(fn, repeats: int):
+  """(seconds of `repeats` timed calls after one compiling call, the last result)."""
+  result = jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return times, result
+
+
+def _train_steps(config, params, tok, batches: dict, repeats: int) -> dict:
+  """The GRPO update on each batch (random advantages); the state is donated, so each
+  update continues from the previous one's (same shapes, same cost)."""
+  cfg = agentic_configs.get_config("frozenlake_gemma3")
+  with cfg.unlocked():
+    cfg.model.weights = "random"
+    cfg.model.preset = _PRESET.value
+    cfg.train.micro_batch_size = _ROWS.value
+  p = agentic.build(cfg, loaded=(config, params, tok))
+  report, state = {}, [p.state]
+
+  def update(batch):
+    state[0], metrics = grpo.update(p.learner, state[0], batch)
+    return metrics
+
+  for name, batch in batches.items():
+    batch = batch_lib.to_device(batch)
+    rows = batch.loss_mask.shape[0]
+    batch = dataclasses.replace(
+      batch, advantages=jax.random.normal(jax.random.key(2), (rows,)), turn_ids=None
+    )
+    times, _ = _timed(lambda: update(batch), repeats)
+    median = statistics.median(times)
+    sampled = float(batch.loss_mask.sum())
+    trajectory = float(batch.valid[:, batch.prompt_len :].sum())
+    report[name] = {
+      "seconds_min": min(times),
+      "seconds_median": median,
+      "sampled_tokens": sampled,
+      "trajectory_tokens": trajectory,
+      "seconds_per_sampled_token": median / sampled,
+      "seconds_per_trajectory_token": median / trajectory,
+    }
+  report["ratio_per_sampled_token"] = (
+    report["multiturn"]["seconds_per_sampled_token"]
+    / report["single_turn"]["seconds_per_sampled_token"]
+  )
+  return report
 
 
 if __name__ == "__main__":
