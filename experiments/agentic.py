@@ -1,10 +1,11 @@
-r"""Multi-turn agentic RL (FrozenLake; tools) with the GRPO family over trajectories.
+r"""Multi-turn agentic RL (FrozenLake; GSM8K with a calculator): GRPO family or PPO over trajectories.
 
   python -m experiments.agentic --config=experiments/configs/agentic.py:frozenlake_gemma3 \
       --workdir=/tmp/agentic_run
 
 Resumes automatically from the newest checkpoint in --workdir. Transcripts of
-sampled episodes go to --workdir/trajectories.jsonl.
+sampled episodes go to --workdir/trajectories.jsonl. `--config.train.steps=0`
+only evaluates (greedy, held-out tasks) and logs it as step 0.
 """
 
 from absl import flags

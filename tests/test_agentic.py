@@ -113,6 +113,14 @@ def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_tu
   assert first.startswith(gsm8k_calc.INSTRUCTIONS) and first.endswith("Answer: <reasoning>\n")
 
 
+def test_zero_steps_evaluates_only(tmp_path):
+  """train.steps=0: the greedy held-out evaluation of the starting weights, as step 0."""
+  agentic.run(_config(**{"train.steps": 0}), str(tmp_path), loaded=_loaded())
+  (record,) = run_metrics(tmp_path)
+  assert record["step"] == 0 and "greedy/success" in record and "reward/mean" not in record
+  assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
 def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_examples():
   cfg = _gsm8k_calc_tiny()
   env_tasks = agentic.make_env(cfg)
@@ -142,6 +150,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"rollout.template": "html"}, "rollout.template"),
     ("frozenlake_tiny", {"train.micro_batch_size": 5}, "train.micro_batch_size"),
     ("frozenlake_tiny", {"per_turn_rewards": True}, "per_turn_rewards"),
+    ("frozenlake_tiny", {"train.steps": 0, "eval.every": 0}, "train.steps.*greedy evaluation"),
     ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
   ],
 )

@@ -228,7 +228,11 @@ def check_config(cfg):
       f"training uses seeds up to train.steps * train.batch_tasks = {t.steps * t.batch_tasks}; "
       "held-out seeds must start above them",
     )
-  common.check_loop_settings(cfg)
+  common.check_loop_settings(
+    cfg,
+    min_steps=0 if ev.every else 1,
+    steps_fix="must be >= 1, or 0 with eval.every > 0 (greedy evaluation only)",
+  )
   return learner, num_generations, turns
 
 

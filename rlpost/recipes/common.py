@@ -57,10 +57,10 @@ def renaming_errors(cls, where: dict[str, str], **kwargs):
     raise ValueError(message) from None
 
 
-def check_loop_settings(cfg) -> None:
+def check_loop_settings(cfg, min_steps: int = 1, steps_fix: str = "") -> None:
   """Steps, checkpointing and the non-finite-step limit every recipe's loop needs."""
-  if cfg.train.steps < 1:
-    fail("train.steps", cfg.train.steps, "must be >= 1")
+  if cfg.train.steps < min_steps:
+    fail("train.steps", cfg.train.steps, steps_fix or f"must be >= {min_steps}")
   if cfg.train.max_bad_steps < 1:
     fail("train.max_bad_steps", cfg.train.max_bad_steps, "must be >= 1 (3 is a good default)")
   if cfg.checkpoint.every < 1:
