@@ -65,8 +65,11 @@ def test_resume_continues_exactly(tmp_path):
     f.write(json.dumps({"step": 4, "left": "by a killed run"}) + "\n")
   agentic.run(cfg, str(tmp_path / "resumed"))
   assert run_metrics(tmp_path / "straight") == run_metrics(tmp_path / "resumed")
-  read = lambda d: (tmp_path / d / "trajectories.jsonl").read_text()
+  read = lambda d, name="trajectories.jsonl": (tmp_path / d / name).read_text()
   assert read("straight") == read("resumed")
+  held_out = read("resumed", "eval_trajectories.jsonl")
+  assert held_out == read("straight", "eval_trajectories.jsonl")
+  assert [json.loads(line)["step"] for line in held_out.splitlines()] == [0, 1, 2, 3, 4]
 
 
 def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
@@ -111,6 +114,11 @@ def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_tu
   with open(tmp_path / "trajectories.jsonl") as f:
     first = json.loads(f.readline())["first_observation"]
   assert first.startswith(gsm8k_calc.INSTRUCTIONS) and first.endswith("Answer: <reasoning>\n")
+  with open(tmp_path / "eval_trajectories.jsonl") as f:
+    held_out = [json.loads(line) for line in f]
+  test = gsm8k.load_gsm8k("test", str(GSM8K_DIR))
+  assert [t["step"] for t in held_out] == [0, 0, 0, 2, 2, 2]  # 3 tasks, trajectories_logged 4
+  assert all(test[k].question in t["first_observation"] for k, t in zip([0, 1, 2] * 2, held_out))
 
 
 def test_zero_steps_evaluates_only(tmp_path):

@@ -10,7 +10,8 @@ is no dataloader. One iteration:
      ppo (G = 1): the reward on each episode's last sampled token -> `ppo.update`
        (critic values, GAE over the stream: observation tokens are transparent,
        value targets; actor + critic train step)
-  -> [every eval.every iterations: greedy episodes on held-out seeds]
+  -> [every eval.every iterations: greedy episodes on held-out seeds, transcripts to
+      eval_trajectories.jsonl]
   -> [every log.trajectories_every iterations: transcripts to trajectories.jsonl]
 
 Training seeds of iteration i are i*B .. i*B+B-1; held-out seeds start at
@@ -51,7 +52,9 @@ from rlpost.train import metrics as metrics_lib
 ENVIRONMENTS = ("frozenlake", "gsm8k_calc")
 LEARNERS = ("grpo", "ppo")
 EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
-RESERVED_EXAMPLES = 8  # gsm8k_calc: the first training problems, kept for few-shot examples
+RESERVED_EXAMPLES = 8
+TRANSCRIPTS = "trajectories.jsonl"  # sampled training episodes
+EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes  # gsm8k_calc: the first training problems, kept for few-shot examples
 
 
 class GRPOLearnerSetup(NamedTuple):
@@ -293,19 +296,22 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
       p.state,
       functools.partial(iteration, p, pool, workdir),
       loop,
-      initial_metrics=functools.partial(initial_metrics, p, pool),
+      initial_metrics=functools.partial(initial_metrics, p, pool, workdir),
       stop_after=stop_after,
     )
   return state
 
 
-def initial_metrics(p: Pieces, pool, state) -> dict:
+def initial_metrics(p: Pieces, pool, workdir: str, state) -> dict:
   """Step 0's record: greedy episodes on the held-out seeds before training."""
-  return evaluate(p, pool, state) if p.setup.eval_every else {}
+  return evaluate(p, pool, state, workdir, 0) if p.setup.eval_every else {}
 
 
-def evaluate(p: Pieces, pool, state) -> dict:
-  """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics."""
+def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
+  """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics.
+
+  The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl.
+  """
   setup = p.setup
   seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
   chunk = setup.eval_batch_tasks or len(seeds)
@@ -315,6 +321,7 @@ def evaluate(p: Pieces, pool, state) -> dict:
     tasks_ = p.tasks.eval_tasks(part)
     out = _rollout(p, pool, state, tasks_, part, jax.random.key(0), setup.greedy, 1)
     episodes += out.episodes
+  write_trajectories(workdir, step, episodes[: setup.trajectories_logged], EVAL_TRANSCRIPTS)
   return {f"greedy/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
@@ -366,7 +373,7 @@ def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
   forward_s = metrics.get("time/forward_s", 0.0)  # PPO's critic pass, when separate
   metrics["time/train_s"] = time.perf_counter() - start - rollout_s - forward_s
   if setup.eval_every and (index + 1) % setup.eval_every == 0:
-    metrics.update(evaluate(p, pool, state))
+    metrics.update(evaluate(p, pool, state, workdir, index + 1))
   if setup.trajectories_every and (index + 1) % setup.trajectories_every == 0:
     write_trajectories(workdir, index + 1, out.episodes[: setup.trajectories_logged])
   return state, cursor, metrics
@@ -403,9 +410,9 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   return out
 
 
-def write_trajectories(workdir: str, step: int, episodes) -> None:
-  """Appends readable transcripts to workdir/trajectories.jsonl (records after a resume point dropped)."""
-  path = os.path.join(workdir, "trajectories.jsonl")
+def write_trajectories(workdir: str, step: int, episodes, name: str = TRANSCRIPTS) -> None:
+  """Appends readable transcripts to workdir/`name` (records after a resume point dropped)."""
+  path = os.path.join(workdir, name)
   metrics_lib.truncate_jsonl(path, step - 1)
   for e in episodes:
     turns = [
