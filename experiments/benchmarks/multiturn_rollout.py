@@ -21,6 +21,7 @@ compile, then timed `--repeats` times (steady state). Prints ONE JSON object:
 
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
@@ -127,6 +128,7 @@ def main(argv):
     },
     "cpu": _cpu_model(),
     "jax": jax.__version__,
+    "load_average_before": os.getloadavg(),
   }
   batches = {}
   for name, fn in (("multiturn", multi), ("single_turn", single)):
@@ -144,6 +146,7 @@ def main(argv):
   )
   if _TRAIN_REPEATS.value:
     report["train_step"] = _train_steps(config, params, tok, batches, _TRAIN_REPEATS.value)
+  report["load_average_after"] = os.getloadavg()
   print(json.dumps(report, indent=2))
 
 
