@@ -7,7 +7,8 @@ is no dataloader. One iteration:
   -> trajectory rewards -> `config.learner`:
      grpo: group advantages on the model's tokens -> `grpo.update` (ref / old
        logprobs, train steps)
-     ppo (G = 1): the reward on each episode's last sampled token -> `ppo.update`
+     ppo (G = 1): the reward on each episode's last sampled token (`per_turn_rewards`:
+       each turn's on that turn's last) -> `ppo.update`
        (critic values, GAE over the stream: observation tokens are transparent,
        value targets; actor + critic train step)
   -> [every eval.every iterations: greedy episodes on held-out seeds, transcripts to
@@ -52,9 +53,9 @@ from rlpost.train import metrics as metrics_lib
 ENVIRONMENTS = ("frozenlake", "gsm8k_calc")
 LEARNERS = ("grpo", "ppo")
 EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
-RESERVED_EXAMPLES = 8
+RESERVED_EXAMPLES = 8  # gsm8k_calc: the first training problems, kept for few-shot examples
 TRANSCRIPTS = "trajectories.jsonl"  # sampled training episodes
-EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes  # gsm8k_calc: the first training problems, kept for few-shot examples
+EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes
 
 
 class GRPOLearnerSetup(NamedTuple):
@@ -111,8 +112,7 @@ class Pieces(NamedTuple):
 
   setup: Setup
   tokenizer: Any
-  env: protocol.Env
-  tasks: EnvTasks
+  tasks: EnvTasks  # the environment and its tasks
   state: Any
   learner: Learner
 
@@ -276,7 +276,7 @@ def build(cfg, loaded=None) -> Pieces:
       cfg, params, learner_setup.algo, learner_setup.forward
     )
     learner = Learner(learner_setup, frozen, ref_params, train_step)
-  return Pieces(setup, tokenizer, env_tasks.env, env_tasks, state, learner)
+  return Pieces(setup, tokenizer, env_tasks, state, learner)
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
@@ -330,7 +330,7 @@ def _rollout(p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations) ->
   params_s = policy.sampling_params(actor, p.learner.frozen, p.setup.forward)
   out = multiturn.rollout(
     params_s,
-    p.env,
+    p.tasks.env,
     tasks_,
     seeds,
     key,
