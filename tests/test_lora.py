@@ -133,7 +133,7 @@ def test_lora_train_step_moves_adapters_only_and_lowers_the_loss():
   ad = lora.init_adapters(jax.random.key(0), params, CFG)
   opt = optax.adamw(1e-2)
   mesh = train.make_mesh(1)
-  state = train.replicate(train.init_train_state(ad, opt, jax.random.key(1)), mesh)
+  state = train.place(train.init_train_state(ad, opt, jax.random.key(1)), mesh)
   assert jax.tree.structure(state.opt_state[0].mu) == jax.tree.structure(ad)
   step = train.make_train_step(_nll_loss, opt, mesh, micro_batch_size=2)
   batch = {"tokens": jax.random.randint(jax.random.key(2), (2, 12), 0, CONFIG.vocab_size)}

@@ -35,7 +35,7 @@ def _run(num_devices: int, micro: int, steps: int = 3, optimizer: str = "sgd"):
   else:
     opt = train.make_optimizer(learning_rate=0.05, total_steps=steps, max_grad_norm=1.0)
   mesh = train.make_mesh(num_devices)
-  state = train.replicate(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
+  state = train.place(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
   step = train.make_train_step(_linear_loss, opt, mesh, micro)
   x, y = _data()
   norms = []
@@ -115,7 +115,7 @@ def check_nan_step_is_skipped(num_devices: int):
   opt = optax.adamw(0.1)
   mesh = train.make_mesh(num_devices)
   step = train.make_train_step(_linear_loss, opt, mesh, micro_batch_size=2)
-  state = train.replicate(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
+  state = train.place(train.init_train_state(jnp.zeros((4,)), opt, jax.random.key(0)), mesh)
   x, y = _data()
   state, _ = step(state, None, {"x": x, "y": y})  # one finite step: nonzero Adam moments
   before = jax.device_get((state.step, state.trainable, state.opt_state))
@@ -147,7 +147,7 @@ def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path):
   opt = optax.sgd(0.1)
   mesh = train.make_mesh(1)
   step = train.make_train_step(_linear_loss, opt, mesh, micro_batch_size=8)
-  state = train.replicate(train.init_train_state(jnp.ones((4,)), opt, jax.random.key(0)), mesh)
+  state = train.place(train.init_train_state(jnp.ones((4,)), opt, jax.random.key(0)), mesh)
   x, y = _data()
 
   def step_fn(state, cursor, index):

@@ -89,7 +89,7 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
   loss_fn = sft.make_loss_fn(fwd)
   mesh = train.make_mesh()
   step = train.make_train_step(loss_fn, optimizer, mesh, _MICRO.value)
-  state = train.replicate(train.init_train_state(params, optimizer, jax.random.key(0)), mesh)
+  state = train.place(train.init_train_state(params, optimizer, jax.random.key(0)), mesh)
   rng = np.random.default_rng(3)
   times, losses = [], []
   for _ in range(_STEPS.value + 1):

@@ -105,6 +105,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     }
   )
   c.log = ml_collections.ConfigDict({"trajectories_every": 5, "trajectories_logged": 4})
+  c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   c.lock()
   return c

@@ -35,3 +35,13 @@ def lora_config(enabled: bool, rank: int) -> ml_collections.ConfigDict:
       "targets": "q,k,v,o,gate,up,down",  # comma-separated names in params["layers"]
     }
   )
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+  """The `mesh` block: how the train step's devices are split (rlpost.train.sharding)."""
+  return ml_collections.ConfigDict(
+    {
+      "data": 0,  # replica groups, each on its own rows (0: every device not used by fsdp)
+      "fsdp": 1,  # devices splitting each replica's weights and optimizer state (1: none)
+    }
+  )

@@ -52,6 +52,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
     }
   )
   c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics
+  c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
   c.lock()
   return c

@@ -115,6 +115,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "remat": "dots",  # none | dots | full (activation memory policy)
     }
   )
+  c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
   c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
   c.lock()

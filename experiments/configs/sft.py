@@ -60,6 +60,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "num_examples": 16 if tiny else 64,
     }
   )
+  c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
   c.lock()
   return c

@@ -428,6 +428,7 @@ def forward(
   lora_scale: float = 1.0,
   remat: str | None = None,
   compute_dtype=None,
+  gather=None,
 ):
   """Runs the decoder on `tokens_BxT`.
 
@@ -455,6 +456,9 @@ def forward(
       "bfloat16" rounds the inputs of every layer matmul (forward and
       backward) to it and accumulates in float32 (mixed-precision training:
       weights, gradients and the residual stream stay in their own dtypes).
+    gather: None, or (no cache only) a function applied to each layer's
+      (weights, adapters) at the top of the layer scan: FSDP gathers the layer's
+      shards there (`policy.ForwardConfig.fsdp_axis`), so one layer is whole at a time.
 
   Returns:
     (logits or hidden, new cache or None).
@@ -488,6 +492,8 @@ def forward(
 
     def body(x, inputs):
       layer, lora, glob = inputs
+      if gather is not None:
+        layer, lora = gather((layer, lora))
       x, _ = _block(
         x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale, compute_dtype
       )

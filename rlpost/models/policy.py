@@ -34,6 +34,9 @@ class ForwardConfig:
   logprob_chunk: tokens per chunk of the [chunk, V] output projection.
   temperature: logits are divided by it (the sampler's, so that trainer and
     sampler compute the same logprobs); 1 for SFT / DPO.
+  fsdp_axis: inside the train step's shard_map with FSDP, the mesh axis over
+    which each layer's weights are gathered in the layer scan
+    (`rlpost.train.sharding.train_forward`); None everywhere else.
   """
 
   model: gemma3.Config
@@ -42,6 +45,7 @@ class ForwardConfig:
   remat: str = "none"
   logprob_chunk: int = 256
   temperature: float = 1.0
+  fsdp_axis: str | None = None
 
   def __post_init__(self):
     if self.compute_dtype is not None and self.compute_dtype not in gemma3.COMPUTE_DTYPES:
@@ -100,8 +104,16 @@ def hidden_states(
     lora_scale=fwd.lora_scale,
     remat=REMAT[fwd.remat],
     compute_dtype=fwd.compute_dtype,
+    gather=_layer_gather(fwd.fsdp_axis),
   )
   return hidden_BxSxD
+
+
+def _layer_gather(axis: str | None):
+  """None, or the function gathering one layer's weight shards (split on their first dim)."""
+  if axis is None:
+    return None
+  return lambda tree: jax.tree.map(lambda x: jax.lax.all_gather(x, axis, axis=0, tiled=True), tree)
 
 
 def completion_hidden(params, adapters, batch, fwd: ForwardConfig) -> jax.Array:

@@ -18,6 +18,7 @@ from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.train import checkpoint
+from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
 
@@ -106,6 +107,18 @@ def model_preset(cfg) -> gemma3.Config:
     return gemma3.get_config(cfg.model.preset)
   except ValueError as e:
     raise ValueError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
+
+
+def make_mesh(cfg):
+  """The (data, fsdp) device mesh of the `mesh` block (absent: every device on `data`)."""
+  block = cfg.get("mesh")
+  mesh_config = (
+    sharding.MeshConfig() if block is None else from_block(sharding.MeshConfig, block, "mesh")
+  )
+  try:
+    return sharding.make_mesh(mesh_config)
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
 
 
 def load_model(cfg):

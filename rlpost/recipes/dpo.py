@@ -17,6 +17,7 @@ from rlpost.recipes import common
 from rlpost.recipes import sft as sft_recipe
 from rlpost.supervised import dpo
 from rlpost.train import loop as loop_lib
+from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
 SOURCES = ("jsonl", "synthetic")
@@ -57,10 +58,13 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   d, t = cfg.data, cfg.train
   pairs = dpo.tokenize_pairs(records(cfg), tokenizer, d.seq_len)
   reference = params if fwd.lora else dpo.initial_reference(params)
-  loss_fn = dpo.make_loss_fn(fwd, beta=dpo_config.beta, label_smoothing=dpo_config.label_smoothing)
-  train_step = step_lib.make_train_step(
-    loss_fn, optimizer, step_lib.make_mesh(), t.micro_batch_size
+  mesh = common.make_mesh(cfg)
+  loss_fn = dpo.make_loss_fn(
+    sharding.train_forward(fwd, mesh),
+    beta=dpo_config.beta,
+    label_smoothing=dpo_config.label_smoothing,
   )
+  train_step = step_lib.make_train_step(loss_fn, optimizer, mesh, t.micro_batch_size)
   ref_fn = dpo.make_reference_fn(fwd, t.micro_batch_size)
 
   def next_batch(cursor):

@@ -31,6 +31,7 @@ from rlpost.rl import objectives
 from rlpost.rl.batch import RLBatch
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
 # Old config fields -> where they live now (an old name fails with this pointer).
@@ -120,15 +121,18 @@ def build_policy(cfg, params, algo: objectives.GRPOConfig, forward: policy.Forwa
   else:
     ref_params = None
   optimizer = common.make_optimizer(cfg, cfg.train.steps * algo.num_iterations)
-  mesh = step_lib.make_mesh()
+  mesh = common.make_mesh(cfg)
   # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
-  state = step_lib.replicate(
+  state = step_lib.place(
     step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
   )
-  frozen = step_lib.replicate(frozen, mesh)
-  ref_params = frozen if forward.lora else step_lib.replicate(ref_params, mesh)
+  frozen = step_lib.place(frozen, mesh)
+  ref_params = frozen if forward.lora else step_lib.place(ref_params, mesh)
   train_step = step_lib.make_train_step(
-    objectives.make_grpo_loss_fn(algo, forward), optimizer, mesh, cfg.train.micro_batch_size
+    objectives.make_grpo_loss_fn(algo, sharding.train_forward(forward, mesh)),
+    optimizer,
+    mesh,
+    cfg.train.micro_batch_size,
   )
   host_memory.release_freed_memory()  # weight loading / initialization temporaries
   return state, frozen, ref_params, train_step

@@ -40,6 +40,7 @@ from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
 
@@ -198,7 +199,7 @@ def build_learner(cfg, params, setup: Setup):
     actor, frozen = jax.tree.map(jnp.copy, params), params  # updates are donated: train a copy
   critic = critic_lib.init_critic(jax.random.fold_in(key, 2), params, setup.critic)
   optimizer = make_optimizer(cfg, setup)
-  mesh = step_lib.make_mesh()
+  mesh = common.make_mesh(cfg)
   one_call = mesh.size == 1 and setup.micro_batch_size >= setup.batch_prompts
   setup = dataclasses.replace(
     setup,
@@ -207,15 +208,15 @@ def build_learner(cfg, params, setup: Setup):
     and (one_call or not algo.whiten_advantages),
   )
   trainable = {"actor": actor, "critic": critic}
-  state = step_lib.replicate(
+  state = step_lib.place(
     step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
   )
-  loss_fn = objectives.make_ppo_loss_fn(algo, fwd, setup.critic)
+  loss_fn = objectives.make_ppo_loss_fn(algo, sharding.train_forward(fwd, mesh), setup.critic)
   train_step = step_lib.make_train_step(
     loss_fn, optimizer, mesh, setup.micro_batch_size, grad_norm_parts=("actor", "critic")
   )
   host_memory.release_freed_memory()
-  return setup, state, step_lib.replicate(frozen, mesh), train_step
+  return setup, state, step_lib.place(frozen, mesh), train_step
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):

@@ -22,6 +22,7 @@ from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.supervised import sft
 from rlpost.train import loop as loop_lib
+from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
 SOURCES = ("gsm8k", "gsm8k_tools", "jsonl", "synthetic")
@@ -40,8 +41,9 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
       t.batch_size,
       f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}",
     )
-  if t.batch_size % jax.device_count():
-    fail("train.batch_size", t.batch_size, f"must be divisible by the {jax.device_count()} devices")
+  devices = common.make_mesh(cfg).size
+  if t.batch_size % devices:
+    fail("train.batch_size", t.batch_size, f"must be divisible by the mesh's {devices} devices")
   if t.learning_rate <= 0:
     fail("train.learning_rate", t.learning_rate, "must be > 0")
   if t.gather_bucket < 1:
@@ -76,11 +78,11 @@ def setup(cfg, fwd: policy.ForwardConfig):
   optimizer = common.make_optimizer(cfg, cfg.train.steps)
   # Replicated on the mesh up front: the step's output state has that sharding, so the
   # second step reuses the first step's compilation.
-  mesh = step_lib.make_mesh()
-  state = step_lib.replicate(
+  mesh = common.make_mesh(cfg)
+  state = step_lib.place(
     step_lib.init_train_state(trainable, optimizer, jax.random.key(cfg.seed)), mesh
   )
-  return model_config, params, tokenizer, state, step_lib.replicate(frozen, mesh), optimizer
+  return model_config, params, tokenizer, state, step_lib.place(frozen, mesh), optimizer
 
 
 def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor, index):
@@ -160,8 +162,9 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   d, t = cfg.data, cfg.train
   examples, eval_examples = tokenized_examples(cfg, tokenizer)
   lengths = [len(e[0]) for e in examples]
+  mesh = common.make_mesh(cfg)
   train_step = step_lib.make_train_step(
-    sft.make_loss_fn(fwd), optimizer, step_lib.make_mesh(), t.micro_batch_size
+    sft.make_loss_fn(sharding.train_forward(fwd, mesh)), optimizer, mesh, t.micro_batch_size
   )
   batch_args = dict(seq_len=d.seq_len, pad_id=tokenizer.pad_id, gather_bucket=t.gather_bucket)
 

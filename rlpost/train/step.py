@@ -5,9 +5,13 @@ The loss is a plain function `loss_fn(trainable, frozen, micro_batch) ->
 the batch they pass (an `rl.batch.RLBatch`, or the supervised dicts: any
 pytree whose leaves have rows on axis 0). Inside `train_step`:
 
-  batch [N, ...] --shard_map over mesh axis "data"--> per device [N/d, ...]
-    -> reshape to [num_micro, micro, ...] -> lax.scan accumulating grads
-    -> pmean over "data" -> clip (in the optax chain) -> optax update
+  batch [N, ...] --shard_map over the (data, fsdp) mesh--> per device [N/d, ...]
+    -> reshape to [num_micro, micro, ...] -> lax.scan accumulating the gradients
+       of this device's weight shards (fsdp: layer weights gathered per layer in
+       the forward, the rest per step; gradients reduce-scattered back)
+    -> mean over devices -> [jit, outside the shard_map: the global gradient norm,
+       the non-finite guard, clipping (in the optax chain) and the optax update
+       on the sharded weights and optimizer state]
 
 The gradient is the mean over micro-batches of each micro-batch's loss
 gradient, so token-mean losses are token means per micro-batch (exact for
@@ -20,12 +24,11 @@ from typing import Any, Callable, NamedTuple
 import einops
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA_AXIS = "data"
+from rlpost.train import sharding
 
 
 class TrainState(NamedTuple):
@@ -102,10 +105,15 @@ def init_train_state(trainable, optimizer: optax.GradientTransformation, key) ->
   )
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  """1-D data-parallel mesh over the first `num_devices` devices (default: all)."""
+def make_mesh(num_devices: int | None = None, fsdp: int = 1) -> jax.sharding.Mesh:
+  """(data, fsdp) mesh over the first `num_devices` devices (default: all); see `sharding`."""
   devices = jax.devices()[:num_devices] if num_devices else jax.devices()
-  return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+  return sharding.make_mesh(sharding.MeshConfig(fsdp=fsdp), devices)
+
+
+def place(tree, mesh: jax.sharding.Mesh):
+  """Places a pytree on `mesh`: split over fsdp by `sharding.RULES`, replicated over data."""
+  return sharding.shard(tree, mesh)
 
 
 def _micro_batches(batch, num_micro: int):
@@ -123,63 +131,100 @@ def make_train_step(
   """Returns jitted `train_step(state, frozen, batch, opt_args=None) -> (state, metrics)`.
 
   Args:
-    loss_fn: `(trainable, frozen, micro_batch) -> (scalar loss, dict of scalar metrics)`.
+    loss_fn: `(trainable, frozen, micro_batch) -> (scalar loss, dict of scalar metrics)`;
+      with fsdp > 1 its forward must gather layer weights over "fsdp"
+      (`sharding.train_forward`).
     optimizer: optax transformation (clipping included).
-    mesh: device mesh with axis "data"; every batch leaf is split on axis 0.
+    mesh: a (data, fsdp) mesh (`sharding.make_mesh`); batch leaves are split on
+      axis 0 over all its devices, `state` and `frozen` are placed by `place`.
     micro_batch_size: rows per micro-batch on each device.
     grad_norm_parts: keys of a dict `trainable` whose own gradient norms are
       reported as "grad_norm/<key>" (PPO: actor, critic).
 
-  The old state is donated. `frozen` (base params, or None) and `opt_args` (a
-  dict of scalars passed to `optimizer.update` as extra arguments, e.g. the
-  `gated` flag) are replicated; their values never recompile the step.
-  Metrics are means over micro-batches and devices, plus "grad_norm", "loss" and
-  "skipped_nonfinite" (1.0 when the loss or gradient norm was not finite: the
-  update was skipped and `state.bad_steps` counts it; see TrainState).
+  The old state is donated. `opt_args` (a dict of scalars passed to
+  `optimizer.update` as extra arguments, e.g. the `gated` flag) never
+  recompiles the step. Metrics are means over micro-batches and devices, plus
+  "grad_norm", "loss" and "skipped_nonfinite" (1.0 when the loss or gradient
+  norm was not finite: the update was skipped and `state.bad_steps` counts it;
+  see TrainState).
   """
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  # On a 1-device mesh the mean is the identity; XLA:CPU would still copy every
-  # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
-  mean_over_devices = (
-    (lambda x: x) if mesh.shape[DATA_AXIS] == 1 else (lambda x: jax.lax.pmean(x, DATA_AXIS))
-  )
+  data, fsdp = mesh.shape[sharding.DATA], mesh.shape[sharding.FSDP]
 
-  def per_device(state: TrainState, frozen, batch, opt_args):
+  def mean_over(x, axis, size):
+    # On a size-1 axis the mean is the identity; XLA:CPU would still copy every
+    # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
+    return x if size == 1 else jax.lax.pmean(x, axis)
+
+  def per_device(trainable, frozen, batch, trainable_specs, frozen_specs):
+    """This device's rows -> (gradients of its weight shards, loss, metrics), all averaged."""
     rows = jax.tree.leaves(batch)[0].shape[0]
     if rows % micro_batch_size:
       raise ValueError(
         f"{rows} rows per device are not divisible by micro_batch_size={micro_batch_size}"
       )
-    micro = _micro_batches(batch, rows // micro_batch_size)
-
-    def accumulate(carry, mb):
-      (loss, metrics), grads = grad_fn(state.trainable, frozen, mb)
-      return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
-
+    # Layer weights stay split (the forward gathers them inside the layer scan); the
+    # others are gathered whole: frozen ones once, trainable ones inside the gradient
+    # so that their gradients come back reduce-scattered.
+    outer = lambda specs: jax.tree_util.tree_map_with_path(
+      lambda path, s: P() if sharding.is_layer_leaf(sharding.path_str(path)) else s, specs
+    )
+    if frozen is not None:
+      frozen = sharding.gather(frozen, outer(frozen_specs), sharding.FSDP)
+    trainable_outer = outer(trainable_specs)
+    local_grad = jax.value_and_grad(
+      lambda t, mb: loss_fn(sharding.gather(t, trainable_outer, sharding.FSDP), frozen, mb),
+      has_aux=True,
+    )
     n = rows // micro_batch_size
+    micro = _micro_batches(batch, n)
     first = jax.tree.map(lambda x: x[0], micro)
     if n == 1:  # no accumulator: saves a zeroed gradient-sized buffer and an add
-      (loss, metrics), grads = grad_fn(state.trainable, frozen, first)
+      (loss, metrics), grads = local_grad(trainable, first)
     else:
-      zero_grads = jax.tree.map(jnp.zeros_like, state.trainable)
-      metric_shapes = jax.eval_shape(lambda: loss_fn(state.trainable, frozen, first)[1])
+
+      def accumulate(carry, mb):
+        (loss, metrics), grads = local_grad(trainable, mb)
+        return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
+
+      metric_shapes = jax.eval_shape(lambda: local_grad(trainable, first)[0][1])
       zeros = (
-        zero_grads,
+        jax.tree.map(jnp.zeros_like, trainable),
         jnp.zeros(()),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
       )
       (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    grads, loss, metrics = jax.tree.map(lambda x: mean_over_devices(x / n), (grads, loss, metrics))
+    # A split leaf's gradient arrives summed over the fsdp group (the gather's
+    # transpose); a replicated leaf's is this device's own.
+    grads = jax.tree.map(
+      lambda g, s: g / fsdp if sharding.FSDP in s else mean_over(g, sharding.FSDP, fsdp),
+      grads,
+      trainable_specs,
+    )
+    both = lambda x: mean_over(mean_over(x / n, sharding.FSDP, fsdp), sharding.DATA, data)
+    grads = jax.tree.map(lambda g: mean_over(g / n, sharding.DATA, data), grads)
+    return grads, both(loss), jax.tree.map(both, metrics)
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def train_step(state, frozen, batch, opt_args=None):
+    trainable_specs = sharding.tree_specs(state.trainable, mesh)
+    frozen_specs = P() if frozen is None else sharding.tree_specs(frozen, mesh)
+    grads, loss, metrics = jax.shard_map(
+      functools.partial(per_device, trainable_specs=trainable_specs, frozen_specs=frozen_specs),
+      mesh=mesh,
+      in_specs=(trainable_specs, frozen_specs, sharding.BATCH),
+      out_specs=(trainable_specs, P(), P()),
+      check_vma=False,
+    )(state.trainable, frozen, batch)
     grad_norm = optax.tree.norm(grads)
-    # A non-finite loss or gradient norm (global: both are means over devices) must not
-    # reach the weights: the update runs in the taken branch of a cond, so a bad step
-    # keeps the old trainable and optimizer state (a jnp.where over the two states
-    # would hold both at once: +1.1 GiB for a full-parameter 270M step).
+    # A non-finite loss or gradient norm must not reach the weights: the update runs in
+    # the taken branch of a cond, so a bad step keeps the old trainable and optimizer
+    # state (a jnp.where over the two states would hold both at once: +1.1 GiB for a
+    # full-parameter 270M step).
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(trainable_and_opt):
       trainable, opt_state = trainable_and_opt
-      updates, opt_state = optimizer.update(grads, opt_state, trainable, **opt_args)
+      updates, opt_state = optimizer.update(grads, opt_state, trainable, **(opt_args or {}))
       return optax.apply_updates(trainable, updates), opt_state
 
     trainable, opt_state = jax.lax.cond(
@@ -193,6 +238,11 @@ def make_train_step(
       bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
       total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
     )
+    # Keep the state where `place` put it, so the next call reuses this compilation.
+    new_state = jax.lax.with_sharding_constraint(
+      new_state,
+      jax.tree.map(lambda s: NamedSharding(mesh, s), sharding.tree_specs(new_state, mesh)),
+    )
     metrics = {
       **metrics,
       "loss": loss,
@@ -202,21 +252,4 @@ def make_train_step(
     }
     return new_state, metrics
 
-  sharded = jax.shard_map(
-    per_device,
-    mesh=mesh,
-    in_specs=(P(), P(), P(DATA_AXIS), P()),
-    out_specs=(P(), P()),
-    check_vma=False,
-  )
-
-  @functools.partial(jax.jit, donate_argnums=(0,))
-  def train_step(state, frozen, batch, opt_args=None):
-    return sharded(state, frozen, batch, opt_args or {})
-
   return train_step
-
-
-def replicate(tree, mesh: jax.sharding.Mesh):
-  """Places a pytree on every device of `mesh` (replicated)."""
-  return jax.device_put(tree, NamedSharding(mesh, P()))

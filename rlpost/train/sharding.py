@@ -1,0 +1,137 @@
+"""The device mesh (axes `data` and `fsdp`) and the partition rules that shard weights.
+
+Axes:
+  data  replicas of the weights, each training on its own rows.
+  fsdp  the weights, their gradients and the optimizer state are split across
+        these devices; the train step gathers a layer's weights inside the layer
+        scan (`policy.ForwardConfig.fsdp_axis`) and the other weights once per
+        step, and the gradients come back reduce-scattered (the transpose of
+        the gather).
+Batch rows are split over data x fsdp.
+
+Partition rules are data: `(regex, dim)` pairs matched against a leaf's path
+("layers/q", "actor/layers/q/a", "embed"); the first match gives the dim that
+is split over `fsdp`. A leaf whose dim does not divide by the axis size stays
+replicated, except stacked layer leaves ("layers/" in the path): the forward
+gathers every one of them, so they must split (ValueError naming the leaf).
+"""
+
+import dataclasses
+import re
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = "data"
+FSDP = "fsdp"
+BATCH = P((DATA, FSDP))  # rows of a batch: split over every device
+# Stacked layer leaves [L, in, ...] split their first weight dim (the layer axis
+# is scanned over); everything else (embedding [V, D], norms, value head) its first.
+RULES = ((r"(^|/)layers/", 1), (r".*", 0))
+_LAYER = re.compile(r"(^|/)layers/")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The `mesh` block: data x fsdp devices.
+
+  data: replica groups; 0: every device not used by fsdp (devices / fsdp).
+  fsdp: devices that split each replica's weights (1: no FSDP, no collectives).
+  """
+
+  data: int = 0
+  fsdp: int = 1
+
+  def __post_init__(self):
+    if self.data < 0 or self.fsdp < 1:
+      raise ValueError(
+        f"MeshConfig(data={self.data}, fsdp={self.fsdp}): use data >= 0 (0: all devices "
+        "left) and fsdp >= 1"
+      )
+
+
+def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
+  """A (data, fsdp) mesh over `devices` (default: all), data-major."""
+  devices = list(jax.devices() if devices is None else devices)
+  data = config.data or len(devices) // config.fsdp
+  if data < 1 or data * config.fsdp > len(devices):
+    raise ValueError(
+      f"mesh data={config.data or 'auto'} x fsdp={config.fsdp} needs "
+      f"{max(data, 1) * config.fsdp} devices; {len(devices)} are available "
+      "(simulate more on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+    )
+  grid = np.asarray(devices[: data * config.fsdp]).reshape(data, config.fsdp)
+  return jax.sharding.Mesh(grid, (DATA, FSDP))
+
+
+def path_str(path) -> str:
+  """A key path as "a/b/c" (dict keys, sequence indices, attribute names)."""
+  parts = []
+  for key in path:
+    for attr in ("key", "idx", "name"):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+    else:
+      parts.append(str(key))
+  return "/".join(parts)
+
+
+def is_layer_leaf(path: str) -> bool:
+  return bool(_LAYER.search(path))
+
+
+def leaf_spec(path: str, shape: tuple[int, ...], fsdp: int, rules=RULES) -> P:
+  """The PartitionSpec of one leaf under `rules` on an fsdp axis of size `fsdp`."""
+  if fsdp == 1 or not shape:
+    return P()
+  dim = next(d for pattern, d in rules if re.search(pattern, path))
+  if dim < len(shape) and shape[dim] % fsdp == 0:
+    return P(*([None] * dim), FSDP)
+  if is_layer_leaf(path):
+    size = shape[dim] if dim < len(shape) else "no such dim"
+    raise ValueError(
+      f"fsdp={fsdp}: the stacked layer weight {path} {list(shape)} must split on dim "
+      f"{dim} ({size}); choose an fsdp size that divides it (LoRA: a rank divisible by fsdp)"
+    )
+  return P()
+
+
+def tree_specs(tree, mesh: jax.sharding.Mesh, rules=RULES):
+  """PartitionSpecs of every leaf of `tree` (arrays or ShapeDtypeStructs)."""
+  fsdp = mesh.shape[FSDP]
+  return jax.tree_util.tree_map_with_path(
+    lambda path, x: leaf_spec(path_str(path), np.shape(x), fsdp, rules), tree
+  )
+
+
+def shard(tree, mesh: jax.sharding.Mesh, rules=RULES):
+  """Places `tree` on `mesh`: split over fsdp by `rules`, replicated over data."""
+  specs = tree_specs(tree, mesh, rules)
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+
+
+def gather(tree, specs, axis: str):
+  """Inside shard_map: every leaf split over `axis` (per `specs`) gathered whole."""
+
+  def one(x, spec):
+    dims = [d for d, name in enumerate(spec) if name == axis]
+    return jax.lax.all_gather(x, axis, axis=dims[0], tiled=True) if dims else x
+
+  return jax.tree.map(one, tree, specs)
+
+
+def device_bytes(tree) -> dict:
+  """{device: bytes of `tree`'s shards it holds}."""
+  out = {}
+  for leaf in jax.tree.leaves(tree):
+    for s in leaf.addressable_shards:
+      out[s.device] = out.get(s.device, 0) + s.data.nbytes
+  return out
+
+
+def train_forward(fwd, mesh: jax.sharding.Mesh):
+  """`fwd` for a loss inside the train step: layer weights gathered over fsdp when it splits."""
+  return dataclasses.replace(fwd, fsdp_axis=FSDP if mesh.shape[FSDP] > 1 else None)

@@ -1,0 +1,178 @@
+"""The (data, fsdp) mesh: partition rules, and one train step agreeing across meshes.
+
+The multi-device checks run in a subprocess with 8 simulated CPU devices (the
+device count is fixed when JAX starts). Weights are compared after one SGD step
+with learning rate 1 and no clipping, so the update IS the gradient: a sum
+instead of a mean over devices, or a shard's gradient left unreduced, shows.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from conftest import REPO_ROOT
+from rlpost.models import gemma3
+from rlpost.models import lora as lora_lib
+from rlpost.models import policy
+from rlpost.rl import objectives
+from rlpost.rl.batch import RLBatch
+from rlpost.supervised import sft
+from rlpost.train import sharding
+from rlpost.train import step as train
+
+# Every dimension divides by 4 (vocab 264, not the byte tokenizer's 261); in ODD_VOCAB
+# the (tied) embedding does not split and stays replicated.
+CONFIG = gemma3.get_config("tiny", vocab_size=264)
+ODD_VOCAB = gemma3.get_config("tiny", vocab_size=262)
+ROWS, SEQ = 8, 24
+
+
+def test_rules_split_layer_weights_on_their_first_weight_dim():
+  specs = sharding.tree_specs(gemma3.init_params(jax.random.key(0), CONFIG), _mesh_like(4))
+  assert specs["embed"] == P(sharding.FSDP)
+  assert specs["layers"]["q"] == P(None, sharding.FSDP)
+  assert specs["layers"]["down"] == P(None, sharding.FSDP)
+  assert sharding.leaf_spec("final_norm", (30,), 4) == P()  # 30 does not split: replicated
+  assert sharding.leaf_spec("actor/layers/q/b", (2, 16, 64), 4) == P(None, sharding.FSDP)
+  assert sharding.leaf_spec("layers/q", (2, 32, 64), 1) == P()  # fsdp 1: no split at all
+  with pytest.raises(ValueError, match="actor/layers/q/b .*divides it"):
+    sharding.leaf_spec("actor/layers/q/b", (2, 6, 64), 4)
+
+
+def test_mesh_settings_fail_with_the_fix():
+  with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+    sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=4))
+  with pytest.raises(ValueError, match="fsdp >= 1"):
+    sharding.MeshConfig(fsdp=0)
+  assert dict(sharding.make_mesh().shape) == {sharding.DATA: jax.device_count(), sharding.FSDP: 1}
+
+
+class _MeshLike:
+  def __init__(self, fsdp):
+    self.shape = {sharding.DATA: 1, sharding.FSDP: fsdp}
+
+
+def _mesh_like(fsdp):
+  return _MeshLike(fsdp)
+
+
+def _sft_batch():
+  rng = np.random.default_rng(0)
+  examples = []
+  for r in range(ROWS):
+    n = SEQ - r
+    tokens = rng.integers(5, ODD_VOCAB.vocab_size, n).astype(np.int32)
+    mask = np.arange(n) >= 6 + r % 3
+    examples.append((tokens, mask))
+  return sft.make_batch(examples, seq_len=SEQ, pad_id=0, micro_batch_size=1, gather_bucket=8)
+
+
+def _grpo_batch():
+  rng = np.random.default_rng(1)
+  T = 10
+  tokens = rng.integers(5, CONFIG.vocab_size, (ROWS, SEQ)).astype(np.int32)
+  valid = np.ones((ROWS, SEQ), bool)
+  valid[:, :3] = np.arange(3)[None] >= (np.arange(ROWS) % 3)[:, None]
+  loss_mask = (np.arange(T)[None] < T - np.arange(ROWS)[:, None] % 4).astype(np.float32)
+  return RLBatch(
+    tokens=tokens,
+    positions=np.maximum(np.cumsum(valid, 1) - 1, 0).astype(np.int32),
+    valid=valid,
+    loss_mask=loss_mask,
+    sampler_logp=(-rng.random((ROWS, T)) * loss_mask).astype(np.float32),
+    advantages=rng.normal(size=ROWS).astype(np.float32),
+  )
+
+
+def one_step(data: int, fsdp: int, loss: str):
+  """(update of every trainable leaf after one SGD(1) step, loss) on a data x fsdp mesh."""
+  mesh = sharding.make_mesh(sharding.MeshConfig(data, fsdp), jax.devices()[: data * fsdp])
+  if loss == "sft":  # all weights train; the embedding replicated
+    params = gemma3.init_params(jax.random.key(0), ODD_VOCAB)
+    fwd = policy.ForwardConfig(ODD_VOCAB, remat="dots")
+    trainable, frozen, batch = params, None, _sft_batch()
+    loss_fn = sft.make_loss_fn(sharding.train_forward(fwd, mesh))
+  else:  # LoRA adapters over frozen (split) base weights
+    params = gemma3.init_params(jax.random.key(0), CONFIG)
+    fwd = policy.ForwardConfig(CONFIG, lora=lora_lib.LoraConfig(rank=8), remat="dots")
+    adapters = lora_lib.init_adapters(jax.random.key(1), params, fwd.lora)
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: A gets gradients too
+    trainable, frozen, batch = adapters, params, _grpo_batch()
+    algo = objectives.GRPOConfig(num_generations=2, beta=0.0)
+    loss_fn = objectives.make_grpo_loss_fn(algo, sharding.train_forward(fwd, mesh))
+  opt = optax.sgd(1.0)
+  state = train.place(train.init_train_state(trainable, opt, jax.random.key(2)), mesh)
+  before = jax.device_get(state.trainable)
+  step = train.make_train_step(loss_fn, opt, mesh, micro_batch_size=1)
+  state, metrics = step(state, train.place(frozen, mesh), jax.tree.map(jnp.asarray, batch))
+  after = jax.device_get(state.trainable)
+  return jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), after, before), float(
+    metrics["loss"]
+  )
+
+
+def check_meshes_agree():
+  """Run in the 8-device subprocess (see the test below)."""
+  assert jax.device_count() == 8
+  for loss in ("sft", "grpo"):
+    ref, ref_loss = one_step(1, 1, loss)
+    for data, fsdp in ((8, 1), (2, 4)):
+      got, got_loss = one_step(data, fsdp, loss)
+      assert abs(got_loss - ref_loss) < 1e-5, (loss, data, fsdp, got_loss, ref_loss)
+      for path, a, b in zip(
+        jax.tree_util.tree_leaves_with_path(ref), jax.tree.leaves(ref), jax.tree.leaves(got)
+      ):
+        assert np.abs(a).max() > 0, (loss, path[0])
+        np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"{loss} {data}x{fsdp} {path[0]}")
+  # fsdp = 4: every device holds a quarter of the weights and AdamW state (+5%)
+  mesh = sharding.make_mesh(sharding.MeshConfig(2, 4))
+  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  opt = train.make_optimizer(learning_rate=1e-3, total_steps=10)
+  state = train.place(train.init_train_state(params, opt, jax.random.key(0)), mesh)
+  loss_fn = sft.make_loss_fn(
+    sharding.train_forward(policy.ForwardConfig(CONFIG, remat="dots"), mesh)
+  )
+  step = train.make_train_step(loss_fn, opt, mesh, micro_batch_size=1)
+  for moment in ("placed", "after a step"):
+    total = sum(x.nbytes for x in jax.tree.leaves((state.trainable, state.opt_state)))
+    held = sharding.device_bytes((state.trainable, state.opt_state))
+    assert len(held) == 8 and max(held.values()) <= total / 4 * 1.05, (moment, held, total)
+    state, _ = step(state, None, jax.tree.map(jnp.asarray, _sft_batch()))
+
+
+def test_data_fsdp_and_one_device_give_the_same_update():
+  """SFT (all weights) and GRPO (LoRA over split base weights): one step on 1 device, on
+  data=8 and on data=2 x fsdp=4 agree within 1e-5; fsdp=4 holds 1/4 of the bytes.
+
+  Mutations caught: dividing a split leaf's gradient by fsdp twice (or not at all), a
+  replicated leaf's gradient left per device, the layer weights not gathered.
+  """
+  code = textwrap.dedent("""
+      import sys; sys.path.insert(0, "tests")
+      import test_sharding
+      test_sharding.check_meshes_agree()
+      print("OK")
+  """)
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "PYTHONPATH": str(REPO_ROOT),
+    "JAX_PLATFORMS": "cpu",
+  }
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]
