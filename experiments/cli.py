@@ -5,12 +5,25 @@ ml_collections rejects an override of a field that does not exist with a bare
 field's full name and the valid fields of its block, and exits with status 2.
 """
 
+import dataclasses
 import importlib.util
 import sys
 
 from absl import app
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
+
+from rlpost.train import distributed
+
+
+_DIST = config_flags.DEFINE_config_dict(
+  "dist",
+  ml_collections.ConfigDict(dataclasses.asdict(distributed.DistConfig())),
+  "Several processes (rlpost.train.distributed): --dist.coordinator_address=HOST:PORT "
+  "--dist.num_processes=N --dist.process_id=I, or none of them to detect SLURM / "
+  "Kubernetes / one process.",
+)
 
 
 def define_config(default: str, help_text: str):
@@ -19,8 +32,14 @@ def define_config(default: str, help_text: str):
 
 
 def run(main) -> None:
-  """`app.run(main)`, naming the unknown field when a --config.* override has none."""
-  app.run(main, flags_parser=_parse_flags)
+  """`app.run(main)`, naming the unknown field when a --config.* override has none, and
+  starting `jax.distributed` from --dist.* before main touches a device."""
+
+  def with_processes(argv):
+    distributed.initialize(distributed.DistConfig(**_DIST.value))
+    return main(argv)
+
+  app.run(with_processes, flags_parser=_parse_flags)
 
 
 def _parse_flags(argv):

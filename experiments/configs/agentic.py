@@ -89,6 +89,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "weight_decay": 0.1,
       "adam_b1": 0.9,
       "adam_b2": 0.99,
+      "optimizer": "adamw",  # adamw | sgd (plain SGD: its update is the scheduled gradient)
       "max_grad_norm": 0.1,
       "max_bad_steps": 3,
       "logprob_chunk": 256,

@@ -46,6 +46,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "weight_decay": 0.0,
       "adam_b1": 0.9,
       "adam_b2": 0.99,
+      "optimizer": "adamw",  # adamw | sgd (plain SGD: its update is the scheduled gradient)
       "max_grad_norm": 1.0,  # 0: no clipping
       "max_bad_steps": 3,  # stop after this many consecutive non-finite steps
       "logprob_chunk": 512,  # tokens per output-projection chunk

@@ -172,6 +172,8 @@ def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):
   t = cfg.train
   if not t.learning_rate > 0:
     fail("train.learning_rate", t.learning_rate, "must be > 0")
+  if t.get("optimizer", "adamw") not in step_lib.OPTIMIZERS:
+    fail("train.optimizer", t.optimizer, f"use one of {step_lib.OPTIMIZERS}")
   return step_lib.make_optimizer(
     learning_rate=learning_rate or t.learning_rate,
     total_steps=total_steps,
@@ -180,6 +182,7 @@ def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):
     b1=t.adam_b1,
     b2=t.adam_b2,
     max_grad_norm=t.max_grad_norm or None,
+    optimizer=t.get("optimizer", "adamw"),
   )
 
 

@@ -28,6 +28,7 @@ import zlib
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from rlpost.train.step import TrainState
 
@@ -81,7 +82,10 @@ def digests(state: TrainState) -> dict[str, str]:
   """{array path: "dtype[shape]:crc32"} of every array of the state (gathered to host)."""
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(_to_saveable(state))[0]:
-    array = np.asarray(jax.device_get(leaf))
+    if getattr(leaf, "is_fully_addressable", True):
+      array = np.asarray(jax.device_get(leaf))
+    else:  # split across processes: every process gathers the whole array
+      array = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     crc = zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
     out[jax.tree_util.keystr(path)] = f"{array.dtype}{list(array.shape)}:{crc:08x}"
   return out

@@ -26,6 +26,7 @@ import math
 import os
 from typing import Any, Callable, NamedTuple
 
+import jax
 import tqdm
 
 from rlpost.data.cursor import Cursor
@@ -95,32 +96,38 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
   if not workdir:
     raise ValueError("--workdir is required (checkpoints and metrics are written there)")
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(
-      config.to_json_best_effort(indent=2)
-      if hasattr(config, "to_json_best_effort")
-      else json.dumps(config, indent=2)
-    )
+  if _lead():
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(
+        config.to_json_best_effort(indent=2)
+        if hasattr(config, "to_json_best_effort")
+        else json.dumps(config, indent=2)
+      )
   run = Run(
     workdir,
     os.path.join(workdir, "metrics.jsonl"),
     checkpoint.manager(workdir, max_to_keep=keep),
-    metrics_lib.tensorboard_writer(workdir),
+    metrics_lib.tensorboard_writer(workdir) if _lead() else None,
   )
   restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
-  if restored is None:
-    metrics_lib.truncate_jsonl(run.metrics_path, -1)
-    return run, fresh_state, fresh_meta, False
-  state, meta = restored
-  metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]))
-  return run, state, meta, True
+  state, meta = restored or (fresh_state, fresh_meta)
+  if _lead():
+    metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
+  return run, state, meta, restored is not None
+
+
+def _lead() -> bool:
+  """Process 0 writes the run's host files (config, metrics, curves); every process
+  takes part in checkpoints."""
+  return jax.process_index() == 0
 
 
 def log(run: Run, iteration: int, record: dict) -> dict:
   """Writes one step's metrics (arrays become floats) to JSONL and TensorBoard."""
   record = {"step": iteration, **metrics_lib.to_python(record)}
-  metrics_lib.append_jsonl(run.metrics_path, record)
-  metrics_lib.write_tensorboard(run.tensorboard, iteration, record)
+  if _lead():
+    metrics_lib.append_jsonl(run.metrics_path, record)
+    metrics_lib.write_tensorboard(run.tensorboard, iteration, record)
   return record
 
 
@@ -134,6 +141,8 @@ def finish(run: Run, keys, title: str) -> str | None:
   if run.tensorboard is not None:
     run.tensorboard.close()
   run.checkpoints.close()
+  if not _lead():
+    return None
   return metrics_lib.plot_curves(
     run.metrics_path, list(keys), os.path.join(run.workdir, "curves.png"), title
   )
@@ -180,7 +189,10 @@ def run_loop(
   if not resumed and initial_metrics is not None:
     log(run, 0, initial_metrics(state))
   record = {}
-  with tqdm.tqdm(total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True) as bar:
+  progress = tqdm.tqdm(
+    total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True, disable=not _lead()
+  )
+  with progress as bar:
     for index in range(first, last):
       state, cursor, metrics = step_fn(state, cursor, index)
       done = index + 1
@@ -199,5 +211,6 @@ def run_loop(
           "check the rewards and data for NaN, or raise train.max_bad_steps."
         )
   png = finish(run, loop.curves, loop.title)
-  print(f"metrics: {run.metrics_path}  curves: {png}")
+  if _lead():
+    print(f"metrics: {run.metrics_path}  curves: {png}")
   return state, record

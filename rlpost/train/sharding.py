@@ -108,9 +108,23 @@ def tree_specs(tree, mesh: jax.sharding.Mesh, rules=RULES):
 
 
 def shard(tree, mesh: jax.sharding.Mesh, rules=RULES):
-  """Places `tree` on `mesh`: split over fsdp by `rules`, replicated over data."""
+  """Places `tree` on `mesh`: split over fsdp by `rules`, replicated over data.
+
+  With several processes each one must hold the same `tree` (same seed, same
+  checkpoint): it supplies the shards of its own devices.
+  """
   specs = tree_specs(tree, mesh, rules)
-  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+  place = jax.device_put if jax.process_count() == 1 else _from_host_copy
+  return jax.tree.map(lambda x, s: place(x, NamedSharding(mesh, s)), tree, specs)
+
+
+def _from_host_copy(x, sharding):
+  """A global array from this process's full copy of `x` (keys through their key data)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    data = _from_host_copy(jax.random.key_data(x), sharding)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+  host = np.asarray(jax.device_get(x))
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def gather(tree, specs, axis: str):

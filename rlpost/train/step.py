@@ -24,11 +24,14 @@ from typing import Any, Callable, NamedTuple
 import einops
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rlpost.train import sharding
+
+OPTIMIZERS = ("adamw", "sgd")
 
 
 class TrainState(NamedTuple):
@@ -60,8 +63,12 @@ def make_optimizer(
   b1: float = 0.9,
   b2: float = 0.99,
   max_grad_norm: float | None = 0.1,
+  optimizer: str = "adamw",
 ) -> optax.GradientTransformation:
-  """AdamW with linear warm-up then cosine decay, after global-norm clipping."""
+  """AdamW (or plain SGD: `optimizer="sgd"`, its update the scheduled gradient, weight
+  decay added to it) with linear warm-up then cosine decay, after global-norm clipping."""
+  if optimizer not in OPTIMIZERS:
+    raise ValueError(f"optimizer={optimizer!r}: use one of {OPTIMIZERS}")
   warmup = int(round(warmup_fraction * total_steps))
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
@@ -71,7 +78,10 @@ def make_optimizer(
     end_value=0.0,
   )
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
-  chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  if optimizer == "sgd":
+    chain += [optax.add_decayed_weights(weight_decay), optax.sgd(schedule)]
+  else:
+    chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*chain)
 
 
@@ -205,7 +215,7 @@ def make_train_step(
     return grads, both(loss), jax.tree.map(both, metrics)
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train_step(state, frozen, batch, opt_args=None):
+  def jitted_step(state, frozen, batch, opt_args=None):
     trainable_specs = sharding.tree_specs(state.trainable, mesh)
     frozen_specs = P() if frozen is None else sharding.tree_specs(frozen, mesh)
     grads, loss, metrics = jax.shard_map(
@@ -252,4 +262,27 @@ def make_train_step(
     }
     return new_state, metrics
 
+  def train_step(state, frozen, batch, opt_args=None):
+    if jax.process_count() > 1:  # several processes: each passes its devices' rows
+      batch = process_rows(batch, mesh)
+    return jitted_step(state, frozen, batch, opt_args)
+
   return train_step
+
+
+def process_rows(batch, mesh: jax.sharding.Mesh):
+  """The global batch as arrays split over the mesh, from this process's block of rows.
+
+  Rows are laid out over the mesh's devices in order, so process p (holding
+  devices p*k .. p*k+k-1) supplies rows [p * N/P, (p+1) * N/P) of the N-row
+  batch; every process may hold the whole host batch (it is sliced here).
+  """
+  sharding_ = NamedSharding(mesh, sharding.BATCH)
+  p, count = jax.process_index(), jax.process_count()
+
+  def one(x):
+    x = np.asarray(x)
+    rows = x.shape[0] // count
+    return jax.make_array_from_process_local_data(sharding_, x[p * rows : (p + 1) * rows], x.shape)
+
+  return jax.tree.map(one, batch)

@@ -1,0 +1,194 @@
+"""Several processes on jax.distributed (gloo on localhost): settings, agreement with one
+process, checkpoints across process counts, and a dying process ending the job."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from rlpost.train import distributed
+
+# Plain SGD without clipping: the update is the gradient, so a reduction that differs
+# shows in the weights (AdamW turns rounding noise in near-zero gradients into full steps).
+TINY = {
+  "train.steps": 3,
+  "train.micro_batch_size": 2,
+  "train.optimizer": "sgd",
+  "train.max_grad_norm": 0.0,
+  "checkpoint.every": 1,
+}
+
+
+def test_partial_or_inconsistent_settings_fail_naming_them():
+  with pytest.raises(ValueError, match="dist.coordinator_address, dist.process_id missing"):
+    distributed.check(distributed.DistConfig(num_processes=2))
+  with pytest.raises(ValueError, match="dist.process_id=2"):
+    distributed.check(distributed.DistConfig("localhost:1", 2, 2))
+  assert not distributed.check(distributed.DistConfig())
+
+
+def test_cluster_detection_and_what_initialize_calls(monkeypatch):
+  calls = []
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda *a, **k: calls.append(a))
+  slurm = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}
+  assert distributed.cluster(slurm) == "slurm"
+  assert distributed.cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: one process
+  assert distributed.cluster({"KUBERNETES_SERVICE_HOST": "x", "JOB_COMPLETION_INDEX": "1"}) == (
+    "kubernetes"
+  )
+  assert distributed.initialize(distributed.DistConfig(), environ={}) == "single"
+  assert distributed.initialize(distributed.DistConfig(), environ=slurm) == "slurm"
+  explicit = distributed.DistConfig("host:123", 2, 1)
+  assert distributed.initialize(explicit, environ={}) == "explicit"
+  assert calls == [(), ("host:123", 2, 1)]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+_DRIVER = """
+import json, sys
+sys.path.insert(0, "tests")
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from conftest import with_overrides
+from rlpost.train import distributed
+args = json.loads(sys.argv[1])
+distributed.initialize(distributed.DistConfig(**args["dist"]))
+from experiments.configs import grpo_gsm8k, sft as sft_configs
+from rlpost.recipes import grpo, sft
+if args["recipe"] == "sft":
+  cfg = with_overrides(sft_configs.get_config("tiny"), {"eval.every": 0, **args["overrides"]})
+  state = sft.run(cfg, args["workdir"], stop_after=args["stop_after"])[0]
+else:
+  cfg = with_overrides(grpo_gsm8k.get_config("tiny"), args["overrides"])
+  state = grpo.run(cfg, args["workdir"], stop_after=args["stop_after"])
+leaves = [np.asarray(multihost_utils.process_allgather(x, tiled=True))
+          for x in jax.tree.leaves(state.trainable)]
+if jax.process_index() == 0:
+  np.savez(args["workdir"] + "/trainable.npz", *leaves)
+print("DONE", flush=True)
+"""
+
+
+def _launch(recipe, workdir, processes, overrides=TINY, stop_after=None, heartbeat=100):
+  """Starts `processes` processes x (4 / processes) CPU devices; returns the Popen list."""
+  port, procs = _free_port(), []
+  os.makedirs(workdir, exist_ok=True)
+  for i in range(processes):
+    dist = {"heartbeat_timeout_s": heartbeat}
+    if processes > 1:
+      dist.update(coordinator_address=f"localhost:{port}", num_processes=processes, process_id=i)
+    args = dict(
+      recipe=recipe, workdir=str(workdir), dist=dist, overrides=overrides, stop_after=stop_after
+    )
+    env = {
+      **os.environ,
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // processes}",
+      "JAX_PLATFORMS": "cpu",
+      "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+      "PYTHONPATH": str(REPO_ROOT),
+    }
+    log = open(os.path.join(workdir, f"process{i}.log"), "w")
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, json.dumps(args)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+      )
+    )
+  return procs
+
+
+def _finish(procs, workdir, timeout=240):
+  deadline = time.time() + timeout
+  try:
+    for p in procs:
+      p.wait(timeout=max(deadline - time.time(), 1))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  logs = "".join(
+    open(os.path.join(workdir, f"process{i}.log")).read()[-2000:] for i in range(len(procs))
+  )
+  assert all(p.returncode == 0 for p in procs), logs
+
+
+def _run(recipe, workdir, processes, **kwargs):
+  _finish(_launch(recipe, workdir, processes, **kwargs), workdir)
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _trainable(workdir):
+  with np.load(os.path.join(workdir, "trainable.npz")) as z:
+    return [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def _assert_same_run(a, b):
+  ra, rb = _records(a), _records(b)
+  assert [r["step"] for r in ra] == [r["step"] for r in rb]
+  for x, y in zip(ra, rb):
+    for key in ("loss", "grad_norm"):
+      np.testing.assert_allclose(y[key], x[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for x, y in zip(_trainable(a), _trainable(b)):
+    np.testing.assert_allclose(y, x, atol=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["sft", "grpo"])
+def test_two_processes_equal_one_process(tmp_path, recipe):
+  """3 steps on 2 processes x 2 devices and on 1 process x 4 devices (data=4): the same
+  losses and gradient norms, and the same final weights within 1e-5."""
+  procs = [_launch(recipe, tmp_path / "two", 2), _launch(recipe, tmp_path / "one", 1)]
+  for p, d in zip(procs, ("two", "one")):
+    _finish(p, tmp_path / d)
+  _assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
+def test_checkpoints_move_between_process_counts(tmp_path):
+  """SFT with fsdp=4 (weights split across both processes): 2 steps on 2 processes, the
+  third on 1, equals 3 steps on 1; and 1 -> 2 the same."""
+  fsdp = {**TINY, "mesh.fsdp": 4}
+  straight = tmp_path / "straight"
+  _run("sft", straight, 1, overrides=fsdp)
+  for first, then in ((2, 1), (1, 2)):
+    d = tmp_path / f"from{first}"
+    _run("sft", d, first, overrides=fsdp, stop_after=2)
+    _run("sft", d, then, overrides=fsdp)
+    _assert_same_run(straight, d)
+
+
+def test_a_dying_process_ends_the_others(tmp_path):
+  """Killing one of two training processes: the other exits non-zero within the heartbeat
+  timeout (10 s) plus 30 s."""
+  long_run = {**TINY, "train.steps": 100_000, "checkpoint.every": 100_000}
+  procs = _launch("sft", tmp_path, 2, overrides=long_run, heartbeat=10)
+  try:
+    deadline = time.time() + 120
+    while not (tmp_path / "metrics.jsonl").exists() or len(_records(tmp_path)) < 3:
+      assert time.time() < deadline and all(p.poll() is None for p in procs)
+      time.sleep(1)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[0].wait(timeout=10 + 30)
+    assert procs[0].returncode != 0
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
