@@ -192,3 +192,24 @@ def test_a_dying_process_ends_the_others(tmp_path):
     for p in procs:
       if p.poll() is None:
         p.kill()
+
+
+def test_launch_recipes_name_real_configs_and_flags():
+  """The scripts parse; every --dist.* flag they pass is a DistConfig field and every
+  config file they name exists (guards the recipes against renames)."""
+  import dataclasses
+  import re
+
+  import yaml
+
+  launch = REPO_ROOT / "experiments" / "launch"
+  texts = {p.name: p.read_text() for p in launch.iterdir()}
+  assert set(texts) >= {"local_devices.sh", "local_processes.sh", "slurm.sbatch", "jobset.yaml"}
+  for name in ("local_devices.sh", "local_processes.sh", "slurm.sbatch"):
+    subprocess.run(["bash", "-n", str(launch / name)], check=True)
+  yaml.safe_load(texts["jobset.yaml"])
+  fields = {f.name for f in dataclasses.fields(distributed.DistConfig)}
+  everything = "\n".join(texts.values())
+  assert set(re.findall(r"--dist\.(\w+)", everything)) <= fields
+  for config in re.findall(r"experiments/configs/(\w+\.py)", everything):
+    assert (REPO_ROOT / "experiments" / "configs" / config).exists(), config
