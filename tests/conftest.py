@@ -94,3 +94,28 @@ def run_metrics(workdir) -> list[dict]:
     return [
       {k: v for k, v in json.loads(line).items() if not k.startswith(TIMING_METRICS)} for line in f
     ]
+
+
+def run_with_devices(code: str, devices: int, timeout: int = 600) -> None:
+  """Runs Python `code` in a subprocess with `devices` simulated CPU devices (the count is
+  fixed when JAX starts) and `tests/` importable; fails unless it exits 0 printing OK."""
+  import subprocess
+  import sys
+  import textwrap
+
+  env = {
+    **os.environ,
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    "PYTHONPATH": str(REPO_ROOT),
+    "JAX_PLATFORMS": "cpu",
+  }
+  source = 'import sys; sys.path.insert(0, "tests")\n' + textwrap.dedent(code) + '\nprint("OK")\n'
+  out = subprocess.run(
+    [sys.executable, "-c", source],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]

@@ -6,11 +6,6 @@ with learning rate 1 and no clipping, so the update IS the gradient: a sum
 instead of a mean over devices, or a shard's gradient left unreduced, shows.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +13,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from conftest import REPO_ROOT
+from conftest import run_with_devices
 from rlpost.models import gemma3
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
@@ -155,27 +150,7 @@ def test_data_fsdp_and_one_device_give_the_same_update():
   Mutations caught: dividing a split leaf's gradient by fsdp twice (or not at all), a
   replicated leaf's gradient left per device, the layer weights not gathered.
   """
-  code = textwrap.dedent("""
-      import sys; sys.path.insert(0, "tests")
-      import test_sharding
-      test_sharding.check_meshes_agree()
-      print("OK")
-  """)
-  env = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-    "PYTHONPATH": str(REPO_ROOT),
-    "JAX_PLATFORMS": "cpu",
-  }
-  out = subprocess.run(
-    [sys.executable, "-c", code],
-    cwd=REPO_ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]
+  run_with_devices("import test_sharding; test_sharding.check_meshes_agree()", devices=8)
 
 
 def check_recipes_run_on_fsdp(tmp: str):
@@ -225,24 +200,8 @@ def check_recipes_run_on_fsdp(tmp: str):
 def test_every_recipe_runs_on_an_fsdp_mesh(tmp_path):
   """SFT, DPO, GRPO, PPO (actor + critic tree) and agentic PPO train, checkpoint and log on
   a 2-device fsdp mesh; SFT matches data parallelism and resumes across the two meshes."""
-  code = textwrap.dedent(f"""
-      import sys; sys.path.insert(0, "tests")
-      import test_sharding
-      test_sharding.check_recipes_run_on_fsdp({str(tmp_path)!r})
-      print("OK")
-  """)
-  env = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-    "PYTHONPATH": str(REPO_ROOT),
-    "JAX_PLATFORMS": "cpu",
-  }
-  out = subprocess.run(
-    [sys.executable, "-c", code],
-    cwd=REPO_ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
+  run_with_devices(
+    f"import test_sharding; test_sharding.check_recipes_run_on_fsdp({str(tmp_path)!r})",
+    devices=2,
     timeout=900,
   )
-  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]

@@ -2,10 +2,6 @@
 non-finite steps never reach the weights; the run loop stops after too many of them."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import run_with_devices
 from rlpost.train import step as train
 
 
@@ -79,34 +75,21 @@ def test_two_devices_equal_one_device():
 
   Mutation caught: gradients summed over devices (psum) instead of averaged (pmean).
   """
-  code = textwrap.dedent("""
-      import sys; sys.path.insert(0, "tests")
-      import numpy as np
-      import test_train
-      w2, l2, g2 = test_train._run(2, 2)
-      w1, l1, g1 = test_train._run(1, 4)
-      np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
-      assert abs(l2 - l1) < 1e-5
-      np.testing.assert_allclose([g1, g2], test_train._analytic_first_grad_norm(), rtol=1e-5)
-      test_train.check_nan_step_is_skipped(num_devices=2)   # NaN rows on one device only
-      import jax; assert len(jax.devices()) == 2
-      print("OK")
-  """)
-  env = {
-    **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-    "PYTHONPATH": str(REPO_ROOT),
-    "JAX_PLATFORMS": "cpu",
-  }
-  out = subprocess.run(
-    [sys.executable, "-c", code],
-    cwd=REPO_ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
+  run_with_devices(
+    """
+    import numpy as np
+    import test_train
+    w2, l2, g2 = test_train._run(2, 2)
+    w1, l1, g1 = test_train._run(1, 4)
+    np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
+    assert abs(l2 - l1) < 1e-5
+    np.testing.assert_allclose([g1, g2], test_train._analytic_first_grad_norm(), rtol=1e-5)
+    test_train.check_nan_step_is_skipped(num_devices=2)   # NaN rows on one device only
+    import jax; assert len(jax.devices()) == 2
+    """,
+    devices=2,
     timeout=300,
   )
-  assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
 
 
 def check_nan_step_is_skipped(num_devices: int):
