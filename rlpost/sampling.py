@@ -84,22 +84,27 @@ class SampleOutput:
   lengths: jax.Array
 
 
-def pad_prompts(prompts: list[list[int]], config: SamplingConfig):
-  """Left-pads token lists to a bucketed length. Returns ([B, P] int32, [B] int32)."""
+def pad_prompts(prompts: list[list[int]], config: SamplingConfig, longest: int = 0):
+  """Left-pads token lists to a bucketed length. Returns ([B, P] int32, [B] int32).
+
+  longest: pad as if a prompt this long were in the batch too (several processes
+  padding their own prompts to one agreed width).
+  """
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("pad_prompts needs a non-empty list of non-empty token lists")
-  longest = max(len(p) for p in prompts)
+  longest = max(longest, *(len(p) for p in prompts))
   P = -(-longest // config.prompt_bucket) * config.prompt_bucket
   tokens = [[config.pad_id] * (P - len(p)) + list(p) for p in prompts]
   return jnp.asarray(tokens, jnp.int32), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
-def _categorical(key: jax.Array, logits_VxB: jax.Array):
+def _categorical(keys_B: jax.Array, logits_VxB: jax.Array):
   """Exact sample from softmax(logits) over axis 0, by two-level inverse CDF.
 
   Much cheaper on CPU than Gumbel-max over a 262k vocabulary (one uniform per
   level instead of one random number per token): split the vocabulary into
   ~sqrt(V) blocks, pick a block by its mass, then a token inside it.
+  Column b draws its uniforms from `keys_B[b]` alone.
   Returns (tokens [B] int32, logsumexp of the logits [B] float32), the latter
   from the same pass over the vocabulary.
   """
@@ -112,17 +117,18 @@ def _categorical(key: jax.Array, logits_VxB: jax.Array):
   top = jnp.max(logits, axis=0, keepdims=True)
   probs = jnp.exp(logits - top).reshape(nblocks, size, B)
   block_mass = probs.sum(1)
-  k1, k2 = jax.random.split(key)
+  k1, k2 = jnp.moveaxis(jax.vmap(jax.random.split)(keys_B), 1, 0)
   block = _inverse_cdf(k1, block_mass)
   inner = jnp.take_along_axis(probs, block[None, None, :], axis=0)[0]
   lse = top[0] + jnp.log(block_mass.sum(0))
   return block * size + _inverse_cdf(k2, inner), lse
 
 
-def _inverse_cdf(key: jax.Array, weights_KxB: jax.Array) -> jax.Array:
-  """Per column b: index i with probability w[i, b] / sum_i w[i, b], never a zero-weight index."""
+def _inverse_cdf(keys_B: jax.Array, weights_KxB: jax.Array) -> jax.Array:
+  """Per column b: index i with probability w[i, b] / sum_i w[i, b], never a zero-weight
+  index; column b's uniform comes from `keys_B[b]`."""
   cdf = jnp.cumsum(weights_KxB, axis=0)
-  u = jax.random.uniform(key, (1, weights_KxB.shape[1])) * cdf[-1:]
+  u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys_B)[None, :] * cdf[-1:]
   idx = jnp.sum(cdf <= u, axis=0)
   K = weights_KxB.shape[0]
   last_positive = K - 1 - jnp.argmax((weights_KxB > 0)[::-1], axis=0)
@@ -133,8 +139,9 @@ def _take(x_VxB: jax.Array, index_B: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x_VxB, index_B[None, :], axis=0)[0]
 
 
-def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig):
-  """Picks the next token of each row from VOCAB-MAJOR logits [V, B].
+def select_tokens(keys_B: jax.Array, logits_VxB: jax.Array, config: SamplingConfig):
+  """Picks the next token of each row from VOCAB-MAJOR logits [V, B]; row b's
+  randomness comes from its own key `keys_B[b]` (a [B] array of PRNG keys).
 
   (Vocab-major because `embed @ h.T` is much faster on XLA:CPU than `h @ embed.T`.)
   Returns (tokens [B] int32, logprobs [B] float32) following the module's convention.
@@ -145,7 +152,7 @@ def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig)
     return token, _take(logits, token) - jax.nn.logsumexp(logits, axis=0)
   scaled = logits / config.temperature
   if config.top_k is None and config.top_p >= 1:
-    token, lse = _categorical(key, scaled)
+    token, lse = _categorical(keys_B, scaled)
     return token, _take(scaled, token) - lse
   k = config.top_k if config.top_k is not None else config.nucleus_candidates
   vals, idx = jax.lax.top_k(scaled.T, min(k, scaled.shape[0]))  # [B, k], descending
@@ -154,7 +161,7 @@ def select_tokens(key: jax.Array, logits_VxB: jax.Array, config: SamplingConfig)
     probs = jnp.exp(vals - jax.nn.logsumexp(scaled, axis=0, keepdims=True))
     mass_before = jnp.cumsum(probs, axis=0) - probs
     vals = jnp.where(mass_before < config.top_p, vals, _NEG_INF)
-  choice = _inverse_cdf(key, jnp.exp(vals - vals[:1]))
+  choice = _inverse_cdf(keys_B, jnp.exp(vals - vals[:1]))
   logp = _take(vals, choice) - jax.nn.logsumexp(vals, axis=0)
   return _take(idx, choice).astype(jnp.int32), logp
 
@@ -200,6 +207,7 @@ def sample(
   lengths_B,
   key,
   max_new_tokens=None,
+  row_ids=None,
   *,
   model_config: gemma3.Config,
   config: SamplingConfig,
@@ -213,6 +221,10 @@ def sample(
     lengths_B: [B] int32, real prompt lengths.
     key: PRNG key; the same key gives the same output.
     max_new_tokens: traced int32 scalar <= config.max_new_tokens (None: the cap).
+    row_ids: [B * G] int32, each output row's identity in the global batch (None:
+      0, 1, ...). Row r's random numbers come from fold_in(key, row_ids[r]) only,
+      so its sample does not depend on its batch companions or on how the rows
+      are split over processes.
     model_config, config: static architecture and sampling settings.
     num_samples: G completions per prompt; the prompt is prefilled once and
       its cache shared by the G samples.
@@ -235,10 +247,13 @@ def sample(
   pad_start = P - lengths
   slot_ids = jnp.arange(P + N)[None, :]
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
 
   def emit(t, done, logits, tokens, logprobs):
     """Samples token t of every row from `logits` and records it (pads after a stop)."""
-    token, logp = select_tokens(jax.random.fold_in(key, t), logits, config)
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
+    token, logp = select_tokens(step_keys, logits, config)
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
     logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))

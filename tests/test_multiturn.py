@@ -23,6 +23,7 @@ from rlpost.recipes import grpo
 from rlpost.recipes import ppo
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.train import sharding
 from rlpost.rl import objectives
 from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
@@ -144,8 +145,8 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
   recorded = []
   real_sample = sampling.sample
 
-  def spy(params, tokens, lengths, key, max_new_tokens=None, **kw):
-    out = real_sample(params, tokens, lengths, key, max_new_tokens, **kw)
+  def spy(params, tokens, lengths, key, max_new_tokens=None, row_ids=None, **kw):
+    out = real_sample(params, tokens, lengths, key, max_new_tokens, row_ids, **kw)
     recorded.append(
       (np.asarray(tokens), np.asarray(lengths), jax.device_get(out), kw["num_samples"])
     )
@@ -261,7 +262,7 @@ def test_one_turn_wrapper_equals_the_single_turn_batch(template, stops, monkeypa
   problems = p.task.problems[:3]
   key = jax.random.key(7)
   groups, _ = rollout_lib.sample_groups(p, params, problems, key, 4)
-  single = grpo.train_batch(p.setup, groups)
+  single = grpo.train_batch(p.setup, groups, sharding.mesh_of(p.state))
   env, kind = single_turn.make_env(p.task, template)
   sc = p.setup.sampling
   turns = multiturn.TurnConfig(kind, sc.max_new_tokens, sc.max_new_tokens)

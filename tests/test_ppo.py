@@ -152,7 +152,7 @@ def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, tmp_path)
     assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, r["step"])
     assert abs(r["approx_kl/first_pass"]) < 1e-6, (lora, r["step"])
   assert abs(records[0]["kl/first_pass"]) < 1e-6  # actor == reference before it trains
-  assert records[-1]["kl/first_pass"] > 1e-6  # control: the actor moved
+  assert abs(records[-1]["kl/first_pass"]) > 1e-6  # control: the actor moved (k1 may be < 0)
   assert records[0]["sampler_logp_gap/first_pass"] < 1e-4
   if lora:
     assert_adapters_trained(jax.device_get(state.trainable["actor"]))

@@ -118,6 +118,33 @@ def test_same_key_same_output_different_key_different_output():
   assert not np.array_equal(a.tokens, c.tokens)
 
 
+def test_a_rows_sample_depends_on_its_row_id_not_its_batch_position():
+  """Row r draws from fold_in(key, row_ids[r]): the rows of a batch split in two halves
+  (as two processes would sample them) equal the whole batch's rows, and a row moved
+  to another position keeps its sample when it keeps its id.
+
+  Mutation caught: one key for the whole batch (a row's draws then depend on the
+  batch's width and its position in it).
+  """
+  sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=())
+  prompts = [[2, 50 + i, 51 + i] for i in range(4)]
+  G = 2
+  whole = _sample(prompts, sc, key=4, num_samples=G)
+  halves = [
+    _sample(prompts[h * 2 : h * 2 + 2], sc, key=4, num_samples=G, row_ids=jnp.arange(4) + 4 * h)
+    for h in (0, 1)
+  ]
+  np.testing.assert_array_equal(np.concatenate([h.tokens for h in halves]), whole.tokens)
+  np.testing.assert_allclose(
+    np.concatenate([h.logprobs for h in halves]), whole.logprobs, atol=1e-5
+  )
+  ids_by_prompt = jnp.arange(4 * G).reshape(4, G)  # prompt-major rows: id b * G + g
+  reversed_ = _sample(prompts[::-1], sc, key=4, num_samples=G, row_ids=ids_by_prompt[::-1].ravel())
+  want = np.asarray(whole.tokens).reshape(4, G, -1)[::-1].reshape(4 * G, -1)
+  np.testing.assert_array_equal(reversed_.tokens, want)
+  assert len({tuple(r) for r in np.asarray(whole.tokens)}) > 4, "rows should differ"
+
+
 @hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(st.sampled_from([2, 17, 300]), st.floats(0.2, 3.0), st.integers(0, 2**31 - 1))
 def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
@@ -126,7 +153,8 @@ def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
   logits = jnp.asarray(rng.normal(size=(1, vocab)) * scale, jnp.float32)
   logits = logits.at[0, rng.integers(vocab)].set(-jnp.inf)  # a zero-probability token
   n = 4000
-  draws = np.asarray(_draws(jax.random.key(seed), jnp.broadcast_to(logits, (n, vocab)).T))
+  keys = jax.random.split(jax.random.key(seed), n)
+  draws = np.asarray(_draws(keys, jnp.broadcast_to(logits, (n, vocab)).T))
   probs = np.asarray(jax.nn.softmax(logits[0]))
   counts = np.bincount(draws, minlength=vocab)
   assert counts[probs == 0].sum() == 0
@@ -134,7 +162,7 @@ def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
   assert 0.5 * np.abs(counts / n - probs).sum() < 0.5 * np.sqrt(vocab / n) + 0.02
 
 
-_draws = jax.jit(lambda key, logits: sampling._categorical(key, logits)[0])
+_draws = jax.jit(lambda keys, logits: sampling._categorical(keys, logits)[0])
 
 
 def _np_nucleus(logits, temperature, top_p):
@@ -170,7 +198,7 @@ def test_top_p_samples_the_renormalised_nucleus(vocab, top_p, temperature, seed)
   n = 4000
   sc = sampling.SamplingConfig(temperature=temperature, top_p=top_p)
   tokens, logp = _select(
-    jax.random.key(seed),
+    jax.random.split(jax.random.key(seed), n),
     jnp.broadcast_to(jnp.asarray(logits, jnp.float32)[:, None], (vocab, n)),
     sc,
   )

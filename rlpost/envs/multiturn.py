@@ -46,6 +46,7 @@ from rlpost import sampling
 from rlpost.envs import protocol
 from rlpost.envs import scaffold
 from rlpost.rl import batch as batch_lib
+from rlpost.train import shares
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,21 +190,27 @@ def step_rows(env: protocol.Env, states, texts, pool: futures.Executor | None):
   return list(pool.map(functools.partial(checked_step, env), states, texts))
 
 
-def _sample_alive(params, contexts, turn, G, N, window, key, limit, turns, model_config, sc):
+def _sample_alive(
+  params, contexts, turn, G, N, window, key, limit, turns, model_config, sc, ids, longest
+):
   """The sampled (tokens, logprobs) of each alive row this turn, up to its stop token.
 
   Turn 0: `contexts` are the B first prompts, sampled G times each from one shared
   prefill (the single-turn sampler call; `limit` None when the cap is the turn cap).
   Later turns: one context per alive row, rows and widths padded per
   `turns.fixed_shapes` (module doc); padding rows copy the first and are dropped.
+  ids: the global row id of each alive row (turn 0: of all N rows), which alone
+  picks a row's random numbers; longest: turn 0 pads its prompts as if one were this
+  long (the widest over processes).
   """
   if turn == 0:
-    tokens, lengths = sampling.pad_prompts(contexts, sc)
+    tokens, lengths = sampling.pad_prompts(contexts, sc, longest)
     limit, num_samples, n = (None if limit == sc.max_new_tokens else limit), G, N
   else:
     n, num_samples = len(contexts), 1
     rows = N if turns.fixed_shapes else 1 << (n - 1).bit_length()
     padded = contexts + [contexts[0]] * (rows - n)
+    ids = list(ids) + [ids[0]] * (rows - n)
     if turns.fixed_shapes:
       tokens = np.asarray([[sc.pad_id] * (window - len(c)) + c for c in padded], np.int32)
       lengths = np.asarray([len(c) for c in padded], np.int32)
@@ -216,6 +223,7 @@ def _sample_alive(params, contexts, turn, G, N, window, key, limit, turns, model
       lengths,
       key,
       limit,
+      np.asarray(ids, np.int32),
       model_config=model_config,
       config=sc,
       num_samples=num_samples,
@@ -237,6 +245,7 @@ def rollout(
   turns: TurnConfig,
   num_generations: int = 1,
   pool: futures.Executor | None = None,
+  first_row: int = 0,
 ) -> Rollout:
   """Runs `num_generations` episodes of every (task, seed); rows are task-major.
 
@@ -252,6 +261,10 @@ def rollout(
     turns: budgets and scaffold.
     num_generations: G episodes per task.
     pool: runs the `env.step` calls of a turn concurrently (None: sequentially).
+    first_row: the global id of row 0 when these tasks are one process's block of
+      a larger batch (`rlpost.train.shares`): each row's random numbers follow its
+      global id and the prompts are padded to the widest over processes, so the
+      episodes do not depend on the process count.
   """
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
   if sc.max_new_tokens != turns.max_turn_tokens:
@@ -273,7 +286,7 @@ def rollout(
       )
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
-  longest = max(len(p) for p in prompts)
+  longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
   window = -(-(longest + T) // sc.prompt_bucket) * sc.prompt_bucket
   states = [firsts[r // G][0] for r in range(N)]
   stream = [[] for _ in range(N)]  # completion-slot token ids
@@ -287,8 +300,9 @@ def rollout(
     turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
     contexts = prompts if turn == 0 else [prompts[r // G] + stream[r] for r in alive]
     limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
+    ids = [first_row + r for r in alive]
     turn_out = _sample_alive(
-      params, contexts, turn, G, N, window, turn_key, limit, turns, model_config, sc
+      params, contexts, turn, G, N, window, turn_key, limit, turns, model_config, sc, ids, longest
     )
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
@@ -323,7 +337,7 @@ def rollout(
       turn_of[r] += [turn] * len(obs)
       still.append(r)
     alive, turn = still, turn + 1
-  batch = _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc)
+  batch = _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest)
   if turns.mask_truncated:
     keep = ~np.asarray(truncated)[:, None]
     batch = dataclasses.replace(batch, loss_mask=batch.loss_mask * keep)
@@ -347,14 +361,14 @@ def rollout(
   return Rollout(batch, rewards, placed, episodes)
 
 
-def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc) -> batch_lib.RLBatch:
-  """The RLBatch of the rows: left-padded first prompts, then T completion slots.
+def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest) -> batch_lib.RLBatch:
+  """The RLBatch of the rows: first prompts left-padded to the bucket of `longest`
+  tokens, then T completion slots.
 
   turn_ids: the turn a slot's token belongs to (observations: the turn they
   answer), -1 on empty slots.
   """
   N = len(stream)
-  longest = max(len(p) for p in prompts)
   P = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
   tokens = np.full((N, P + T), sc.pad_id, np.int32)
   valid = np.zeros((N, P + T), bool)

@@ -28,7 +28,6 @@ from concurrent import futures
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -49,6 +48,9 @@ from rlpost.rl import objectives
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
 from rlpost.train import metrics as metrics_lib
+from rlpost.train import shares
+from rlpost.train import sharding
+from rlpost.train import step as step_lib
 
 ENVIRONMENTS = ("frozenlake", "gsm8k_calc")
 LEARNERS = ("grpo", "ppo")
@@ -325,9 +327,13 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   return {f"greedy/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
-def _rollout(p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations) -> multiturn.Rollout:
+def _rollout(
+  p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations, first_row=0
+) -> multiturn.Rollout:
+  """Episodes of `tasks_` sampled by this process alone, with its own copy of the weights."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   params_s = policy.sampling_params(actor, p.learner.frozen, p.setup.forward)
+  params_s, key = sharding.local_copy((params_s, key), sharding.mesh_of(state))
   out = multiturn.rollout(
     params_s,
     p.tasks.env,
@@ -340,6 +346,7 @@ def _rollout(p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations) ->
     turns=p.setup.turns,
     num_generations=num_generations,
     pool=pool,
+    first_row=first_row,
   )
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
@@ -347,27 +354,35 @@ def _rollout(p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations) ->
 
 
 def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
-  """One iteration (module docstring): the loop's step_fn. The cursor is passed through."""
+  """One iteration (module docstring): the loop's step_fn. The cursor is passed through.
+
+  Each process plays its block of the iteration's task seeds (`rlpost.train.shares`).
+  """
   setup = p.setup
   start = time.perf_counter()
   B, G = setup.batch_tasks, setup.num_generations
-  seeds = [index * B + b for b in range(B)]
+  mine = shares.block(B, "train.batch_tasks")
+  seeds = [index * B + b for b in range(B)][mine]
   key = jax.random.fold_in(state.key, index)
-  out = _rollout(p, pool, state, p.tasks.train_tasks(seeds), seeds, key, setup.sampling, G)
+  tasks_ = p.tasks.train_tasks(seeds)
+  out = _rollout(p, pool, state, tasks_, seeds, key, setup.sampling, G, mine.start * G)
   metrics = episode_metrics(out.episodes)
-  batch = batch_lib.to_device(out.batch)
-  rewards = jnp.asarray(out.rewards)
+  mesh = sharding.mesh_of(state)
   rollout_s = time.perf_counter() - start
   if setup.learner == "ppo":
-    scores = jnp.asarray(out.turn_rewards) if setup.per_turn_rewards else rewards
-    state, update_metrics = ppo.update(p.learner, state, batch, scores, index)
+    scores = out.turn_rewards if setup.per_turn_rewards else out.rewards
+    batch = step_lib.global_batch(dataclasses.replace(out.batch, scores=scores), mesh)
+    batch = batch_lib.to_device(batch)
+    state, update_metrics = ppo.update(p.learner, state, batch, batch.scores, index)
   else:
     algo = p.learner.setup.algo
+    rewards = shares.all_rows(out.rewards)
     metrics["zero_signal_groups"] = float(
       np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, G)))
     )
-    batch = dataclasses.replace(batch, advantages=objectives.grpo_advantages(rewards, algo))
-    state, update_metrics = grpo.update(p.learner, state, batch)
+    advantages = grpo.process_advantages(rewards, algo)
+    batch = step_lib.global_batch(dataclasses.replace(out.batch, advantages=advantages), mesh)
+    state, update_metrics = grpo.update(p.learner, state, batch_lib.to_device(batch))
   metrics.update(update_metrics)
   metrics["time/rollout_s"] = rollout_s
   forward_s = metrics.get("time/forward_s", 0.0)  # PPO's critic pass, when separate
@@ -380,38 +395,52 @@ def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
 
 
 def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
-  """Reward, success, turns, tool use, invalid actions and truncation over episodes.
+  """Reward, success, turns, tool use, invalid actions and truncation over every
+  process's episodes (`episodes`: this process's).
 
   Rates per turn: tool_call_rate, tool_error_rate, invalid_action_rate; per
   episode: success and EPISODE_ACCURACY keys (the last turn's info, when the
   environment reports them), tool_episode_rate (episodes with a tool call),
   truncation_rate.
   """
-  turns = sum(len(e.infos) for e in episodes)
-  count = lambda key: sum(bool(i.get(key)) for e in episodes for i in e.infos)
-  rewards = np.asarray([e.reward for e in episodes])
   last = [e.infos[-1] if e.infos else {} for e in episodes]
+  count = lambda key: [sum(bool(i.get(key)) for i in e.infos) for e in episodes]
+  per_episode = {
+    "reward": [e.reward for e in episodes],
+    "success": [bool(i.get("success")) for i in last],
+    "turns": [len(e.infos) for e in episodes],
+    "tool_call": count("tool_call"),
+    "tool_error": count("tool_error"),
+    "invalid_action": count("invalid_action"),
+    "tool_episode": [any(i.get("tool_call") for i in e.infos) for e in episodes],
+    "truncated": [e.truncated for e in episodes],
+    **{key: [bool(i.get(key)) for i in last] for key in EPISODE_ACCURACY},
+    **{f"has/{key}": [key in i for i in last] for key in EPISODE_ACCURACY},
+  }
+  v = {k: shares.all_rows(np.asarray(x, np.float64)) for k, x in per_episode.items()}
+  turns = v["turns"].sum()
   out = {
-    "reward/mean": float(rewards.mean()),
-    "reward/std": float(rewards.std()),
-    "success": float(np.mean([bool(i.get("success")) for i in last])),
-    "turns/mean": turns / len(episodes),
-    "tool_call_rate": count("tool_call") / turns,
-    "tool_error_rate": count("tool_error") / turns,
-    "tool_episode_rate": float(
-      np.mean([any(i.get("tool_call") for i in e.infos) for e in episodes])
-    ),
-    "invalid_action_rate": count("invalid_action") / turns,
-    "truncation_rate": float(np.mean([e.truncated for e in episodes])),
+    "reward/mean": float(v["reward"].mean()),
+    "reward/std": float(v["reward"].std()),
+    "success": float(v["success"].mean()),
+    "turns/mean": float(v["turns"].mean()),
+    "tool_call_rate": float(v["tool_call"].sum() / turns),
+    "tool_error_rate": float(v["tool_error"].sum() / turns),
+    "tool_episode_rate": float(v["tool_episode"].mean()),
+    "invalid_action_rate": float(v["invalid_action"].sum() / turns),
+    "truncation_rate": float(v["truncated"].mean()),
   }
   for key in EPISODE_ACCURACY:
-    if any(key in i for i in last):
-      out[key] = float(np.mean([bool(i.get(key)) for i in last]))
+    if v[f"has/{key}"].any():
+      out[key] = float(v[key].mean())
   return out
 
 
 def write_trajectories(workdir: str, step: int, episodes, name: str = TRANSCRIPTS) -> None:
-  """Appends readable transcripts to workdir/`name` (records after a resume point dropped)."""
+  """Appends readable transcripts to workdir/`name` (records after a resume point dropped);
+  process 0 writes, the others do nothing."""
+  if jax.process_index():
+    return
   path = os.path.join(workdir, name)
   metrics_lib.truncate_jsonl(path, step - 1)
   for e in episodes:

@@ -9,7 +9,6 @@ sigmoid DPO loss, through the one run loop (`rlpost.train.loop`).
 import dataclasses
 import functools
 
-import jax
 
 from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
@@ -17,6 +16,7 @@ from rlpost.recipes import common
 from rlpost.recipes import sft as sft_recipe
 from rlpost.supervised import dpo
 from rlpost.train import loop as loop_lib
+from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -69,15 +69,15 @@ def run(cfg, workdir: str, stop_after: int | None = None):
 
   def next_batch(cursor):
     indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
-    batch = dpo.make_pair_batch(
-      [pairs[i] for i in indices],
+    batch = dpo.make_pair_batch(  # this process's block of the step's pairs
+      shares.take([pairs[i] for i in indices], "train.batch_size"),
       seq_len=d.seq_len,
       pad_id=tokenizer.pad_id,
       micro_batch_size=t.micro_batch_size,
       gather_bucket=t.gather_bucket,
     )
-    batch = jax.device_get(ref_fn(reference, batch))
-    return batch, cursor, dpo.pair_stats(batch)
+    stats = {k: shares.sum_over_processes(v) for k, v in dpo.pair_stats(batch).items()}
+    return ref_fn(reference, step_lib.global_batch(batch, mesh, pad=True)), cursor, stats
 
   step_fn = functools.partial(sft_recipe.supervised_step, train_step, frozen, next_batch, None, cfg)
   loop = loop_lib.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])

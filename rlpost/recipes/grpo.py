@@ -31,6 +31,7 @@ from rlpost.rl import objectives
 from rlpost.rl.batch import RLBatch
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -88,6 +89,14 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, pol
   rows = cfg.train.batch_prompts * algo.num_generations
   rows_text = "train.batch_prompts * algo.num_generations"
   rollout.check_settings(cfg, rollout_cfg, rows, rows_text, greedy_why)
+  if rollout_cfg.dynamic_sampling and jax.process_count() > 1:
+    common.fail(
+      "rollout.dynamic_sampling",
+      True,
+      f"not with {jax.process_count()} processes (each would keep a different number of "
+      "groups, and a step needs the same number from every process); set it False or "
+      "run one process",
+    )
   return algo, rollout_cfg, common.forward_config(cfg, cfg.sampling.temperature)
 
 
@@ -162,11 +171,12 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   start = time.perf_counter()
   params_s = policy.sampling_params(state.trainable, p.frozen, setup.forward)
   key = jax.random.fold_in(state.key, index)
+  params_s, key = sharding.local_copy((params_s, key), sharding.mesh_of(state))
   groups, metrics, cursor = collect(p, params_s, cursor, key)
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
   metrics.update(rollout.metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
-  batch = train_batch(setup, groups)
+  batch = train_batch(setup, groups, sharding.mesh_of(state))
   rollout_s = time.perf_counter() - start
   state, update_metrics = update(p, state, batch)
   metrics.update(update_metrics)
@@ -209,22 +219,26 @@ def update(p, state, batch: RLBatch):
 def collect(p: Pieces, params_s, cursor: Cursor, key):
   """Samples and scores `batch_prompts` groups; dynamic sampling when enabled.
 
-  Dynamic sampling drops groups whose G rewards are all equal (zero advantage,
-  no signal) and samples further prompts, up to `max_resample_rounds` extra
-  rounds; if the batch is still short it is filled with dropped groups (they
-  contribute no policy gradient) and `dynamic/filled` counts them.
-  Returns (groups, metrics, cursor).
+  Each process samples its block of every round's prompts (`rlpost.train.shares`)
+  with its own copy of the weights (`params_s`, `key`: `sharding.local_copy`); the
+  groups returned are this process's. Dynamic sampling drops groups whose G
+  rewards are all equal (zero advantage, no signal) and samples further prompts,
+  up to `max_resample_rounds` extra rounds; if the batch is still short it is
+  filled with dropped groups (they contribute no policy gradient) and
+  `dynamic/filled` counts them. Returns (groups, metrics, cursor).
   """
   setup, problems = p.setup, p.task.problems
   B, G, dynamic = setup.batch_prompts, setup.algo.num_generations, setup.rollout.dynamic_sampling
   kept, dropped, rounds, errors = [], [], 0, {}
   while True:
     idx, cursor = next_indices(cursor, len(problems), B, shuffle=setup.shuffle)
+    mine = shares.block(B, "train.batch_prompts")
     groups, errs = rollout.sample_groups(
-      p, params_s, [problems[i] for i in idx], jax.random.fold_in(key, rounds), G
+      p, params_s, [problems[i] for i in idx[mine]], jax.random.fold_in(key, rounds), G, mine.start
     )
     for name, n in errs.items():
-      errors[f"reward/{name}/errors"] = errors.get(f"reward/{name}/errors", 0) + n
+      name = f"reward/{name}/errors"
+      errors[name] = errors.get(name, 0) + shares.sum_over_processes(n)
     rewards = np.concatenate([g["rewards"] for g in groups])
     for group, no_signal in zip(groups, np.asarray(adv_lib.zero_signal_groups(rewards, G))):
       (dropped if dynamic and no_signal else kept).append(group)
@@ -236,10 +250,17 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
   return groups, {**errors, "dynamic/rounds": rounds, "dynamic/filled": filled}, cursor
 
 
-def train_batch(setup: Setup, groups) -> RLBatch:
-  """The device RLBatch of the groups' rows, with sequence-level advantages [N]."""
+def process_advantages(rewards, algo: objectives.GRPOConfig) -> np.ndarray:
+  """This process's block of the sequence-level advantages [N / P] float32, computed
+  over every process's rows (`rewards`: all N of them, `shares.all_rows`), so that
+  batch-level estimators (reinforce_pp's whitening) see the whole batch."""
+  advantages = objectives.grpo_advantages(jnp.asarray(rewards), algo)
+  return shares.take(np.asarray(advantages), "rows")
+
+
+def train_batch(setup: Setup, groups, mesh) -> RLBatch:
+  """The global device RLBatch of every process's groups (`groups`: this process's)."""
   batch = batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
-  rewards = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
-  return dataclasses.replace(
-    batch_lib.to_device(batch), advantages=objectives.grpo_advantages(rewards, setup.algo)
-  )
+  rewards = shares.all_rows(np.concatenate([g["rewards"] for g in groups]))
+  batch = dataclasses.replace(batch, advantages=process_advantages(rewards, setup.algo))
+  return batch_lib.to_device(step_lib.global_batch(batch, mesh))

@@ -40,6 +40,7 @@ from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -246,21 +247,23 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   setup = p.setup
   start = time.perf_counter()
   params_s = policy.sampling_params(state.trainable["actor"], p.frozen, setup.forward)
+  key = jax.random.fold_in(state.key, index)
+  mesh = sharding.mesh_of(state)
+  params_s, key = sharding.local_copy((params_s, key), mesh)  # this process samples alone
   idx, cursor = next_indices(
     cursor, len(p.task.problems), setup.batch_prompts, shuffle=setup.shuffle
   )
-  problems = [p.task.problems[i] for i in idx]
-  groups, errors = rollout.sample_groups(
-    p, params_s, problems, jax.random.fold_in(state.key, index), 1
-  )
+  mine = shares.block(setup.batch_prompts, "train.batch_prompts")
+  problems = [p.task.problems[i] for i in idx[mine]]
+  groups, errors = rollout.sample_groups(p, params_s, problems, key, 1, mine.start)
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
-  metrics = {f"reward/{name}/errors": n for name, n in errors.items()}
+  metrics = {f"reward/{name}/errors": shares.sum_over_processes(n) for name, n in errors.items()}
   metrics.update(rollout.metrics(groups, 1, p.task.accuracy_fns))
-  batch = batch_lib.to_device(
-    batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
-  )
-  scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
+  batch = batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
+  batch = dataclasses.replace(batch, scores=np.concatenate([g["rewards"] for g in groups]))
+  batch = batch_lib.to_device(step_lib.global_batch(batch, mesh))
+  scores = batch.scores
   rollout_s = time.perf_counter() - start
   state, update_metrics = update(p, state, batch, scores, index)
   metrics.update(update_metrics)

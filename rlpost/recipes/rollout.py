@@ -18,6 +18,7 @@ from rlpost.data import tasks
 from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.train import shares
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,13 @@ def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
   )
 
 
-def sample_groups(p, params_s, problems, key, num_generations: int):
+def sample_groups(p, params_s, problems, key, num_generations: int, first: int = 0):
   """One sampling round: G completions for each problem, scored.
 
+  problems: this process's block of the round's prompts, the first of which is
+  prompt `first` of the round (`rlpost.train.shares`): the rows' sampling keys
+  follow their global row ids, and the prompts are padded to the width of the
+  longest over all processes, so the samples do not depend on the process count.
   Returns a list of per-group dicts {batch (the group's RLBatch rows), rewards
   [G] (total), per_fn {name: [G]}, completions, answers}, and the error counts.
   """
@@ -108,13 +113,16 @@ def sample_groups(p, params_s, problems, key, num_generations: int):
   G = num_generations
   texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
   ids = [prompts_lib.prompt_ids(q, setup.template, task.examples, tokenizer) for q in problems]
-  tokens, lengths = sampling.pad_prompts(ids, setup.sampling)
+  longest = int(shares.max_over_processes([max(len(i) for i in ids)])[0])
+  tokens, lengths = sampling.pad_prompts(ids, setup.sampling, longest)
   out = jax.device_get(
     sampling.sample(
       params_s,
       tokens,
       lengths,
       key,
+      None,
+      first * G + np.arange(len(problems) * G, dtype=np.int32),
       model_config=setup.forward.model,
       config=setup.sampling,
       num_samples=G,
@@ -157,14 +165,27 @@ def sample_groups(p, params_s, problems, key, num_generations: int):
 
 
 def metrics(groups, num_generations: int, accuracy_fns) -> dict:
-  """Reward mean/std (total and per function), accuracies, lengths, zero-signal fraction.
+  """Reward mean/std (total and per function), accuracies, lengths, zero-signal fraction,
+  over every process's groups (`groups` are this process's).
 
   The zero-signal fraction (groups whose G rewards tie) is left out for G = 1.
   """
-  rewards = np.concatenate([g["rewards"] for g in groups])
-  lengths = np.concatenate([g["batch"].loss_mask.sum(1) for g in groups])
   comps = [c for g in groups for c in g["completions"]]
   answers = [a for g in groups for a in g["answers"]]
+  per_row = {
+    "reward": np.concatenate([g["rewards"] for g in groups]),
+    "length": np.concatenate([g["batch"].loss_mask.sum(1) for g in groups]),
+    **{
+      f"reward/{name}": np.concatenate([g["per_fn"][name] for g in groups])
+      for name in groups[0]["per_fn"]
+    },
+    **{
+      name: np.asarray([fn(c, a) for c, a in zip(comps, answers)], np.float64)
+      for name, fn in accuracy_fns.items()
+    },
+  }
+  per_row = {k: shares.all_rows(v) for k, v in per_row.items()}
+  rewards, lengths = per_row.pop("reward"), per_row.pop("length")
   metrics = {
     "reward/mean": rewards.mean(),
     "reward/std": rewards.std(),
@@ -174,8 +195,5 @@ def metrics(groups, num_generations: int, accuracy_fns) -> dict:
   if num_generations > 1:
     tied = adv_lib.zero_signal_groups(rewards, num_generations)
     metrics["zero_signal_groups"] = np.mean(np.asarray(tied))
-  for name in groups[0]["per_fn"]:
-    metrics[f"reward/{name}"] = np.concatenate([g["per_fn"][name] for g in groups]).mean()
-  for name, fn in accuracy_fns.items():
-    metrics[name] = np.mean([fn(c, a) for c, a in zip(comps, answers)])
+  metrics.update({k: v.mean() for k, v in per_row.items()})
   return metrics

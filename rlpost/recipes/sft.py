@@ -22,6 +22,7 @@ from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.supervised import sft
 from rlpost.train import loop as loop_lib
+from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -155,6 +156,31 @@ def trace_example(tokenizer, problem, trace, max_len: int) -> tuple[np.ndarray, 
   return np.asarray(ids[:max_len], np.int32), np.asarray(mask[:max_len], bool)
 
 
+def local_batch(t, pack: bool, examples, batch_args) -> tuple[sft.Batch, dict]:
+  """This process's rows of the batch of `examples` (all the step's, in stream order)
+  and the whole batch's host stats.
+
+  Unpacked, a process pads and places only its block of the examples, and the loss
+  divisor counts every process's target tokens. Packed, first fit needs every
+  example of the step, so the packed batch is built whole and sliced.
+  """
+  m = t.micro_batch_size
+  if pack:
+    batch = sft.make_batch(
+      examples, micro_batch_size=m, pack=True, num_rows=t.batch_size, **batch_args
+    )
+    stats = sft.batch_stats(batch)
+    return {k: shares.take(v, "train.batch_size") for k, v in batch.items()}, stats
+  batch = sft.make_batch(
+    shares.take(examples, "train.batch_size"), micro_batch_size=m, **batch_args
+  )
+  stats = {k: shares.sum_over_processes(v) for k, v in sft.batch_stats(batch).items()}
+  stats["padding_efficiency"] /= jax.process_count()
+  if jax.process_count() > 1:
+    batch["token_divisor"][:] = sft.token_divisor(stats["target_tokens"], t.batch_size // m)
+  return batch, stats
+
+
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record)."""
   fwd = check_config(cfg)
@@ -172,14 +198,8 @@ def run(cfg, workdir: str, stop_after: int | None = None):
     indices, cursor = sft.next_examples(
       cursor, lengths, rows=t.batch_size, seq_len=d.seq_len, pack=d.pack, shuffle=d.shuffle
     )
-    batch = sft.make_batch(
-      [examples[i] for i in indices],
-      micro_batch_size=t.micro_batch_size,
-      pack=d.pack,
-      num_rows=t.batch_size,
-      **batch_args,
-    )
-    return batch, cursor, sft.batch_stats(batch)
+    batch, stats = local_batch(t, d.pack, [examples[i] for i in indices], batch_args)
+    return step_lib.global_batch(batch, mesh, pad=True), cursor, stats
 
   evaluate = None
   if eval_examples and cfg.eval.every:

@@ -96,7 +96,7 @@ def make_batch(
   target_mask = np.zeros_like(batch["loss_mask"])
   target_mask[:, :-1] = batch["loss_mask"][:, 1:]
   index, valid = _gather_layout(target_mask, micro_batch_size, gather_bucket)
-  divisor = max(int(target_mask.sum()), 1) / (rows // micro_batch_size)
+  divisor = token_divisor(int(target_mask.sum()), rows // micro_batch_size)
   return {
     **batch,
     "targets": targets,
@@ -105,6 +105,12 @@ def make_batch(
     "gather_valid": valid,
     "token_divisor": np.full((rows,), divisor, np.float32),
   }
+
+
+def token_divisor(target_tokens: float, num_micro_batches: int) -> float:
+  """Each micro-batch's loss divisor: the batch's target tokens over its micro-batches
+  (so the micro-batch losses average to the per-token mean of the whole batch)."""
+  return max(target_tokens, 1) / num_micro_batches
 
 
 def next_examples(

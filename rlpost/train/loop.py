@@ -187,7 +187,9 @@ def run_loop(
   first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
   last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
   if not resumed and initial_metrics is not None:
-    log(run, 0, initial_metrics(state))
+    first_record = initial_metrics(state)
+    if first_record:  # e.g. no held-out evaluation configured: no empty step-0 record
+      log(run, 0, first_record)
   record = {}
   progress = tqdm.tqdm(
     total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True, disable=not _lead()

@@ -127,6 +127,24 @@ def _from_host_copy(x, sharding):
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def mesh_of(tree) -> jax.sharding.Mesh:
+  """The mesh `tree`'s arrays were placed on (by `shard`)."""
+  return jax.tree.leaves(tree)[0].sharding.mesh
+
+
+def local_copy(tree, mesh: jax.sharding.Mesh):
+  """This process's own full copy of `tree` (global arrays on `mesh`), on one of its devices.
+
+  Several processes: all-gathered over the mesh device to device, then each process
+  keeps the replica on its first local device (a sampler that runs on this process's
+  rows alone reads it). One process: `tree` itself.
+  """
+  if jax.process_count() == 1:
+    return tree
+  replicated = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
+  return jax.tree.map(lambda x: x.addressable_data(0), replicated)
+
+
 def gather(tree, specs, axis: str):
   """Inside shard_map: every leaf split over `axis` (per `specs`) gathered whole."""
 

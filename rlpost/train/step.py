@@ -16,6 +16,9 @@ pytree whose leaves have rows on axis 0). Inside `train_step`:
 The gradient is the mean over micro-batches of each micro-batch's loss
 gradient, so token-mean losses are token means per micro-batch (exact for
 sequence-level aggregation with equal-size micro-batches).
+
+With several processes each passes only its block of the batch's rows
+(`rlpost.train.shares`); `global_batch` assembles the global arrays from them.
 """
 
 import functools
@@ -29,6 +32,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rlpost.train import shares
 from rlpost.train import sharding
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -263,26 +267,48 @@ def make_train_step(
     return new_state, metrics
 
   def train_step(state, frozen, batch, opt_args=None):
-    if jax.process_count() > 1:  # several processes: each passes its devices' rows
-      batch = process_rows(batch, mesh)
+    batch = global_batch(batch, mesh)  # several processes: each passes its block of rows
     return jitted_step(state, frozen, batch, opt_args)
 
   return train_step
 
 
-def process_rows(batch, mesh: jax.sharding.Mesh):
-  """The global batch as arrays split over the mesh, from this process's block of rows.
+def global_batch(batch, mesh: jax.sharding.Mesh, pad: bool = False):
+  """The global batch as arrays split over the mesh's rows, from this process's rows.
 
-  Rows are laid out over the mesh's devices in order, so process p (holding
-  devices p*k .. p*k+k-1) supplies rows [p * N/P, (p+1) * N/P) of the N-row
-  batch; every process may hold the whole host batch (it is sliced here).
+  Each leaf of `batch` holds this process's block of rows (`rlpost.train.shares`):
+  process p (devices p*k .. p*k+k-1) gives rows [p * N/P, (p+1) * N/P) of the N-row
+  global batch. Leaves that already are global arrays pass through. One process:
+  `batch` unchanged.
+
+  pad: zero-pad trailing axes to their widest over processes (for widths where zero
+  is inert, as SFT's gather slots); else widths that differ between processes raise
+  (an RLBatch's prompt and completion columns must line up across rows).
   """
+  if jax.process_count() == 1:
+    return batch
   sharding_ = NamedSharding(mesh, sharding.BATCH)
-  p, count = jax.process_index(), jax.process_count()
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(batch)
+  local = [None if _is_global(x) else np.asarray(x) for _, x in leaves]
+  widths = [w for x in local if x is not None for w in x.shape[1:]]
+  widest = iter(shares.max_over_processes(widths).tolist() if widths else ())
+  out = []
+  for (path, leaf), x in zip(leaves, local):
+    if x is None:
+      out.append(leaf)
+      continue
+    target = [next(widest) for _ in x.shape[1:]]
+    if not pad and list(x.shape[1:]) != target:
+      raise ValueError(
+        f"batch field {jax.tree_util.keystr(path)}: this process's rows are "
+        f"{list(x.shape[1:])} wide, another's {target}; build every process's rows to "
+        "one agreed width (e.g. pad prompts to the longest over processes)"
+      )
+    x = np.pad(x, [(0, 0)] + [(0, t - w) for t, w in zip(target, x.shape[1:])])
+    shape = (x.shape[0] * jax.process_count(), *x.shape[1:])
+    out.append(jax.make_array_from_process_local_data(sharding_, x, shape))
+  return jax.tree.unflatten(treedef, out)
 
-  def one(x):
-    x = np.asarray(x)
-    rows = x.shape[0] // count
-    return jax.make_array_from_process_local_data(sharding_, x[p * rows : (p + 1) * rows], x.shape)
 
-  return jax.tree.map(one, batch)
+def _is_global(x) -> bool:
+  return isinstance(x, jax.Array) and not x.is_fully_addressable
