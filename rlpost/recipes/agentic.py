@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 
 from rlpost import sampling
 from rlpost.data import tasks
@@ -313,12 +314,16 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics.
 
   The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl.
+  With several processes every process plays all of them (the same greedy episodes).
   """
   setup = p.setup
   seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
   chunk = setup.eval_batch_tasks or len(seeds)
   episodes = []
-  for first in range(0, len(seeds), chunk):
+  progress = tqdm.trange(  # one tick per chunk of held-out tasks
+    0, len(seeds), chunk, desc=f"eval@{step}", leave=False, disable=jax.process_index() > 0
+  )
+  for first in progress:
     part = seeds[first : first + chunk]
     tasks_ = p.tasks.eval_tasks(part)
     out = _rollout(p, pool, state, tasks_, part, jax.random.key(0), setup.greedy, 1)
