@@ -313,6 +313,7 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
     ("data", "seq_len", 1, "data.seq_len"),
     ("train", "remat", "all", "train.remat"),
     ("train", "compute_dtype", "float16", "train.compute_dtype"),
+    ("mesh", "rollout", 1, "mesh.rollout"),
   ],
 )
 def test_config_validation_names_field(section, name, value, field):

@@ -43,5 +43,8 @@ def mesh_config() -> ml_collections.ConfigDict:
     {
       "data": 0,  # replica groups, each on its own rows (0: every device not used by fsdp)
       "fsdp": 1,  # devices splitting each replica's weights and optimizer state (1: none)
+      # the last N devices sample on a mesh of their own, weights copied device to device
+      # each iteration (0: the sampler shares the trainer's devices); RL recipes only
+      "rollout": 0,
     }
   )

@@ -43,6 +43,7 @@ from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.recipes import grpo
 from rlpost.recipes import ppo
+from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
@@ -118,6 +119,7 @@ class Pieces(NamedTuple):
   tasks: EnvTasks  # the environment and its tasks
   state: Any
   learner: Learner
+  sampler: rollout_lib.Sampler  # where rollouts run
 
 
 def make_env(cfg) -> EnvTasks:
@@ -279,7 +281,8 @@ def build(cfg, loaded=None) -> Pieces:
       cfg, params, learner_setup.algo, learner_setup.forward
     )
     learner = Learner(learner_setup, frozen, ref_params, train_step)
-  return Pieces(setup, tokenizer, env_tasks, state, learner)
+  sampler = rollout_lib.make_sampler(cfg, learner.frozen, setup.forward)
+  return Pieces(setup, tokenizer, env_tasks, state, learner, sampler)
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
@@ -337,8 +340,8 @@ def _rollout(
 ) -> multiturn.Rollout:
   """Episodes of `tasks_` sampled by this process alone, with its own copy of the weights."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
-  params_s = policy.sampling_params(actor, p.learner.frozen, p.setup.forward)
-  params_s, key = sharding.local_copy((params_s, key), sharding.mesh_of(state))
+  mesh = sharding.mesh_of(state)
+  params_s, key = rollout_lib.sampler_weights(p.sampler, actor, p.setup.forward, key, mesh)
   out = multiturn.rollout(
     params_s,
     p.tasks.env,

@@ -109,14 +109,24 @@ def model_preset(cfg) -> gemma3.Config:
     raise ValueError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
 
 
-def make_mesh(cfg):
-  """The (data, fsdp) device mesh of the `mesh` block (absent: every device on `data`)."""
+def mesh_config(cfg) -> sharding.MeshConfig:
+  """The `mesh` block as a MeshConfig (absent: every device on `data`)."""
   block = cfg.get("mesh")
-  mesh_config = (
-    sharding.MeshConfig() if block is None else from_block(sharding.MeshConfig, block, "mesh")
-  )
+  return sharding.MeshConfig() if block is None else from_block(sharding.MeshConfig, block, "mesh")
+
+
+def make_mesh(cfg):
+  """The trainer's (data, fsdp) device mesh of the `mesh` block."""
   try:
-    return sharding.make_mesh(mesh_config)
+    return sharding.make_mesh(mesh_config(cfg))
+  except ValueError as e:
+    raise ValueError(f"config.mesh: {e}") from None
+
+
+def rollout_mesh(cfg):
+  """The sampler's own devices (`mesh.rollout`), or None: it shares the trainer's."""
+  try:
+    return sharding.rollout_mesh(mesh_config(cfg))
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
 

@@ -73,6 +73,7 @@ class Pieces(NamedTuple):
   frozen: Any  # base params under LoRA, else None
   ref_params: Any  # reference policy params (None when beta == 0 and no LoRA)
   train_step: Any
+  sampler: rollout.Sampler  # where rollouts run
 
 
 def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, policy.ForwardConfig]:
@@ -116,7 +117,8 @@ def build(cfg, loaded=None) -> Pieces:
   )
   task = tasks.load_task(cfg.data, "train", cfg.seed)
   policy_pieces = build_policy(cfg, params, algo, forward)
-  return Pieces(setup, tokenizer, task, *policy_pieces)
+  sampler = rollout.make_sampler(cfg, policy_pieces[1], forward)
+  return Pieces(setup, tokenizer, task, *policy_pieces, sampler)
 
 
 def build_policy(cfg, params, algo: objectives.GRPOConfig, forward: policy.ForwardConfig):
@@ -169,9 +171,10 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   """One GRPO iteration (rollout, scoring, num_iterations updates): the loop's step_fn."""
   setup = p.setup
   start = time.perf_counter()
-  params_s = policy.sampling_params(state.trainable, p.frozen, setup.forward)
   key = jax.random.fold_in(state.key, index)
-  params_s, key = sharding.local_copy((params_s, key), sharding.mesh_of(state))
+  params_s, key = rollout.sampler_weights(
+    p.sampler, state.trainable, setup.forward, key, sharding.mesh_of(state)
+  )
   groups, metrics, cursor = collect(p, params_s, cursor, key)
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
@@ -220,7 +223,7 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
   """Samples and scores `batch_prompts` groups; dynamic sampling when enabled.
 
   Each process samples its block of every round's prompts (`rlpost.train.shares`)
-  with its own copy of the weights (`params_s`, `key`: `sharding.local_copy`); the
+  with its own copy of the weights (`params_s`, `key`: `rollout.sampler_weights`); the
   groups returned are this process's. Dynamic sampling drops groups whose G
   rewards are all equal (zero advantage, no signal) and samples further prompts,
   up to `max_resample_rounds` extra rounds; if the batch is still short it is

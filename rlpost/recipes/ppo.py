@@ -89,6 +89,7 @@ class Pieces(NamedTuple):
   state: step_lib.TrainState  # trainable = {"actor": ..., "critic": ...}
   frozen: Any  # base params: LoRA actor's base, lora critic's trunk, the reference; or None
   train_step: Any
+  sampler: rollout.Sampler  # where rollouts run
 
 
 def check_config(cfg) -> Setup:
@@ -188,7 +189,8 @@ def build(cfg, loaded=None) -> Pieces:
   setup = dataclasses.replace(setup, sampling=rollout.sampling_config(cfg, tokenizer))
   task = tasks.load_task(cfg.data, "train", cfg.seed)
   setup, state, frozen, train_step = build_learner(cfg, params, setup)
-  return Pieces(setup, tokenizer, task, state, frozen, train_step)
+  sampler = rollout.make_sampler(cfg, frozen, setup.forward)
+  return Pieces(setup, tokenizer, task, state, frozen, train_step, sampler)
 
 
 def build_learner(cfg, params, setup: Setup):
@@ -246,10 +248,11 @@ def iteration(p: Pieces, state, cursor: Cursor, index: int):
   """One PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
   setup = p.setup
   start = time.perf_counter()
-  params_s = policy.sampling_params(state.trainable["actor"], p.frozen, setup.forward)
   key = jax.random.fold_in(state.key, index)
   mesh = sharding.mesh_of(state)
-  params_s, key = sharding.local_copy((params_s, key), mesh)  # this process samples alone
+  params_s, key = rollout.sampler_weights(
+    p.sampler, state.trainable["actor"], setup.forward, key, mesh
+  )
   idx, cursor = next_indices(
     cursor, len(p.task.problems), setup.batch_prompts, shuffle=setup.shuffle
   )

@@ -6,6 +6,7 @@ into scored `RLBatch` rows with it.
 """
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +16,12 @@ from rlpost import rewards as rewards_lib
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks
+from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.train import shares
+from rlpost.train import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,37 @@ def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greed
       rollout.overlong_buffer,
       f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
     )
+
+
+class Sampler(NamedTuple):
+  """Where rollouts run: `mesh` (None: on the trainer's devices) and the frozen weights
+  (the LoRA base, else None) placed there once."""
+
+  mesh: Any
+  frozen: Any
+
+
+def make_sampler(cfg, frozen, forward: policy.ForwardConfig) -> Sampler:
+  """The `mesh.rollout` devices with the LoRA base (`frozen`) copied to them once: each
+  iteration only the trained weights move, i.e. just the adapters under LoRA."""
+  mesh, base = common.rollout_mesh(cfg), frozen if forward.lora else None
+  if mesh is None or base is None:
+    return Sampler(mesh, base)
+  return Sampler(mesh, sharding.sync(base, mesh))
+
+
+def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
+  """(params, key) the sampler reads this iteration (`policy.sampling_params`, LoRA merged).
+
+  Own rollout devices: the trainable weights are copied there device to device and
+  merged with the frozen copy already there. Shared devices: with several processes
+  each takes its own replica (`sharding.local_copy`), as it samples its rows alone.
+  """
+  if sampler.mesh is None:
+    params = policy.sampling_params(trainable, sampler.frozen, forward)
+    return sharding.local_copy((params, key), trainer_mesh)
+  trainable, key = sharding.sync((trainable, key), sampler.mesh)
+  return policy.sampling_params(trainable, sampler.frozen, forward), key
 
 
 def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:

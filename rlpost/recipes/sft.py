@@ -42,6 +42,12 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
       t.batch_size,
       f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}",
     )
+  if common.mesh_config(cfg).rollout:
+    fail(
+      "mesh.rollout",
+      cfg.mesh.rollout,
+      "SFT and DPO do not sample: every device trains; set it to 0",
+    )
   devices = common.make_mesh(cfg).size
   if t.batch_size % devices:
     fail("train.batch_size", t.batch_size, f"must be divisible by the mesh's {devices} devices")

@@ -35,35 +35,69 @@ _LAYER = re.compile(r"(^|/)layers/")
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """The `mesh` block: data x fsdp devices.
+  """The `mesh` block: data x fsdp trainer devices, and devices kept for rollouts.
 
-  data: replica groups; 0: every device not used by fsdp (devices / fsdp).
+  data: replica groups; 0: every device not used by fsdp or rollouts (devices / fsdp).
   fsdp: devices that split each replica's weights (1: no FSDP, no collectives).
+  rollout: the last this many devices sample, on a mesh of their own (`rollout_mesh`)
+    that the trainer's weights are copied to device to device (`sync`); 0: the
+    sampler runs on the trainer's devices.
   """
 
   data: int = 0
   fsdp: int = 1
+  rollout: int = 0
 
   def __post_init__(self):
-    if self.data < 0 or self.fsdp < 1:
+    if self.data < 0 or self.fsdp < 1 or self.rollout < 0:
       raise ValueError(
-        f"MeshConfig(data={self.data}, fsdp={self.fsdp}): use data >= 0 (0: all devices "
-        "left) and fsdp >= 1"
+        f"MeshConfig(data={self.data}, fsdp={self.fsdp}, rollout={self.rollout}): use "
+        "data >= 0 (0: all devices left), fsdp >= 1 and rollout >= 0"
       )
 
 
 def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
-  """A (data, fsdp) mesh over `devices` (default: all), data-major."""
+  """The trainer's (data, fsdp) mesh over `devices` (default: all) less the last
+  `config.rollout`, data-major."""
   devices = list(jax.devices() if devices is None else devices)
+  if config.rollout >= len(devices):
+    raise ValueError(
+      f"mesh rollout={config.rollout} leaves no trainer device of the {len(devices)}; "
+      f"use rollout < {len(devices)}"
+    )
+  devices = devices[: len(devices) - config.rollout]
   data = config.data or len(devices) // config.fsdp
   if data < 1 or data * config.fsdp > len(devices):
     raise ValueError(
       f"mesh data={config.data or 'auto'} x fsdp={config.fsdp} needs "
-      f"{max(data, 1) * config.fsdp} devices; {len(devices)} are available "
-      "(simulate more on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+      f"{max(data, 1) * config.fsdp} devices; {len(devices)} are available besides "
+      f"rollout={config.rollout} (simulate more on CPU: "
+      "XLA_FLAGS=--xla_force_host_platform_device_count=N)"
     )
   grid = np.asarray(devices[: data * config.fsdp]).reshape(data, config.fsdp)
   return jax.sharding.Mesh(grid, (DATA, FSDP))
+
+
+def rollout_mesh(config: MeshConfig, devices=None) -> jax.sharding.Mesh | None:
+  """A 1-D `data` mesh over the last `config.rollout` devices (None when 0): the sampler's
+  devices, disjoint from the trainer's (`make_mesh`)."""
+  if not config.rollout:
+    return None
+  devices = list(jax.devices() if devices is None else devices)
+  if jax.process_count() > 1:
+    raise ValueError(
+      f"mesh.rollout={config.rollout}: separate rollout devices work with one process "
+      "for now; set mesh.rollout=0 (each process then samples on its own devices)"
+    )
+  return jax.sharding.Mesh(np.asarray(devices[len(devices) - config.rollout :]), (DATA,))
+
+
+def sync(tree, target: jax.sharding.Mesh):
+  """`tree` (global arrays on the trainer's mesh, maybe split over fsdp) replicated on
+  the `target` mesh's devices, without a host round-trip: all-gathered inside the
+  trainer's mesh first, then copied device to device. Bitwise the same values."""
+  gathered = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh_of(tree), P()))(tree)
+  return jax.device_put(gathered, NamedSharding(target, P()))
 
 
 def path_str(path) -> str:

@@ -1,0 +1,99 @@
+"""Rollouts on devices of their own (`mesh.rollout`): the weights reach them device to
+device and bitwise, and a run sampling there trains as one sampling on the trainer's
+devices. 8 simulated CPU devices split 4 + 4, in a subprocess."""
+
+import jax
+import numpy as np
+
+from conftest import run_with_devices
+from rlpost.train import sharding
+
+
+def check_sync_is_device_to_device_and_bitwise():
+  """Run in the 8-device subprocess (see the test below)."""
+  from rlpost.models import gemma3, lora
+  from test_gemma3 import CONFIG
+
+  config = sharding.MeshConfig(data=2, fsdp=2, rollout=4)
+  trainer, rollout = sharding.make_mesh(config), sharding.rollout_mesh(config)
+  trainer_ids = {d.id for d in trainer.devices.flat}
+  rollout_ids = {d.id for d in rollout.devices.flat}
+  assert trainer_ids == {0, 1, 2, 3} and rollout_ids == {4, 5, 6, 7}
+  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  adapters = lora.init_adapters(jax.random.key(1), params, lora.LoraConfig(rank=4))
+  tree = sharding.shard({"params": params, "adapters": adapters}, trainer)
+  assert any(
+    len(x.sharding.device_set) == 4 and not x.is_fully_replicated for x in jax.tree.leaves(tree)
+  )
+  with jax.transfer_guard_host_to_device("disallow"), jax.transfer_guard_device_to_host("disallow"):
+    synced = sharding.sync(tree, rollout)
+    jax.block_until_ready(synced)
+  for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(synced)):
+    assert {d.id for d in b.sharding.device_set} == rollout_ids and b.is_fully_replicated
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+def test_weights_reach_the_rollout_devices_without_a_host_round_trip():
+  """Trainer on devices 0-3 (data 2 x fsdp 2, weights split), sampler on 4-7: after
+  `sync` every leaf is replicated on 4-7 and bitwise equal, with host transfers
+  disallowed. Mutation caught: a copy through host memory (np.asarray, then device_put)."""
+  run_with_devices(
+    "import test_rollout_mesh; test_rollout_mesh.check_sync_is_device_to_device_and_bitwise()",
+    devices=8,
+  )
+
+
+def check_split_run_equals_shared_run(tmp: str):
+  """Run in the 8-device subprocess (see the test below)."""
+  from conftest import run_metrics, with_overrides
+  from experiments.configs import grpo_gsm8k
+  from rlpost.recipes import grpo
+
+  synced = []
+  inner = sharding.sync
+
+  def recording(tree, target):
+    synced.append({sharding.path_str(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)})
+    return inner(tree, target)
+
+  sharding.sync = recording
+  sampled_on = []
+  sample_groups = grpo.rollout.sample_groups
+
+  def sampling(p, params, *args):
+    sampled_on.append({d.id for d in jax.tree.leaves(params)[0].sharding.device_set})
+    return sample_groups(p, params, *args)
+
+  grpo.rollout.sample_groups = sampling
+
+  base = {"train.steps": 3, "lora.enabled": True, "mesh.data": 4, "train.micro_batch_size": 4}
+  states = {}
+  for name, rollout in (("shared", 0), ("split", 4)):
+    cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**base, "mesh.rollout": rollout})
+    states[name] = grpo.run(cfg, f"{tmp}/{name}")
+    devices = {4, 5, 6, 7} if rollout else {0, 1, 2, 3}
+    assert len(sampled_on) == 3 and all(ids == devices for ids in sampled_on), sampled_on
+    sampled_on.clear()
+  shared, split = run_metrics(f"{tmp}/shared"), run_metrics(f"{tmp}/split")
+  assert len(shared) == len(split) == 3
+  for a, b in zip(shared, split):
+    for key in ("reward/mean", "loss", "grad_norm", "kl"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for a, b in zip(*(jax.tree.leaves(states[n].trainable) for n in ("shared", "split"))):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+  # LoRA: the base moves once; then each iteration only the adapters (and the key).
+  assert len(synced) == 1 + 3 and "embed" in synced[0]
+  for leaves in synced[1:]:
+    assert leaves and all(
+      "embed" not in p and ("/a" in p or "/b" in p or p == "1") for p in leaves
+    ), leaves
+
+
+def test_a_run_sampling_on_its_own_devices_trains_as_one_sampling_on_the_trainers(tmp_path):
+  """GRPO tiny with LoRA, 3 iterations, trainer on 4 devices (data=4): sampling on 4 other
+  devices gives the same rewards, losses and adapters as sampling on the trainer's, and
+  per iteration only the adapters are copied (the base once)."""
+  run_with_devices(
+    f"import test_rollout_mesh; test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path)!r})",
+    devices=8,
+  )
