@@ -59,6 +59,9 @@ def _rollout(name: str) -> ml_collections.ConfigDict:
       "max_resample_rounds": 3,
       "overlong_buffer": placeholder(int),  # DAPO soft overlong penalty window in tokens; None: off
       "overlong_penalty": 1.0,
+      # None: sample, then train. s >= 0: a producer thread samples ahead from a policy at
+      # most s updates old (0: the synchronous schedule; s > 0 needs algo.tis_cap)
+      "max_staleness": placeholder(int),
     }
   )
 

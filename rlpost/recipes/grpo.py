@@ -31,6 +31,7 @@ from rlpost.rl import objectives
 from rlpost.rl.batch import RLBatch
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import pipeline
 from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -90,6 +91,13 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, pol
   rows = cfg.train.batch_prompts * algo.num_generations
   rows_text = "train.batch_prompts * algo.num_generations"
   rollout.check_settings(cfg, rollout_cfg, rows, rows_text, greedy_why)
+  if rollout_cfg.max_staleness and algo.tis_cap is None:
+    common.fail(
+      "algo.tis_cap",
+      None,
+      f"rollout.max_staleness={rollout_cfg.max_staleness} trains on batches sampled by an "
+      "older policy: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
+    )
   if rollout_cfg.dynamic_sampling and jax.process_count() > 1:
     common.fail(
       "rollout.dynamic_sampling",
@@ -161,37 +169,80 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     ("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
     ("reward/mean", "kl"),
   )
-  state, _ = loop_lib.run_loop(
-    workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after
-  )
+  s = p.setup.rollout.max_staleness
+  if s is None:
+    step_fn, close = functools.partial(iteration, p), lambda: None
+  else:
+    step_fn, close = pipeline.step_fn(
+      functools.partial(produce, p),
+      functools.partial(train, p, publish=True),
+      functools.partial(sampler_weights, p, copy=True),
+      last=cfg.train.steps,
+      max_staleness=s,
+    )
+  try:
+    state, _ = loop_lib.run_loop(workdir, cfg, p.state, step_fn, loop, stop_after=stop_after)
+  finally:
+    close()
   return state
 
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
-  """One GRPO iteration (rollout, scoring, num_iterations updates): the loop's step_fn."""
-  setup = p.setup
-  start = time.perf_counter()
-  key = jax.random.fold_in(state.key, index)
-  params_s, key = rollout.sampler_weights(
-    p.sampler, state.trainable, setup.forward, key, sharding.mesh_of(state)
+  """One synchronous GRPO iteration (rollout, scoring, num_iterations updates): the loop's
+  step_fn when `rollout.max_staleness` is None."""
+  sampled, cursor = produce(p, sampler_weights(p, state), cursor, index)
+  state, _, metrics = train(p, state, sampled, index, index)
+  return state, cursor, metrics
+
+
+def sampler_weights(p: Pieces, state, copy: bool = False):
+  """(params, base key) the sampler reads for `state`'s policy (`rollout.sampler_weights`).
+
+  copy: never alias `state`'s buffers (a pipelined producer keeps them while the train
+  step donates the state).
+  """
+  weights = rollout.sampler_weights(
+    p.sampler, state.trainable, p.setup.forward, state.key, sharding.mesh_of(state)
   )
-  groups, metrics, cursor = collect(p, params_s, cursor, key)
-  del params_s
+  if copy:
+    held = {id(x) for x in jax.tree.leaves(state)}
+    weights = jax.tree.map(lambda x: jnp.copy(x) if id(x) in held else x, weights)
+  return weights
+
+
+def produce(p: Pieces, weights, cursor: Cursor, index: int):
+  """Iteration `index`'s groups, sampled and scored with `weights` (`sampler_weights`).
+  Returns ((groups, rollout metrics, seconds), cursor)."""
+  start = time.perf_counter()
+  params_s, key = weights
+  groups, metrics, cursor = collect(p, params_s, cursor, jax.random.fold_in(key, index))
+  del params_s, weights
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
-  metrics.update(rollout.metrics(groups, setup.algo.num_generations, p.task.accuracy_fns))
+  return (groups, metrics, time.perf_counter() - start), cursor
+
+
+def train(p: Pieces, state, sampled, index: int, version: int, publish: bool = False):
+  """The update on `produce`'s groups (sampled by policy `version`; TIS corrects an older
+  one). Returns (state, the new policy's sampler weights when `publish`, metrics)."""
+  groups, metrics, rollout_s = sampled
+  setup, start = p.setup, time.perf_counter()
+  metrics = {
+    **metrics,
+    **rollout.metrics(groups, setup.algo.num_generations, p.task.accuracy_fns),
+  }
   batch = train_batch(setup, groups, sharding.mesh_of(state))
-  rollout_s = time.perf_counter() - start
   state, update_metrics = update(p, state, batch)
   metrics.update(update_metrics)
-  tokens = float(batch.loss_mask.sum())
+  weights = sampler_weights(p, state, copy=True) if publish else None
+  train_s = time.perf_counter() - start
   metrics.update(
     {
       "time/rollout_s": rollout_s,
-      "time/train_s": time.perf_counter() - start - rollout_s,
-      "tokens_per_s": tokens / (time.perf_counter() - start),
+      "time/train_s": train_s,
+      "tokens_per_s": float(batch.loss_mask.sum()) / (rollout_s + train_s),
     }
   )
-  return state, cursor, metrics
+  return state, weights, metrics
 
 
 def update(p, state, batch: RLBatch):

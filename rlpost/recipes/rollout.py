@@ -33,16 +33,24 @@ class RolloutConfig:
   overlong_buffer: DAPO soft overlong penalty window in TOKENS before
     sampling.max_new_tokens; None: off.
   overlong_penalty: the penalty at max_new_tokens.
+  max_staleness: None: sample, then train, in turn. An int s: a producer thread
+    samples ahead (`rlpost.train.pipeline`), each batch from a policy at most s
+    updates old (0: the synchronous schedule; s > 0 needs `algo.tis_cap`).
   """
 
   dynamic_sampling: bool = False
   max_resample_rounds: int = 3
   overlong_buffer: int | None = None
   overlong_penalty: float = 1.0
+  max_staleness: int | None = None
 
   def __post_init__(self):
     if self.max_resample_rounds < 0:
       raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
+    if self.max_staleness is not None and self.max_staleness < 0:
+      raise ValueError(
+        f"RolloutConfig.max_staleness={self.max_staleness}: use None (synchronous), 0 or more"
+      )
     if self.overlong_buffer is not None and self.overlong_buffer < 1:
       raise ValueError(
         f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "

@@ -1,0 +1,115 @@
+"""Off-policy rollouts with a staleness bound: a producer thread samples the next batches
+while the trainer trains on the current one. The asynchrony lives here, on the host;
+sampling and the train step stay the same pure, jitted functions.
+
+Versions: version v is the policy after v train steps (the loop's step index). The
+trainer publishes the sampler's weights of version v + 1 after training on batch v.
+Batch i is sampled by version max(i - max_staleness, first) exactly (first: the step
+the loop starts or resumes at): the producer waits until that version is out
+(admission control: it is paced, it never drops a batch) and keeps the lag fixed even
+when a newer version exists, so a run does not depend on thread timing. Every batch is
+consumed exactly once, in order; max_staleness = 0 is the synchronous schedule, step
+for step.
+
+  produce(weights, cursor, index) -> (batch, cursor)   in the producer thread
+  train(state, batch, index, version) -> (state, weights of version index + 1, metrics)
+
+A producer error is raised in the trainer's thread at its next batch.
+"""
+
+import dataclasses
+import queue
+import threading
+from typing import Any, Callable, NamedTuple
+
+
+class Produced(NamedTuple):
+  """A batch in the queue: its step `index`, the `version` that sampled it, and the data
+  `cursor` after it (checkpointed with the state that trained on it)."""
+
+  index: int
+  version: int
+  batch: Any
+  cursor: Any
+
+
+@dataclasses.dataclass
+class Published:
+  """Sampler weights by version, those a batch still to be made may need (guarded by
+  `changed`)."""
+
+  weights: dict
+  changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+  stop: bool = False
+
+
+def _producer(produce, published: Published, out: queue.Queue, cursor, first, last, s):
+  try:
+    for index in range(first, last):
+      version = max(index - s, first)
+      with published.changed:
+        published.changed.wait_for(lambda: published.stop or version in published.weights)
+        if published.stop:
+          return
+        weights = published.weights[version]
+      batch, cursor = produce(weights, cursor, index)
+      out.put(Produced(index, version, batch, cursor))
+  except BaseException as e:  # handed to the trainer, which raises it
+    out.put(e)
+
+
+def step_fn(
+  produce: Callable, train: Callable, weights_of: Callable, *, last: int, max_staleness: int
+):
+  """A `rlpost.train.loop` step_fn running `produce` ahead in a thread, and its closer.
+
+  weights_of(state) -> the sampler's weights of the state the loop starts (or resumes)
+  from; last: the loop's step count (the producer makes batches up to it). Returns (step_fn, close); call `close()` when the loop ends (it stops the
+  producer; a batch it had made ahead is dropped with the run, not trained on).
+  """
+  if max_staleness < 0:
+    raise ValueError(f"max_staleness={max_staleness}: use >= 0 (0: synchronous)")
+  started: dict = {}
+
+  def step(state, cursor, index: int):
+    if not started:  # the first step of this call: the loop's start or resume point
+      published = Published({index: weights_of(state)})
+      out = queue.Queue(maxsize=max_staleness + 1)
+      thread = threading.Thread(
+        target=_producer,
+        args=(produce, published, out, cursor, index, last, max_staleness),
+        daemon=True,
+        name="rollout-producer",
+      )
+      started.update(published=published, out=out, thread=thread, first=index)
+      thread.start()
+    published, out = started["published"], started["out"]
+    item = out.get()
+    if isinstance(item, BaseException):
+      raise item
+    if item.index != index or item.version != max(index - max_staleness, started["first"]):
+      raise RuntimeError(
+        f"pipeline: got batch {item.index} of version {item.version} at step {index}"
+      )
+    state, weights, metrics = train(state, item.batch, index, item.version)
+    with published.changed:  # later batches need versions >= index + 1 - max_staleness
+      published.weights[index + 1] = weights
+      for old in [v for v in published.weights if v < index + 1 - max_staleness]:
+        del published.weights[old]
+      published.changed.notify_all()
+    return state, item.cursor, {**metrics, "staleness": float(index - item.version)}
+
+  def close():
+    if started:
+      with started["published"].changed:
+        started["published"].stop = True
+        started["published"].changed.notify_all()
+      while started["thread"].is_alive():  # unblock a producer waiting on a full queue
+        try:
+          started["out"].get_nowait()
+        except queue.Empty:
+          pass
+        started["thread"].join(timeout=0.1)
+      started.clear()
+
+  return step, close
