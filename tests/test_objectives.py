@@ -138,6 +138,25 @@ def test_grpo_loss_composes_pieces(policy_loss):
   np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-6)
 
 
+def test_tis_clip_fraction_counts_the_loss_tokens_whose_weight_hit_the_cap():
+  """Against numpy: the share of masked-in tokens with exp(old - sampler) >= cap.
+
+  Mutation caught: averaging over every token instead of the loss tokens.
+  """
+  mask, old, logp, ref, entropy, adv = _batch(3)
+  gap = np.random.default_rng(3).uniform(0.0, 1.0, size=old.shape).astype(np.float32)
+  sampler = old - gap
+  _, metrics = objectives.grpo_loss(
+    logp, old, ref, adv, mask, GRPO(tis_cap=1.5), sampler_logp=sampler
+  )
+  m = np.asarray(mask) > 0
+  want = np.mean(gap[m] >= np.log(1.5))
+  assert 0.1 < want < 0.9  # the case is not degenerate
+  np.testing.assert_allclose(metrics["tis_clip_frac"], want, atol=1e-6)
+  _, off = objectives.grpo_loss(logp, old, ref, adv, mask, GRPO())
+  assert "tis_clip_frac" not in off
+
+
 def test_grpo_loss_missing_inputs_raise():
   mask, old, logp, ref, entropy, adv = _batch(2)
   with pytest.raises(ValueError, match="ref_logp"):

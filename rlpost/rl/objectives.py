@@ -215,7 +215,7 @@ def _policy_term(
         "tis_cap is set: pass sampler_logp (the logprobs the sampler reported) or set tis_cap=None"
       )
     tis_BxT = losses.truncated_is_weights(old_logp_BxT, sampler_logp_BxT, mask_BxT, config.tis_cap)
-  return losses.policy_loss(
+  loss, metrics = losses.policy_loss(
     logp_BxT,
     old_logp_BxT,
     advantages,
@@ -228,6 +228,11 @@ def _policy_term(
     aggregation=config.loss_agg_mode,
     max_tokens=max_tokens,
   )
+  if tis_BxT is not None:  # loss tokens whose weight hit the cap
+    mask = mask_BxT.astype(jnp.float32)
+    capped = (tis_BxT >= config.tis_cap).astype(jnp.float32)
+    metrics["tis_clip_frac"] = jnp.sum(capped * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  return loss, metrics
 
 
 def _add_entropy(loss, metrics, entropy_BxT, mask_BxT, config, max_tokens):
