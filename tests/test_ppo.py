@@ -176,6 +176,25 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(tmp_pa
   assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 0.0, 1.0]
 
 
+def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
+  """rollout.max_staleness=0 (the producer thread waits for each new actor) gives the
+  synchronous run's whole TrainState and metrics, across a resume; staleness 1 with TIS
+  samples every batch from the actor one update old."""
+  cfg = lambda **o: _config(**{"train.steps": 4, "checkpoint.every": 2, **o})
+  sync = ppo.run(cfg(), str(tmp_path / "sync"))
+  ppo.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"), stop_after=2)
+  pipe = ppo.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"))
+  assert _bytes_equal(sync, pipe)
+  records = _metrics(tmp_path / "pipe")
+  assert [r.pop("staleness") for r in records] == [0.0] * 4
+  assert _metrics(tmp_path / "sync") == records
+  stale = cfg(**{"rollout.max_staleness": 1, "algo.tis_cap": 2.0})
+  ppo.run(stale, str(tmp_path / "stale"))
+  records = _metrics(tmp_path / "stale")
+  assert [r["staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
+  assert all(0.0 <= r["tis_clip_frac"] <= 1.0 for r in records)
+
+
 @pytest.mark.parametrize(
   "overrides,expected",
   [
@@ -190,6 +209,7 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(tmp_pa
     ({"algo.num_generations": 4}, ["config.algo.num_generations", "valid fields"]),
     ({"rollout.dynamic_sampling": True}, ["config.rollout.dynamic_sampling=True", "use False"]),
     ({"sampling.temperature": 0.0}, ["config.sampling.temperature=0.0", "> 0"]),
+    ({"rollout.max_staleness": 1}, ["config.algo.tis_cap=None", "max_staleness=1"]),
   ],
 )
 def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, expected, tmp_path):

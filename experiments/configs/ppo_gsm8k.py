@@ -68,6 +68,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
     {
       "overlong_buffer": placeholder(int),  # soft overlong penalty window in tokens; None: off
       "overlong_penalty": 1.0,
+      # None: sample, then train. s >= 0: a producer thread samples ahead from the policy
+      # exactly s updates old (0: the synchronous schedule; s > 0 needs algo.tis_cap)
+      "max_staleness": placeholder(int),
     }
   )
   c.data = ml_collections.ConfigDict(

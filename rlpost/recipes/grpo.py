@@ -11,7 +11,6 @@ then its helpers. One iteration:
 """
 
 import dataclasses
-import functools
 import time
 from typing import Any, NamedTuple
 
@@ -31,7 +30,6 @@ from rlpost.rl import objectives
 from rlpost.rl.batch import RLBatch
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
-from rlpost.train import pipeline
 from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -91,13 +89,7 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, pol
   rows = cfg.train.batch_prompts * algo.num_generations
   rows_text = "train.batch_prompts * algo.num_generations"
   rollout.check_settings(cfg, rollout_cfg, rows, rows_text, greedy_why)
-  if rollout_cfg.max_staleness and algo.tis_cap is None:
-    common.fail(
-      "algo.tis_cap",
-      None,
-      f"rollout.max_staleness={rollout_cfg.max_staleness} trains on batches sampled by an "
-      "older policy: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
-    )
+  rollout.check_staleness(rollout_cfg, algo.tis_cap)
   if rollout_cfg.dynamic_sampling and jax.process_count() > 1:
     common.fail(
       "rollout.dynamic_sampling",
@@ -170,16 +162,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     ("reward/mean", "kl"),
   )
   s = p.setup.rollout.max_staleness
-  if s is None:
-    step_fn, close = functools.partial(iteration, p), lambda: None
-  else:
-    step_fn, close = pipeline.step_fn(
-      functools.partial(produce, p),
-      functools.partial(train, p, publish=True),
-      functools.partial(sampler_weights, p, copy=True),
-      last=cfg.train.steps,
-      max_staleness=s,
-    )
+  step_fn, close = rollout.loop_step(p, produce, train, None, s, cfg.train.steps)
   try:
     state, _ = loop_lib.run_loop(workdir, cfg, p.state, step_fn, loop, stop_after=stop_after)
   finally:
@@ -188,30 +171,14 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
-  """One synchronous GRPO iteration (rollout, scoring, num_iterations updates): the loop's
-  step_fn when `rollout.max_staleness` is None."""
-  sampled, cursor = produce(p, sampler_weights(p, state), cursor, index)
-  state, _, metrics = train(p, state, sampled, index, index)
-  return state, cursor, metrics
-
-
-def sampler_weights(p: Pieces, state, copy: bool = False):
-  """(params, base key) the sampler reads for `state`'s policy (`rollout.sampler_weights`).
-
-  copy: never alias `state`'s buffers (a pipelined producer keeps them while the train
-  step donates the state).
-  """
-  weights = rollout.sampler_weights(
-    p.sampler, state.trainable, p.setup.forward, state.key, sharding.mesh_of(state)
-  )
-  if copy:
-    held = {id(x) for x in jax.tree.leaves(state)}
-    weights = jax.tree.map(lambda x: jnp.copy(x) if id(x) in held else x, weights)
-  return weights
+  """One synchronous GRPO iteration (rollout, scoring, num_iterations updates)."""
+  step, _ = rollout.loop_step(p, produce, train, None, None, index + 1)
+  return step(state, cursor, index)
 
 
 def produce(p: Pieces, weights, cursor: Cursor, index: int):
-  """Iteration `index`'s groups, sampled and scored with `weights` (`sampler_weights`).
+  """Iteration `index`'s groups, sampled and scored with `weights` ((params, base key) on
+  the sampler's devices: `rollout.sampler_weights`).
   Returns ((groups, rollout metrics, seconds), cursor)."""
   start = time.perf_counter()
   params_s, key = weights
@@ -221,9 +188,10 @@ def produce(p: Pieces, weights, cursor: Cursor, index: int):
   return (groups, metrics, time.perf_counter() - start), cursor
 
 
-def train(p: Pieces, state, sampled, index: int, version: int, publish: bool = False):
+def train(p: Pieces, state, sampled, index: int, version: int, publish=None):
   """The update on `produce`'s groups (sampled by policy `version`; TIS corrects an older
-  one). Returns (state, the new policy's sampler weights when `publish`, metrics)."""
+  one). Returns (state, publish(new state) or None, metrics); publish gives the new
+  policy's sampler weights to a pipelined producer."""
   groups, metrics, rollout_s = sampled
   setup, start = p.setup, time.perf_counter()
   metrics = {
@@ -233,7 +201,7 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish: bool = F
   batch = train_batch(setup, groups, sharding.mesh_of(state))
   state, update_metrics = update(p, state, batch)
   metrics.update(update_metrics)
-  weights = sampler_weights(p, state, copy=True) if publish else None
+  weights = publish(state) if publish else None
   train_s = time.perf_counter() - start
   metrics.update(
     {

@@ -22,7 +22,6 @@ actor's part is `step.gated` on `actor_on`, False during the first
 """
 
 import dataclasses
-import functools
 import time
 from typing import Any, NamedTuple
 
@@ -103,6 +102,7 @@ def check_config(cfg) -> Setup:
       "baseline: there are no tied groups to drop; use False",
     )
   setup = learner_setup(cfg, cfg.train.batch_prompts, "train.batch_prompts")
+  rollout.check_staleness(rollout_cfg, setup.algo.tis_cap)
   rollout.check_settings(
     cfg,
     rollout_cfg,
@@ -235,9 +235,12 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     ("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
     ("reward/mean", "explained_variance"),
   )
-  state, _ = loop_lib.run_loop(
-    workdir, cfg, p.state, functools.partial(iteration, p), loop, stop_after=stop_after
-  )
+  s = p.setup.rollout.max_staleness
+  step_fn, close = rollout.loop_step(p, produce, train, "actor", s, cfg.train.steps)
+  try:
+    state, _ = loop_lib.run_loop(workdir, cfg, p.state, step_fn, loop, stop_after=stop_after)
+  finally:
+    close()
   return state
 
 
@@ -245,36 +248,47 @@ _advantages = jax.jit(objectives.ppo_advantages, static_argnames="config")
 
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
-  """One PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
-  setup = p.setup
-  start = time.perf_counter()
-  key = jax.random.fold_in(state.key, index)
-  mesh = sharding.mesh_of(state)
-  params_s, key = rollout.sampler_weights(
-    p.sampler, state.trainable["actor"], setup.forward, key, mesh
-  )
+  """One synchronous PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
+  step, _ = rollout.loop_step(p, produce, train, "actor", None, index + 1)
+  return step(state, cursor, index)
+
+
+def produce(p: Pieces, weights, cursor: Cursor, index: int):
+  """Iteration `index`'s completions, one per prompt, sampled and scored with `weights`
+  ((params, base key) on the sampler's devices). Returns ((groups, metrics, seconds), cursor)."""
+  setup, start = p.setup, time.perf_counter()
+  params_s, key = weights
   idx, cursor = next_indices(
     cursor, len(p.task.problems), setup.batch_prompts, shuffle=setup.shuffle
   )
   mine = shares.block(setup.batch_prompts, "train.batch_prompts")
   problems = [p.task.problems[i] for i in idx[mine]]
+  key = jax.random.fold_in(key, index)
   groups, errors = rollout.sample_groups(p, params_s, problems, key, 1, mine.start)
-  del params_s
+  del params_s, weights
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
   metrics = {f"reward/{name}/errors": shares.sum_over_processes(n) for name, n in errors.items()}
-  metrics.update(rollout.metrics(groups, 1, p.task.accuracy_fns))
+  return (groups, metrics, time.perf_counter() - start), cursor
+
+
+def train(p: Pieces, state, sampled, index: int, version: int, publish=None):
+  """The critic pass, GAE and updates on `produce`'s rows (sampled by policy `version`;
+  TIS corrects an older one). Returns (state, publish(new state) or None, metrics)."""
+  groups, metrics, rollout_s = sampled
+  setup, start = p.setup, time.perf_counter()
+  metrics = {**metrics, **rollout.metrics(groups, 1, p.task.accuracy_fns)}
+  mesh = sharding.mesh_of(state)
   batch = batch_lib.concatenate([g["batch"] for g in groups], setup.sampling.pad_id)
   batch = dataclasses.replace(batch, scores=np.concatenate([g["rewards"] for g in groups]))
   batch = batch_lib.to_device(step_lib.global_batch(batch, mesh))
-  scores = batch.scores
-  rollout_s = time.perf_counter() - start
-  state, update_metrics = update(p, state, batch, scores, index)
+  state, update_metrics = update(p, state, batch, batch.scores, index)
   metrics.update(update_metrics)
+  weights = publish(state) if publish else None
   elapsed = time.perf_counter() - start
   metrics["time/rollout_s"] = rollout_s
-  metrics["time/train_s"] = elapsed - rollout_s - metrics["time/forward_s"]
-  metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / elapsed
-  return state, cursor, metrics
+  metrics["time/train_s"] = elapsed - metrics["time/forward_s"]
+  metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / (rollout_s + elapsed)
+  return state, weights, metrics
 
 
 def update(p, state, batch, scores_N, index: int):

@@ -6,6 +6,7 @@ into scored `RLBatch` rows with it.
 """
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +21,7 @@ from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.train import pipeline
 from rlpost.train import shares
 from rlpost.train import sharding
 
@@ -128,6 +130,59 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
     return sharding.local_copy((params, key), trainer_mesh)
   trainable, key = sharding.sync((trainable, key), sampler.mesh)
   return policy.sampling_params(trainable, sampler.frozen, forward), key
+
+
+def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
+  """The run loop's (step_fn, close) for a recipe's phases
+
+    produce(p, weights, cursor, index) -> (sampled, cursor)
+    train(p, state, sampled, index, version, publish) -> (state, published, metrics)
+
+  in turn (max_staleness None), or through `rlpost.train.pipeline` (a producer thread
+  sampling from the policy max_staleness updates old).
+
+  state_key: the part of `state.trainable` the sampler reads ("actor" for PPO; None:
+  all of it).
+  """
+
+  def weights_of(state, copy: bool = False):
+    trainable = state.trainable if state_key is None else state.trainable[state_key]
+    weights = sampler_weights(
+      p.sampler, trainable, p.setup.forward, state.key, sharding.mesh_of(state)
+    )
+    if copy:  # the producer keeps these while the next train step donates the state
+      held = {id(x) for x in jax.tree.leaves(state)}
+      weights = jax.tree.map(lambda x: jnp.copy(x) if id(x) in held else x, weights)
+    return weights
+
+  produce = functools.partial(produce, p)
+  if max_staleness is None:
+
+    def step(state, cursor, index):
+      sampled, cursor = produce(weights_of(state), cursor, index)
+      state, _, metrics = train(p, state, sampled, index, index, None)
+      return state, cursor, metrics
+
+    return step, lambda: None
+  publish = functools.partial(weights_of, copy=True)
+  return pipeline.step_fn(
+    produce,
+    lambda state, batch, index, version: train(p, state, batch, index, version, publish),
+    publish,
+    last=steps,
+    max_staleness=max_staleness,
+  )
+
+
+def check_staleness(rollout_cfg: RolloutConfig, tis_cap) -> None:
+  """s > 0 trains on an older policy's samples: a truncated IS cap must correct them."""
+  if rollout_cfg.max_staleness and tis_cap is None:
+    common.fail(
+      "algo.tis_cap",
+      None,
+      f"rollout.max_staleness={rollout_cfg.max_staleness} trains on batches sampled by an "
+      "older policy: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
+    )
 
 
 def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
