@@ -72,6 +72,24 @@ def test_resume_continues_exactly(tmp_path):
   assert [json.loads(line)["step"] for line in held_out.splitlines()] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("variant", ["frozenlake_tiny", "frozenlake_tiny,ppo"])
+def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
+  """max_staleness=0 (a producer thread plays each iteration once the policy before it is
+  out) logs what the synchronous run logs, held-out evaluations and transcripts included;
+  staleness 1 with TIS plays every iteration but the first with the policy one update old."""
+  cfg = lambda **o: _config(variant, **{"train.steps": 3, "log.trajectories_every": 1, **o})
+  agentic.run(cfg(), str(tmp_path / "sync"))
+  agentic.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
+  records = run_metrics(tmp_path / "pipe")
+  assert [r.pop("staleness") for r in records if r["step"]] == [0.0] * 3
+  assert run_metrics(tmp_path / "sync") == records
+  for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
+    assert (tmp_path / "sync" / name).read_text() == (tmp_path / "pipe" / name).read_text()
+  agentic.run(cfg(max_staleness=1, **{"algo.tis_cap": 2.0}), str(tmp_path / "stale"))
+  stale = [r["staleness"] for r in run_metrics(tmp_path / "stale") if r["step"]]
+  assert stale == [0.0, 1.0, 1.0]
+
+
 def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
   """gsm8k_calc on the tiny random model (byte tokenizer), a zero-shot prompt, short turns."""
   require_shared(GSM8K_DIR)
@@ -160,6 +178,8 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"per_turn_rewards": True}, "per_turn_rewards"),
     ("frozenlake_tiny", {"train.steps": 0, "eval.every": 0}, "train.steps.*greedy evaluation"),
     ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
+    ("frozenlake_tiny", {"max_staleness": 1}, "algo.tis_cap.*max_staleness=1"),
+    ("frozenlake_tiny", {"max_staleness": -1}, "max_staleness=-1"),
   ],
 )
 def test_bad_configs_name_the_field(variant, overrides, match):

@@ -16,6 +16,7 @@ and `critic` blocks of configs/ppo_gsm8k.py), one episode per task.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from experiments.configs import common
 from experiments.configs import grpo_gsm8k
@@ -58,6 +59,10 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   # PPO: each turn's reward on that turn's last sampled token (else the episode's sum on
   # its last sampled token); GRPO always uses the episode's sum.
   c.per_turn_rewards = False
+  # None: play, then train. s >= 0: a producer thread plays the next iterations' episodes
+  # with the policy exactly s updates old (0: the synchronous schedule; s > 0 needs
+  # algo.tis_cap)
+  c.max_staleness = placeholder(int)
   c.env = gsm8k_calc_env() if calc else frozenlake_env(tiny)
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(

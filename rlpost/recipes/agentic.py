@@ -222,6 +222,7 @@ def check_config(cfg):
       f"every={ev.every}, num_tasks={ev.num_tasks}, batch_tasks={ev.batch_tasks}",
       "use every >= 0, num_tasks >= 1, batch_tasks >= 0 (0: all tasks in one rollout)",
     )
+  rollout_lib.check_staleness(cfg.max_staleness, learner.algo.tis_cap, "max_staleness")
   if cfg.per_turn_rewards and cfg.learner != "ppo":
     common.fail(
       "per_turn_rewards",
@@ -296,15 +297,19 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     cfg, f"agentic[{cfg.name}]", curves, ("reward/mean", "greedy/success")
   )
   with futures.ThreadPoolExecutor(p.setup.step_threads) as pool:
-    state, _ = loop_lib.run_loop(
-      workdir,
-      cfg,
-      p.state,
-      functools.partial(iteration, p, pool, workdir),
-      loop,
-      initial_metrics=functools.partial(initial_metrics, p, pool, workdir),
-      stop_after=stop_after,
-    )
+    step_fn, close = loop_step(p, pool, workdir, cfg.max_staleness, cfg.train.steps)
+    try:
+      state, _ = loop_lib.run_loop(
+        workdir,
+        cfg,
+        p.state,
+        step_fn,
+        loop,
+        initial_metrics=functools.partial(initial_metrics, p, pool, workdir),
+        stop_after=stop_after,
+      )
+    finally:
+      close()
   return state
 
 
@@ -338,10 +343,14 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 def _rollout(
   p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations, first_row=0
 ) -> multiturn.Rollout:
-  """Episodes of `tasks_` sampled by this process alone, with its own copy of the weights."""
+  """Episodes of `tasks_` by `state`'s policy, sampled by this process alone."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   mesh = sharding.mesh_of(state)
   params_s, key = rollout_lib.sampler_weights(p.sampler, actor, p.setup.forward, key, mesh)
+  return _play(p, pool, params_s, tasks_, seeds, key, sc, num_generations, first_row)
+
+
+def _play(p: Pieces, pool, params_s, tasks_, seeds, key, sc, num_generations, first_row):
   out = multiturn.rollout(
     params_s,
     p.tasks.env,
@@ -362,21 +371,47 @@ def _rollout(
 
 
 def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
-  """One iteration (module docstring): the loop's step_fn. The cursor is passed through.
+  """One synchronous iteration (module docstring). The cursor is passed through."""
+  step, _ = loop_step(p, pool, workdir, None, index + 1)
+  return step(state, cursor, index)
 
-  Each process plays its block of the iteration's task seeds (`rlpost.train.shares`).
-  """
-  setup = p.setup
-  start = time.perf_counter()
+
+def loop_step(p: Pieces, pool, workdir: str, max_staleness, steps: int):
+  """The run loop's (step_fn, close): `produce` then `train` in turn, or pipelined."""
+  return rollout_lib.loop_step(
+    p,
+    functools.partial(produce, pool=pool),
+    functools.partial(train, pool=pool, workdir=workdir),
+    "actor" if p.setup.learner == "ppo" else None,
+    max_staleness,
+    steps,
+  )
+
+
+def produce(p: Pieces, weights, cursor, index: int, pool=None):
+  """Iteration `index`'s episodes, played with `weights` ((params, base key) on the
+  sampler's devices); each process plays its block of the task seeds
+  (`rlpost.train.shares`). Returns ((rollout, metrics, seconds), cursor)."""
+  setup, start = p.setup, time.perf_counter()
   B, G = setup.batch_tasks, setup.num_generations
   mine = shares.block(B, "train.batch_tasks")
   seeds = [index * B + b for b in range(B)][mine]
-  key = jax.random.fold_in(state.key, index)
-  tasks_ = p.tasks.train_tasks(seeds)
-  out = _rollout(p, pool, state, tasks_, seeds, key, setup.sampling, G, mine.start * G)
-  metrics = episode_metrics(out.episodes)
+  params_s, key = weights
+  key = jax.random.fold_in(key, index)
+  out = _play(
+    p, pool, params_s, p.tasks.train_tasks(seeds), seeds, key, setup.sampling, G, mine.start * G
+  )
+  return (out, episode_metrics(out.episodes), time.perf_counter() - start), cursor
+
+
+def train(p: Pieces, state, sampled, index: int, version: int, publish=None, pool=None, workdir=""):
+  """The update on `produce`'s episodes (played by policy `version`; TIS corrects an older
+  one), then the due evaluation and transcripts. Returns (state, publish(new state) or
+  None, metrics)."""
+  out, metrics, rollout_s = sampled
+  setup, start = p.setup, time.perf_counter()
+  metrics = dict(metrics)
   mesh = sharding.mesh_of(state)
-  rollout_s = time.perf_counter() - start
   if setup.learner == "ppo":
     scores = out.turn_rewards if setup.per_turn_rewards else out.rewards
     batch = step_lib.global_batch(dataclasses.replace(out.batch, scores=scores), mesh)
@@ -386,20 +421,21 @@ def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
     algo = p.learner.setup.algo
     rewards = shares.all_rows(out.rewards)
     metrics["zero_signal_groups"] = float(
-      np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, G)))
+      np.mean(np.asarray(adv_lib.zero_signal_groups(rewards, setup.num_generations)))
     )
     advantages = grpo.process_advantages(rewards, algo)
     batch = step_lib.global_batch(dataclasses.replace(out.batch, advantages=advantages), mesh)
     state, update_metrics = grpo.update(p.learner, state, batch_lib.to_device(batch))
   metrics.update(update_metrics)
+  weights = publish(state) if publish else None
   metrics["time/rollout_s"] = rollout_s
   forward_s = metrics.get("time/forward_s", 0.0)  # PPO's critic pass, when separate
-  metrics["time/train_s"] = time.perf_counter() - start - rollout_s - forward_s
+  metrics["time/train_s"] = time.perf_counter() - start - forward_s
   if setup.eval_every and (index + 1) % setup.eval_every == 0:
     metrics.update(evaluate(p, pool, state, workdir, index + 1))
   if setup.trajectories_every and (index + 1) % setup.trajectories_every == 0:
     write_trajectories(workdir, index + 1, out.episodes[: setup.trajectories_logged])
-  return state, cursor, metrics
+  return state, weights, metrics
 
 
 def episode_metrics(episodes: list[multiturn.Episode]) -> dict:

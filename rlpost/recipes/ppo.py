@@ -102,7 +102,7 @@ def check_config(cfg) -> Setup:
       "baseline: there are no tied groups to drop; use False",
     )
   setup = learner_setup(cfg, cfg.train.batch_prompts, "train.batch_prompts")
-  rollout.check_staleness(rollout_cfg, setup.algo.tis_cap)
+  rollout.check_staleness(rollout_cfg.max_staleness, setup.algo.tis_cap)
   rollout.check_settings(
     cfg,
     rollout_cfg,

@@ -174,14 +174,16 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
   )
 
 
-def check_staleness(rollout_cfg: RolloutConfig, tis_cap) -> None:
+def check_staleness(max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
   """s > 0 trains on an older policy's samples: a truncated IS cap must correct them."""
-  if rollout_cfg.max_staleness and tis_cap is None:
+  if max_staleness is not None and max_staleness < 0:
+    common.fail(field, max_staleness, "use None (sample, then train), 0 or more")
+  if max_staleness and tis_cap is None:
     common.fail(
       "algo.tis_cap",
       None,
-      f"rollout.max_staleness={rollout_cfg.max_staleness} trains on batches sampled by an "
-      "older policy: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
+      f"{field}={max_staleness} trains on batches sampled by an older policy: set a "
+      "truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
     )
 
 
