@@ -39,3 +39,30 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
     turns * sampled + (turns - 1) * observed
   )
   assert train["ratio_per_sampled_token"] > 0
+
+
+def test_async_overlap_benchmark_runs_and_reports():
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.benchmarks.async_overlap",
+      "--steps=5",
+      "--warmup=2",
+      "--seeds=0",
+      "--trainer=2",
+      "--rollout=2",
+    ],
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=True,
+  )
+  report = json.loads(out.stdout)
+  sync, pipelined = (report["modes"][m] for m in ("sync", "async"))
+  assert [len(r["rewards"]) for r in sync["runs"] + pipelined["runs"]] == [5, 5]
+  assert pipelined["runs"][0]["staleness"] == [1.0] and sync["runs"][0]["staleness"] == []
+  mean = pipelined["mean"]
+  assert mean["t_step_s"] > 0 and mean["steps_per_s"] == 1 / mean["t_step_s"]
+  assert report["async_over_sync_steps_per_s"] == mean["steps_per_s"] / sync["mean"]["steps_per_s"]
