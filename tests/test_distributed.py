@@ -107,8 +107,8 @@ print("DONE", flush=True)
 """
 
 
-def _launch(recipe, workdir, processes, overrides=TINY, stop_after=None, heartbeat=100):
-  """Starts `processes` processes x (4 / processes) CPU devices; returns the Popen list."""
+def _launch(recipe, workdir, processes, overrides=TINY, stop_after=None, heartbeat=100, devices=4):
+  """Starts `processes` processes x (devices / processes) CPU devices; returns the Popen list."""
   port, procs = _free_port(), []
   os.makedirs(workdir, exist_ok=True)
   for i in range(processes):
@@ -120,7 +120,7 @@ def _launch(recipe, workdir, processes, overrides=TINY, stop_after=None, heartbe
     )
     env = {
       **os.environ,
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // processes}",
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // processes}",
       "JAX_PLATFORMS": "cpu",
       "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
       "PYTHONPATH": str(REPO_ROOT),
@@ -198,6 +198,20 @@ def test_two_processes_equal_one_process(tmp_path, recipe):
   for whole, a, b in zip(one, first, second):
     assert len(a) == len(b) == len(whole) // 2
     assert sorted(a + b) == sorted(whole), "a row read twice or skipped"
+
+
+def test_rollout_devices_with_two_processes_equal_one_process(tmp_path):
+  """GRPO with LoRA, 3 steps, sampling on devices of its own (`mesh.rollout`): 2 processes
+  x (2 trainer + 2 rollout devices) equal 1 process x (4 + 4), each process copying the
+  adapters to its own rollout devices and sampling its block of prompts there."""
+  lora = {**TINY, "lora.enabled": True}
+  procs = [
+    _launch("grpo", tmp_path / "two", 2, overrides={**lora, "mesh.rollout": 2}, devices=8),
+    _launch("grpo", tmp_path / "one", 1, overrides={**lora, "mesh.rollout": 4}, devices=8),
+  ]
+  for p, d in zip(procs, ("two", "one")):
+    _finish(p, tmp_path / d)
+  _assert_same_run(tmp_path / "one", tmp_path / "two")
 
 
 def test_checkpoints_move_between_process_counts(tmp_path):

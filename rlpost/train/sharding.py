@@ -39,9 +39,9 @@ class MeshConfig:
 
   data: replica groups; 0: every device not used by fsdp or rollouts (devices / fsdp).
   fsdp: devices that split each replica's weights (1: no FSDP, no collectives).
-  rollout: the last this many devices sample, on a mesh of their own (`rollout_mesh`)
-    that the trainer's weights are copied to device to device (`sync`); 0: the
-    sampler runs on the trainer's devices.
+  rollout: the last this many devices of each process sample, on a mesh of their own
+    (`rollout_mesh`) that the trainer's weights are copied to device to device
+    (`sync`); 0: the sampler runs on the trainer's devices.
   """
 
   data: int = 0
@@ -56,16 +56,28 @@ class MeshConfig:
       )
 
 
-def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
-  """The trainer's (data, fsdp) mesh over `devices` (default: all) less the last
-  `config.rollout`, data-major."""
-  devices = list(jax.devices() if devices is None else devices)
-  if config.rollout >= len(devices):
+def _split(config: MeshConfig, devices):
+  """(trainer devices, this process's rollout devices): the last `config.rollout` devices
+  of every process sample (one process: the last of all)."""
+  by_process: dict = {}
+  for d in devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  fewest = min(len(ds) for ds in by_process.values())
+  if config.rollout >= fewest:
     raise ValueError(
-      f"mesh rollout={config.rollout} leaves no trainer device of the {len(devices)}; "
-      f"use rollout < {len(devices)}"
+      f"mesh rollout={config.rollout} leaves no trainer device of a process's {fewest}; "
+      f"use rollout < {fewest}"
     )
-  devices = devices[: len(devices) - config.rollout]
+  keep = lambda ds: ds[: len(ds) - config.rollout]
+  trainer = [d for ds in by_process.values() for d in keep(ds)]
+  local = by_process.get(jax.process_index(), [])
+  return trainer, local[len(local) - config.rollout :] if config.rollout else []
+
+
+def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.Mesh:
+  """The trainer's (data, fsdp) mesh over `devices` (default: all) less each process's
+  last `config.rollout`, data-major."""
+  devices, _ = _split(config, list(jax.devices() if devices is None else devices))
   data = config.data or len(devices) // config.fsdp
   if data < 1 or data * config.fsdp > len(devices):
     raise ValueError(
@@ -79,24 +91,24 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices=None) -> jax.sharding.M
 
 
 def rollout_mesh(config: MeshConfig, devices=None) -> jax.sharding.Mesh | None:
-  """A 1-D `data` mesh over the last `config.rollout` devices (None when 0): the sampler's
-  devices, disjoint from the trainer's (`make_mesh`)."""
+  """A 1-D `data` mesh over this process's last `config.rollout` devices (None when 0):
+  the sampler's devices, disjoint from the trainer's (`make_mesh`). With several
+  processes each has its own (it samples its block of rows alone)."""
   if not config.rollout:
     return None
-  devices = list(jax.devices() if devices is None else devices)
-  if jax.process_count() > 1:
-    raise ValueError(
-      f"mesh.rollout={config.rollout}: separate rollout devices work with one process "
-      "for now; set mesh.rollout=0 (each process then samples on its own devices)"
-    )
-  return jax.sharding.Mesh(np.asarray(devices[len(devices) - config.rollout :]), (DATA,))
+  _, local = _split(config, list(jax.devices() if devices is None else devices))
+  return jax.sharding.Mesh(np.asarray(local), (DATA,))
 
 
 def sync(tree, target: jax.sharding.Mesh):
   """`tree` (global arrays on the trainer's mesh, maybe split over fsdp) replicated on
   the `target` mesh's devices, without a host round-trip: all-gathered inside the
-  trainer's mesh first, then copied device to device. Bitwise the same values."""
+  trainer's mesh first (the target layout, replicated), then copied device to device
+  (several processes: each copies its own replica to its own rollout devices). Bitwise
+  the same values."""
   gathered = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh_of(tree), P()))(tree)
+  if jax.process_count() > 1:
+    gathered = jax.tree.map(lambda x: x.addressable_data(0), gathered)
   return jax.device_put(gathered, NamedSharding(target, P()))
 
 
