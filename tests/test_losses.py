@@ -281,6 +281,12 @@ def test_truncated_is_weights():
   mask = np.array([[1, 1, 1, 0]], bool)
   w = losses.truncated_is_weights(old, sampler, mask, cap=1.2)
   np.testing.assert_allclose(w, [[1.2, np.exp(-1.0), 1.0, 0.0]], rtol=1e-6)
+  # a constant of the update: no gradient flows through the weights to either logprob
+  for argnum in (0, 1):
+    grad = jax.grad(lambda *a: losses.truncated_is_weights(*a, mask, 1.2).sum(), argnum)(
+      old, np.where(mask, sampler, 0.0).astype(np.float32)
+    )
+    np.testing.assert_array_equal(grad, 0.0)
   _, logp, old_logp, mask, _, adv = _inputs(3)
   rng = np.random.default_rng(0)
   tis = rng.uniform(0.5, 2.0, mask.shape).astype(np.float32)
