@@ -7,25 +7,28 @@ import sys
 from conftest import REPO_ROOT
 
 
-def test_multiturn_rollout_benchmark_runs_and_reports():
+def _report(module: str, *flags: str) -> dict:
+  """The JSON a benchmark module prints when run with `flags`."""
   out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.benchmarks.multiturn_rollout",
-      "--preset=tiny",
-      "--repeats=1",
-      "--rows=2",
-      "--turns=3",
-      "--train_repeats=1",
-    ],
+    [sys.executable, "-m", f"experiments.benchmarks.{module}", *flags],
     cwd=REPO_ROOT,
     capture_output=True,
     text=True,
     timeout=600,
     check=True,
   )
-  report = json.loads(out.stdout)
+  return json.loads(out.stdout)
+
+
+def test_multiturn_rollout_benchmark_runs_and_reports():
+  report = _report(
+    "multiturn_rollout",
+    "--preset=tiny",
+    "--repeats=1",
+    "--rows=2",
+    "--turns=3",
+    "--train_repeats=1",
+  )
   assert report["multiturn"]["sampler_calls"] == 3
   assert report["multiturn"]["seconds_median"] > 0 and report["single_turn"]["seconds_median"] > 0
   assert report["cost_ratio"] == (
@@ -42,24 +45,9 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
 
 
 def test_async_overlap_benchmark_runs_and_reports():
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.benchmarks.async_overlap",
-      "--steps=5",
-      "--warmup=2",
-      "--seeds=0",
-      "--trainer=2",
-      "--rollout=2",
-    ],
-    cwd=REPO_ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-    check=True,
+  report = _report(
+    "async_overlap", "--steps=5", "--warmup=2", "--seeds=0", "--trainer=2", "--rollout=2"
   )
-  report = json.loads(out.stdout)
   sync, pipelined = (report["modes"][m] for m in ("sync", "async"))
   assert [len(r["rewards"]) for r in sync["runs"] + pipelined["runs"]] == [5, 5]
   assert pipelined["runs"][0]["staleness"] == [1.0] and sync["runs"][0]["staleness"] == []
