@@ -11,10 +11,12 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
 from rlpost.train import distributed
+from rlpost.train import runtime
 
 
 _DIST = config_flags.DEFINE_config_dict(
@@ -26,17 +28,34 @@ _DIST = config_flags.DEFINE_config_dict(
 )
 
 
+_CACHE_DIR = flags.DEFINE_string(
+  "compilation_cache_dir",
+  "~/.cache/rlpost/jax",
+  "JAX's persistent compilation cache (a resumed run skips recompiling), in a "
+  "subdirectory per JAX version and CPU; '' turns it off.",
+)
+_CACHE_GB = flags.DEFINE_float("compilation_cache_max_gb", 4.0, "Cache size cap (GB, LRU).")
+_CHECKPOINT_LOGS = flags.DEFINE_bool(
+  "checkpoint_info_logs", False, "Show the checkpoint library's INFO lines (off: quiet)."
+)
+
+
 def define_config(default: str, help_text: str):
   """The `--config=path.py[:variant]` flag (overrides: `--config.block.field=value`)."""
   return config_flags.DEFINE_config_file("config", default, help_text)
 
 
 def run(main) -> None:
-  """`app.run(main)`, naming the unknown field when a --config.* override has none, and
-  starting `jax.distributed` from --dist.* before main touches a device."""
+  """`app.run(main)`, naming the unknown field when a --config.* override has none,
+  starting `jax.distributed` from --dist.* before main touches a device, then the
+  compilation cache and quiet checkpoint logs (`rlpost.train.runtime`)."""
 
   def with_processes(argv):
     distributed.initialize(distributed.DistConfig(**_DIST.value))
+    if not _CHECKPOINT_LOGS.value:
+      runtime.quiet_checkpoint_logs()
+    path = runtime.enable_compilation_cache(_CACHE_DIR.value, _CACHE_GB.value)
+    logging.info("compilation cache: %s", path or "off")
     return main(argv)
 
   app.run(with_processes, flags_parser=_parse_flags)

@@ -1,0 +1,82 @@
+"""Process-wide settings every experiment applies at start: JAX's persistent compilation
+cache (a resumed run reuses the compiled programs of the run before it) and quiet
+checkpoint-library logs.
+
+The cache lives in DIRECTORY/<machine key>: the key names the JAX and jaxlib versions,
+the backend and a digest of the CPU model and its feature flags, so an entry is never
+reused by another JAX or on a CPU that may lack an instruction the program uses. JAX
+evicts the least recently used entries beyond the size cap.
+"""
+
+import hashlib
+import logging
+import os
+import platform
+
+import jax
+
+CHECKPOINT_LIBRARIES = ("orbax",)  # their INFO lines are dropped unless asked for
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+  """The CPU model and feature flags (from /proc/cpuinfo where there is one)."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpuinfo = f.read()
+    except OSError:
+      cpuinfo = ""
+  fields = {}
+  for line in cpuinfo.splitlines():
+    name, _, value = line.partition(":")
+    name = name.strip()
+    if name in ("model name", "flags", "Features", "CPU part") and name not in fields:
+      fields[name] = (
+        " ".join(sorted(value.split())) if name in ("flags", "Features") else value.strip()
+      )
+  return "|".join(f"{k}={v}" for k, v in sorted(fields.items())) or platform.processor()
+
+
+def machine_key(cpuinfo: str | None = None) -> str:
+  """`jax-<version>_jaxlib-<version>_<backend>_<digest of the CPU signature>`."""
+  import jaxlib
+
+  digest = hashlib.sha256(cpu_signature(cpuinfo).encode()).hexdigest()[:12]
+  return f"jax-{jax.__version__}_jaxlib-{jaxlib.__version__}_{jax.default_backend()}_{digest}"
+
+
+def enable_compilation_cache(directory: str, max_gb: float) -> str | None:
+  """Turns JAX's persistent compilation cache on in `directory`/<machine key>, capped at
+  `max_gb`; returns that path, or None when `directory` is "" (off)."""
+  if not directory:
+    return None
+  if not max_gb > 0:
+    raise ValueError(f"--compilation_cache_max_gb={max_gb}: use a positive size in GB")
+  path = os.path.join(os.path.expanduser(directory), machine_key())
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_compilation_cache_max_size", int(max_gb * 2**30))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  return path
+
+
+class _DropLibraryInfo(logging.Filter):
+  """Drops records below WARNING logged from a checkpoint library's source files."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.WARNING:
+      return True
+    path = record.pathname.replace("\\", "/")
+    return not any(f"/{name}/" in path for name in CHECKPOINT_LIBRARIES)
+
+
+QUIET_CHECKPOINTS = _DropLibraryInfo()
+
+
+def quiet_checkpoint_logs() -> None:
+  """Checkpoint-library INFO lines off (warnings, errors and every other log unaffected)."""
+  from absl import logging as absl_logging
+
+  for logger in (logging.getLogger(), logging.getLogger("absl")):
+    logger.addFilter(QUIET_CHECKPOINTS)
+  absl_logging.get_absl_handler().addFilter(QUIET_CHECKPOINTS)

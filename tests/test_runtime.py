@@ -1,0 +1,71 @@
+"""Process-wide settings of the experiment mains (rlpost.train.runtime): the compilation
+cache's machine key, quiet checkpoint logs, and both in a real run."""
+
+import logging
+import subprocess
+import sys
+
+import jax
+
+from conftest import REPO_ROOT
+from rlpost.train import runtime
+
+XEON = "model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
+EPYC = "model name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx2\n"
+
+
+def test_the_cache_key_separates_cpus_and_jax_versions_not_flag_order(monkeypatch):
+  """Mutation caught: a key without the CPU's feature flags (two models with the same
+  name but different instructions would share compiled programs)."""
+  xeon, epyc = runtime.machine_key(XEON), runtime.machine_key(EPYC)
+  assert xeon != epyc and jax.__version__ in xeon
+  fewer_flags = XEON.replace(" avx512_bf16", "")
+  assert runtime.machine_key(fewer_flags) != xeon
+  reordered = XEON.replace("fpu sse avx2", "avx2 fpu sse")
+  assert runtime.machine_key(reordered) == xeon
+  monkeypatch.setattr(jax, "__version__", "0.0.1")
+  assert runtime.machine_key(XEON) != xeon
+
+
+def test_checkpoint_library_info_is_dropped_and_nothing_else():
+  record = lambda path, level: logging.LogRecord("absl", level, path, 1, "m", None, None)
+  keep = runtime.QUIET_CHECKPOINTS.filter
+  assert not keep(record("/x/site-packages/orbax/checkpoint/manager.py", logging.INFO))
+  assert keep(record("/x/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
+  assert keep(record("/x/rlpost/recipes/sft.py", logging.INFO))
+
+
+def _sft(tmp_path, name, *flags):
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.sft",
+      "--config=experiments/configs/sft.py:tiny",
+      "--config.train.steps=2",
+      "--config.checkpoint.every=1",
+      f"--workdir={tmp_path / name}",
+      *flags,
+    ],
+    cwd=REPO_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=True,
+  )
+  return run.stderr
+
+
+def test_runs_are_quiet_and_fill_the_cache_by_default(tmp_path):
+  """A default run: no checkpoint-library INFO line, the progress bar still shown, and
+  compiled programs in the cache's machine-keyed directory; asked for, the INFO lines
+  come back, and an empty cache directory turns the cache off."""
+  cache = tmp_path / "cache"
+  quiet = _sft(tmp_path, "quiet", f"--compilation_cache_dir={cache}")
+  assert "checkpoint_manager.py" not in quiet and "sft: 100%" in quiet
+  (keyed,) = cache.iterdir()
+  assert keyed.name == runtime.machine_key() and any(keyed.iterdir())
+  before = sorted(p.name for p in keyed.iterdir())
+  loud = _sft(tmp_path, "loud", "--checkpoint_info_logs", "--compilation_cache_dir=")
+  assert "checkpoint_manager.py" in loud and "compilation cache: off" in loud
+  assert sorted(p.name for p in keyed.iterdir()) == before
