@@ -1,13 +1,16 @@
 """GRPO-family RL (GRPO, Dr.GRPO, DAPO, GSPO, ...) from a ConfigDict (configs/grpo_gsm8k.py).
 
 Reads top to bottom: `build` (ConfigDict -> static settings, model, state,
-train step), `run` (the run loop over iterations), `iteration` (one step),
-then its helpers. One iteration:
+train step), `run` (the run loop over iterations), `iteration` (one step), its two
+phases `produce` and `train`, then their helpers. One iteration:
 
-  prompts -> G completions each (shared prefill) -> rewards (host)
-  -> [dynamic sampling: drop zero-signal groups, sample more prompts]
-  -> RLBatch + advantages -> ref logprobs (beta > 0) -> old logprobs (num_iterations > 1)
-  -> num_iterations x train_step(state, frozen, batch)
+  produce: prompts -> G completions each (shared prefill) -> rewards (host)
+    -> [dynamic sampling: drop zero-signal groups, sample more prompts]
+  train: RLBatch + advantages -> ref logprobs (beta > 0) -> old logprobs
+    (num_iterations > 1) -> num_iterations x train_step(state, frozen, batch)
+
+With `rollout.max_staleness` set, `produce` runs ahead in a thread
+(`rlpost.train.pipeline`) on the policy exactly that many updates old.
 """
 
 import dataclasses
