@@ -29,6 +29,8 @@ import time
 from absl import app
 from absl import flags
 
+from experiments.benchmarks import child
+
 _STEPS = flags.DEFINE_integer("steps", 30, "Iterations per run.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Iterations left out of the times (compilation).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Config seeds, one run per mode each.")
@@ -155,15 +157,7 @@ def main(argv):
   }
   args = [a for a in sys.argv[1:] if not a.startswith("--out")]
   started = time.time()
-  proc = subprocess.run(
-    [sys.executable, "-m", "experiments.benchmarks.async_overlap", "--child", *args],
-    env=env,
-    capture_output=True,
-    text=True,
-  )
-  if proc.returncode:
-    sys.exit(proc.stderr[-4000:])
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = child.run_json("experiments.benchmarks.async_overlap", ["--child", *args], env)
   result.update(
     {
       "benchmark": "async_overlap",

@@ -11,12 +11,12 @@ default sizes). Prints ONE JSON object:
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 
 from absl import app
 from absl import flags
+
+from experiments.benchmarks import child
 
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per call.")
 _SEQ = flags.DEFINE_integer("seq", 1024, "Tokens per sequence.")
@@ -108,15 +108,7 @@ def main(argv):
     return
   passed = [f"--{f.name}={f.value}" for f in (_BATCH, _SEQ, _VOCAB, _DIM, _CHUNK, _ITERS, _DTYPE)]
   passed.append("--with_grad" if _WITH_GRAD.value else "--nowith_grad")
-  proc = subprocess.run(
-    [sys.executable, "-m", "experiments.benchmarks.logprobs_memory", "--worker", *passed],
-    capture_output=True,
-    text=True,
-    check=False,
-  )
-  if proc.returncode:
-    raise RuntimeError(f"worker failed ({proc.returncode}):\n{proc.stderr}")
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = child.run_json("experiments.benchmarks.logprobs_memory", ["--worker", *passed])
   batch, seq, vocab, dim = _BATCH.value, _SEQ.value, _VOCAB.value, _DIM.value
   itemsize = 2 if _DTYPE.value == "bfloat16" else 4
   naive = batch * seq * vocab * 4
