@@ -49,10 +49,6 @@ class RolloutConfig:
   def __post_init__(self):
     if self.max_resample_rounds < 0:
       raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
-    if self.max_staleness is not None and self.max_staleness < 0:
-      raise ValueError(
-        f"RolloutConfig.max_staleness={self.max_staleness}: use None (synchronous), 0 or more"
-      )
     if self.overlong_buffer is not None and self.overlong_buffer < 1:
       raise ValueError(
         f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "

@@ -106,10 +106,15 @@ def sync(tree, target: jax.sharding.Mesh):
   trainer's mesh first (the target layout, replicated), then copied device to device
   (several processes: each copies its own replica to its own rollout devices). Bitwise
   the same values."""
-  gathered = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh_of(tree), P()))(tree)
+  gathered = _replicated(tree, mesh_of(tree))
   if jax.process_count() > 1:
     gathered = jax.tree.map(lambda x: x.addressable_data(0), gathered)
   return jax.device_put(gathered, NamedSharding(target, P()))
+
+
+def _replicated(tree, mesh: jax.sharding.Mesh):
+  """`tree` all-gathered on `mesh`: every device holds every leaf whole."""
+  return jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
 
 
 def path_str(path) -> str:
@@ -187,8 +192,7 @@ def local_copy(tree, mesh: jax.sharding.Mesh):
   """
   if jax.process_count() == 1:
     return tree
-  replicated = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
-  return jax.tree.map(lambda x: x.addressable_data(0), replicated)
+  return jax.tree.map(lambda x: x.addressable_data(0), _replicated(tree, mesh))
 
 
 def gather(tree, specs, axis: str):
