@@ -99,6 +99,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "temperature": 1.0 if tiny else 0.9,
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
+      # what the sampler reads: the policy's weights ("model"), or an int8 copy made at
+      # each weight sync ("int8": faster rollouts; needs algo.tis_cap)
+      "weights": "model",
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -88,6 +88,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "temperature": 1.0 if tiny else 0.9,
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
+      "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -222,7 +222,7 @@ def check_config(cfg):
       f"every={ev.every}, num_tasks={ev.num_tasks}, batch_tasks={ev.batch_tasks}",
       "use every >= 0, num_tasks >= 1, batch_tasks >= 0 (0: all tasks in one rollout)",
     )
-  rollout_lib.check_staleness(cfg.max_staleness, learner.algo.tis_cap, "max_staleness")
+  rollout_lib.check_off_policy(cfg, cfg.max_staleness, learner.algo.tis_cap, "max_staleness")
   if cfg.per_turn_rewards and cfg.learner != "ppo":
     common.fail(
       "per_turn_rewards",
