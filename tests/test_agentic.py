@@ -99,6 +99,7 @@ def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
     **{
       "model.preset": "tiny",
       "model.weights": "random",
+      "train.compute_dtype": "float32",
       "env.data_dir": str(GSM8K_DIR),
       "env.fewshot": 0,
       "env.max_turns": 3,

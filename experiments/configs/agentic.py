@@ -104,7 +104,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,
       "max_bad_steps": 3,
       "logprob_chunk": 256,
-      "compute_dtype": "float32",
+      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto (per machine)
       "remat": "dots",
     }
   )

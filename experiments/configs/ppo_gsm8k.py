@@ -105,7 +105,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,  # each of actor and critic clipped on its own
       "max_bad_steps": 3,
       "logprob_chunk": 256,
-      "compute_dtype": "float32",
+      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto (per machine)
       "remat": "dots",
     }
   )

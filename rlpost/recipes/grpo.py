@@ -157,6 +157,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
+  common.resolve_compute_dtype(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,

@@ -228,6 +228,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   Resumes from the newest checkpoint in `workdir` (actor, critic and both
   optimizer states). Returns the final TrainState.
   """
+  common.resolve_compute_dtype(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,
