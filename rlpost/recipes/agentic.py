@@ -344,10 +344,12 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 def _rollout(
   p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations, first_row=0
 ) -> multiturn.Rollout:
-  """Episodes of `tasks_` by `state`'s policy, sampled by this process alone."""
+  """Episodes of `tasks_` by `state`'s policy, sampled by this process alone, from the
+  policy's own weights (the evaluation's: even when training rollouts read an int8 copy)."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   mesh = sharding.mesh_of(state)
-  params_s, key = rollout_lib.sampler_weights(p.sampler, actor, p.setup.forward, key, mesh)
+  sampler = p.sampler._replace(int8=False)
+  params_s, key = rollout_lib.sampler_weights(sampler, actor, p.setup.forward, key, mesh)
   return _play(p, pool, params_s, tasks_, seeds, key, sc, num_generations, first_row)
 
 
