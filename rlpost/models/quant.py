@@ -12,8 +12,8 @@ reads, once per weight sync (the trainer keeps its own weights):
   keeps reading the float "embed" (a few rows per step; no copy is made of it);
 - norms stay as they are.
 The sampler's prefill reads `float_view(params)` (dequantized layers, the float
-output projection): its many rows make blocked int8 dots slow, and it is a small
-part of a rollout; the decode steps read the int8 matrices.
+output projection): at hundreds of rows the blocked int8 dots run slower than float32
+(262 against 613 prompt tokens/s on our CPU); the decode steps read the int8 matrices.
 
 On XLA:CPU int8 x int8 -> int32 is the fast int8 path: a weight-only dot that
 converts int8 weights to float materializes the converted matrix first.
