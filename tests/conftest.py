@@ -1,5 +1,6 @@
 """Shared test set-up: strict numerics, paths to ../shared, and skip rules."""
 
+import gc
 import importlib
 import os
 import pathlib
@@ -60,16 +61,30 @@ def assert_adapters_trained(trainable):
     assert float(jnp.abs(ab["b"]).max()) > 0, f"adapter {name}: B never left zero"
 
 
-# The subprocesses the tests start (simulated devices, several processes, experiment
-# mains) share a persistent compilation cache, so the programs they all compile are
-# compiled once per test session. The pytest process itself does not read it: loading
-# a cached executable there segfaulted (2026-11-24, jax 0.10.2, twice at the same test
-# after ~20 minutes of other tests), and its own in-memory jit caches cover most reuse.
-os.environ.setdefault(
+# Identical programs (each experiment run re-jits the same step functions) are
+# compiled once per test session: a persistent cache in a session directory,
+# shared with the subprocesses the tests start.
+_CACHE_DIR = os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "rlpost_test_jax_cache")
 )
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program when a test module ends.
+
+  Each live XLA:CPU executable holds about three memory mappings for its JIT-ed
+  code, and jit caches keep executables alive for the life of the process: a
+  whole-suite run passed the kernel's `vm.max_map_count` (65530) about 3/4 of the
+  way through and segfaulted inside compilation or while loading a cached
+  executable. Programs shared across modules come back from the persistent cache.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 TIMING_METRICS = ("time/", "tokens_per_s")
