@@ -58,6 +58,28 @@ def test_int8_matmul_is_within_its_worst_case_bound_of_the_float_product(shape):
   np.testing.assert_allclose(got3[:, 0], got, rtol=1e-6, atol=1e-5)
 
 
+@settings(max_examples=15, deadline=None)
+@given(_shapes)
+def test_error_bound_equals_its_entrywise_sum_written_out(shape):
+  """The bound against a loop over (row, output, block, input) of the per-product worst
+  case |x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4 (a wrong block size, a dropped term or
+  a wrong half shows here; the bound test above only checks it is not too small)."""
+  rows, inputs, outputs, group, seed = shape
+  x, w = (np.asarray(a, np.float64) for a in _data(rows, inputs, outputs, seed))
+  k = quant.block_size(inputs, group)
+  want = np.zeros((rows, outputs))
+  for n in range(rows):
+    for o in range(outputs):
+      for g in range(inputs // k):
+        xs, ws = x[n, g * k : (g + 1) * k], w[g * k : (g + 1) * k, o]
+        s_x, s_w = np.abs(xs).max() / 127, np.abs(ws).max() / 127
+        want[n, o] += sum(
+          abs(a) * s_w / 2 + abs(b) * s_x / 2 + s_x * s_w / 4 for a, b in zip(xs, ws)
+        )
+  got = quant.matmul_error_bound(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32), group)
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
 @settings(max_examples=25, deadline=None)
 @given(_shapes)
 def test_output_projection_is_within_the_one_block_bound(shape):
