@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.models import gemma3
+from rlpost.models import quant
 
 _NEG_INF = -jnp.inf
 
@@ -179,6 +180,7 @@ def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache
   key_valid = jnp.pad(valid_BxP, ((0, 0), (0, cache_size - P)))
   causal = jnp.arange(cache_size)[None, :] <= jnp.arange(P)[:, None]
   mask = causal[None] & key_valid[:, None, :]
+  params = quant.float_view(params)  # the int8 copy's prefill runs on dequantized weights
   cache = gemma3.init_cache(model_config, B, cache_size, params["embed"].dtype)
   hidden, cache = gemma3.forward(
     params, tokens_BxP, positions, mask, cache, config=model_config, return_hidden=True

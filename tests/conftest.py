@@ -1,5 +1,6 @@
 """Shared test set-up: strict numerics, paths to ../shared, and skip rules."""
 
+import gc
 import importlib
 import os
 import pathlib
@@ -69,6 +70,21 @@ _CACHE_DIR = os.environ.setdefault(
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program when a test module ends.
+
+  Each live XLA:CPU executable holds about three memory mappings for its JIT-ed
+  code, and jit caches keep executables alive for the life of the process: a
+  whole-suite run passed the kernel's `vm.max_map_count` (65530) about 3/4 of the
+  way through and segfaulted inside compilation or while loading a cached
+  executable. Programs shared across modules come back from the persistent cache.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 TIMING_METRICS = ("time/", "tokens_per_s")

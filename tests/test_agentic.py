@@ -55,6 +55,38 @@ def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path):
   assert "explained_variance" in records[-1] and "vf_loss" in records[-1]
 
 
+def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp_path, monkeypatch):
+  """sampling.weights=int8: the training episodes come from the int8 copy (their logprobs
+  differ from the trainer's), the greedy evaluations from the policy's own weights."""
+  reads = []
+  inner = agentic.rollout_lib.sampler_weights
+
+  def spy(sampler, *args):
+    weights = inner(sampler, *args)
+    reads.append("int8" if "unembed" in weights[0] else "float")
+    return weights
+
+  monkeypatch.setattr(agentic.rollout_lib, "sampler_weights", spy)
+  gaps = {}
+  for name, weights in (("float", "model"), ("int8", "int8")):
+    reads.clear()
+    cfg = _config(
+      **{
+        "train.steps": 1,
+        "eval.every": 1,
+        "eval.num_tasks": 2,
+        "checkpoint.every": 1000,
+        "algo.tis_cap": 2.0,
+        "sampling.weights": weights,
+      }
+    )
+    agentic.run(cfg, str(tmp_path / name))
+    gaps[name] = run_metrics(tmp_path / name)[1]["sampler_logp_gap_mean"]
+    # Evaluation at steps 0 and 1 (float), one training rollout in between.
+    assert reads == ["float", "int8" if weights == "int8" else "float", "float"], reads
+  assert gaps["float"] < 1e-5 < gaps["int8"], gaps
+
+
 def test_resume_continues_exactly(tmp_path):
   """Stopped after 2 iterations and resumed, the run logs what an uninterrupted one does."""
   cfg = _config(**{"train.steps": 4, "checkpoint.every": 2, "log.trajectories_every": 1})
@@ -99,6 +131,7 @@ def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
     **{
       "model.preset": "tiny",
       "model.weights": "random",
+      "train.compute_dtype": "float32",
       "env.data_dir": str(GSM8K_DIR),
       "env.fewshot": 0,
       "env.max_turns": 3,
@@ -180,6 +213,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
     ("frozenlake_tiny", {"max_staleness": 1}, "algo.tis_cap.*max_staleness=1"),
     ("frozenlake_tiny", {"max_staleness": -1}, "max_staleness=-1"),
+    ("frozenlake_tiny", {"sampling.weights": "int8"}, "algo.tis_cap.*int8"),
   ],
 )
 def test_bad_configs_name_the_field(variant, overrides, match):

@@ -240,6 +240,7 @@ def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
       "algo.num_iterations": 2,
       "sampling.max_new_tokens": 8,
       "data.fewshot": 1,
+      "train.compute_dtype": "float32",  # pinned: the checks below are float32 agreement
     },
   )
   ppo.run(cfg, str(tmp_path))

@@ -10,7 +10,10 @@ Prints ONE JSON object:
   single       batch 1, 64-token prompt, 128 new tokens
   prefill      one 512-token prompt: prompt tokens/s
 
-  python -m experiments.benchmarks.decode --dtype=float32
+  python -m experiments.benchmarks.decode --dtype=float32 [--weights=int8]
+
+With --weights=int8 the sampler (batch, single, prefill) reads the int8 copy
+(`rlpost.models.quant.quantize_for_sampling`); the ceilings stay the float ones.
 """
 
 import json
@@ -26,12 +29,16 @@ import numpy as np
 
 from rlpost import sampling
 from rlpost.models import gemma3
+from rlpost.models import quant
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Prompts in the batched workload.")
 _PROMPT = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens (batched workload).")
 _NEW = flags.DEFINE_integer("new_tokens", 64, "New tokens (batched workload).")
+_WEIGHTS = flags.DEFINE_enum(
+  "weights", "model", ["model", "int8"], "What the sampler reads: the params, or their int8 copy."
+)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (min and median reported).")
 
 
@@ -134,9 +141,10 @@ def main(argv):
   config = gemma3.get_config(_PRESET.value)
   dtype = jnp.dtype(_DTYPE.value)
   params = gemma3.init_params(jax.random.key(0), config, dtype)
+  sampled = jax.jit(quant.quantize_for_sampling)(params) if _WEIGHTS.value == "int8" else params
   load_before = open("/proc/loadavg").read().split()[:3]
   ceiling_s = _ceiling(params, config, _BATCH.value, _REPEATS.value)
-  batched = _decode(params, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
+  batched = _decode(sampled, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
   batched["ceiling_step_ms"] = round(1000 * ceiling_s, 2)
   batched["ceiling_tokens_per_s"] = round(_BATCH.value / ceiling_s, 2)
   batched["fraction_of_ceiling"] = round(
@@ -148,12 +156,12 @@ def main(argv):
   scan_s = _scan_ceiling(params, _BATCH.value, _REPEATS.value)
   batched["scan_ceiling_step_ms"] = round(1000 * scan_s, 2)
   batched["fraction_of_scan_ceiling"] = round(batched["tokens_per_s"] * scan_s / _BATCH.value, 3)
-  single = _decode(params, config, 1, 64, 128, _REPEATS.value)
+  single = _decode(sampled, config, 1, 64, 128, _REPEATS.value)
   single["ceiling_tokens_per_s"] = round(1 / _ceiling(params, config, 1, _REPEATS.value), 2)
   pre = jax.jit(lambda p, t, l: sampling.prefill(p, t, l, model_config=config, cache_size=513)[0])
   tokens = jnp.asarray(np.random.default_rng(1).integers(3, config.vocab_size, (1, 512)), jnp.int32)
   pre_first, pre_times = _timed(
-    lambda: pre(params, tokens, jnp.array([512], jnp.int32)), _REPEATS.value
+    lambda: pre(sampled, tokens, jnp.array([512], jnp.int32)), _REPEATS.value
   )
   print(
     json.dumps(
@@ -161,6 +169,7 @@ def main(argv):
         "benchmark": "decode",
         "preset": _PRESET.value,
         "param_dtype": _DTYPE.value,
+        "sampler_weights": _WEIGHTS.value,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],

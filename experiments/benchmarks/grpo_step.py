@@ -33,8 +33,8 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param d
 _COMPUTE = flags.DEFINE_enum(
   "compute_dtype",
   None,
-  ["float32", "bfloat16"],
-  "Trainer matmul input dtype (default: the config's).",
+  ["float32", "bfloat16", "auto"],
+  "Trainer matmul input dtype (default: the config's; auto: this machine's choice).",
 )
 _CHUNK = flags.DEFINE_integer("logprob_chunk", None, "Projection chunk (default: the config's).")
 _REMAT = flags.DEFINE_enum(

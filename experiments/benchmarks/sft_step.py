@@ -24,6 +24,7 @@ import numpy as np
 from rlpost.models import gemma3
 from rlpost.models import policy
 from rlpost.supervised import sft
+from rlpost.train import compute_paths
 from rlpost.train import step as train
 
 _BATCH = flags.DEFINE_integer("batch", 4, "Rows per step.")
@@ -35,8 +36,9 @@ _CHUNK = flags.DEFINE_integer("chunk", 512, "Tokens per output-projection chunk.
 _COMPUTE = flags.DEFINE_enum(
   "compute_dtype",
   "bfloat16",
-  ["float32", "bfloat16"],
-  "Matmul input dtype, float32 accumulation (the configs' train.compute_dtype).",
+  ["float32", "bfloat16", "auto"],
+  "Matmul input dtype, float32 accumulation (the configs' train.compute_dtype; auto: "
+  "this machine's choice, rlpost.train.compute_paths).",
 )
 _REMAT = flags.DEFINE_enum("remat", "dots", ["none", "dots", "full"], "Activation policy.")
 _MATMUL_N = flags.DEFINE_integer("matmul_n", 2048, "Size of the square matmul peak probe.")
@@ -77,6 +79,10 @@ def random_batch(rng, vocab: int, rows: int, seq_len: int, micro: int, loss_frac
   )
 
 
+def _compute_dtype() -> str:
+  return compute_paths.resolve()[0] if _COMPUTE.value == "auto" else _COMPUTE.value
+
+
 def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32: float) -> dict:
   """Compile + first step, then `--steps` timed steps, of full-parameter SFT."""
   rows, seq_len = _BATCH.value, _SEQ.value
@@ -84,7 +90,7 @@ def time_steps(config, params, loss_fraction: float, param_count: int, peak_f32:
     learning_rate=1e-5, total_steps=1000, warmup_fraction=0.0, max_grad_norm=None
   )
   fwd = policy.ForwardConfig(
-    model=config, compute_dtype=_COMPUTE.value, remat=_REMAT.value, logprob_chunk=_CHUNK.value
+    model=config, compute_dtype=_compute_dtype(), remat=_REMAT.value, logprob_chunk=_CHUNK.value
   )
   loss_fn = sft.make_loss_fn(fwd)
   mesh = train.make_mesh()
@@ -123,7 +129,8 @@ def main(argv):
     "library": "rlpost",
     "model": f"{_PRESET.value}, random init",
     "param_dtype": _DTYPE.value,
-    "compute_dtype": _COMPUTE.value,
+    "compute_dtype": _compute_dtype(),
+    "compute_dtype_setting": _COMPUTE.value,
     "batch": _BATCH.value,
     "seq_len": _SEQ.value,
     "logprob_chunk": _CHUNK.value,

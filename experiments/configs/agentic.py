@@ -82,7 +82,13 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     }
   )
   c.rollout_threads = 8  # env.step calls of a turn run concurrently on this many threads
-  c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "prompt_bucket": 32 if tiny else 128})
+  c.sampling = ml_collections.ConfigDict(
+    {
+      "temperature": 1.0,
+      "prompt_bucket": 32 if tiny else 128,
+      "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
+    }
+  )
   c.train = ml_collections.ConfigDict(
     {
       "steps": 80 if tiny else 60,
@@ -98,7 +104,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,
       "max_bad_steps": 3,
       "logprob_chunk": 256,
-      "compute_dtype": "float32",
+      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto (per machine)
       "remat": "dots",
     }
   )

@@ -99,6 +99,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "temperature": 1.0 if tiny else 0.9,
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
+      # what the sampler reads: the policy's weights ("model"), or an int8 copy made at
+      # each weight sync ("int8": faster rollouts; needs algo.tis_cap)
+      "weights": "model",
     }
   )
   c.train = ml_collections.ConfigDict(
@@ -115,7 +118,8 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,
       "max_bad_steps": 3,  # stop after this many consecutive non-finite steps
       "logprob_chunk": 256,
-      "compute_dtype": "float32",  # trainer matmul inputs: float32 | bfloat16
+      # trainer matmul inputs: float32 | bfloat16 | auto (the faster on this machine)
+      "compute_dtype": "float32" if tiny else "auto",
       "remat": "dots",  # none | dots | full (activation memory policy)
     }
   )

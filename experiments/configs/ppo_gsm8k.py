@@ -88,6 +88,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "temperature": 1.0 if tiny else 0.9,
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
+      "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
     }
   )
   c.train = ml_collections.ConfigDict(
@@ -104,7 +105,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_grad_norm": 0.1,  # each of actor and critic clipped on its own
       "max_bad_steps": 3,
       "logprob_chunk": 256,
-      "compute_dtype": "float32",
+      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto (per machine)
       "remat": "dots",
     }
   )

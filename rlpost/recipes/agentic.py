@@ -222,7 +222,7 @@ def check_config(cfg):
       f"every={ev.every}, num_tasks={ev.num_tasks}, batch_tasks={ev.batch_tasks}",
       "use every >= 0, num_tasks >= 1, batch_tasks >= 0 (0: all tasks in one rollout)",
     )
-  rollout_lib.check_staleness(cfg.max_staleness, learner.algo.tis_cap, "max_staleness")
+  rollout_lib.check_off_policy(cfg, cfg.max_staleness, learner.algo.tis_cap, "max_staleness")
   if cfg.per_turn_rewards and cfg.learner != "ppo":
     common.fail(
       "per_turn_rewards",
@@ -291,6 +291,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
+  common.resolve_compute_dtype(cfg, workdir)
   p = build(cfg, loaded)
   curves = ("reward/mean", "success", "greedy/success", "turns/mean", "invalid_action_rate")
   loop = loop_lib.loop_config(
@@ -343,10 +344,12 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 def _rollout(
   p: Pieces, pool, state, tasks_, seeds, key, sc, num_generations, first_row=0
 ) -> multiturn.Rollout:
-  """Episodes of `tasks_` by `state`'s policy, sampled by this process alone."""
+  """Episodes of `tasks_` by `state`'s policy, sampled by this process alone, from the
+  policy's own weights (the evaluation's: even when training rollouts read an int8 copy)."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   mesh = sharding.mesh_of(state)
-  params_s, key = rollout_lib.sampler_weights(p.sampler, actor, p.setup.forward, key, mesh)
+  sampler = p.sampler._replace(int8=False)
+  params_s, key = rollout_lib.sampler_weights(sampler, actor, p.setup.forward, key, mesh)
   return _play(p, pool, params_s, tasks_, seeds, key, sc, num_generations, first_row)
 
 

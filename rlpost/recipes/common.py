@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 
+from absl import logging as absl_logging
 import jax
 import ml_collections
 
@@ -18,6 +19,8 @@ from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.train import checkpoint
+from rlpost.train import compute_paths
+from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -81,8 +84,24 @@ def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
     raise ValueError(f"config.{e}") from None
 
 
+def resolve_compute_dtype(cfg, workdir: str) -> None:
+  """Replaces `train.compute_dtype="auto"` in `cfg` by this machine's choice (or, on
+  resume, the one in the run's config.json; `compute_paths`), and logs it. Every process
+  takes process 0's choice."""
+  setting = cfg.train.compute_dtype
+  if setting != "auto":
+    return
+  dtype, why = compute_paths.resolve_for_run(setting, workdir, compute_paths.resolve)
+  index = shares.from_first_process(compute_paths.CHOICES.index(dtype))
+  dtype = compute_paths.CHOICES[index]
+  absl_logging.info("train.compute_dtype=auto -> %s (%s)", dtype, why)
+  cfg.train.compute_dtype = dtype
+
+
 def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
-  """The trainer's forward: model preset, `lora`, `train.{compute_dtype, remat, logprob_chunk}`."""
+  """The trainer's forward: model preset, `lora`, `train.{compute_dtype, remat, logprob_chunk}`
+  (compute_dtype "auto" not yet resolved by the recipe's run: this machine's choice)."""
+  resolve_compute_dtype(cfg, "")
   t = cfg.train
   where = {
     "compute_dtype": "train",

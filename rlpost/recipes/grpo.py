@@ -92,7 +92,7 @@ def check_config(cfg) -> tuple[objectives.GRPOConfig, rollout.RolloutConfig, pol
   rows = cfg.train.batch_prompts * algo.num_generations
   rows_text = "train.batch_prompts * algo.num_generations"
   rollout.check_settings(cfg, rollout_cfg, rows, rows_text, greedy_why)
-  rollout.check_staleness(rollout_cfg.max_staleness, algo.tis_cap)
+  rollout.check_off_policy(cfg, rollout_cfg.max_staleness, algo.tis_cap)
   if rollout_cfg.dynamic_sampling and jax.process_count() > 1:
     common.fail(
       "rollout.dynamic_sampling",
@@ -157,6 +157,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
+  common.resolve_compute_dtype(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,

@@ -102,7 +102,7 @@ def check_config(cfg) -> Setup:
       "baseline: there are no tied groups to drop; use False",
     )
   setup = learner_setup(cfg, cfg.train.batch_prompts, "train.batch_prompts")
-  rollout.check_staleness(rollout_cfg.max_staleness, setup.algo.tis_cap)
+  rollout.check_off_policy(cfg, rollout_cfg.max_staleness, setup.algo.tis_cap)
   rollout.check_settings(
     cfg,
     rollout_cfg,
@@ -228,6 +228,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   Resumes from the newest checkpoint in `workdir` (actor, critic and both
   optimizer states). Returns the final TrainState.
   """
+  common.resolve_compute_dtype(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,
@@ -322,7 +323,7 @@ def update(p, state, batch, scores_N, index: int):
     moments = {k: passes[0].pop(k) for k in list(passes[0]) if k.startswith("moments/")}
   metrics = objectives.value_stats(moments)
   metrics.update({k: np.mean([m[k] for m in passes]) for k in passes[0]})
-  for name in ("ratio_mean", "approx_kl", "kl", "sampler_logp_gap"):
+  for name in ("ratio_mean", "approx_kl", "kl", "sampler_logp_gap", "sampler_logp_gap_mean"):
     if name in passes[0]:
       metrics[f"{name}/first_pass"] = passes[0][name]
   metrics["actor_on"] = float(actor_on)

@@ -18,6 +18,7 @@ from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks
 from rlpost.models import policy
+from rlpost.models import quant
 from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
@@ -97,35 +98,47 @@ def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greed
     )
 
 
+SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
+
+
 class Sampler(NamedTuple):
   """Where rollouts run: `mesh` (None: on the trainer's devices) and the frozen weights
-  (the LoRA base, else None) placed there once."""
+  (the LoRA base, else None) placed there once; `int8`: the sampler reads an int8 copy
+  of the policy made at each weight sync (`rlpost.models.quant`)."""
 
   mesh: Any
   frozen: Any
+  int8: bool = False
 
 
 def make_sampler(cfg, frozen, forward: policy.ForwardConfig) -> Sampler:
   """The `mesh.rollout` devices with the LoRA base (`frozen`) copied to them once: each
   iteration only the trained weights move, i.e. just the adapters under LoRA."""
   mesh, base = common.rollout_mesh(cfg), frozen if forward.lora else None
+  int8 = cfg.sampling.weights == "int8"
   if mesh is None or base is None:
-    return Sampler(mesh, base)
-  return Sampler(mesh, sharding.sync(base, mesh))
+    return Sampler(mesh, base, int8)
+  return Sampler(mesh, sharding.sync(base, mesh), int8)
 
 
 def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
   """(params, key) the sampler reads this iteration (`policy.sampling_params`, LoRA merged).
 
+  With `sampler.int8` the sampler gets their int8 copy, made here once per sync.
   Own rollout devices: the trainable weights are copied there device to device and
   merged with the frozen copy already there. Shared devices: with several processes
   each takes its own replica (`sharding.local_copy`), as it samples its rows alone.
   """
+  finish = _quantized_for_sampling if sampler.int8 else lambda params: params
   if sampler.mesh is None:
     params = policy.sampling_params(trainable, sampler.frozen, forward)
-    return sharding.local_copy((params, key), trainer_mesh)
+    params, key = sharding.local_copy((params, key), trainer_mesh)
+    return finish(params), key
   trainable, key = sharding.sync((trainable, key), sampler.mesh)
-  return policy.sampling_params(trainable, sampler.frozen, forward), key
+  return finish(policy.sampling_params(trainable, sampler.frozen, forward)), key
+
+
+_quantized_for_sampling = jax.jit(quant.quantize_for_sampling)
 
 
 def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
@@ -170,8 +183,19 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
   )
 
 
-def check_staleness(max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
-  """s > 0 trains on an older policy's samples: a truncated IS cap must correct them."""
+def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
+  """Samples from another policy than the trainer's need a truncated IS cap to correct
+  them: an older one (max_staleness s > 0) or an int8 copy (`sampling.weights`)."""
+  weights = cfg.sampling.weights
+  if weights not in SAMPLER_WEIGHTS:
+    common.fail("sampling.weights", weights, f"use one of {SAMPLER_WEIGHTS}")
+  if weights == "int8" and tis_cap is None:
+    common.fail(
+      "algo.tis_cap",
+      None,
+      "sampling.weights=int8 samples from an int8 copy of the policy, not the policy the "
+      "trainer scores: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
+    )
   if max_staleness is not None and max_staleness < 0:
     common.fail(field, max_staleness, "use None (sample, then train), 0 or more")
   if max_staleness and tis_cap is None:

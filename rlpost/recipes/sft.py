@@ -189,6 +189,7 @@ def local_batch(t, pack: bool, examples, batch_args) -> tuple[sft.Batch, dict]:
 
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record)."""
+  common.resolve_compute_dtype(cfg, workdir)
   fwd = check_config(cfg)
   _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd)
   d, t = cfg.data, cfg.train

@@ -416,13 +416,23 @@ def completion_logprobs_jit(params, adapters, batch: RLBatch, fwd: policy.Forwar
   return completion_logprobs(params, adapters, batch, fwd.without_remat())
 
 
+def _sampler_gap(logp_BxT, sampler_logp_BxT, mask_BxT) -> dict:
+  """|trainer - sampler| logprob over loss tokens: its max and mean (how far the
+  policy that sampled, e.g. an int8 copy or an older version, is from the trainer's)."""
+  gap = jnp.abs(jax.lax.stop_gradient(logp_BxT) - sampler_logp_BxT) * mask_BxT
+  return {
+    "sampler_logp_gap": gap.max(),
+    "sampler_logp_gap_mean": gap.sum() / jnp.maximum(mask_BxT.sum(), 1),
+  }
+
+
 def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
   """`loss_fn(trainable, frozen, batch: RLBatch) -> (loss, metrics)` for the train step.
 
   Without `batch.old_logp` (num_iterations == 1) the old logprobs are the
   current ones under stop_gradient: the ratio is exactly 1 and the gradient is
   the on-policy policy gradient. `sampler_logp_gap` is the largest
-  |trainer - sampler| logprob over loss tokens.
+  |trainer - sampler| logprob over loss tokens (`_mean`: their mean).
   """
 
   def loss_fn(trainable, frozen, batch: RLBatch):
@@ -441,8 +451,7 @@ def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
       entropy=entropy,
       sampler_logp=batch.sampler_logp,
     )
-    gap = jnp.abs(jax.lax.stop_gradient(logp) - batch.sampler_logp) * mask
-    return loss, {**metrics, "sampler_logp_gap": gap.max()}
+    return loss, {**metrics, **_sampler_gap(logp, batch.sampler_logp, mask)}
 
   return loss_fn
 
@@ -493,8 +502,7 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
       sampler_logp=batch.sampler_logp,
       ref_logp=batch.ref_logp,
     )
-    gap = jnp.abs(jax.lax.stop_gradient(logp) - batch.sampler_logp) * mask
-    return loss, {**metrics, **moments, "sampler_logp_gap": gap.max()}
+    return loss, {**metrics, **moments, **_sampler_gap(logp, batch.sampler_logp, mask)}
 
   return loss_fn
 

@@ -57,3 +57,10 @@ def max_over_processes(values) -> np.ndarray:
 def sum_over_processes(value: float) -> float:
   """The sum of a host number over processes (e.g. a batch's target-token count)."""
   return float(all_rows(np.asarray([value], np.float64)).sum())
+
+
+def from_first_process(value: int) -> int:
+  """Process 0's value of a host int, on every process (one decision for all)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(all_rows(np.asarray([value], np.int64))[0])

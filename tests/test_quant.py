@@ -1,0 +1,162 @@
+"""Int8 sampler weights (rlpost.models.quant): rounding bounds, int8 matmuls against the
+float product within their worst-case bound, the copy's layout through the sampler."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from rlpost import sampling
+from rlpost.models import gemma3
+from rlpost.models import quant
+
+_shapes = st.tuples(
+  st.integers(1, 6),  # rows
+  st.sampled_from([8, 24, 64, 96]),  # inputs
+  st.integers(1, 9),  # outputs
+  st.sampled_from([8, 32, 1000]),  # block rows (1000: one block)
+  st.integers(0, 2**16),  # seed
+)
+
+
+def _data(rows, inputs, outputs, seed):
+  rng = np.random.default_rng(seed)
+  # Channels of very different size: one scale per row would round the small ones away.
+  x = rng.standard_normal((rows, inputs)) * rng.uniform(0.01, 30.0, inputs)
+  w = rng.standard_normal((inputs, outputs)) * rng.uniform(0.01, 5.0, (inputs, 1))
+  return jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_shapes)
+def test_blocks_round_each_entry_to_half_its_block_scale(shape):
+  _, inputs, outputs, group, seed = shape
+  _, w = _data(1, inputs, outputs, seed)
+  q = quant.quantize_blocks(w, group)
+  k = quant.block_size(inputs, group)
+  assert q.q.dtype == jnp.int8 and q.scale.shape == (inputs // k, outputs)
+  scale = np.repeat(np.asarray(q.scale), k, axis=0)
+  err = np.abs(np.asarray(quant.dequantize_blocks(q)) - np.asarray(w))
+  assert np.all(err <= scale / 2 * (1 + 1e-5))
+  # The largest entry of each block and column is exactly +-127 steps.
+  qmax = np.abs(np.asarray(q.q, np.int32)).reshape(inputs // k, k, outputs).max(1)
+  assert np.all(qmax == 127)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_shapes)
+def test_int8_matmul_is_within_its_worst_case_bound_of_the_float_product(shape):
+  rows, inputs, outputs, group, seed = shape
+  x, w = _data(rows, inputs, outputs, seed)
+  got = quant.dense(x, quant.quantize_blocks(w, group))
+  bound = quant.matmul_error_bound(x, w, group)
+  err = jnp.abs(got - x @ w)
+  assert got.shape == (rows, outputs) and got.dtype == jnp.float32
+  np.testing.assert_array_less(err, bound * (1 + 1e-4) + 1e-4)
+  # Leading dims are rows too.
+  got3 = quant.dense(x.reshape(rows, 1, inputs), quant.quantize_blocks(w, group))
+  np.testing.assert_allclose(got3[:, 0], got, rtol=1e-6, atol=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(_shapes)
+def test_error_bound_equals_its_entrywise_sum_written_out(shape):
+  """The bound against a loop over (row, output, block, input) of the per-product worst
+  case |x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4 (a wrong block size, a dropped term or
+  a wrong half shows here; the bound test above only checks it is not too small)."""
+  rows, inputs, outputs, group, seed = shape
+  x, w = (np.asarray(a, np.float64) for a in _data(rows, inputs, outputs, seed))
+  k = quant.block_size(inputs, group)
+  want = np.zeros((rows, outputs))
+  for n in range(rows):
+    for o in range(outputs):
+      for g in range(inputs // k):
+        xs, ws = x[n, g * k : (g + 1) * k], w[g * k : (g + 1) * k, o]
+        s_x, s_w = np.abs(xs).max() / 127, np.abs(ws).max() / 127
+        want[n, o] += sum(
+          abs(a) * s_w / 2 + abs(b) * s_x / 2 + s_x * s_w / 4 for a, b in zip(xs, ws)
+        )
+  got = quant.matmul_error_bound(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32), group)
+  np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_shapes)
+def test_output_projection_is_within_the_one_block_bound(shape):
+  rows, inputs, vocab, _, seed = shape
+  h, e_DxV = _data(rows, inputs, vocab, seed)
+  unembed = quant.quantize_rows(e_DxV.T)
+  got = quant.vocab_major(unembed, h)  # [V, B]
+  np.testing.assert_allclose(
+    quant.dequantize_rows(unembed), e_DxV.T, atol=float(unembed.scale.max()) / 2 + 1e-6
+  )
+  bound = quant.matmul_error_bound(h, e_DxV, group=inputs)
+  np.testing.assert_array_less(jnp.abs(got.T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4)
+
+
+def test_blocks_beat_one_scale_per_column_when_rows_differ_in_size():
+  """The reason for blocks: an input channel 100x larger than the rest."""
+  x, w = _data(4, 64, 16, 0)
+  x = x.at[:, 3].mul(100.0)
+  exact = x @ w
+  blocked = jnp.abs(quant.dense(x, quant.quantize_blocks(w, 8)) - exact).mean()
+  whole = jnp.abs(quant.dense(x, quant.quantize_blocks(w, 64)) - exact).mean()
+  assert blocked < 0.5 * whole, (blocked, whole)
+
+
+def test_zero_blocks_stay_zero():
+  w = jnp.zeros((32, 4)).at[16:, 1].set(1.0)
+  q = quant.quantize_blocks(w, 16)
+  np.testing.assert_array_equal(quant.dequantize_blocks(q), w)
+  np.testing.assert_array_equal(quant.dense(jnp.zeros((2, 32)), q), jnp.zeros((2, 4)))
+
+
+def _tiny():
+  config = gemma3.get_config("tiny")
+  return config, gemma3.init_params(jax.random.key(0), config)
+
+
+def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_scales():
+  config, params = _tiny()
+  q = quant.quantize_for_sampling(params, group=16)
+  assert q["embed"] is params["embed"] and q["final_norm"] is params["final_norm"]
+  assert isinstance(q["unembed"], quant.Int8Weight) and q["unembed"].q.shape == (
+    config.vocab_size,
+    config.embed_dim,
+  )
+  for name, w in params["layers"].items():
+    if w.ndim == 3:
+      assert isinstance(q["layers"][name], quant.Int8Weight), name
+    else:
+      assert q["layers"][name] is w, name
+  # The decode layout concatenates q/k/v and gate/up: values and scales alike.
+  unstacked_then_float = quant.float_view(gemma3.unstack_layers(q))
+  float_then_unstacked = gemma3.unstack_layers(quant.float_view(q))
+  assert "unembed" not in unstacked_then_float
+  for a, b in zip(unstacked_then_float["layers"], float_then_unstacked["layers"]):
+    for name in b:
+      np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  for name, w in params["layers"].items():
+    if w.ndim == 3:
+      deq = quant.float_view(q)["layers"][name]
+      np.testing.assert_array_less(jnp.abs(deq - w), 0.02 * jnp.abs(w).max() + 1e-6)
+
+
+def test_int8_sampler_decodes_with_int8_matmuls_after_a_float_prefill():
+  """The prefill (and so the first token) reads the dequantized weights: bitwise what the
+  float sampler gives on `float_view`; the decode steps run int8 x int8 matmuls, with
+  quantized activations: a small, nonzero step away from that float run."""
+  config, params = _tiny()
+  params = jax.tree.map(lambda w: w * 8 if w.ndim >= 2 else w, params)  # wider margins
+  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=8, stop_ids=(), prompt_bucket=8)
+  tokens, lengths = sampling.pad_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], sc)
+  run = lambda p: sampling.sample(
+    p, tokens, lengths, jax.random.key(0), model_config=config, config=sc
+  )
+  q = quant.quantize_for_sampling(params, group=16)
+  deq, int8 = run(quant.float_view(q)), run(q)
+  np.testing.assert_array_equal(deq.tokens[:, 0], int8.tokens[:, 0])
+  np.testing.assert_array_equal(deq.logprobs[:, 0], int8.logprobs[:, 0])
+  same = np.asarray(deq.tokens == int8.tokens).all(1)
+  gap = np.abs(np.asarray(deq.logprobs - int8.logprobs))[same][:, 1:]
+  assert same.any() and 0 < gap.max() < 0.1, (same, gap)
