@@ -94,6 +94,21 @@ def test_output_projection_is_within_the_one_block_bound(shape):
   np.testing.assert_array_less(jnp.abs(got.T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4)
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.integers(9, 20), st.integers(0, 2**16))
+def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, seed):
+  """Above `_ACTIVATIONS_LEFT_MAX_ROWS` rows the weights go on the left of the int8 dot;
+  the same rows in chunks of at most that many take the other order."""
+  h, e_DxV = _data(rows, 64, 7, seed)
+  unembed = quant.quantize_rows(e_DxV.T)
+  chunks = [quant.vocab_major(unembed, h[i : i + 4]) for i in range(0, rows, 4)]
+  np.testing.assert_allclose(quant.vocab_major(unembed, h), np.concatenate(chunks, 1), rtol=1e-6)
+  bound = quant.matmul_error_bound(h, e_DxV, group=64)
+  np.testing.assert_array_less(
+    jnp.abs(quant.vocab_major(unembed, h).T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4
+  )
+
+
 def test_blocks_beat_one_scale_per_column_when_rows_differ_in_size():
   """The reason for blocks: an input channel 100x larger than the rest."""
   x, w = _data(4, 64, 16, 0)

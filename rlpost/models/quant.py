@@ -119,14 +119,27 @@ def dense(x: jax.Array, w: Int8Weight) -> jax.Array:
   return out[:N].reshape(*lead, O)
 
 
+# Up to this many (padded) rows `vocab_major` puts the activations on the left of the
+# int8 dot: XLA:CPU then streams [V, D] faster (Gemma 3 270M's [262144, 640], AMD EPYC,
+# 2 cores: 11.7 against 17.8 ms at 2 rows, 13.5 / 17.5 at 4, 18.3 / 19.7 at 8; 37.9
+# against 29.9 at 16 rows, where the weights-on-the-left order wins).
+_ACTIVATIONS_LEFT_MAX_ROWS = 8
+
+
 def vocab_major(w: Int8Weight, h_BxD: jax.Array) -> jax.Array:
   """w [V, D] (per-row scales) times h [B, D]: logits as [V, B] float32."""
   B = h_BxD.shape[0]
   hq, hs = _quantize_tokens(_pad_rows(h_BxD)[:, None, :])
-  acc = jax.lax.dot_general(
-    w.q, hq[:, 0], (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+  hq_NxD, hs_N = hq[:, 0], hs[:, 0, 0]
+  if hq_NxD.shape[0] <= _ACTIVATIONS_LEFT_MAX_ROWS:
+    acc_NxV = jax.lax.dot_general(
+      hq_NxD, w.q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+    return (acc_NxV[:B].astype(jnp.float32) * hs_N[:B, None] * w.scale[None, :]).T
+  acc_VxN = jax.lax.dot_general(
+    w.q, hq_NxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
   )
-  return acc[:, :B].astype(jnp.float32) * w.scale[:, None] * hs[:B, 0, 0][None, :]
+  return acc_VxN[:, :B].astype(jnp.float32) * w.scale[:, None] * hs_N[None, :B]
 
 
 def quantize_for_sampling(params, group: int = GROUP):
