@@ -119,13 +119,21 @@ def test_greedy_continuations_match_reference_until_a_near_tie():
       assert tokenizer.decode(np.asarray(out.tokens)[i].tolist()) == p["hf_greedy_text"], p["id"]
 
 
-# Int8 sampler copy (rlpost.models.quant, default blocks): measured on these fixtures,
-# teacher-forced over all 1069 prompt positions, its top-1 differs from the float32
-# reference's only where that reference's top1 - top2 logit margin is < 0.94 (0.65 with
-# 128-row blocks); top-1 agreement 0.928; |logprob| deviation of the reference's top-1
-# token: mean 0.10, max 2.5 nats. llama.cpp's Q4_K_M run of the same file, for scale:
-# agreement 0.972, largest flipped margin 0.315 (fixtures README).
-_INT8_NEAR_TIE = 1.0
+# Int8 sampler copy (rlpost.models.quant, default blocks), measured on these fixtures
+# teacher-forced over all 1069 prompt positions (AMD EPYC): top-1 agreement with the
+# float32 reference 0.928; |logprob| deviation of the reference's top-1 token mean 0.10,
+# max 2.5 nats. The int8 error moves the reference's top-1 logit against one of its
+# top-20 rivals by up to 3.94 (1% of positions beyond 1.72, 5% beyond 1.16), so a flip
+# is possible wherever the margin is below ~4: the largest flipped margin was 0.94 with
+# the default compiler settings and 1.40 with XLA's fast-compile preset (same weights,
+# other float rounding), a chance meeting of a large shift and a small margin. Hence
+# two thresholds: teacher-forced, no flip above the largest shift plus headroom;
+# greedy decoding, which stays on high-margin continuations, follows the reference up to
+# its first margin below 1.0 (identical under both compiler settings).
+# llama.cpp's Q4_K_M run of the same file, for scale: agreement 0.972, largest flipped
+# margin 0.315 (fixtures README).
+_INT8_TEACHER_FORCED_NEAR_TIE = 4.5
+_INT8_GREEDY_NEAR_TIE = 1.0
 
 
 def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties():
@@ -144,7 +152,7 @@ def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties():
     agree.append(np.asarray(logits).argmax(-1) == 0)
     deviation.append(np.abs(np.asarray(logp)[:, 0] - ref["hf_top_logprobs"][:, 0]))
   margins, agree, deviation = map(np.concatenate, (margins, agree, deviation))
-  assert agree[margins >= _INT8_NEAR_TIE].all(), margins[~agree].max()
+  assert agree[margins >= _INT8_TEACHER_FORCED_NEAR_TIE].all(), margins[~agree].max()
   assert agree.mean() >= 0.9 and deviation.mean() <= 0.15 and deviation.max() <= 3.0, (
     agree.mean(),
     deviation.mean(),
@@ -156,7 +164,7 @@ def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties():
   out = sampling.sample(q, tokens, lengths, jax.random.key(0), model_config=config, config=sc)
   compared = 0
   for p, ref, got in zip(prompts, refs, np.asarray(out.tokens)):
-    near_ties = np.flatnonzero(ref["hf_greedy_top2_margin"] < _INT8_NEAR_TIE)
+    near_ties = np.flatnonzero(ref["hf_greedy_top2_margin"] < _INT8_GREEDY_NEAR_TIE)
     n = near_ties[0] if len(near_ties) else 48
     np.testing.assert_array_equal(got[:n], ref["hf_greedy_ids"][:n], err_msg=p["id"])
     compared += n
