@@ -122,7 +122,7 @@ def test_nan_step_leaves_weights_and_optimizer_state_bitwise_unchanged():
   check_nan_step_is_skipped(num_devices=1)
 
 
-def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path):
+def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path, monkeypatch):
   """Consecutive non-finite steps: NaN logged in JSONL and on the progress bar, then the
   named error after train.max_bad_steps; the weights were never touched."""
   from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
@@ -139,8 +139,20 @@ def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path):
     return state, cursor._replace(position=index + 1), metrics
 
   loop = loop_lib.LoopConfig(steps=10, checkpoint_every=1, max_bad_steps=3, postfix=("loss",))
+  closed, open_manager = [], loop_lib.checkpoint.manager
+
+  def manager(*args, **kwargs):  # the real manager, its close() recorded
+    mngr = open_manager(*args, **kwargs)
+    close = mngr.close
+    mngr.close = lambda: (closed.append(True), close())[1]
+    return mngr
+
+  monkeypatch.setattr(loop_lib.checkpoint, "manager", manager)
   with pytest.raises(loop_lib.NonFiniteTrainingError, match="train.max_bad_steps=3"):
     loop_lib.run_loop(str(tmp_path), {"test": True}, state, step_fn, loop)
+  # The stopped run closed its checkpoint manager (mutation caught: no close on the
+  # error path left orbax's background work to fail at exit, "Event loop is closed").
+  assert closed == [True]
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert len(lines) == 5
   assert "NaN" in lines[-1] or "Infinity" in lines[-1]

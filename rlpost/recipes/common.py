@@ -184,7 +184,8 @@ def weights_from_run(workdir: str, params, cfg):
   optimizer = make_optimizer(source, source.train.steps)
   like = step_lib.init_train_state(trainable, optimizer, jax.random.key(0))
   try:
-    restored = checkpoint.restore_latest(checkpoint.manager(workdir), like)
+    with checkpoint.manager(workdir) as mngr:
+      restored = checkpoint.restore_latest(mngr, like)
   except checkpoint.StateMismatchError as e:
     fail("model.init_from", workdir, f"its checkpoint is not an SFT/DPO/GRPO train state: {e}")
   if restored is None:

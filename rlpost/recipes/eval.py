@@ -164,7 +164,8 @@ def evaluate_run(
       weights, setup.forward.model, p.tokenizer, problems, desc="base", **settings
     )
   if workdir:
-    restored = checkpoint.restore_latest(checkpoint.manager(workdir), p.state)
+    with checkpoint.manager(workdir) as mngr:
+      restored = checkpoint.restore_latest(mngr, p.state)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     state, meta = restored

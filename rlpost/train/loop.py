@@ -109,7 +109,11 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     checkpoint.manager(workdir, max_to_keep=keep),
     metrics_lib.tensorboard_writer(workdir) if _lead() else None,
   )
-  restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
+  try:
+    restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
+  except BaseException:
+    _close(run)
+    raise
   state, meta = restored or (fresh_state, fresh_meta)
   if _lead():
     metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
@@ -136,11 +140,17 @@ def save(run: Run, state: TrainState, meta: dict) -> None:
   checkpoint.save(run.checkpoints, int(meta["iteration"]), state, meta)
 
 
-def finish(run: Run, keys, title: str) -> str | None:
-  """Writes workdir/curves.png with one panel per metric in `keys`; closes writers."""
+def _close(run: Run) -> None:
+  """Closes the run's writers: TensorBoard and the checkpoint manager (its background
+  threads would otherwise outlive a run that stopped on an error)."""
   if run.tensorboard is not None:
     run.tensorboard.close()
   run.checkpoints.close()
+
+
+def finish(run: Run, keys, title: str) -> str | None:
+  """Writes workdir/curves.png with one panel per metric in `keys`; closes writers."""
+  _close(run)
   if not _lead():
     return None
   return metrics_lib.plot_curves(
@@ -184,34 +194,38 @@ def run_loop(
   """
   fresh_meta = {"iteration": 0, "cursor": Cursor(loop.seed)._asdict()}
   run, state, meta, resumed = start(workdir, config, state, fresh_meta, keep=loop.keep)
-  first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
-  last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
-  if not resumed and initial_metrics is not None:
-    first_record = initial_metrics(state)
-    if first_record:  # e.g. no held-out evaluation configured: no empty step-0 record
-      log(run, 0, first_record)
-  record = {}
-  progress = tqdm.tqdm(
-    total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True, disable=not _lead()
-  )
-  with progress as bar:
-    for index in range(first, last):
-      state, cursor, metrics = step_fn(state, cursor, index)
-      done = index + 1
-      record = log(run, done, metrics)
-      if done % loop.checkpoint_every == 0 or done == last:
-        save(run, state, {"iteration": done, "cursor": cursor._asdict()})
-      bar.update(1)
-      bar.set_postfix(_postfix(record, loop.postfix))
-      bad = int(state.bad_steps)
-      if bad >= loop.max_bad_steps:
-        raise NonFiniteTrainingError(
-          f"step {done}: {bad} consecutive train steps had a non-finite loss or gradient norm "
-          f"(train.max_bad_steps={loop.max_bad_steps}); each left the weights and optimizer "
-          f"state unchanged. The newest checkpoint is in {run.workdir}/checkpoints and the "
-          f"metrics (NaN / Infinity included) in {run.metrics_path}. Lower train.learning_rate, "
-          "check the rewards and data for NaN, or raise train.max_bad_steps."
-        )
+  try:
+    first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
+    last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
+    if not resumed and initial_metrics is not None:
+      first_record = initial_metrics(state)
+      if first_record:  # e.g. no held-out evaluation configured: no empty step-0 record
+        log(run, 0, first_record)
+    record = {}
+    progress = tqdm.tqdm(
+      total=loop.steps, initial=first, desc=loop.title, dynamic_ncols=True, disable=not _lead()
+    )
+    with progress as bar:
+      for index in range(first, last):
+        state, cursor, metrics = step_fn(state, cursor, index)
+        done = index + 1
+        record = log(run, done, metrics)
+        if done % loop.checkpoint_every == 0 or done == last:
+          save(run, state, {"iteration": done, "cursor": cursor._asdict()})
+        bar.update(1)
+        bar.set_postfix(_postfix(record, loop.postfix))
+        bad = int(state.bad_steps)
+        if bad >= loop.max_bad_steps:
+          raise NonFiniteTrainingError(
+            f"step {done}: {bad} consecutive train steps had a non-finite loss or gradient norm "
+            f"(train.max_bad_steps={loop.max_bad_steps}); each left the weights and optimizer "
+            f"state unchanged. The newest checkpoint is in {run.workdir}/checkpoints and the "
+            f"metrics (NaN / Infinity included) in {run.metrics_path}. Lower train.learning_rate, "
+            "check the rewards and data for NaN, or raise train.max_bad_steps."
+          )
+  except BaseException:
+    _close(run)
+    raise
   png = finish(run, loop.curves, loop.title)
   if _lead():
     print(f"metrics: {run.metrics_path}  curves: {png}")
