@@ -141,8 +141,8 @@ def save(run: Run, state: TrainState, meta: dict) -> None:
 
 
 def _close(run: Run) -> None:
-  """Closes the run's writers: TensorBoard and the checkpoint manager (its background
-  threads would otherwise outlive a run that stopped on an error)."""
+  """Closes the run's writers: TensorBoard and the checkpoint manager (left open by a run
+  that stopped on an error, orbax's pending cleanup failed at exit: "Event loop is closed")."""
   if run.tensorboard is not None:
     run.tensorboard.close()
   run.checkpoints.close()
