@@ -5,6 +5,8 @@ r"""Samples completions for prompts given by flags, the config, or a file.
 """
 
 import json
+import math
+import os
 import time
 
 from absl import app
@@ -15,6 +17,7 @@ from experiments import cli
 from rlpost import sampling
 from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import loading
+from rlpost.recipes import common
 
 _CONFIG = cli.define_config(
   "experiments/configs/sample.py:tiny", "Sampling config (path.py:variant)."
@@ -25,11 +28,33 @@ _PROMPT = flags.DEFINE_multi_string(
 _OUTPUT = flags.DEFINE_string("output", "", "Optional JSONL file for the completions.")
 
 
+def check_config(cfg) -> None:
+  """Raises ValueError naming the first invalid field, its value and the fix (before the
+  model loads)."""
+  s = cfg.sampling
+  if cfg.num_samples < 1:
+    common.fail("num_samples", cfg.num_samples, "must be >= 1 completion per prompt")
+  if cfg.prompt_file and not os.path.isfile(cfg.prompt_file):
+    common.fail("prompt_file", cfg.prompt_file, "no such file (one prompt per line)")
+  if not (math.isfinite(s.temperature) and s.temperature >= 0):
+    common.fail("sampling.temperature", s.temperature, "must be a finite number >= 0 (0: greedy)")
+  if s.temperature == 0 and (s.top_p < 1 or s.top_k):
+    common.fail(
+      "sampling.temperature",
+      s.temperature,
+      f"greedy decoding ignores sampling.top_p={s.top_p} and sampling.top_k={s.top_k}: set "
+      "a temperature > 0 (e.g. 0.7) to sample, or leave top_p=1.0 and top_k=0",
+    )
+
+
 def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
-  """ConfigDict `sampling` block -> validated SamplingConfig."""
+  """ConfigDict `sampling` block -> validated SamplingConfig (errors name config.sampling.*)."""
   s = cfg.sampling
   stops = (tokenizer.eos_id, tokenizer.end_of_turn_id) if s.stop_at_eos else ()
-  return sampling.SamplingConfig(
+  fields = ("temperature", "top_k", "top_p", "max_new_tokens", "prompt_bucket")
+  return common.renaming_errors(
+    sampling.SamplingConfig,
+    {name: "sampling" for name in fields},
     temperature=s.temperature,
     top_k=s.top_k or None,
     top_p=s.top_p,
@@ -52,6 +77,7 @@ def read_prompts(cfg) -> list[str]:
 def main(argv):
   del argv
   cfg = _CONFIG.value
+  check_config(cfg)
   m = cfg.model
   model_config, params, tokenizer = loading.load_model(
     m.preset, m.weights, m.path, m.dtype, cfg.seed

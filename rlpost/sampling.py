@@ -17,6 +17,7 @@ log-probability under the untempered full softmax.
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +53,10 @@ class SamplingConfig:
   nucleus_candidates: int = 1024
 
   def __post_init__(self):
-    if not self.temperature >= 0:
+    if not (math.isfinite(self.temperature) and self.temperature >= 0):
       raise ValueError(
-        f"SamplingConfig.temperature={self.temperature} must be >= 0 (0 means greedy)"
+        f"SamplingConfig.temperature={self.temperature} must be a finite number >= 0 "
+        "(0 means greedy)"
       )
     if not 0 < self.top_p <= 1:
       raise ValueError(
@@ -64,8 +66,9 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig.top_k={self.top_k} must be >= 1 or None")
     if self.max_new_tokens < 1:
       raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens} must be >= 1")
-    if self.prompt_bucket < 1 or self.nucleus_candidates < 1:
-      raise ValueError("SamplingConfig.prompt_bucket and nucleus_candidates must be >= 1")
+    for name in ("prompt_bucket", "nucleus_candidates"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"SamplingConfig.{name}={getattr(self, name)} must be >= 1")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
 
 

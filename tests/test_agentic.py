@@ -214,6 +214,17 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"max_staleness": 1}, "algo.tis_cap.*max_staleness=1"),
     ("frozenlake_tiny", {"max_staleness": -1}, "max_staleness=-1"),
     ("frozenlake_tiny", {"sampling.weights": "int8"}, "algo.tis_cap.*int8"),
+    # Every episode would be cut inside its first turn.
+    (
+      "frozenlake_tiny",
+      {"rollout.max_turn_tokens": 4, "rollout.max_total_tokens": 2},
+      r"rollout\.max_total_tokens=2: .*first",
+    ),
+    ("frozenlake_tiny", {"rollout_threads": 0}, r"config\.rollout_threads=0"),
+    ("frozenlake_tiny", {"tools.max_result_chars": 5}, r"config\.tools\.max_result_chars=5"),
+    ("frozenlake_tiny", {"env.name": "gsm8k_calc"}, r"config\.env\.name='gsm8k_calc': .*data_dir"),
+    ("frozenlake_tiny", {"lora.enabled": True, "lora.alpha": 0.0}, r"lora\.alpha=0\.0"),
+    ("frozenlake_tiny", {"train.warmup_fraction": -0.5}, r"config\.train\.warmup_fraction"),
   ],
 )
 def test_bad_configs_name_the_field(variant, overrides, match):

@@ -116,3 +116,22 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   assert evaluation.recipe_of(cfg) is module
   no_base = evaluation.evaluate_run(cfg, str(tmp_path), num_problems=2, pass_k=0, base=False)
   assert "base" not in no_base and no_base["trained"] == report["trained"]
+
+
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
+    ({"num_problems": 0}, r"config\.eval\.num_problems=0: must be >= 1"),
+    ({"pass_k": -1}, r"config\.eval\.pass_k=-1: must be >= 0"),
+  ],
+)
+def test_evaluate_run_rejects_empty_or_negative_counts_before_loading(kwargs, match, monkeypatch):
+  from experiments.configs import grpo_gsm8k
+  from rlpost.recipes import grpo
+
+  def no_build(cfg):
+    raise AssertionError("the model was built before the counts were checked")
+
+  monkeypatch.setattr(grpo, "build", no_build)
+  with pytest.raises(ValueError, match=match):
+    evaluation.evaluate_run(grpo_gsm8k.get_config("tiny"), **kwargs)

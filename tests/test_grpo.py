@@ -206,6 +206,17 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
     ({"train.learning_rate": 0.0}, r"config\.train\.learning_rate=0\.0"),
     ({"train.learning_rate": -1e-3}, r"config\.train\.learning_rate=-0\.001"),
     ({"train.max_bad_steps": 0}, r"config\.train\.max_bad_steps=0"),
+    ({"train.learning_rate": float("inf")}, r"config\.train\.learning_rate=inf: .*finite"),
+    # A negative clip norm would flip every gradient (ascent), a warm-up fraction above 1
+    # never reaches the peak rate.
+    ({"train.max_grad_norm": -1.0}, r"config\.train\.max_grad_norm=-1\.0: .*0 for no clip"),
+    ({"train.warmup_fraction": 2.0}, r"config\.train\.warmup_fraction=2\.0: .*\[0, 1\]"),
+    ({"train.weight_decay": -0.1}, r"config\.train\.weight_decay=-0\.1"),
+    ({"train.adam_b2": 1.0}, r"config\.train\.adam_b2=1\.0: .*\[0, 1\)"),
+    ({"seed": -1}, r"config\.seed=-1: must be >= 0"),
+    ({"data.fewshot": -1}, r"config\.data\.fewshot=-1"),
+    # A negative penalty would reward over-long completions.
+    ({"rollout.overlong_penalty": -1.0}, r"config\.rollout\.overlong_penalty=-1\.0"),
     ({"rollout.nosuch": 1}, r"config\.rollout\.nosuch: no such field; valid fields"),
   ],
 )

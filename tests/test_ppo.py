@@ -205,6 +205,9 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
     ({"algo.mini_batch_size": 5}, ["config.algo.mini_batch_size=5", "divisor of 16"]),
     ({"train.micro_batch_size": 3}, ["config.train.micro_batch_size=3", "divisor of 8"]),
     ({"critic.learning_rate": -1.0}, ["config.critic.learning_rate=-1.0", "> 0"]),
+    # 0 is not "unset" (None is): it must not fall back to 10x the actor's rate.
+    ({"critic.learning_rate": 0.0}, ["config.critic.learning_rate=0.0", "> 0"]),
+    ({"critic.mode": ""}, ["config.critic.mode=''", "lora, full, shared"]),
     ({"critic.nosuch": 1}, ["config.critic.nosuch", "valid fields of config.critic"]),
     ({"algo.num_generations": 4}, ["config.algo.num_generations", "valid fields"]),
     ({"rollout.dynamic_sampling": True}, ["config.rollout.dynamic_sampling=True", "use False"]),

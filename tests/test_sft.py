@@ -314,6 +314,10 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
     ("train", "remat", "all", "train.remat"),
     ("train", "compute_dtype", "float16", "train.compute_dtype"),
     ("mesh", "rollout", 1, "mesh.rollout"),
+    ("eval", "num_examples", -1, "eval.num_examples"),
+    ("data", "num_examples", -1, "data.num_examples"),
+    ("data", "num_synthetic", 0, "data.num_synthetic"),
+    ("train", "max_grad_norm", -1.0, "train.max_grad_norm"),
   ],
 )
 def test_config_validation_names_field(section, name, value, field):
@@ -321,6 +325,30 @@ def test_config_validation_names_field(section, name, value, field):
   cfg[section][name] = value
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     sft_recipe.check_config(cfg)
+
+
+def test_a_held_out_split_may_take_at_most_half_the_records():
+  """The last eval.num_examples records are held out: beyond half of the set, the run
+  fails naming the field (it used to shrink the training set to a single record)."""
+  cfg = _tiny_config(data__num_synthetic=10)
+  cfg.eval.every, cfg.eval.num_examples = 1, 5
+  train, held_out = sft_recipe.records(cfg)
+  assert (len(train), len(held_out)) == (5, 5) and train + held_out == sft.synthetic_records(
+    10, cfg.seed
+  )
+  cfg.eval.num_examples = 6
+  with pytest.raises(ValueError, match=r"config\.eval\.num_examples=6: .*of the 10 records"):
+    sft_recipe.records(cfg)
+  cfg.eval.every = 0  # no evaluation: every record trains
+  assert [len(split) for split in sft_recipe.records(cfg)] == [10, 0]
+
+
+def test_an_empty_jsonl_fails_naming_the_path(tmp_path):
+  path = tmp_path / "empty.jsonl"
+  path.write_text("")
+  cfg = _tiny_config(data__source="jsonl", data__path=str(path))
+  with pytest.raises(ValueError, match=r"config\.data=\"data\.path='.*empty\.jsonl'\": holds no"):
+    sft_recipe.records(cfg)
 
 
 def test_unknown_variant():

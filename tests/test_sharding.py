@@ -205,3 +205,72 @@ def test_every_recipe_runs_on_an_fsdp_mesh(tmp_path):
     devices=2,
     timeout=900,
   )
+
+
+def check_rows_must_split_over_the_trainer_devices():
+  """Run in the 4-device subprocess (see the test below)."""
+  from conftest import with_overrides
+  from experiments.configs import agentic as agentic_configs
+  from experiments.configs import grpo_gsm8k, ppo_gsm8k
+  from experiments.configs import sft as sft_configs
+  from rlpost.recipes import agentic, grpo, ppo
+  from rlpost.recipes import sft as sft_recipe
+
+  assert jax.device_count() == 4
+  cases = [
+    # (check, config, overrides, message): each passes on one device.
+    (
+      grpo,
+      grpo_gsm8k,
+      "tiny",
+      {"train.batch_prompts": 1, "algo.num_generations": 2, "train.micro_batch_size": 1},
+      "mesh=",
+    ),
+    (
+      grpo,
+      grpo_gsm8k,
+      "tiny",
+      {"train.batch_prompts": 1, "algo.num_generations": 8, "train.micro_batch_size": 4},
+      "give 2 rows on each of the 4 devices",
+    ),
+    (
+      ppo,
+      ppo_gsm8k,
+      "tiny",
+      {"train.batch_prompts": 8, "algo.mini_batch_size": 8, "train.micro_batch_size": 4},
+      "give 2 rows on each of the 4 devices",
+    ),
+    (
+      sft_recipe,
+      sft_configs,
+      "tiny",
+      {"train.batch_size": 8, "train.micro_batch_size": 4},
+      "give 2 rows on each of the 4 devices",
+    ),
+    (
+      agentic,
+      agentic_configs,
+      "frozenlake_tiny",
+      {"train.batch_tasks": 1, "algo.num_generations": 2, "train.micro_batch_size": 1},
+      "mesh=",
+    ),
+  ]
+  for recipe, configs, variant, overrides, message in cases:
+    cfg = with_overrides(configs.get_config(variant), overrides)
+    try:
+      recipe.check_config(cfg)
+    except ValueError as e:
+      assert message in str(e), (variant, overrides, str(e))
+    else:
+      raise AssertionError(f"{recipe.__name__} accepted {overrides} on 4 devices")
+    one_device = with_overrides(configs.get_config(variant), {**overrides, "mesh.data": 1})
+    recipe.check_config(one_device)
+
+
+def test_batches_that_do_not_split_over_the_devices_fail_naming_the_fields():
+  """Before any model loads, not deep inside shard_map: rows must divide over the
+  trainer's devices and micro_batch_size (per device) must divide each device's share."""
+  run_with_devices(
+    "import test_sharding; test_sharding.check_rows_must_split_over_the_trainer_devices()",
+    devices=4,
+  )

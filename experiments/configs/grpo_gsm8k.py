@@ -108,7 +108,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
     {
       "steps": 40 if tiny else 200,
       "batch_prompts": 4 if tiny else 2,  # prompts per step (x G completions)
-      "micro_batch_size": 8,  # rows per micro-batch
+      "micro_batch_size": 8,  # rows per micro-batch on each trainer device
       "learning_rate": 3e-2 if tiny else 3e-6,
       "warmup_fraction": 0.1,
       "weight_decay": 0.1,

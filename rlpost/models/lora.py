@@ -10,6 +10,7 @@ params with `adapters=None`.
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,11 @@ class LoraConfig:
   def __post_init__(self):
     if self.rank < 1:
       raise ValueError(f"lora.rank={self.rank} must be >= 1")
+    if not (math.isfinite(self.alpha) and self.alpha > 0):
+      raise ValueError(
+        f"lora.alpha={self.alpha} must be a finite number > 0 (the adapters' scale is "
+        "alpha / rank; 0 would freeze them)"
+      )
     unknown = sorted(set(self.targets) - set(ALL_TARGETS))
     if unknown or not self.targets:
       raise ValueError(

@@ -156,6 +156,14 @@ def make_env(cfg) -> EnvTasks:
 
 def _gsm8k_calc(cfg) -> EnvTasks:
   e = cfg.env
+  missing = [f for f in ("data_dir", "fewshot", "tool_bonus") if f not in e]
+  if missing:
+    common.fail(
+      "env.name",
+      e.name,
+      f"this config's env block has no {missing} (it was made for {cfg.name.split(',')[0]}): "
+      "start from --config=experiments/configs/agentic.py:gsm8k_calc_gemma3 instead",
+    )
   if cfg.tools.enabled:
     common.fail("tools.enabled", True, "gsm8k_calc answers calculator calls itself; use False")
   data = ml_collections.ConfigDict(
@@ -200,6 +208,21 @@ def check_config(cfg):
     )
   if s.prompt_bucket < 1:
     common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+  if turns.max_total_tokens < turns.max_turn_tokens:
+    common.fail(
+      "rollout.max_total_tokens",
+      turns.max_total_tokens,
+      f"is below rollout.max_turn_tokens={turns.max_turn_tokens}: every episode would be cut "
+      "inside its first turn; give room for env.max_turns turns and their observations",
+    )
+  if cfg.rollout_threads < 1:
+    common.fail("rollout_threads", cfg.rollout_threads, "must be >= 1 thread")
+  if cfg.tools.max_result_chars < len(tools.TRUNCATION_MARKER):
+    common.fail(
+      "tools.max_result_chars",
+      cfg.tools.max_result_chars,
+      f"must be >= {len(tools.TRUNCATION_MARKER)} (the truncation marker's length)",
+    )
   if t.batch_tasks < 1:
     common.fail("train.batch_tasks", t.batch_tasks, "must be >= 1")
   if cfg.learner == "ppo":
@@ -209,13 +232,8 @@ def check_config(cfg):
     algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", grpo.RENAMED)
     learner = GRPOLearnerSetup(algo, common.forward_config(cfg, s.temperature))
     num_generations = algo.num_generations
-    rows = t.batch_tasks * num_generations
-    if t.micro_batch_size < 1 or rows % t.micro_batch_size:
-      common.fail(
-        "train.micro_batch_size",
-        t.micro_batch_size,
-        f"train.batch_tasks * algo.num_generations = {rows} rows are not divisible by it",
-      )
+    rows_text = "train.batch_tasks * algo.num_generations"
+    common.check_rows_per_device(cfg, t.batch_tasks * num_generations, rows_text)
   if ev.every < 0 or ev.num_tasks < 1 or ev.batch_tasks < 0:
     common.fail(
       "eval",

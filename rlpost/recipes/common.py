@@ -8,6 +8,7 @@ error names the config field (`block.field`), not the class.
 
 import dataclasses
 import json
+import math
 import os
 
 from absl import logging as absl_logging
@@ -62,15 +63,19 @@ def renaming_errors(cls, where: dict[str, str], **kwargs):
 
 
 def check_loop_settings(cfg, min_steps: int = 1, steps_fix: str = "") -> None:
-  """Steps, checkpointing and the non-finite-step limit every recipe's loop needs."""
+  """Steps, checkpointing, the non-finite-step limit and the optimizer fields every
+  recipe's loop needs."""
   if cfg.train.steps < min_steps:
     fail("train.steps", cfg.train.steps, steps_fix or f"must be >= {min_steps}")
+  if cfg.get("seed") is not None and cfg.seed < 0:
+    fail("seed", cfg.seed, "must be >= 0")
   if cfg.train.max_bad_steps < 1:
     fail("train.max_bad_steps", cfg.train.max_bad_steps, "must be >= 1 (3 is a good default)")
   if cfg.checkpoint.every < 1:
     fail("checkpoint.every", cfg.checkpoint.every, "must be >= 1 step")
   if cfg.checkpoint.keep < 1:
     fail("checkpoint.keep", cfg.checkpoint.keep, "must be >= 1 checkpoint")
+  check_optimizer_settings(cfg)
 
 
 def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
@@ -150,6 +155,30 @@ def rollout_mesh(cfg):
     raise ValueError(f"config.mesh: {e}") from None
 
 
+def check_rows_per_device(cfg, rows: int, rows_text: str) -> None:
+  """`rows` (one train step's batch; `rows_text` names the fields giving it) split evenly
+  over the trainer mesh's devices, and train.micro_batch_size (rows per micro-batch on
+  each device) divides each device's share."""
+  micro, mesh = cfg.train.micro_batch_size, make_mesh(cfg)
+  if rows % mesh.size:
+    fail(
+      "mesh",
+      dict(mesh.shape),
+      f"{rows_text} = {rows} rows do not split evenly over the trainer's {mesh.size} "
+      f"devices: use a device count that divides {rows}, or change {rows_text}",
+    )
+  share = rows // mesh.size
+  if micro < 1 or share % micro:
+    split = (
+      f"give {share} rows on each of the {mesh.size} devices, which are" if mesh.size > 1 else "are"
+    )
+    fail(
+      "train.micro_batch_size",
+      micro,
+      f"{rows_text} = {rows} rows {split} not divisible by it; choose a divisor of {share}",
+    )
+
+
 def load_model(cfg):
   """(gemma3.Config, params, tokenizer) of the `model` block (`init_from`: `weights_from_run`)."""
   m = cfg.model
@@ -194,18 +223,35 @@ def weights_from_run(workdir: str, params, cfg):
   return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
 
 
+def check_optimizer_settings(cfg) -> None:
+  """The `train` block's optimizer fields: finite and in range (a negative clip norm would
+  flip every gradient; a warm-up fraction above 1 would never reach the peak rate)."""
+  t = cfg.train
+  if not (math.isfinite(t.learning_rate) and t.learning_rate > 0):
+    fail("train.learning_rate", t.learning_rate, "must be a finite number > 0")
+  if t.get("optimizer", "adamw") not in step_lib.OPTIMIZERS:
+    fail("train.optimizer", t.optimizer, f"use one of {step_lib.OPTIMIZERS}")
+  if not 0 <= t.warmup_fraction <= 1:
+    fail("train.warmup_fraction", t.warmup_fraction, "must be in [0, 1] (a share of the steps)")
+  if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
+    fail("train.weight_decay", t.weight_decay, "must be a finite number >= 0")
+  for field in ("adam_b1", "adam_b2"):
+    if not 0 <= t[field] < 1:
+      fail(f"train.{field}", t[field], "must be in [0, 1) (e.g. 0.9 and 0.999)")
+  if t.max_grad_norm is not None and not (math.isfinite(t.max_grad_norm) and t.max_grad_norm >= 0):
+    fail("train.max_grad_norm", t.max_grad_norm, "must be a finite norm > 0, or 0 for no clipping")
+
+
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):
   """AdamW of the `train` block, its schedule over `total_steps` optimizer steps.
 
   `learning_rate` overrides train.learning_rate (a PPO critic's own rate).
   """
   t = cfg.train
-  if not t.learning_rate > 0:
-    fail("train.learning_rate", t.learning_rate, "must be > 0")
-  if t.get("optimizer", "adamw") not in step_lib.OPTIMIZERS:
-    fail("train.optimizer", t.optimizer, f"use one of {step_lib.OPTIMIZERS}")
+  rate = t.learning_rate if learning_rate is None else learning_rate
+  check_optimizer_settings(cfg)
   return step_lib.make_optimizer(
-    learning_rate=learning_rate or t.learning_rate,
+    learning_rate=rate,
     total_steps=total_steps,
     warmup_fraction=t.warmup_fraction,
     weight_decay=t.weight_decay,

@@ -14,7 +14,7 @@ from rlpost import sampling
 from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
 from rlpost.models import policy
-from rlpost.recipes import grpo, ppo
+from rlpost.recipes import common, grpo, ppo
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
@@ -141,10 +141,21 @@ def evaluate_run(
   "base" unless `base=False`. num_problems / pass_k: None takes the config's
   `eval` block.
   """
+  num_problems = cfg.eval.num_problems if num_problems is None else num_problems
+  pass_k = cfg.eval.pass_k if pass_k is None else pass_k
+  if num_problems < 1:
+    common.fail(
+      "eval.num_problems", num_problems, "must be >= 1 problem (--num_problems or config.eval)"
+    )
+  if pass_k < 0:
+    common.fail(
+      "eval.pass_k",
+      pass_k,
+      "must be >= 0 samples per problem (0: greedy only; --pass_k or config.eval)",
+    )
   recipe = recipe_of(cfg)
   p = recipe.build(cfg)
-  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[: num_problems or cfg.eval.num_problems]
-  pass_k = cfg.eval.pass_k if pass_k is None else pass_k
+  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
   setup = p.setup
   settings = {
     "template": setup.template,

@@ -22,6 +22,7 @@ actor's part is `step.gated` on `actor_on`, False during the first
 """
 
 import dataclasses
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -129,24 +130,27 @@ def learner_setup(cfg, rows: int, rows_text: str) -> Setup:
       f"{rows_text} = {rows} rows (one completion per prompt) are not divisible "
       f"by it; choose a divisor of {rows}, or None for the whole batch",
     )
-  if t.micro_batch_size < 1 or mini % t.micro_batch_size:
-    common.fail(
-      "train.micro_batch_size",
-      t.micro_batch_size,
-      f"a mini-batch of {mini} rows is not divisible by it; choose a divisor of {mini}",
-    )
+  common.check_rows_per_device(cfg, mini, f"a mini-batch (algo.mini_batch_size or {rows_text})")
   if algo.critic_warmup_steps >= t.steps:
     common.fail(
       "algo.critic_warmup_steps",
       algo.critic_warmup_steps,
       f"must be < train.steps={t.steps} (the actor trains only after the warm-up)",
     )
-  mode = critic_cfg.mode or ("lora" if cfg.lora.enabled else "full")
+  mode = critic_cfg.mode
+  if mode is None:
+    mode = "lora" if cfg.lora.enabled else "full"
   if mode not in critic_lib.MODES:
     common.fail("critic.mode", mode, f"use one of {', '.join(critic_lib.MODES)}")
-  critic_lr = critic_cfg.learning_rate or 10 * t.learning_rate
-  if not critic_lr > 0:
-    common.fail("critic.learning_rate", critic_lr, "must be > 0 (None: 10x train.learning_rate)")
+  critic_lr = critic_cfg.learning_rate
+  if critic_lr is None:
+    critic_lr = 10 * t.learning_rate
+  if not (math.isfinite(critic_lr) and critic_lr > 0):
+    common.fail(
+      "critic.learning_rate",
+      critic_lr,
+      "must be a finite number > 0 (None: 10x train.learning_rate)",
+    )
   layout = critic_lib.CriticLayout(
     mode, common.lora_config(cfg, always=True) if mode == "lora" else None
   )

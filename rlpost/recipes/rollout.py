@@ -7,6 +7,7 @@ into scored `RLBatch` rows with it.
 
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -48,6 +49,11 @@ class RolloutConfig:
   max_staleness: int | None = None
 
   def __post_init__(self):
+    if not (math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0):
+      raise ValueError(
+        f"RolloutConfig.overlong_penalty={self.overlong_penalty}: use a finite size >= 0 "
+        "(it is subtracted from the reward of over-long completions)"
+      )
     if self.max_resample_rounds < 0:
       raise ValueError(f"RolloutConfig.max_resample_rounds={self.max_resample_rounds}: use >= 0")
     if self.overlong_buffer is not None and self.overlong_buffer < 1:
@@ -75,18 +81,13 @@ def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greed
     common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
   if s.prompt_bucket < 1:
     common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
-  if not t.learning_rate > 0:
-    common.fail("train.learning_rate", t.learning_rate, "must be > 0")
   if t.batch_prompts < 1:
     common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
-  if t.micro_batch_size < 1 or rows % t.micro_batch_size:
-    common.fail(
-      "train.micro_batch_size",
-      t.micro_batch_size,
-      f"{rows_text} = {rows} rows are not divisible by it; choose a divisor of {rows}",
-    )
+  common.check_rows_per_device(cfg, rows, rows_text)
   if d.source not in tasks.SOURCES:
     common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
+  if d.get("fewshot", 0) < 0:
+    common.fail("data.fewshot", d.fewshot, "must be >= 0 worked examples in the prompt")
   if d.template not in prompts_lib.TEMPLATES:
     common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
   common.check_loop_settings(cfg)

@@ -48,11 +48,7 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
       cfg.mesh.rollout,
       "SFT and DPO do not sample: every device trains; set it to 0",
     )
-  devices = common.make_mesh(cfg).size
-  if t.batch_size % devices:
-    fail("train.batch_size", t.batch_size, f"must be divisible by the mesh's {devices} devices")
-  if t.learning_rate <= 0:
-    fail("train.learning_rate", t.learning_rate, "must be > 0")
+  common.check_rows_per_device(cfg, t.batch_size, "train.batch_size")
   if t.gather_bucket < 1:
     fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
   d = cfg.data
@@ -75,6 +71,12 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
     fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
   if cfg.get("eval") is not None and cfg.eval.every < 0:
     fail("eval.every", cfg.eval.every, "must be >= 0 (0: never)")
+  if cfg.get("eval") is not None and cfg.eval.num_examples < 0:
+    fail("eval.num_examples", cfg.eval.num_examples, "must be >= 0 records")
+  if d.get("num_examples", 0) < 0:
+    fail("data.num_examples", d.num_examples, "must be >= 0 (0: every record)")
+  if d.source == "synthetic" and d.get("num_synthetic", 1) < 1:
+    fail("data.num_synthetic", d.num_synthetic, "must be >= 1 record")
   return common.forward_config(cfg, temperature=1.0)
 
 
@@ -121,11 +123,23 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
     if d.eval_path:
       train_records, eval_records = all_records, chat.load_sft_jsonl(d.eval_path)[:n_eval]
     else:
-      n_eval = min(n_eval, len(all_records) - 1) if cfg.eval.every else 0
+      n_eval = n_eval if cfg.eval.every else 0
+      if n_eval > len(all_records) // 2:
+        common.fail(
+          "eval.num_examples",
+          n_eval,
+          f"would hold out {n_eval} of the {len(all_records)} records of data.source="
+          f"{d.source!r}, leaving {len(all_records) - n_eval} to train on: hold out at most "
+          f"half ({len(all_records) // 2}), give a separate data.eval_path, or set "
+          "eval.every=0 to train on every record",
+        )
       cut = len(all_records) - n_eval
       train_records, eval_records = all_records[:cut], all_records[cut:]
   if d.num_examples:
     train_records = train_records[: d.num_examples]
+  if not train_records:
+    where = f"data.path={d.path!r}" if d.source == "jsonl" else f"data.source={d.source!r}"
+    common.fail("data", where, "holds no training records: point it at a non-empty dataset")
   return train_records, eval_records
 
 
