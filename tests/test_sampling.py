@@ -213,8 +213,11 @@ _select = jax.jit(sampling.select_tokens, static_argnums=2)
 
 
 def test_invalid_sampling_settings_raise():
-  with pytest.raises(ValueError, match="temperature=-0.5 must be >= 0"):
-    sampling.SamplingConfig(temperature=-0.5)
+  for bad in (-0.5, float("inf"), float("nan")):
+    with pytest.raises(ValueError, match=f"temperature={bad} must be a finite number >= 0"):
+      sampling.SamplingConfig(temperature=bad)
+  with pytest.raises(ValueError, match="nucleus_candidates=0 must be >= 1"):
+    sampling.SamplingConfig(nucleus_candidates=0)
   for bad in (0.0, 1.5):
     with pytest.raises(ValueError, match=f"top_p={bad} must be in"):
       sampling.SamplingConfig(top_p=bad)
