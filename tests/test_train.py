@@ -122,6 +122,18 @@ def test_nan_step_leaves_weights_and_optimizer_state_bitwise_unchanged():
   check_nan_step_is_skipped(num_devices=1)
 
 
+@pytest.mark.parametrize(
+  "field, value",
+  [("steps", -1), ("checkpoint_every", 0), ("keep", 0), ("max_bad_steps", 0), ("steps", 2.5)],
+)
+def test_loop_config_rejects_bad_counts_naming_the_field(field, value):
+  from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
+
+  settings = {"steps": 10, "checkpoint_every": 1, field: value}
+  with pytest.raises(ValueError, match=rf"LoopConfig\.{field}={value}: use an integer >= "):
+    loop_lib.LoopConfig(**settings)
+
+
 def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path, monkeypatch):
   """Consecutive non-finite steps: NaN logged in JSONL and on the progress bar, then the
   named error after train.max_bad_steps; the weights were never touched."""

@@ -23,6 +23,7 @@ its last checkpoint left it.
 import dataclasses
 import json
 import math
+import numbers
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -61,6 +62,12 @@ class LoopConfig:
   seed: int = 0
   max_bad_steps: int = 3
 
+  def __post_init__(self):
+    for name, least in (("steps", 0), ("checkpoint_every", 1), ("keep", 1), ("max_bad_steps", 1)):
+      value = getattr(self, name)
+      if not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"LoopConfig.{name}={value!r}: use an integer >= {least}")
+
 
 def loop_config(cfg, title: str, curves, postfix=("loss",)) -> LoopConfig:
   """The LoopConfig of a recipe ConfigDict (its `train`, `checkpoint` and `seed` fields)."""
@@ -74,10 +81,6 @@ def loop_config(cfg, title: str, curves, postfix=("loss",)) -> LoopConfig:
     seed=cfg.seed,
     max_bad_steps=cfg.train.max_bad_steps,
   )
-
-  def __post_init__(self):
-    if self.max_bad_steps < 1:
-      raise ValueError(f"LoopConfig.max_bad_steps={self.max_bad_steps}: use >= 1")
 
 
 class NonFiniteTrainingError(RuntimeError):
