@@ -215,6 +215,9 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
     ({"train.adam_b2": 1.0}, r"config\.train\.adam_b2=1\.0: .*\[0, 1\)"),
     ({"seed": -1}, r"config\.seed=-1: must be >= 0"),
     ({"data.fewshot": -1}, r"config\.data\.fewshot=-1"),
+    # An empty digit is counted len(completion) + 1 times: every sample the same reward.
+    ({"data.digit": ""}, r"config\.data\.digit='': must be one visible character"),
+    ({"data.digit": "77"}, r"config\.data\.digit='77'"),
     # A negative penalty would reward over-long completions.
     ({"rollout.overlong_penalty": -1.0}, r"config\.rollout\.overlong_penalty=-1\.0"),
     ({"rollout.nosuch": 1}, r"config\.rollout\.nosuch: no such field; valid fields"),

@@ -455,3 +455,16 @@ def test_real_gguf_to_hf_and_back_is_lossless(real, tmp_path):
   loaded, loaded_info = st.load_hf_checkpoint(tmp_path)
   assert loaded_info == info
   assert_params_equal(loaded, params)
+
+
+def test_random_weights_warn_that_a_model_path_is_not_read(caplog):
+  """model.path with random weights and the byte tokenizer is never read: say so."""
+  from rlpost.models import loading  # pylint: disable=g-import-not-at-top
+
+  with caplog.at_level("WARNING"):
+    loading.load_model("tiny", "random", "/some/model.gguf")
+  assert "model.path='/some/model.gguf' is not read" in caplog.text
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    loading.load_model("tiny", "random", "")
+  assert "is not read" not in caplog.text

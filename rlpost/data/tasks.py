@@ -23,10 +23,20 @@ MATH_ACCURACY = {
 }
 
 
+def check_digit(digit) -> None:
+  """`data.digit` of the digit task: one visible character (its count is the reward)."""
+  if not (isinstance(digit, str) and len(digit) == 1 and not digit.isspace()):
+    raise ValueError(
+      f"config.data.digit={digit!r}: must be one visible character (e.g. '7'); the reward "
+      "counts its occurrences in each completion"
+    )
+
+
 def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
   """Builds the task named by `data_cfg.source` (see configs/grpo_gsm8k.py)."""
   source = data_cfg.source
   if source == "digit":
+    check_digit(data_cfg.digit)
     return Task(
       digit_rewards.problems(data_cfg.digit),
       digit_rewards.REWARD_FNS,

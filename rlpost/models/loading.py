@@ -2,6 +2,7 @@
 
 import math
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -32,6 +33,13 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
   if weights == "random":
     params = gemma3.init_params(jax.random.key(seed), config, jdtype)
     if config.vocab_size < 1000:
+      if path:
+        logging.warning(
+          "model.path=%r is not read: model.weights='random' with preset %r uses the byte "
+          "tokenizer. Set model.weights='gguf' or 'hf' to load it.",
+          path,
+          preset,
+        )
       return config, params, tokenizer_lib.byte_tokenizer()
     return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
   if weights == "gguf":

@@ -86,6 +86,8 @@ def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greed
   common.check_rows_per_device(cfg, rows, rows_text)
   if d.source not in tasks.SOURCES:
     common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
+  if d.source == "digit":
+    tasks.check_digit(d.get("digit"))
   if d.get("fewshot", 0) < 0:
     common.fail("data.fewshot", d.fewshot, "must be >= 0 worked examples in the prompt")
   if d.template not in prompts_lib.TEMPLATES:
