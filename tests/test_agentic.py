@@ -221,6 +221,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
       r"rollout\.max_total_tokens=2: .*first",
     ),
     ("frozenlake_tiny", {"rollout_threads": 0}, r"config\.rollout_threads=0"),
+    ("frozenlake_tiny", {"train.batch_tasks": 0}, r"config\.train\.batch_tasks=0: must be >= 1"),
     ("frozenlake_tiny", {"tools.max_result_chars": 5}, r"config\.tools\.max_result_chars=5"),
     ("frozenlake_tiny", {"env.name": "gsm8k_calc"}, r"config\.env\.name='gsm8k_calc': .*data_dir"),
     ("frozenlake_tiny", {"lora.enabled": True, "lora.alpha": 0.0}, r"lora\.alpha=0\.0"),

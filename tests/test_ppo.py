@@ -213,6 +213,11 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
     ({"rollout.dynamic_sampling": True}, ["config.rollout.dynamic_sampling=True", "use False"]),
     ({"sampling.temperature": 0.0}, ["config.sampling.temperature=0.0", "> 0"]),
     ({"rollout.max_staleness": 1}, ["config.algo.tis_cap=None", "max_staleness=1"]),
+    # No mini-batch size: the whole batch, which must not be empty (was: modulo by zero).
+    (
+      {"train.batch_prompts": 0, "algo.mini_batch_size": None},
+      ["config.train.batch_prompts=0", ">= 1"],
+    ),
   ],
 )
 def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, expected, tmp_path):

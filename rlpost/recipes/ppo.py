@@ -122,6 +122,8 @@ def learner_setup(cfg, rows: int, rows_text: str) -> Setup:
   algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
   critic_cfg = common.from_block(CriticConfig, cfg.critic, "critic")
   t = cfg.train
+  if rows < 1:
+    common.fail(rows_text.split(" ")[0], rows, "must be >= 1")
   mini = algo.mini_batch_size or rows
   if rows % mini:
     common.fail(
