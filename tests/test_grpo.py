@@ -379,3 +379,22 @@ def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
   assert metrics["dynamic/rounds"] >= 2  # the first 4 prompts held only 2 with signal
   assert all(np.ptp(g["rewards"]) > 0 for g in groups)
   assert cursor.position + cursor.epoch * len(problems) == 4 * metrics["dynamic/rounds"]
+
+
+def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(caplog):
+  """Rewards that never differ: 1 + max_resample_rounds rounds, then the batch is filled
+  with signal-less groups; every round from the third is logged as it happens."""
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+
+  cfg = _config("tiny,dapo", **{"train.batch_prompts": 2, "rollout.max_resample_rounds": 3})
+  pieces = grpo.build(cfg)
+  pieces = pieces._replace(
+    task=pieces.task._replace(reward_fns={"r": lambda prompts, c, a: [1.0] * len(prompts)})
+  )
+  params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
+  with caplog.at_level("INFO"):
+    groups, metrics, _ = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
+  assert len(groups) == 2
+  assert metrics["dynamic/rounds"] == 4 and metrics["dynamic/filled"] == 2
+  lines = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
+  assert [line.split(" after ")[1].split(" ")[0] for line in lines] == ["3", "4"], lines

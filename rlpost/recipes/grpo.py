@@ -17,6 +17,7 @@ import dataclasses
 import time
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -269,6 +270,15 @@ def collect(p: Pieces, params_s, cursor: Cursor, key):
     for group, no_signal in zip(groups, np.asarray(adv_lib.zero_signal_groups(rewards, G))):
       (dropped if dynamic and no_signal else kept).append(group)
     rounds += 1
+    if dynamic and rounds >= 3:  # a long streak of signal-less groups shows as it happens
+      logging.info(
+        "dynamic sampling: %d of %d groups with reward signal after %d rounds "
+        "(rollout.max_resample_rounds=%d extra rounds)",
+        len(kept),
+        B,
+        rounds,
+        setup.rollout.max_resample_rounds,
+      )
     if not dynamic or len(kept) >= B or rounds > setup.rollout.max_resample_rounds:
       break
   filled = max(0, B - len(kept))
