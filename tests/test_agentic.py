@@ -78,6 +78,7 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
         "checkpoint.every": 1000,
         "algo.tis_cap": 2.0,
         "sampling.weights": weights,
+        "sampling.int8_paths": "io:8",
       }
     )
     agentic.run(cfg, str(tmp_path / name))

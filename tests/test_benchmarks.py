@@ -54,3 +54,10 @@ def test_async_overlap_benchmark_runs_and_reports():
   mean = pipelined["mean"]
   assert mean["t_step_s"] > 0 and mean["steps_per_s"] == 1 / mean["t_step_s"]
   assert report["async_over_sync_steps_per_s"] == mean["steps_per_s"] / sync["mean"]["steps_per_s"]
+
+
+def test_decode_benchmark_reads_the_int8_copy_with_the_dots_it_was_given():
+  report = _report("decode", "--preset=tiny", "--weights=int8", "--int8_paths=oik:0", "--repeats=1")
+  assert report["sampler_weights"] == "int8"
+  assert report["int8_paths"] == {"layer_layout": "oik", "activations_left_max_rows": 0}
+  assert report["batched"]["tokens_per_s"] > 0 and report["single_stream"]["tokens_per_s"] > 0

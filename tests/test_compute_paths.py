@@ -80,7 +80,7 @@ def test_explicit_settings_win_and_a_resumed_run_keeps_its_recorded_choice(tmp_p
 
 def test_the_real_probe_times_both_paths():
   """On this machine: both probes run and take a positive time (which is faster is the
-  benchmark's business: experiments/benchmarks/compute_paths.py)."""
+  benchmarks' business: `sft_step --compute_dtype=...`, BUILD.md)."""
   for dtype in compute_paths.CHOICES:
     assert compute_paths.probe_seconds(dtype, repeats=1) > 0
 
@@ -104,3 +104,78 @@ def test_an_auto_run_records_its_choice_and_keeps_it_when_resumed(tmp_path, monk
   fresh = cfg()
   sft.run(fresh, str(tmp_path / "fresh"), stop_after=1)
   assert fresh.train.compute_dtype == "float32"
+
+
+# Int8 probe milliseconds keyed "<part>@<rows>", shaped like the measurements (BUILD.md):
+# on the AMD EPYC the output projection is faster with the activations on the left up to
+# 8 rows and the layers' "io" layout is as fast as "oik"; on the Intel Xeon with AMX
+# (2026-11-24) the weights on the left win at every row count, and "oik" in the layers.
+INT8_EPYC = {
+  "io@2": 0.45, "io@8": 0.55, "oik@2": 0.46, "oik@8": 0.56,
+  "activations_left@2": 11.7, "activations_left@8": 18.3, "activations_left@32": 60.0,
+  "weights_left@2": 17.8, "weights_left@8": 19.7, "weights_left@32": 45.0,
+}  # fmt: skip
+INT8_XEON_AMX = {
+  "io@2": 0.53, "io@8": 0.62, "oik@2": 0.42, "oik@8": 0.47,
+  "activations_left@2": 12.34, "activations_left@8": 12.85, "activations_left@32": 30.84,
+  "weights_left@2": 6.95, "weights_left@8": 8.03, "weights_left@32": 26.95,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "cpu,timings,expected",
+  [(EPYC, INT8_EPYC, ("io", 8)), (XEON, INT8_XEON_AMX, ("oik", 0))],
+)
+def test_each_cpu_gets_its_faster_int8_dots_and_calibrates_once(
+  cpu, timings, expected, tmp_path, monkeypatch
+):
+  monkeypatch.setattr(runtime, "machine_key", lambda: _machine_key(cpu))
+  calls = []
+  timer = lambda part, rows: calls.append((part, rows)) or timings[f"{part}@{rows}"] / 1e3
+  paths, why = compute_paths.resolve_int8("cpu", str(tmp_path), timer)
+  assert (paths.layer_layout, paths.activations_left_max_rows) == expected
+  assert "calibrated" in why and len(calls) == len(timings)
+  again, why = compute_paths.resolve_int8("cpu", str(tmp_path), timer)
+  assert again == paths and "earlier" in why and len(calls) == len(timings)  # cached
+  # The dtype calibration of the same machine is a file of its own.
+  assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_int8_choice_rules():
+  ms = dict(INT8_EPYC)
+  # The activations stay on the left only while they win at every smaller row count.
+  ms["activations_left@8"] = 25.0
+  assert (
+    compute_paths.choose_int8({k: v / 1e3 for k, v in ms.items()}).activations_left_max_rows == 2
+  )
+  ms["activations_left@2"] = 20.0
+  ms["activations_left@8"] = 1.0
+  assert (
+    compute_paths.choose_int8({k: v / 1e3 for k, v in ms.items()}).activations_left_max_rows == 0
+  )
+  # "oik" only when clearly faster than the established "io".
+  ms.update({"oik@2": 0.42, "oik@8": 0.52})
+  assert compute_paths.choose_int8(ms).layer_layout == "io"
+  ms.update({"oik@2": 0.35, "oik@8": 0.45})
+  assert compute_paths.choose_int8(ms).layer_layout == "oik"
+
+
+def test_int8_paths_setting_and_accelerators(tmp_path):
+  never = lambda: pytest.fail("must not calibrate")
+  paths, why = compute_paths.int8_paths("oik:0", never)
+  assert (paths.layer_layout, paths.activations_left_max_rows, why) == (
+    "oik",
+    0,
+    "set in the config",
+  )
+  for bad in ("ik:8", "io", "io:-1", "io:x", ""):
+    with pytest.raises(ValueError, match=r"config\.sampling\.int8_paths=.*LAYOUT:ROWS"):
+      compute_paths.int8_paths(bad, never)
+  for backend in ("gpu", "tpu"):
+    paths, _ = compute_paths.resolve_int8(backend, str(tmp_path), lambda *a: pytest.fail("timed"))
+    assert paths == compute_paths.quant.Int8Paths()
+
+
+def test_the_real_int8_probe_times_every_part():
+  for part in ("io", "oik", "activations_left", "weights_left"):
+    assert compute_paths.int8_probe_seconds(part, 2, repeats=1) > 0

@@ -139,9 +139,10 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   runs = (
     ("sync", 0, {}),
     ("async", 0, {"rollout.max_staleness": 1}),
-    ("int8", 0, {"sampling.weights": "int8"}),
+    # The two int8 runs pin the two dot formulations the machines choose between.
+    ("int8", 0, {"sampling.weights": "int8", "sampling.int8_paths": "oik:0"}),
     ("sync", 1, {}),
-    ("int8", 1, {"sampling.weights": "int8"}),
+    ("int8", 1, {"sampling.weights": "int8", "sampling.int8_paths": "io:8"}),
   )
   for name, seed, overrides in runs:
     cfg = _config(
@@ -176,6 +177,10 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
     ({"rollout.max_staleness": 1}, "algo.tis_cap"),
     ({"rollout.max_staleness": -1}, "max_staleness=-1"),
     ({"sampling.weights": "int8"}, "algo.tis_cap"),
+    (
+      {"sampling.weights": "int8", "algo.tis_cap": 2.0, "sampling.int8_paths": "ik:8"},
+      "sampling.int8_paths",
+    ),
     ({"sampling.weights": "int4"}, "sampling.weights"),
     ({"algo.nosuch": 1}, "algo.nosuch"),
     # Old names fail and name the new field.

@@ -4,6 +4,7 @@ float product within their worst-case bound, the copy's layout through the sampl
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpost import sampling
@@ -58,6 +59,36 @@ def test_int8_matmul_is_within_its_worst_case_bound_of_the_float_product(shape):
   np.testing.assert_allclose(got3[:, 0], got, rtol=1e-6, atol=1e-5)
 
 
+@settings(max_examples=25, deadline=None)
+@given(_shapes)
+def test_both_layer_layouts_hold_the_same_int8_values_and_give_the_same_products(shape):
+  """ "oik" stores each block transposed and puts the weights on the left of the dot: the
+  same int32 products, so the same outputs as "io" up to float summation order."""
+  rows, inputs, outputs, group, seed = shape
+  x, w = _data(rows, inputs, outputs, seed)
+  io, oik = (quant.quantize_blocks(w, group, layout) for layout in quant.LAYER_LAYOUTS)
+  G, k = inputs // quant.block_size(inputs, group), quant.block_size(inputs, group)
+  assert oik.q.shape == (G, outputs, k) and oik.layout == "oik"
+  np.testing.assert_array_equal(
+    np.swapaxes(np.asarray(oik.q), -1, -2), np.asarray(io.q).reshape(G, k, outputs)
+  )
+  np.testing.assert_array_equal(oik.scale, io.scale)
+  np.testing.assert_array_equal(quant.dequantize_blocks(oik), quant.dequantize_blocks(io))
+  want = quant.dense(x, io)
+  np.testing.assert_allclose(
+    quant.dense(x, oik), want, rtol=1e-6, atol=1e-5 * float(jnp.abs(want).max())
+  )
+  # Side by side (the decode layout's q+k+v): the concatenation of the products.
+  both = quant.concatenate_outputs([oik, quant.quantize_blocks(2 * w, group, "oik")])
+  np.testing.assert_allclose(
+    quant.dense(x, both),
+    jnp.concatenate(
+      [quant.dense(x, oik), quant.dense(x, quant.quantize_blocks(2 * w, group, "oik"))], -1
+    ),
+    rtol=1e-6,
+  )
+
+
 @settings(max_examples=15, deadline=None)
 @given(_shapes)
 def test_error_bound_equals_its_entrywise_sum_written_out(shape):
@@ -97,12 +128,17 @@ def test_output_projection_is_within_the_one_block_bound(shape):
 @settings(max_examples=10, deadline=None)
 @given(st.integers(9, 20), st.integers(0, 2**16))
 def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, seed):
-  """Above `_ACTIVATIONS_LEFT_MAX_ROWS` rows the weights go on the left of the int8 dot;
-  the same rows in chunks of at most that many take the other order."""
+  """Above `activations_left_max_rows` rows the weights go on the left of the int8 dot;
+  the same rows in chunks of at most that many take the other order, and a threshold of
+  0 (weights always on the left) or of more rows gives the same logits."""
   h, e_DxV = _data(rows, 64, 7, seed)
   unembed = quant.quantize_rows(e_DxV.T)
+  assert unembed.activations_left_max_rows == 8 and unembed.layout == "rows"
   chunks = [quant.vocab_major(unembed, h[i : i + 4]) for i in range(0, rows, 4)]
   np.testing.assert_allclose(quant.vocab_major(unembed, h), np.concatenate(chunks, 1), rtol=1e-6)
+  for threshold in (0, 64):
+    other = quant.vocab_major(quant.quantize_rows(e_DxV.T, threshold), h)
+    np.testing.assert_allclose(other, quant.vocab_major(unembed, h), rtol=1e-6)
   bound = quant.matmul_error_bound(h, e_DxV, group=64)
   np.testing.assert_array_less(
     jnp.abs(quant.vocab_major(unembed, h).T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4
@@ -121,9 +157,10 @@ def test_blocks_beat_one_scale_per_column_when_rows_differ_in_size():
 
 def test_zero_blocks_stay_zero():
   w = jnp.zeros((32, 4)).at[16:, 1].set(1.0)
-  q = quant.quantize_blocks(w, 16)
-  np.testing.assert_array_equal(quant.dequantize_blocks(q), w)
-  np.testing.assert_array_equal(quant.dense(jnp.zeros((2, 32)), q), jnp.zeros((2, 4)))
+  for layout in quant.LAYER_LAYOUTS:
+    q = quant.quantize_blocks(w, 16, layout)
+    np.testing.assert_array_equal(quant.dequantize_blocks(q), w)
+    np.testing.assert_array_equal(quant.dense(jnp.zeros((2, 32)), q), jnp.zeros((2, 4)))
 
 
 def _tiny():
@@ -131,9 +168,11 @@ def _tiny():
   return config, gemma3.init_params(jax.random.key(0), config)
 
 
-def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_scales():
+@pytest.mark.parametrize("layout", quant.LAYER_LAYOUTS)
+def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_scales(layout):
   config, params = _tiny()
-  q = quant.quantize_for_sampling(params, group=16)
+  q = quant.quantize_for_sampling(params, group=16, paths=quant.Int8Paths(layout, 0))
+  assert q["unembed"].activations_left_max_rows == 0
   assert q["embed"] is params["embed"] and q["final_norm"] is params["final_norm"]
   assert isinstance(q["unembed"], quant.Int8Weight) and q["unembed"].q.shape == (
     config.vocab_size,
@@ -142,6 +181,7 @@ def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_sca
   for name, w in params["layers"].items():
     if w.ndim == 3:
       assert isinstance(q["layers"][name], quant.Int8Weight), name
+      assert q["layers"][name].layout == layout, name
     else:
       assert q["layers"][name] is w, name
   # The decode layout concatenates q/k/v and gate/up: values and scales alike.
@@ -175,3 +215,8 @@ def test_int8_sampler_decodes_with_int8_matmuls_after_a_float_prefill():
   same = np.asarray(deq.tokens == int8.tokens).all(1)
   gap = np.abs(np.asarray(deq.logprobs - int8.logprobs))[same][:, 1:]
   assert same.any() and 0 < gap.max() < 0.1, (same, gap)
+  # The machine's choice of dot layouts changes speed, not the samples.
+  for paths in (quant.Int8Paths("oik", 0), quant.Int8Paths("io", 64)):
+    other = run(quant.quantize_for_sampling(params, group=16, paths=paths))
+    np.testing.assert_array_equal(other.tokens, int8.tokens)
+    np.testing.assert_allclose(other.logprobs, int8.logprobs, atol=1e-5)

@@ -136,11 +136,13 @@ _INT8_TEACHER_FORCED_NEAR_TIE = 4.5
 _INT8_GREEDY_NEAR_TIE = 1.0
 
 
-def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties():
+@pytest.mark.parametrize("paths", ["io:8", "oik:0"])  # the two CPU families' int8 dots
+def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties(paths):
   from rlpost.models import quant  # pylint: disable=g-import-not-at-top
 
   config, params, _ = _model()
-  q = jax.jit(quant.quantize_for_sampling)(params)
+  quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
+  q = quantize(params, paths=quant.parse_paths(paths))
   prompts = _manifest()["prompts"]
   refs = [np.load(FIXTURES / "prompts" / f"{p['id']}.npz") for p in prompts]
   margins, agree, deviation = [], [], []

@@ -13,9 +13,12 @@ Prints ONE JSON object:
   python -m experiments.benchmarks.decode --dtype=float32 [--weights=int8]
 
 With --weights=int8 the sampler (batch, single, prefill) reads the int8 copy
-(`rlpost.models.quant.quantize_for_sampling`); the ceilings stay the float ones.
+(`rlpost.models.quant.quantize_for_sampling`), its dots formed as --int8_paths says
+("auto": calibrated on this machine, `compute_paths.resolve_int8`; or LAYOUT:ROWS);
+the ceilings stay the float ones.
 """
 
+import dataclasses
 import json
 import platform
 import resource
@@ -30,6 +33,7 @@ import numpy as np
 from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.models import quant
+from rlpost.train import compute_paths
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
@@ -38,6 +42,9 @@ _PROMPT = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens (batched workloa
 _NEW = flags.DEFINE_integer("new_tokens", 64, "New tokens (batched workload).")
 _WEIGHTS = flags.DEFINE_enum(
   "weights", "model", ["model", "int8"], "What the sampler reads: the params, or their int8 copy."
+)
+_INT8_PATHS = flags.DEFINE_string(
+  "int8_paths", "auto", "With --weights=int8: auto (calibrated) or LAYOUT:ROWS, e.g. io:8."
 )
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (min and median reported).")
 
@@ -141,7 +148,11 @@ def main(argv):
   config = gemma3.get_config(_PRESET.value)
   dtype = jnp.dtype(_DTYPE.value)
   params = gemma3.init_params(jax.random.key(0), config, dtype)
-  sampled = jax.jit(quant.quantize_for_sampling)(params) if _WEIGHTS.value == "int8" else params
+  int8_paths, sampled = None, params
+  if _WEIGHTS.value == "int8":
+    int8_paths, _ = compute_paths.int8_paths(_INT8_PATHS.value)
+    quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
+    sampled = quantize(params, paths=int8_paths)
   load_before = open("/proc/loadavg").read().split()[:3]
   ceiling_s = _ceiling(params, config, _BATCH.value, _REPEATS.value)
   batched = _decode(sampled, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
@@ -170,6 +181,7 @@ def main(argv):
         "preset": _PRESET.value,
         "param_dtype": _DTYPE.value,
         "sampler_weights": _WEIGHTS.value,
+        "int8_paths": None if int8_paths is None else dataclasses.asdict(int8_paths),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],

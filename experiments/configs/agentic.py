@@ -87,6 +87,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "temperature": 1.0,
       "prompt_bucket": 32 if tiny else 128,
       "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
+      "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -102,6 +102,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       # what the sampler reads: the policy's weights ("model"), or an int8 copy made at
       # each weight sync ("int8": faster rollouts; needs algo.tis_cap)
       "weights": "model",
+      "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -89,6 +89,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_new_tokens": 8 if tiny else 192,
       "prompt_bucket": 16 if tiny else 64,
       "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
+      "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -417,7 +417,11 @@ def unstack_layers(params: Params) -> Params:
     layer = {name: jax.tree.map(lambda w, i=i: w[i], w) for name, w in layers.items()}
     for names in _FUSED:
       parts = [layer.pop(n) for n in names]
-      layer["+".join(names)] = jax.tree.map(lambda *p: jnp.concatenate(p, axis=-1), *parts)
+      layer["+".join(names)] = (
+        quant.concatenate_outputs(parts)
+        if isinstance(parts[0], quant.Int8Weight)
+        else jnp.concatenate(parts, axis=-1)
+      )
     out.append(layer)
   return {**params, "layers": tuple(out)}
 

@@ -16,7 +16,11 @@ output projection): at hundreds of rows the blocked int8 dots run slower than fl
 (262 against 613 prompt tokens/s on our CPU); the decode steps read the int8 matrices.
 
 On XLA:CPU int8 x int8 -> int32 is the fast int8 path: a weight-only dot that
-converts int8 weights to float materializes the converted matrix first.
+converts int8 weights to float materializes the converted matrix first. Which operand
+order and layout stream the weights fastest depends on the CPU (an AMD EPYC and an Intel
+Xeon with AMX disagree, BUILD.md): `Int8Paths` holds the choice, calibrated per machine
+by `rlpost.train.compute_paths.resolve_int8`. Every choice computes the same int32
+products and the same scaling, so it changes speed only.
 
 Error per block: |w - q s| <= s / 2 entrywise for weights and activations alike, so
 |x @ w - dense(x, w_int8)| <= sum_i (|x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4)
@@ -38,17 +42,64 @@ GROUP = 256
 _MIN_ROWS = 2  # XLA:CPU's int8 dot runs ~10x slower on one row than on two
 
 
+LAYER_LAYOUTS = ("io", "oik")
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Paths:
+  """How the sampler's int8 dots are formed (static; `compute_paths.resolve_int8`).
+
+  layer_layout: "io" stores a layer matrix as q [..., I, O] and puts the activations on
+    the left of the dot; "oik" stores q [..., G, O, K] (G blocks of K inputs) and puts
+    the weights on the left.
+  activations_left_max_rows: up to this many (padded) rows the output projection's dot
+    has the activations on the left, above it the [V, D] weights (0: always the weights).
+  The defaults are the AMD EPYC's calibration (BUILD.md) and what tests pin.
+  """
+
+  layer_layout: str = "io"
+  activations_left_max_rows: int = 8
+
+  def __post_init__(self):
+    if self.layer_layout not in LAYER_LAYOUTS:
+      raise ValueError(f"Int8Paths.layer_layout={self.layer_layout!r}: use one of {LAYER_LAYOUTS}")
+    if self.activations_left_max_rows < 0:
+      raise ValueError(
+        f"Int8Paths.activations_left_max_rows={self.activations_left_max_rows}: use >= 0"
+      )
+
+
+def parse_paths(text: str, field: str = "sampling.int8_paths") -> Int8Paths:
+  """`Int8Paths` from "LAYOUT:ROWS" (e.g. "io:8", the default; "oik:0"), errors naming
+  `field`."""
+  layout, _, rows = str(text).partition(":")
+  try:
+    return Int8Paths(layout, int(rows))
+  except ValueError:
+    raise ValueError(
+      f"config.{field}={text!r}: use 'auto' (calibrated on this machine) or LAYOUT:ROWS "
+      f"with LAYOUT one of {LAYER_LAYOUTS} and ROWS >= 0, e.g. 'io:8'"
+    ) from None
+
+
+_STATIC = {"static": True}
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Int8Weight:
   """A matrix as int8 values `q` and float32 scales.
 
-  Layer matrix: q [..., I, O], scale [..., G, O] (G blocks of I / G input rows).
-  Output projection: q [V, D], scale [V] (one per vocabulary row).
+  Layer matrix [I, O]: q [..., I, O] (layout "io") or [..., G, O, K] ("oik"; K = I / G),
+  scale [..., G, O] (G blocks of K input rows).
+  Output projection (layout "rows"): q [V, D], scale [V] (one per vocabulary row);
+  `activations_left_max_rows` as in `Int8Paths`.
   """
 
   q: jax.Array
   scale: jax.Array
+  layout: str = dataclasses.field(default="io", metadata=_STATIC)
+  activations_left_max_rows: int = dataclasses.field(default=0, metadata=_STATIC)
 
 
 def _absmax_scale(x: jax.Array, axis: int) -> jax.Array:
@@ -66,33 +117,49 @@ def block_size(rows: int, group: int = GROUP) -> int:
   return group if rows % group == 0 else rows
 
 
-def quantize_blocks(w_IxO: jax.Array, group: int = GROUP) -> Int8Weight:
+def quantize_blocks(w_IxO: jax.Array, group: int = GROUP, layout: str = "io") -> Int8Weight:
   """A layer matrix [..., I, O] (e.g. a stack [L, I, O]): one scale per block of
-  `block_size(I, group)` input rows and output column."""
+  `block_size(I, group)` input rows and output column, stored in `layout`."""
   *lead, I, O = w_IxO.shape
   k = block_size(I, group)
   blocks = w_IxO.reshape(*lead, I // k, k, O)
   scale = _absmax_scale(blocks, axis=-2)
-  return Int8Weight(_round(blocks, scale).reshape(w_IxO.shape), scale[..., 0, :])
+  q = _round(blocks, scale)
+  q = q.reshape(w_IxO.shape) if layout == "io" else jnp.swapaxes(q, -1, -2)
+  return Int8Weight(q, scale[..., 0, :], layout)
 
 
-def quantize_rows(w_VxD: jax.Array) -> Int8Weight:
+def quantize_rows(w_VxD: jax.Array, activations_left_max_rows: int = 8) -> Int8Weight:
   """The output projection [V, D] with one scale per vocabulary row."""
   scale = _absmax_scale(w_VxD, axis=-1)
-  return Int8Weight(_round(w_VxD, scale), scale[:, 0])
+  return Int8Weight(_round(w_VxD, scale), scale[:, 0], "rows", activations_left_max_rows)
 
 
 def dequantize_blocks(w: Int8Weight) -> jax.Array:
-  """The float32 matrix a `quantize_blocks` result stands for."""
-  *lead, I, O = w.q.shape
-  G = w.scale.shape[-2]
-  blocks = w.q.reshape(*lead, G, I // G, O).astype(jnp.float32) * w.scale[..., :, None, :]
-  return blocks.reshape(w.q.shape)
+  """The float32 matrix [..., I, O] a `quantize_blocks` result stands for."""
+  *lead, G, O = w.scale.shape
+  if w.layout == "io":
+    I = w.q.shape[-2]
+    blocks = w.q.reshape(*lead, G, I // G, O)
+  else:
+    blocks = jnp.swapaxes(w.q, -1, -2)
+  blocks = blocks.astype(jnp.float32) * w.scale[..., :, None, :]
+  return blocks.reshape(*lead, -1, O)
 
 
 def dequantize_rows(w: Int8Weight) -> jax.Array:
   """The float32 matrix a `quantize_rows` result stands for."""
   return w.q.astype(jnp.float32) * w.scale[:, None]
+
+
+def concatenate_outputs(parts: list[Int8Weight]) -> Int8Weight:
+  """Layer matrices with the same inputs side by side: [I, O1], [I, O2] -> [I, O1 + O2]."""
+  axis = -1 if parts[0].layout == "io" else -2
+  return Int8Weight(
+    jnp.concatenate([p.q for p in parts], axis=axis),
+    jnp.concatenate([p.scale for p in parts], axis=-1),
+    parts[0].layout,
+  )
 
 
 def _quantize_tokens(x_NxGxK: jax.Array):
@@ -112,26 +179,28 @@ def dense(x: jax.Array, w: Int8Weight) -> jax.Array:
   x_NxI = x.reshape(-1, I)
   N = x_NxI.shape[0]
   xq, xs = _quantize_tokens(_pad_rows(x_NxI).reshape(-1, G, I // G))
-  acc_GxNxO = jax.lax.dot_general(
-    xq, w.q.reshape(G, I // G, O), (((2,), (1,)), ((1,), (0,))), preferred_element_type=jnp.int32
-  )
-  out = jnp.einsum("gno,ng,go->no", acc_GxNxO.astype(jnp.float32), xs[..., 0], w.scale)
+  if w.layout == "io":
+    acc = jax.lax.dot_general(
+      xq, w.q.reshape(G, I // G, O), (((2,), (1,)), ((1,), (0,))), preferred_element_type=jnp.int32
+    )
+    out = jnp.einsum("gno,ng,go->no", acc.astype(jnp.float32), xs[..., 0], w.scale)
+  else:
+    acc = jax.lax.dot_general(
+      w.q, xq, (((2,), (2,)), ((0,), (1,))), preferred_element_type=jnp.int32
+    )
+    out = jnp.einsum("gon,ng,go->no", acc.astype(jnp.float32), xs[..., 0], w.scale)
   return out[:N].reshape(*lead, O)
 
 
-# Up to this many (padded) rows `vocab_major` puts the activations on the left of the
-# int8 dot: XLA:CPU then streams [V, D] faster (Gemma 3 270M's [262144, 640], AMD EPYC,
-# 2 cores: 11.7 against 17.8 ms at 2 rows, 13.5 / 17.5 at 4, 18.3 / 19.7 at 8; 37.9
-# against 29.9 at 16 rows, where the weights-on-the-left order wins).
-_ACTIVATIONS_LEFT_MAX_ROWS = 8
-
-
 def vocab_major(w: Int8Weight, h_BxD: jax.Array) -> jax.Array:
-  """w [V, D] (per-row scales) times h [B, D]: logits as [V, B] float32."""
+  """w [V, D] (per-row scales) times h [B, D]: logits as [V, B] float32. The activations
+  are the dot's left operand up to `w.activations_left_max_rows` padded rows (measured:
+  Gemma 3 270M's [262144, 640] on an AMD EPYC, 2 rows: 11.7 against 17.8 ms; on an Intel
+  Xeon with AMX 10.7 against 6.0 ms)."""
   B = h_BxD.shape[0]
   hq, hs = _quantize_tokens(_pad_rows(h_BxD)[:, None, :])
   hq_NxD, hs_N = hq[:, 0], hs[:, 0, 0]
-  if hq_NxD.shape[0] <= _ACTIVATIONS_LEFT_MAX_ROWS:
+  if hq_NxD.shape[0] <= w.activations_left_max_rows:
     acc_NxV = jax.lax.dot_general(
       hq_NxD, w.q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
     )
@@ -142,12 +211,15 @@ def vocab_major(w: Int8Weight, h_BxD: jax.Array) -> jax.Array:
   return acc_VxN[:, :B].astype(jnp.float32) * w.scale[:, None] * hs_N[None, :B]
 
 
-def quantize_for_sampling(params, group: int = GROUP):
-  """The sampler's int8 copy of a Gemma params pytree (see the module docstring)."""
+def quantize_for_sampling(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
+  """The sampler's int8 copy of a Gemma params pytree (see the module docstring), its
+  dots formed as `paths` says."""
   layers = {
-    name: quantize_blocks(w, group) if w.ndim == 3 else w for name, w in params["layers"].items()
+    name: quantize_blocks(w, group, paths.layer_layout) if w.ndim == 3 else w
+    for name, w in params["layers"].items()
   }
-  return {**params, "unembed": quantize_rows(params["embed"]), "layers": layers}
+  unembed = quantize_rows(params["embed"], paths.activations_left_max_rows)
+  return {**params, "unembed": unembed, "layers": layers}
 
 
 def float_view(params):

@@ -366,7 +366,7 @@ def _rollout(
   policy's own weights (the evaluation's: even when training rollouts read an int8 copy)."""
   actor = state.trainable["actor"] if p.setup.learner == "ppo" else state.trainable
   mesh = sharding.mesh_of(state)
-  sampler = p.sampler._replace(int8=False)
+  sampler = p.sampler._replace(int8=None)
   params_s, key = rollout_lib.sampler_weights(sampler, actor, p.setup.forward, key, mesh)
   return _play(p, pool, params_s, tasks_, seeds, key, sc, num_generations, first_row)
 

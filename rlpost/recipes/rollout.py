@@ -10,6 +10,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+from absl import logging as absl_logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,7 @@ from rlpost.models import quant
 from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.train import compute_paths
 from rlpost.train import pipeline
 from rlpost.train import shares
 from rlpost.train import sharding
@@ -106,19 +108,23 @@ SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler read
 
 class Sampler(NamedTuple):
   """Where rollouts run: `mesh` (None: on the trainer's devices) and the frozen weights
-  (the LoRA base, else None) placed there once; `int8`: the sampler reads an int8 copy
-  of the policy made at each weight sync (`rlpost.models.quant`)."""
+  (the LoRA base, else None) placed there once; `int8`: None, or the sampler reads an
+  int8 copy of the policy made at each weight sync, its dots formed as these
+  `quant.Int8Paths` say (`sampling.int8_paths`)."""
 
   mesh: Any
   frozen: Any
-  int8: bool = False
+  int8: quant.Int8Paths | None = None
 
 
 def make_sampler(cfg, frozen, forward: policy.ForwardConfig) -> Sampler:
   """The `mesh.rollout` devices with the LoRA base (`frozen`) copied to them once: each
   iteration only the trained weights move, i.e. just the adapters under LoRA."""
   mesh, base = common.rollout_mesh(cfg), frozen if forward.lora else None
-  int8 = cfg.sampling.weights == "int8"
+  int8 = None
+  if cfg.sampling.weights == "int8":
+    int8, why = compute_paths.int8_paths(cfg.sampling.get("int8_paths", "auto"))
+    absl_logging.info("sampling.weights=int8: dots %s (%s)", int8, why)
   if mesh is None or base is None:
     return Sampler(mesh, base, int8)
   return Sampler(mesh, sharding.sync(base, mesh), int8)
@@ -132,7 +138,10 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
   merged with the frozen copy already there. Shared devices: with several processes
   each takes its own replica (`sharding.local_copy`), as it samples its rows alone.
   """
-  finish = _quantized_for_sampling if sampler.int8 else lambda params: params
+  if sampler.int8 is None:
+    finish = lambda params: params
+  else:
+    finish = functools.partial(_quantized_for_sampling, paths=sampler.int8)
   if sampler.mesh is None:
     params = policy.sampling_params(trainable, sampler.frozen, forward)
     params, key = sharding.local_copy((params, key), trainer_mesh)
@@ -141,7 +150,7 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
   return finish(policy.sampling_params(trainable, sampler.frozen, forward)), key
 
 
-_quantized_for_sampling = jax.jit(quant.quantize_for_sampling)
+_quantized_for_sampling = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
 
 
 def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
@@ -192,6 +201,8 @@ def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "roll
   weights = cfg.sampling.weights
   if weights not in SAMPLER_WEIGHTS:
     common.fail("sampling.weights", weights, f"use one of {SAMPLER_WEIGHTS}")
+  if weights == "int8" and cfg.sampling.get("int8_paths", "auto") != "auto":
+    quant.parse_paths(cfg.sampling.int8_paths)
   if weights == "int8" and tis_cap is None:
     common.fail(
       "algo.tis_cap",

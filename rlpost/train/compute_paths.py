@@ -12,15 +12,22 @@ decode sizes (issue 18's probe). So:
   backend, CPU model and flags), so a machine calibrates once.
 The recipes log the choice and write it into the run's config.json; a resumed run
 reads it back from there instead of choosing again (`resolve_for_run`).
+
+`resolve_int8` chooses the same way how the sampler's int8 dots are formed
+(`quant.Int8Paths`: operand order and layout), which the two CPU families also disagree
+on. That choice changes no number, only speed, so it is logged but not recorded.
 """
 
+import dataclasses
 import json
 import os
 import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
+from rlpost.models import quant
 from rlpost.train import runtime
 
 CHOICES = ("float32", "bfloat16")
@@ -57,6 +64,23 @@ def choose(seconds: dict[str, float]) -> str:
   return "bfloat16" if seconds["bfloat16"] < BFLOAT16_MARGIN * seconds["float32"] else "float32"
 
 
+def _calibrated(name: str, cache_dir: str, calibrate: Callable[[], dict]) -> tuple[dict, str]:
+  """`calibrate()` (a JSON-able dict) once per machine: read from
+  `cache_dir/<machine key><name>.json` when there ("" = calibrate every time)."""
+  path = os.path.join(os.path.expanduser(cache_dir), runtime.machine_key() + name + ".json")
+  if cache_dir and os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return json.load(f), f"calibrated earlier on this machine ({path})"
+  found = calibrate()
+  if cache_dir:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: readers never
+    with open(partial, "w", encoding="utf-8") as f:  # see half a file
+      json.dump(found, f)
+    os.replace(partial, path)
+  return found, "calibrated"
+
+
 def resolve(
   backend: str | None = None,
   cache_dir: str = DEFAULT_CACHE,
@@ -70,21 +94,101 @@ def resolve(
   backend = backend or jax.default_backend()
   if backend in ACCELERATOR_CHOICE:
     return ACCELERATOR_CHOICE[backend], f"table: {backend}"
-  path = os.path.join(os.path.expanduser(cache_dir), runtime.machine_key() + ".json")
-  if cache_dir and os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      cached = json.load(f)
-    return cached[
-      "compute_dtype"
-    ], f"calibrated earlier on this machine ({path}): {cached['seconds']}"
-  seconds = {dtype: timer(dtype) for dtype in CHOICES}
-  dtype = choose(seconds)
-  if cache_dir:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump({"compute_dtype": dtype, "seconds": seconds}, f)
-  rounded = {k: round(v, 5) for k, v in seconds.items()}
-  return dtype, f"calibrated: probe seconds {rounded}"
+
+  def calibrate():
+    seconds = {dtype: timer(dtype) for dtype in CHOICES}
+    return {"compute_dtype": choose(seconds), "seconds": seconds}
+
+  found, how = _calibrated("", cache_dir, calibrate)
+  rounded = {k: round(v, 5) for k, v in found["seconds"].items()}
+  return found["compute_dtype"], f"{how}: probe seconds {rounded}"
+
+
+# The sampler's int8 dots (`quant.Int8Paths`), timed at Gemma 3 270M's decode shapes:
+# the output projection [V, D] in both operand orders at a few padded row counts, and the
+# widest and a blocked layer matrix [I, O] (gate+up, down) in both layouts.
+INT8_UNEMBED = (262144, 640)
+INT8_LAYERS = ((640, 4096), (2048, 640))
+INT8_ROWS = (2, 8, 32)
+INT8_LAYER_ROWS = (2, 8)
+INT8_LAYOUT_MARGIN = 0.9  # "oik" is chosen when it takes < 0.9x the time of "io"
+
+
+def int8_probe_seconds(part: str, rows: int, repeats: int = 5) -> float:
+  """Best-of-`repeats` seconds of one int8 dot formulation at `rows` padded rows.
+
+  part: "io" or "oik" (the `INT8_LAYERS` matmuls in that layout, summed), or
+  "activations_left" / "weights_left" (the output projection in that operand order).
+  """
+  if part in quant.LAYER_LAYOUTS:
+    ws = [quant.quantize_blocks(_pattern(s, jnp.float32), layout=part) for s in INT8_LAYERS]
+    xs = [_pattern((rows, s[0]), jnp.float32) for s in INT8_LAYERS]
+    fn, args = jax.jit(lambda ws, xs: [quant.dense(x, w) for x, w in zip(xs, ws)]), (ws, xs)
+  else:
+    left_max = rows if part == "activations_left" else 0
+    q = _pattern(INT8_UNEMBED, jnp.int8)  # the values do not change the time
+    w = quant.Int8Weight(q, jnp.ones(INT8_UNEMBED[0]), "rows", left_max)
+    fn, args = jax.jit(quant.vocab_major), (w, _pattern((rows, INT8_UNEMBED[1]), jnp.float32))
+  jax.block_until_ready(fn(*args))
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def _pattern(shape, dtype) -> jax.Array:
+  """A cheap deterministic array of small integers in [-125, 125] (no random draws: the
+  probe's [262144, 640] would take seconds to sample)."""
+  size = 1
+  for n in shape:
+    size *= n
+  return (jnp.arange(size, dtype=jnp.int32) % 251 - 125).astype(dtype).reshape(shape)
+
+
+def choose_int8(seconds: dict[str, float]):
+  """`quant.Int8Paths` from probe seconds keyed "<part>@<rows>": the "oik" layout when
+  its summed time is < INT8_LAYOUT_MARGIN x "io"'s; activations on the left of the output
+  projection up to the largest probed row count below which they win at every count."""
+  total = {p: sum(seconds[f"{p}@{r}"] for r in INT8_LAYER_ROWS) for p in quant.LAYER_LAYOUTS}
+  layout = "oik" if total["oik"] < INT8_LAYOUT_MARGIN * total["io"] else "io"
+  left_max = 0
+  for rows in INT8_ROWS:
+    if seconds[f"activations_left@{rows}"] > seconds[f"weights_left@{rows}"]:
+      break
+    left_max = rows
+  return quant.Int8Paths(layout, left_max)
+
+
+def resolve_int8(
+  backend: str | None = None,
+  cache_dir: str = DEFAULT_CACHE,
+  timer: Callable[[str, int], float] = int8_probe_seconds,
+):
+  """The sampler's int8 dot formulation on this machine and how it was found:
+  (`quant.Int8Paths`, reason). Accelerators: the defaults. Arguments as in `resolve`."""
+  backend = backend or jax.default_backend()
+  if backend != "cpu":
+    return quant.Int8Paths(), f"default on {backend}"
+
+  def calibrate():
+    parts = [(p, r) for p in quant.LAYER_LAYOUTS for r in INT8_LAYER_ROWS]
+    parts += [(p, r) for p in ("activations_left", "weights_left") for r in INT8_ROWS]
+    seconds = {f"{p}@{r}": timer(p, r) for p, r in parts}
+    return {"paths": dataclasses.asdict(choose_int8(seconds)), "seconds": seconds}
+
+  found, how = _calibrated("-int8", cache_dir, calibrate)
+  rounded = {k: round(v * 1e3, 2) for k, v in found["seconds"].items()}
+  return quant.Int8Paths(**found["paths"]), f"{how}: probe ms {rounded}"
+
+
+def int8_paths(setting: str, resolver=resolve_int8):
+  """`sampling.int8_paths`: "auto" -> `resolver()`, else "LAYOUT:ROWS" parsed;
+  (`quant.Int8Paths`, reason)."""
+  if setting == "auto":
+    return resolver()
+  return quant.parse_paths(setting), "set in the config"
 
 
 def resolve_for_run(
