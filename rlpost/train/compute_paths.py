@@ -49,12 +49,16 @@ def probe_seconds(dtype: str, repeats: int = 5) -> float:
     for (n, i, o), kx, kw in zip(PROBE_SHAPES, keys[::2], keys[1::2])
   ]
   loss = lambda xws: sum(gemma3._dense(x, w, dtype).sum() for x, w in xws)  # pylint: disable=protected-access
-  step = jax.jit(jax.grad(loss))
-  jax.block_until_ready(step(args))
+  return _best_seconds(jax.jit(jax.grad(loss)), (args,), repeats)
+
+
+def _best_seconds(fn, args, repeats: int) -> float:
+  """Best-of-`repeats` seconds of `fn(*args)` after one compiling call."""
+  jax.block_until_ready(fn(*args))
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(step(args))
+    jax.block_until_ready(fn(*args))
     best = min(best, time.perf_counter() - start)
   return best
 
@@ -129,13 +133,7 @@ def int8_probe_seconds(part: str, rows: int, repeats: int = 5) -> float:
     q = _pattern(INT8_UNEMBED, jnp.int8)  # the values do not change the time
     w = quant.Int8Weight(q, jnp.ones(INT8_UNEMBED[0]), "rows", left_max)
     fn, args = jax.jit(quant.vocab_major), (w, _pattern((rows, INT8_UNEMBED[1]), jnp.float32))
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - start)
-  return best
+  return _best_seconds(fn, args, repeats)
 
 
 def _pattern(shape, dtype) -> jax.Array:
