@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
+from ml_collections import config_dict
 from ml_collections import config_flags
 
 from rlpost.train import distributed
@@ -47,10 +48,22 @@ def define_config(default: str, help_text: str):
 
 def run(main) -> None:
   """`app.run(main)`, naming the unknown field when a --config.* override has none,
-  starting `jax.distributed` from --dist.* before main touches a device, then the
-  compilation cache and quiet checkpoint logs (`rlpost.train.runtime`)."""
+  applying `--config.a.b=None` overrides (after the others: absl cannot parse None for a
+  typed field), starting `jax.distributed` from --dist.* before main touches a device,
+  then the compilation cache and quiet checkpoint logs (`rlpost.train.runtime`)."""
+  nones = []
+
+  def parse(argv):
+    kept, found = split_none_overrides(argv)
+    nones.extend(found)
+    return _parse_flags(kept, argv)
 
   def with_processes(argv):
+    if nones:
+      message = apply_none_overrides(flags.FLAGS["config"].value, nones)
+      if message:
+        print(f"FATAL flags parsing error: {message}", file=sys.stderr)
+        sys.exit(2)
     distributed.initialize(distributed.DistConfig(**_DIST.value))
     if not _CHECKPOINT_LOGS.value:
       runtime.quiet_checkpoint_logs()
@@ -58,14 +71,51 @@ def run(main) -> None:
     logging.info("compilation cache: %s", path or "off")
     return main(argv)
 
-  app.run(with_processes, flags_parser=_parse_flags)
+  app.run(with_processes, flags_parser=parse)
 
 
-def _parse_flags(argv):
+_NONE = ("None", "none", "null")
+
+
+def split_none_overrides(argv) -> tuple[list[str], list[str]]:
+  """(argv without its `--config.a.b=None` overrides, their field paths "a.b")."""
+  kept, nones = [], []
+  for arg in argv:
+    name, eq, value = arg.partition("=")
+    if name.startswith("--config.") and eq and value in _NONE:
+      nones.append(name[len("--config.") :])
+    else:
+      kept.append(arg)
+  return kept, nones
+
+
+def apply_none_overrides(config, paths) -> str | None:
+  """Sets each field path of `config` to None; the first problem as a message (an
+  unknown field, or one that cannot be None), else None."""
+  for path in paths:
+    node, message = _parent(config, path)
+    if message:
+      return message
+    last = path.split(".")[-1]
+    # None only where the config allows it: a placeholder (a typed FieldReference) or a
+    # field that is None already. ConfigDict itself would take None anywhere.
+    declared = node._fields[last]  # pylint: disable=protected-access
+    if not (isinstance(declared, config_dict.FieldReference) or node[last] is None):
+      return (
+        f"config.{path}=None: this field cannot be None (it holds "
+        f"{type(node[last]).__name__} {node[last]!r}); give it a value"
+      )
+    setattr(node, last, None)
+  return None
+
+
+def _parse_flags(argv, full_argv):
+  """flags.FLAGS(argv); a failed override is named from `full_argv` (argv with the None
+  overrides, which ml_collections also reads from sys.argv)."""
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
-    message = unknown_override(argv) or f"config override failed: {e!r}"
+    message = unknown_override(full_argv) or f"config override failed: {e!r}"
     print(f"FATAL flags parsing error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -91,15 +141,25 @@ def unknown_override(argv) -> str | None:
   for arg in argv:
     if not arg.startswith("--config.") or "=" not in arg:
       continue
-    names = arg[len("--config.") : arg.index("=")].split(".")
-    node = config
-    for depth, name in enumerate(names):
-      if not hasattr(node, "keys") or name not in node:
-        block = ".".join(["config", *names[:depth]])
-        valid = sorted(node.keys()) if hasattr(node, "keys") else []
-        return (
-          f"{'.'.join(['config', *names[: depth + 1]])}: no such field; valid fields of "
-          f"{block}: {valid}"
-        )
-      node = node[name]
+    _, message = _parent(config, arg[len("--config.") : arg.index("=")])
+    if message:
+      return message
   return None
+
+
+def _parent(config, path: str):
+  """(the block holding field `path` "a.b", None), or (None, a message naming the first
+  unknown name and the valid fields of its block)."""
+  names = path.split(".")
+  node = config
+  for depth, name in enumerate(names):
+    if not hasattr(node, "keys") or name not in node:
+      block = ".".join(["config", *names[:depth]])
+      valid = sorted(node.keys()) if hasattr(node, "keys") else []
+      return None, (
+        f"{'.'.join(['config', *names[: depth + 1]])}: no such field; valid fields of "
+        f"{block}: {valid}"
+      )
+    if depth < len(names) - 1:
+      node = node[name]
+  return node, None

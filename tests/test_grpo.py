@@ -256,6 +256,48 @@ def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
   assert "'kl_method'" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(
+  "overrides,code,expected",
+  [
+    # None reaches a placeholder after the other overrides: the variant's cap is gone, so
+    # the off-policy check (run before any model loads) names it.
+    (
+      [
+        "--config.algo.tis_cap=2.0",
+        "--config.algo.tis_cap=None",
+        "--config.rollout.max_staleness=1",
+      ],
+      1,
+      "config.algo.tis_cap=None: rollout.max_staleness=1",
+    ),
+    (
+      ["--config.train.learning_rate=None"],
+      2,
+      "config.train.learning_rate=None: this field cannot be None",
+    ),
+    (
+      ["--config.algo.nosuch=None"],
+      2,
+      "config.algo.nosuch: no such field; valid fields of config.algo",
+    ),
+  ],
+)
+def test_cli_none_overrides(overrides, code, expected, tmp_path):
+  args = [
+    sys.executable,
+    "-m",
+    "experiments.grpo",
+    "--config=experiments/configs/grpo_gsm8k.py:tiny",
+    *overrides,
+    f"--workdir={tmp_path}",
+  ]
+  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == code, out.stderr[-2000:]
+  assert expected in out.stderr, out.stderr[-2000:]
+  assert not (tmp_path / "checkpoints").exists()
+
+
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
   cfg = _config(
     "tiny",
