@@ -181,6 +181,7 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
       {"sampling.weights": "int8", "algo.tis_cap": 2.0, "sampling.int8_paths": "ik:8"},
       "sampling.int8_paths",
     ),
+    ({"sampling.int8_paths": "io8"}, "sampling.int8_paths"),
     ({"sampling.weights": "int4"}, "sampling.weights"),
     ({"algo.nosuch": 1}, "algo.nosuch"),
     # Old names fail and name the new field.

@@ -201,7 +201,7 @@ def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "roll
   weights = cfg.sampling.weights
   if weights not in SAMPLER_WEIGHTS:
     common.fail("sampling.weights", weights, f"use one of {SAMPLER_WEIGHTS}")
-  if weights == "int8" and cfg.sampling.get("int8_paths", "auto") != "auto":
+  if cfg.sampling.get("int8_paths", "auto") != "auto":  # a typo fails even before it is used
     quant.parse_paths(cfg.sampling.int8_paths)
   if weights == "int8" and tis_cap is None:
     common.fail(
