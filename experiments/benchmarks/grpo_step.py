@@ -40,6 +40,12 @@ _CHUNK = flags.DEFINE_integer("logprob_chunk", None, "Projection chunk (default:
 _REMAT = flags.DEFINE_enum(
   "remat", None, ["dots", "full"], "Trainer activation policy (default: the config's)."
 )
+_SAMPLER = flags.DEFINE_enum(
+  "sampler_weights",
+  "model",
+  ["model", "int8"],
+  "What the sampler reads (int8: a copy per weight sync, dots calibrated, TIS cap 2).",
+)
 _MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
 
 
@@ -60,6 +66,9 @@ def _run_mode(mode: str) -> dict:
     cfg.train.compute_dtype = _COMPUTE.value or cfg.train.compute_dtype
     cfg.train.logprob_chunk = _CHUNK.value or cfg.train.logprob_chunk
     cfg.train.remat = _REMAT.value or cfg.train.remat
+    cfg.sampling.weights = _SAMPLER.value
+    if _SAMPLER.value == "int8":
+      cfg.algo.tis_cap = 2.0
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   pieces = grpo.build(cfg, loaded)
@@ -96,6 +105,7 @@ def _run_mode(mode: str) -> dict:
     "compute_dtype": cfg.train.compute_dtype,
     "logprob_chunk": cfg.train.logprob_chunk,
     "remat": cfg.train.remat,
+    "sampler_weights": _SAMPLER.value,
     "first_iteration_s": round(times[0]["total_s"], 2),
     "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
     "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
@@ -134,7 +144,7 @@ def main(argv):
         f"--iterations={_ITERATIONS.value}",
         f"--dtype={_DTYPE.value}",
       ]
-      + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT) if f.value],
+      + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER) if f.value],
       capture_output=True,
       text=True,
       check=True,
