@@ -179,3 +179,30 @@ def test_int8_paths_setting_and_accelerators(tmp_path):
 def test_the_real_int8_probe_times_every_part():
   for part in ("io", "oik", "activations_left", "weights_left"):
     assert compute_paths.int8_probe_seconds(part, 2, repeats=1) > 0
+
+
+def test_an_unusable_cache_calibrates_again_and_an_unwritable_one_only_warns(
+  tmp_path, monkeypatch, caplog
+):
+  """Half-written, hand-edited or stale files are calibrated over; a cache directory that
+  cannot be created (here: a file stands in its place) costs a warning, not the run."""
+  monkeypatch.setattr(runtime, "machine_key", lambda: _machine_key(EPYC))
+  timer = _Timer(TIMINGS[EPYC])
+  path = tmp_path / (runtime.machine_key() + ".json")
+  for bad in ('{"compute_dtype": "bfl', '{"compute_dtype": "float16", "seconds": {}}', "[]"):
+    path.write_text(bad)
+    with caplog.at_level("WARNING"):
+      dtype, why = compute_paths.resolve("cpu", str(tmp_path), timer)
+    assert dtype == "bfloat16" and "earlier" not in why and "calibrating again" in caplog.text
+    caplog.clear()
+  # The last calibration replaced the bad file: the next run reads it.
+  assert compute_paths.resolve("cpu", str(tmp_path), timer)[1].startswith("calibrated earlier")
+  blocked = tmp_path / "not_a_dir"
+  blocked.write_text("")
+  with caplog.at_level("WARNING"):
+    dtype, why = compute_paths.resolve("cpu", str(blocked / "cache"), timer)
+  assert dtype == "bfloat16" and "not cached" in caplog.text
+  paths, _ = compute_paths.resolve_int8(
+    "cpu", str(blocked / "cache"), lambda part, rows: INT8_EPYC[f"{part}@{rows}"]
+  )
+  assert paths == compute_paths.quant.Int8Paths("io", 8)

@@ -24,6 +24,7 @@ import os
 import time
 from typing import Callable
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -68,21 +69,29 @@ def choose(seconds: dict[str, float]) -> str:
   return "bfloat16" if seconds["bfloat16"] < BFLOAT16_MARGIN * seconds["float32"] else "float32"
 
 
-def _calibrated(name: str, cache_dir: str, calibrate: Callable[[], dict]) -> tuple[dict, str]:
-  """`calibrate()` (a JSON-able dict) once per machine: read from
-  `cache_dir/<machine key><name>.json` when there ("" = calibrate every time)."""
+def _calibrated(name: str, cache_dir: str, calibrate: Callable[[], dict], parse: Callable):
+  """(parse(found), how) for `found = calibrate()` (a JSON-able dict), run once per
+  machine: read back from `cache_dir/<machine key><name>.json` when there ("" = calibrate
+  every time). A cache file that cannot be read or parsed is calibrated again, and one
+  that cannot be written is only warned about: the run goes on either way."""
   path = os.path.join(os.path.expanduser(cache_dir), runtime.machine_key() + name + ".json")
   if cache_dir and os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      return json.load(f), f"calibrated earlier on this machine ({path})"
+    try:
+      with open(path, encoding="utf-8") as f:
+        return parse(json.load(f)), f"calibrated earlier on this machine ({path})"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      logging.warning("calibrating again: cannot use %s (%r)", path, e)
   found = calibrate()
   if cache_dir:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: readers never
-    with open(partial, "w", encoding="utf-8") as f:  # see half a file
-      json.dump(found, f)
-    os.replace(partial, path)
-  return found, "calibrated"
+    try:  # see half a file
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(partial, "w", encoding="utf-8") as f:
+        json.dump(found, f)
+      os.replace(partial, path)
+    except OSError as e:
+      logging.warning("not cached (the next run calibrates again): %s (%r)", path, e)
+  return parse(found), "calibrated"
 
 
 def resolve(
@@ -103,9 +112,14 @@ def resolve(
     seconds = {dtype: timer(dtype) for dtype in CHOICES}
     return {"compute_dtype": choose(seconds), "seconds": seconds}
 
-  found, how = _calibrated("", cache_dir, calibrate)
-  rounded = {k: round(v, 5) for k, v in found["seconds"].items()}
-  return found["compute_dtype"], f"{how}: probe seconds {rounded}"
+  def parse(found):
+    if found["compute_dtype"] not in CHOICES:
+      raise ValueError(f"compute_dtype {found['compute_dtype']!r}")
+    rounded = {k: round(v, 5) for k, v in found["seconds"].items()}
+    return found["compute_dtype"], rounded
+
+  (dtype, rounded), how = _calibrated("", cache_dir, calibrate, parse)
+  return dtype, f"{how}: probe seconds {rounded}"
 
 
 # The sampler's int8 dots (`quant.Int8Paths`), timed at Gemma 3 270M's decode shapes:
@@ -176,9 +190,12 @@ def resolve_int8(
     seconds = {f"{p}@{r}": timer(p, r) for p, r in parts}
     return {"paths": dataclasses.asdict(choose_int8(seconds)), "seconds": seconds}
 
-  found, how = _calibrated("-int8", cache_dir, calibrate)
-  rounded = {k: round(v * 1e3, 2) for k, v in found["seconds"].items()}
-  return quant.Int8Paths(**found["paths"]), f"{how}: probe ms {rounded}"
+  def parse(found):
+    rounded = {k: round(v * 1e3, 2) for k, v in found["seconds"].items()}
+    return quant.Int8Paths(**found["paths"]), rounded
+
+  (paths, rounded), how = _calibrated("-int8", cache_dir, calibrate, parse)
+  return paths, f"{how}: probe ms {rounded}"
 
 
 def int8_paths(setting: str, resolver=resolve_int8):
