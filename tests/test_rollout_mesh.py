@@ -43,8 +43,8 @@ def test_weights_reach_the_rollout_devices_without_a_host_round_trip():
   )
 
 
-def check_split_run_equals_shared_run(tmp: str):
-  """Run in the 8-device subprocess (see the test below)."""
+def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
+  """Run in the 8-device subprocess (see the tests below)."""
   from conftest import run_metrics, with_overrides
   from experiments.configs import grpo_gsm8k
   from rlpost.recipes import grpo
@@ -62,11 +62,14 @@ def check_split_run_equals_shared_run(tmp: str):
 
   def sampling(p, params, *args):
     sampled_on.append({d.id for d in jax.tree.leaves(params)[0].sharding.device_set})
+    assert ("unembed" in params) == int8  # the int8 copy, or the weights themselves
     return sample_groups(p, params, *args)
 
   grpo.rollout.sample_groups = sampling
 
   base = {"train.steps": 3, "lora.enabled": True, "mesh.data": 4, "train.micro_batch_size": 4}
+  if int8:
+    base |= {"sampling.weights": "int8", "sampling.int8_paths": "oik:0", "algo.tis_cap": 2.0}
   states = {}
   for name, rollout in (("shared", 0), ("split", 4)):
     cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**base, "mesh.rollout": rollout})
@@ -95,5 +98,15 @@ def test_a_run_sampling_on_its_own_devices_trains_as_one_sampling_on_the_trainer
   per iteration only the adapters are copied (the base once)."""
   run_with_devices(
     f"import test_rollout_mesh; test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path)!r})",
+    devices=8,
+  )
+
+
+def test_int8_rollouts_on_their_own_devices_train_as_on_the_trainers(tmp_path):
+  """The same with the sampler's int8 copy (made per sync on the sampler's devices, in the
+  "oik" layout): the same rewards, losses and adapters either way."""
+  run_with_devices(
+    "import test_rollout_mesh; "
+    f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path)!r}, int8=True)",
     devices=8,
   )
