@@ -241,17 +241,22 @@ def test_degenerate_settings_fail_before_any_model_is_loaded(
   assert not (tmp_path / "checkpoints").exists()
 
 
-def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
+def _cli(workdir, *overrides: str) -> subprocess.CompletedProcess:
+  """`python -m experiments.grpo` on the tiny config with `overrides`."""
   args = [
     sys.executable,
     "-m",
     "experiments.grpo",
     "--config=experiments/configs/grpo_gsm8k.py:tiny",
-    "--config.algo.nosuch=1",
-    f"--workdir={tmp_path}",
+    *overrides,
+    f"--workdir={workdir}",
   ]
   env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+  return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
+  out = _cli(tmp_path, "--config.algo.nosuch=1")
   assert out.returncode == 2, out.stderr[-2000:]
   assert "config.algo.nosuch: no such field; valid fields of config.algo:" in out.stderr
   assert "'kl_method'" in out.stderr and "Traceback" not in out.stderr
@@ -284,16 +289,7 @@ def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
   ],
 )
 def test_cli_none_overrides(overrides, code, expected, tmp_path):
-  args = [
-    sys.executable,
-    "-m",
-    "experiments.grpo",
-    "--config=experiments/configs/grpo_gsm8k.py:tiny",
-    *overrides,
-    f"--workdir={tmp_path}",
-  ]
-  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+  out = _cli(tmp_path, *overrides)
   assert out.returncode == code, out.stderr[-2000:]
   assert expected in out.stderr, out.stderr[-2000:]
   assert not (tmp_path / "checkpoints").exists()
