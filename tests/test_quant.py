@@ -155,6 +155,15 @@ def test_blocks_beat_one_scale_per_column_when_rows_differ_in_size():
   assert blocked < 0.5 * whole, (blocked, whole)
 
 
+def test_unknown_layouts_are_refused():
+  with pytest.raises(ValueError, match="layout='ik'"):
+    quant.quantize_blocks(jnp.ones((8, 4)), 8, "ik")
+  with pytest.raises(ValueError, match="Int8Paths.layer_layout='ik'"):
+    quant.Int8Paths("ik", 8)
+  with pytest.raises(ValueError, match="activations_left_max_rows=-1"):
+    quant.Int8Paths("io", -1)
+
+
 def test_zero_blocks_stay_zero():
   w = jnp.zeros((32, 4)).at[16:, 1].set(1.0)
   for layout in quant.LAYER_LAYOUTS:

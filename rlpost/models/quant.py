@@ -120,6 +120,8 @@ def block_size(rows: int, group: int = GROUP) -> int:
 def quantize_blocks(w_IxO: jax.Array, group: int = GROUP, layout: str = "io") -> Int8Weight:
   """A layer matrix [..., I, O] (e.g. a stack [L, I, O]): one scale per block of
   `block_size(I, group)` input rows and output column, stored in `layout`."""
+  if layout not in LAYER_LAYOUTS:
+    raise ValueError(f"layout={layout!r}: use one of {LAYER_LAYOUTS}")
   *lead, I, O = w_IxO.shape
   k = block_size(I, group)
   blocks = w_IxO.reshape(*lead, I // k, k, O)
