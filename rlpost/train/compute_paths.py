@@ -69,7 +69,9 @@ def choose(seconds: dict[str, float]) -> str:
   return "bfloat16" if seconds["bfloat16"] < BFLOAT16_MARGIN * seconds["float32"] else "float32"
 
 
-def _calibrated(name: str, cache_dir: str, calibrate: Callable[[], dict], parse: Callable):
+def _calibrated(
+  name: str, label: str, cache_dir: str, calibrate: Callable[[], dict], parse: Callable
+):
   """(parse(found), how) for `found = calibrate()` (a JSON-able dict), run once per
   machine: read back from `cache_dir/<machine key><name>.json` when there ("" = calibrate
   every time). A cache file that cannot be read or parsed is calibrated again, and one
@@ -81,6 +83,7 @@ def _calibrated(name: str, cache_dir: str, calibrate: Callable[[], dict], parse:
         return parse(json.load(f)), f"calibrated earlier on this machine ({path})"
     except (OSError, ValueError, KeyError, TypeError) as e:
       logging.warning("calibrating again: cannot use %s (%r)", path, e)
+  logging.info("calibrating %s for this machine (seconds, once: cached in %s)", label, path)
   found = calibrate()
   if cache_dir:
     partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: readers never
@@ -118,7 +121,7 @@ def resolve(
     rounded = {k: round(v, 5) for k, v in found["seconds"].items()}
     return found["compute_dtype"], rounded
 
-  (dtype, rounded), how = _calibrated("", cache_dir, calibrate, parse)
+  (dtype, rounded), how = _calibrated("", "train.compute_dtype", cache_dir, calibrate, parse)
   return dtype, f"{how}: probe seconds {rounded}"
 
 
@@ -194,7 +197,7 @@ def resolve_int8(
     rounded = {k: round(v * 1e3, 2) for k, v in found["seconds"].items()}
     return quant.Int8Paths(**found["paths"]), rounded
 
-  (paths, rounded), how = _calibrated("-int8", cache_dir, calibrate, parse)
+  (paths, rounded), how = _calibrated("-int8", "sampling.int8_paths", cache_dir, calibrate, parse)
   return paths, f"{how}: probe ms {rounded}"
 
 
