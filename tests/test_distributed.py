@@ -214,6 +214,26 @@ def test_rollout_devices_with_two_processes_equal_one_process(tmp_path):
   _assert_same_run(tmp_path / "one", tmp_path / "two")
 
 
+def test_int8_rollouts_with_two_processes_equal_one_process(tmp_path):
+  """GRPO, 3 steps, the sampler reading an int8 copy ("oik" dots, TIS cap 2): each of 2
+  processes quantizes its own replica of the weights and samples its block of prompts;
+  the run equals 1 process x 4 devices."""
+  int8 = {
+    **TINY,
+    "sampling.weights": "int8",
+    "sampling.int8_paths": "oik:0",
+    "algo.tis_cap": 2.0,
+  }
+  procs = [
+    _launch("grpo", tmp_path / "two", 2, overrides=int8),
+    _launch("grpo", tmp_path / "one", 1, overrides=int8),
+  ]
+  for p, d in zip(procs, ("two", "one")):
+    _finish(p, tmp_path / d)
+  _assert_same_run(tmp_path / "one", tmp_path / "two")
+  assert all(r["sampler_logp_gap_mean"] > 1e-4 for r in _records(tmp_path / "two"))
+
+
 def test_checkpoints_move_between_process_counts(tmp_path):
   """SFT with fsdp=4 (weights split across both processes): 2 steps on 2 processes, the
   third on 1, equals 3 steps on 1; and 1 -> 2 the same."""
