@@ -199,15 +199,11 @@ def check_config(cfg):
     common.fail("learner", cfg.learner, f"use one of {LEARNERS}")
   turns = common.from_block(multiturn.TurnConfig, cfg.rollout, "rollout")
   t, s, ev = cfg.train, cfg.sampling, cfg.eval
-  if not s.temperature > 0:
-    common.fail(
-      "sampling.temperature",
-      s.temperature,
-      "training needs a temperature > 0 (the trainer's logprobs divide the logits by it, "
-      "and greedy episodes of a task are identical); greedy validation uses eval.* instead",
-    )
-  if s.prompt_bucket < 1:
-    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+  rollout_lib.check_training_sampling(
+    s,
+    "the trainer's logprobs divide the logits by it, and greedy episodes of a task are identical",
+    "greedy validation uses eval.* instead",
+  )
   if turns.max_total_tokens < turns.max_turn_tokens:
     common.fail(
       "rollout.max_total_tokens",

@@ -65,6 +65,20 @@ class RolloutConfig:
       )
 
 
+def check_training_sampling(s, greedy_why: str, greedy_elsewhere: str) -> None:
+  """The `sampling` block of a training rollout: temperature > 0 (`greedy_why`: why this
+  recipe cannot train on greedy samples; `greedy_elsewhere`: where greedy decoding
+  belongs) and a prompt bucket of at least one token."""
+  if not s.temperature > 0:
+    common.fail(
+      "sampling.temperature",
+      s.temperature,
+      f"training needs a temperature > 0 ({greedy_why}); {greedy_elsewhere}",
+    )
+  if s.prompt_bucket < 1:
+    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
+
+
 def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greedy_why: str):
   """The sampling, data, train and loop fields every RL recipe reads (before any loading).
 
@@ -72,17 +86,11 @@ def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greed
   greedy_why: why this recipe cannot train on greedy samples.
   """
   t, d, s = cfg.train, cfg.data, cfg.sampling
-  if not s.temperature > 0:
-    common.fail(
-      "sampling.temperature",
-      s.temperature,
-      f"training needs a temperature > 0 ({greedy_why}); use e.g. 1.0. Greedy evaluation is "
-      "experiments.eval_gsm8k's job.",
-    )
+  check_training_sampling(
+    s, greedy_why, "use e.g. 1.0. Greedy evaluation is experiments.eval_gsm8k's job."
+  )
   if s.max_new_tokens < 1:
     common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
-  if s.prompt_bucket < 1:
-    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
   if t.batch_prompts < 1:
     common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
   common.check_rows_per_device(cfg, rows, rows_text)
