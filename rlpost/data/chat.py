@@ -17,10 +17,12 @@ to the first user turn; the assistant role renders as `model`):
 
 Tokenization encodes the template pieces separately and concatenates them:
 each prompt span (everything from the end of one assistant turn up to and
-including `<start_of_turn>model\n`) is encoded as one string with special
-tokens parsed, exactly as a sampler encodes `tokenizer.chat_prompt(...)`, so
-SFT prompts and RL prompts tokenize identically; assistant content is encoded
-on its own with special-token parsing off, followed by the `<end_of_turn>` id.
+including `<start_of_turn>model\n`) is built by `rlpost.envs.scaffold`, exactly
+as the RL recipes build their chat prompts, so SFT prompts and RL prompts
+tokenize identically; only the scaffold writes control ids, and record text
+(system, user and assistant content) is encoded with special-token parsing off,
+so a `<start_of_turn>` typed in a record stays plain text. Each assistant turn
+is followed by the `<end_of_turn>` id.
 The loss mask is True exactly on assistant content tokens and the
 `<end_of_turn>` closing each assistant turn.
 """
@@ -32,11 +34,11 @@ import numpy as np
 
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
 from rlpost.data.jsonl import read_jsonl, require_str
+from rlpost.envs import scaffold
 
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
 ROLES = ("system", "user", "assistant")
-_TEMPLATE_ROLE = {"user": "user", "assistant": "model"}
 _ORDER_RULE = (
   "after an optional first system message, turns alternate user/assistant, "
   "starting with user and ending with assistant"
@@ -117,22 +119,26 @@ def gsm8k_sft_records(problems: Sequence[Problem]) -> list[dict[str, str]]:
   ]
 
 
-def render_turns(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
-  """[(prompt span, assistant content)], one per assistant turn of validated messages.
+def exchanges(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
+  """[(user text, assistant content)], one per assistant turn of validated messages.
 
-  The full chat text (without BOS) is the concatenation of
-  `span + content + "<end_of_turn>"` over turns, then a final "\\n".
+  The system text (if any) and "\\n\\n" are prepended to the first user text.
   """
   system = messages[0]["content"] if messages[0]["role"] == "system" else None
-  turns, span = [], ""
-  for i, msg in enumerate(m for m in messages if m["role"] != "system"):
-    if msg["role"] == "assistant":
-      turns.append((span + f"{START_OF_TURN}model\n", msg["content"]))
-      span = "\n"
-      continue
-    content = msg["content"] if i or system is None else f"{system}\n\n{msg['content']}"
-    span += f"{START_OF_TURN}{_TEMPLATE_ROLE['user']}\n{content}{END_OF_TURN}\n"
-  return turns
+  turns = [m["content"] for m in messages if m["role"] != "system"]
+  if system is not None:
+    turns[0] = f"{system}\n\n{turns[0]}"
+  return list(zip(turns[0::2], turns[1::2]))
+
+
+def _prompt_span(tokenizer, user: str, first: bool) -> list[int]:
+  """Ids from the end of the previous assistant turn (or after BOS) to `<start_of_turn>model\\n`.
+
+  The chat text: [`\\n`]`<start_of_turn>user\\n{user}<end_of_turn>\\n<start_of_turn>model\\n`.
+  """
+  if first:
+    return scaffold.prompt_ids(tokenizer, "chat", user)[1:]
+  return scaffold.observation_ids(tokenizer, "chat", user, model_closed_turn=True)
 
 
 def _encode_response(tokenizer, text: str) -> list[int]:
@@ -154,12 +160,12 @@ def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.nd
     tokens [T] int32 (BOS first) and loss_mask [T] bool, T <= max_len.
   """
   ids, mask = [tokenizer.bos_id], [False]
-  for span, content in render_turns(to_messages(record)):
-    prompt = list(tokenizer.encode(span, add_bos=False))
+  for k, (user, content) in enumerate(exchanges(to_messages(record))):
+    prompt = _prompt_span(tokenizer, user, first=k == 0)
     response = _encode_response(tokenizer, content)
     ids += prompt + response
     mask += [False] * len(prompt) + [True] * len(response)
-  tail = list(tokenizer.encode("\n", add_bos=False))
+  tail = scaffold.text_ids(tokenizer, "\n")
   ids, mask = ids + tail, mask + [False] * len(tail)
   first = mask.index(True)
   if first >= max_len:
@@ -183,11 +189,8 @@ def tokenize_dpo(
   more raises ValueError.
   """
   fields = dpo_fields(record)
-  messages = [{"role": "user", "content": fields["prompt"]}, {"role": "assistant", "content": ""}]
-  if "system" in fields:
-    messages.insert(0, {"role": "system", "content": fields["system"]})
-  span = render_turns(messages)[0][0]
-  prompt = [tokenizer.bos_id] + list(tokenizer.encode(span, add_bos=False))
+  user = fields["prompt"] if "system" not in fields else f"{fields['system']}\n\n{fields['prompt']}"
+  prompt = [tokenizer.bos_id] + _prompt_span(tokenizer, user, first=True)
   room = max_len - len(prompt)
   if room < 1:
     raise ValueError(
