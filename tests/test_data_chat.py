@@ -200,6 +200,26 @@ def test_load_sft_and_dpo_jsonl_errors_name_file_and_line(tmp_path):
     chat.load_dpo_jsonl(dpo)
 
 
+def test_jsonl_bom_crlf_accepted_and_non_utf8_line_named(tmp_path):
+  """A file saved with a UTF-8 byte-order mark and CRLF line ends loads like a plain one;
+  a line that is not UTF-8 (e.g. Latin-1 'café') fails naming path:line and the fix.
+
+  Mutation caught: opening with encoding="utf-8" (BOM -> 'invalid JSON' at line 1) and
+  letting the UnicodeDecodeError through (no file, no line, no fix).
+  """
+  record = {"prompt": "p", "chosen": "c", "rejected": "r"}
+  path = tmp_path / "dpo.jsonl"
+  path.write_bytes(
+    ("\ufeff" + json.dumps(record) + "\r\n\r\n" + json.dumps(record) + "\r\n").encode()
+  )
+  assert chat.load_dpo_jsonl(path) == [record, record]
+  path.write_bytes(json.dumps(record).encode() + b'\n\n{"prompt": "caf\xe9", "chosen": "c"}\n')
+  with pytest.raises(
+    ValueError, match=f"{re.escape(str(path))}:3: .*not UTF-8.*save the file as UTF-8"
+  ):
+    chat.load_dpo_jsonl(path)
+
+
 def test_tokenize_dpo_and_concat():
   record = {"system": "S", "prompt": "which?", "chosen": "good one", "rejected": "bad"}
   prompt, chosen, rejected = chat.tokenize_dpo(record, TOK, max_len=256)

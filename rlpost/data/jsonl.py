@@ -5,19 +5,43 @@ import os
 from typing import Any, Iterator
 
 
+def _undecodable_line(path: str) -> str:
+  """`path:line` and the bytes of the first line that is not UTF-8 (the error's where)."""
+  with open(path, "rb") as f:
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        return (
+          f"{path}:{lineno}: byte {raw[e.start : e.start + 1]!r} (byte {e.start + 1} of the line)"
+        )
+  return path
+
+
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
   """Yields (`"{path}:{line}"`, object) for every non-blank line of a JSONL file.
 
-  Blank (whitespace-only) lines are skipped. A line that is not valid JSON, or
-  whose value is not a JSON object, raises ValueError naming `path:line`.
+  The file is UTF-8 (a leading byte-order mark is skipped); blank (whitespace-only)
+  lines are skipped. A line that is not UTF-8 or not valid JSON, or whose value is
+  not a JSON object, raises ValueError naming `path:line`.
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(
       f"{path}: no such JSONL file; check the path (or the data_dir setting that points to it)"
     )
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
+  with open(path, encoding="utf-8-sig") as f:
+    lines = enumerate(f, start=1)
+    while True:
+      try:
+        lineno, line = next(lines)
+      except StopIteration:
+        return
+      except UnicodeDecodeError as e:
+        raise ValueError(
+          f"{_undecodable_line(path)} is not UTF-8 text ({e.reason}); save the file as "
+          "UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
       if not line.strip():
         continue
       where = f"{path}:{lineno}"
