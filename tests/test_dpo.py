@@ -105,3 +105,19 @@ def test_lora_dpo_runs_and_validates(tmp_path):
   cfg.dpo.beta, cfg.data.source = 0.1, "jsonl"
   with pytest.raises(ValueError, match=r"data\.path"):
     dpo_recipe.check_config(cfg)
+
+
+def test_empty_preference_file_fails_naming_data_path(tmp_path):
+  """A JSONL file with no records (empty, or blank lines only) fails naming data.path,
+  before a model is loaded, as SFT's does.
+
+  Mutation caught: no emptiness check (the run loads the model, then fails deep in the
+  data cursor with 'dataset_size=0 must be >= 1').
+  """
+  path = tmp_path / "prefs.jsonl"
+  path.write_text("\n  \n")
+  cfg = dpo_configs.get_config("tiny")
+  cfg.data.source, cfg.data.path = "jsonl", str(path)
+  dpo_recipe.check_config(cfg)
+  with pytest.raises(ValueError, match=r"config\.data\.path=.*prefs\.jsonl.*no preference pairs"):
+    dpo_recipe.records(cfg)

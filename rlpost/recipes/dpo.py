@@ -44,20 +44,28 @@ def check_config(cfg):
 
 
 def records(cfg) -> list[dict]:
-  if cfg.data.source == "jsonl":
-    pairs = chat.load_dpo_jsonl(cfg.data.path)
-  else:
-    pairs = dpo.synthetic_pairs(cfg.data.num_synthetic, cfg.seed)
-  return pairs[: cfg.data.num_examples] if cfg.data.num_examples else pairs
+  """The preference pairs of `data.source` (the first `data.num_examples`; 0: all)."""
+  d = cfg.data
+  pairs = (
+    chat.load_dpo_jsonl(d.path)
+    if d.source == "jsonl"
+    else dpo.synthetic_pairs(d.num_synthetic, cfg.seed)
+  )
+  if not pairs:
+    common.fail(
+      "data.path", d.path, "holds no preference pairs: point it at a non-empty JSONL file"
+    )
+  return pairs[: d.num_examples] if d.num_examples else pairs
 
 
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs DPO from a configs/dpo.py ConfigDict; returns (state, last metrics record)."""
   common.resolve_compute_dtype(cfg, workdir)
   fwd, dpo_config = check_config(cfg)
+  pair_records = records(cfg)  # a bad data file fails before the model is loaded
   _, params, tokenizer, state, frozen, optimizer = sft_recipe.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
-  pairs = dpo.tokenize_pairs(records(cfg), tokenizer, d.seq_len)
+  pairs = dpo.tokenize_pairs(pair_records, tokenizer, d.seq_len)
   reference = params if fwd.lora else dpo.initial_reference(params)
   mesh = common.make_mesh(cfg)
   loss_fn = dpo.make_loss_fn(
