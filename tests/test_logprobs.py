@@ -8,6 +8,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlpost.ops import logprobs
 
@@ -258,3 +259,28 @@ def test_full_logits_never_materialized():
   jaxpr = jax.make_jaxpr(grad_fn)(hidden, embed)
   biggest = _max_intermediate_size(jaxpr.jaxpr)
   assert biggest <= chunk * vocab < batch * seq * vocab, biggest
+
+
+def test_empty_batch_and_zero_temperature():
+  """An empty batch (0 rows, or 0 positions) gives [B, T] zeros, value and gradient, instead
+  of a ZeroDivisionError; temperature 0 (logits / 0 -> NaN) fails naming the setting.
+
+  Mutation caught: no empty-batch branch (`-(-0 // 0)`: ZeroDivisionError) and no
+  temperature check (silent NaN logprobs).
+  """
+  embed = jnp.ones((7, 4))
+  for b, t in ((0, 5), (2, 0)):
+    hidden = jnp.ones((b, t, 4))
+    targets, mask = jnp.zeros((b, t), jnp.int32), jnp.ones((b, t), bool)
+    logp, entropy = logprobs.token_logprobs(hidden, embed, targets, mask, return_entropy=True)
+    assert logp.shape == entropy.shape == (b, t) and logp.dtype == jnp.float32
+    grad = jax.grad(lambda h: logprobs.token_logprobs(h, embed, targets, mask).sum())(hidden)
+    assert grad.shape == (b, t, 4)
+  with pytest.raises(ValueError, match="temperature=0.0.*must be > 0"):
+    logprobs.token_logprobs(
+      jnp.ones((1, 2, 4)),
+      embed,
+      jnp.zeros((1, 2), jnp.int32),
+      jnp.ones((1, 2), bool),
+      temperature=0.0,
+    )

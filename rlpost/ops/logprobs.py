@@ -151,7 +151,15 @@ def token_logprobs(
     )
   if chunk < 1:
     raise ValueError(f"chunk must be >= 1, got {chunk}")
+  if isinstance(temperature, (int, float)) and not temperature > 0:
+    raise ValueError(
+      f"temperature={temperature}: logits are divided by it, so it must be > 0 (greedy "
+      "sampling has no logprobs to recompute; use the sampler's temperature)"
+    )
   num_tokens = batch * seq
+  if num_tokens == 0:  # an empty batch (no rows or no positions): nothing to project
+    zeros_BxT = jnp.zeros((batch, seq), jnp.float32)
+    return (zeros_BxT, zeros_BxT) if return_entropy else zeros_BxT
   chunk = min(chunk, num_tokens)
   num_chunks = -(-num_tokens // chunk)
   pad = num_chunks * chunk - num_tokens
