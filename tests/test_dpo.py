@@ -121,3 +121,15 @@ def test_empty_preference_file_fails_naming_data_path(tmp_path):
   dpo_recipe.check_config(cfg)
   with pytest.raises(ValueError, match=r"config\.data\.path=.*prefs\.jsonl.*no preference pairs"):
     dpo_recipe.records(cfg)
+
+
+def test_infinite_dpo_beta_fails_naming_the_field():
+  """`--config.dpo.beta=inf` fails at start-up naming config.dpo.beta (it used to train on
+  NaN losses: inf * a zero margin).
+
+  Mutation caught: `beta > 0` without isfinite.
+  """
+  cfg = dpo_configs.get_config("tiny")
+  cfg.dpo.beta = float("inf")
+  with pytest.raises(ValueError, match=r"config\.dpo\.beta=inf: must be a finite number > 0"):
+    dpo_recipe.check_config(cfg)

@@ -57,6 +57,21 @@ def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
   assert hint in message, message
 
 
+@pytest.mark.parametrize(
+  "cls, field",
+  [(GRPO, "beta"), (GRPO, "entropy_coef"), (PPO, "beta"), (PPO, "entropy_coef"), (PPO, "vf_coef")],
+)
+def test_infinite_loss_weights_fail_at_construction(cls, field):
+  """A loss weight of inf (`--config.algo.beta=inf`) fails when the config is built, naming
+  the field; it used to pass and make every train step non-finite (inf * a zero KL is NaN),
+  stopping the run after train.max_bad_steps with advice about the learning rate.
+
+  Mutation caught: `beta >= 0` / `entropy_coef >= 0` / `vf_coef > 0` without isfinite.
+  """
+  with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{field}=inf: use a finite value"):
+    cls(**{field: float("inf")})
+
+
 def test_configs_are_frozen_hashable_static_args():
   config = GRPO(advantage_estimator="reinforce_pp", num_generations=1)
   assert hash(config) == hash(dataclasses.replace(config))

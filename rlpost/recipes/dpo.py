@@ -8,6 +8,7 @@ sigmoid DPO loss, through the one run loop (`rlpost.train.loop`).
 
 import dataclasses
 import functools
+import math
 
 
 from rlpost.data import chat
@@ -31,8 +32,8 @@ class DPOConfig:
   label_smoothing: float = 0.0
 
   def __post_init__(self):
-    if not self.beta > 0:
-      raise ValueError(f"DPOConfig.beta={self.beta!r}: must be > 0 (typical: 0.1)")
+    if not (math.isfinite(self.beta) and self.beta > 0):
+      raise ValueError(f"DPOConfig.beta={self.beta!r}: must be a finite number > 0 (typical: 0.1)")
     if not 0 <= self.label_smoothing < 0.5:
       raise ValueError(f"DPOConfig.label_smoothing={self.label_smoothing!r}: must be in [0, 0.5)")
 

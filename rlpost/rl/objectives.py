@@ -16,6 +16,7 @@ values and the clipped value loss (actor and critic in one trainable pytree).
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,11 +52,21 @@ def _validate_policy_fields(c):
     "epsilon_c",
     "dual clip needs a value > 1 (e.g. 3.0), or None to disable it",
   )
-  _require(c.beta >= 0.0, c, "beta", "use a value >= 0 (0 disables the KL term)")
+  _require(
+    math.isfinite(c.beta) and c.beta >= 0.0,
+    c,
+    "beta",
+    "use a finite value >= 0 (0 disables the KL term)",
+  )
   _one_of(c, "kl_method", losses.KL_ESTIMATORS)
   _require(c.kl_clamp is None or c.kl_clamp > 0, c, "kl_clamp", "use a positive value or None")
   _one_of(c, "loss_agg_mode", losses.AGGREGATIONS)
-  _require(c.entropy_coef >= 0.0, c, "entropy_coef", "use a value >= 0")
+  _require(
+    math.isfinite(c.entropy_coef) and c.entropy_coef >= 0.0,
+    c,
+    "entropy_coef",
+    "use a finite value >= 0",
+  )
   _require(
     c.tis_cap is None or c.tis_cap > 0,
     c,
@@ -183,7 +194,12 @@ class PPOConfig:
       "clip_range_value",
       "use a positive clip range or None",
     )
-    _require(self.vf_coef > 0.0, self, "vf_coef", "use a value > 0 (the critic trains on it)")
+    _require(
+      math.isfinite(self.vf_coef) and self.vf_coef > 0.0,
+      self,
+      "vf_coef",
+      "use a finite value > 0 (the critic trains on it)",
+    )
     _require(
       self.critic_warmup_steps >= 0,
       self,
