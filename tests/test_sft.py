@@ -351,6 +351,20 @@ def test_an_empty_jsonl_fails_naming_the_path(tmp_path):
     sft_recipe.records(cfg)
 
 
+def test_a_prompt_longer_than_seq_len_fails_naming_data_seq_len(tmp_path):
+  """A JSONL record whose prompt alone fills data.seq_len fails naming config.data.seq_len
+  (the library's message only said 'raise max_len', which no config has).
+
+  Mutation caught: recipes.sft.tokenized_examples calling chat.tokenize_sft unwrapped.
+  """
+  path = tmp_path / "chats.jsonl"
+  path.write_text(json.dumps({"prompt": "x" * 40, "completion": "y"}) + "\n")
+  cfg = _tiny_config(data__source="jsonl", data__path=str(path), data__seq_len=16)
+  cfg.eval.every = 0
+  with pytest.raises(ValueError, match=r"^config\.data\.seq_len=16: SFT record's prompt is"):
+    sft_recipe.tokenized_examples(cfg, tokenizer_lib.byte_tokenizer())
+
+
 def test_unknown_variant():
   with pytest.raises(ValueError, match="variant"):
     sft_configs.get_config("gemma9")

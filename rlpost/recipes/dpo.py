@@ -66,7 +66,9 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   pair_records = records(cfg)  # a bad data file fails before the model is loaded
   _, params, tokenizer, state, frozen, optimizer = sft_recipe.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
-  pairs = dpo.tokenize_pairs(pair_records, tokenizer, d.seq_len)
+  pairs = sft_recipe.tokenize_records(
+    pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg
+  )
   reference = params if fwd.lora else dpo.initial_reference(params)
   mesh = common.make_mesh(cfg)
   loss_fn = dpo.make_loss_fn(

@@ -153,8 +153,10 @@ def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
   d = cfg.data
   if d.source != "gsm8k_tools":
     train_records, eval_records = records(cfg)
-    tokenize = lambda rs: [chat.tokenize_sft(r, tokenizer, d.seq_len) for r in rs]
-    return tokenize(train_records), tokenize(eval_records)
+    tokenize = lambda r: chat.tokenize_sft(r, tokenizer, d.seq_len)
+    return tokenize_records(train_records, tokenize, cfg), tokenize_records(
+      eval_records, tokenize, cfg
+    )
   out = []
   for split, limit in (("train", d.num_examples), ("test", cfg.eval.num_examples)):
     kept, dropped = tool_traces.tool_traces(gsm8k.load_gsm8k(split, d.data_dir))
@@ -162,6 +164,18 @@ def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
     kept = kept[:limit] if limit else kept
     out.append([trace_example(tokenizer, p, trace, d.seq_len) for p, trace in kept])
   return out[0], out[1]
+
+
+def tokenize_records(records, tokenize, cfg) -> list:
+  """`tokenize(record)` of each record; a record whose prompt leaves no room for a response
+  in data.seq_len tokens fails naming that setting."""
+  out = []
+  for record in records:
+    try:
+      out.append(tokenize(record))
+    except ValueError as e:
+      common.fail("data.seq_len", cfg.data.seq_len, str(e))
+  return out
 
 
 def trace_example(tokenizer, problem, trace, max_len: int) -> tuple[np.ndarray, np.ndarray]:
