@@ -18,6 +18,7 @@ log-probability under the untempered full softmax.
 import dataclasses
 import functools
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,12 @@ class SamplingConfig:
       raise ValueError(
         f"SamplingConfig.top_p={self.top_p} must be in (0, 1]; use 1.0 to disable nucleus sampling"
       )
+    for name in ("top_k", "max_new_tokens", "prompt_bucket", "nucleus_candidates"):
+      value = getattr(self, name)
+      if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise ValueError(
+          f"SamplingConfig.{name}={value!r} must be a whole number (a count of tokens)"
+        )
     if self.top_k is not None and self.top_k < 1:
       raise ValueError(f"SamplingConfig.top_k={self.top_k} must be >= 1 or None")
     if self.max_new_tokens < 1:
@@ -237,6 +244,7 @@ def sample(
   Returns:
     SampleOutput with B * G rows.
   """
+  _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
   params = gemma3.unstack_layers(params)  # sliced once, not at every decode step
@@ -304,6 +312,28 @@ def sample(
     mask=mask,
     lengths=mask.sum(-1).astype(jnp.int32),
   )
+
+
+def _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples: int) -> None:
+  """Shapes and dtypes of `sample`'s arguments (checked when it is traced)."""
+  if tokens_BxP.ndim != 2 or not jnp.issubdtype(tokens_BxP.dtype, jnp.integer):
+    raise ValueError(
+      f"sample: tokens_BxP must be [B, P] integer token ids, got {tokens_BxP.dtype} "
+      f"{tokens_BxP.shape}; build them with pad_prompts"
+    )
+  if lengths_B.shape != tokens_BxP.shape[:1]:
+    raise ValueError(
+      f"sample: lengths_B has shape {lengths_B.shape}, expected [B] = ({tokens_BxP.shape[0]},): "
+      "one real length per prompt row (pad_prompts returns both)"
+    )
+  if num_samples < 1:
+    raise ValueError(f"sample: num_samples={num_samples} must be >= 1 completion per prompt")
+  rows = tokens_BxP.shape[0] * num_samples
+  if row_ids is not None and jnp.shape(row_ids) != (rows,):
+    raise ValueError(
+      f"sample: row_ids has shape {jnp.shape(row_ids)}, expected [B * num_samples] = ({rows},), "
+      "one id per output row (or None for 0, 1, ...)"
+    )
 
 
 def _generated_mask(tokens_BxN, stop_ids, steps):

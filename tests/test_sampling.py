@@ -223,3 +223,29 @@ def test_invalid_sampling_settings_raise():
       sampling.SamplingConfig(top_p=bad)
   with pytest.raises(ValueError, match="top_k=0"):
     sampling.SamplingConfig(top_k=0)
+
+
+def test_bad_sample_arguments_fail_naming_the_argument():
+  """Arguments of the wrong shape or type fail at trace time naming the argument and the
+  fix, not with a dynamic_update_slice / lax.top_k error from inside the decode loop, and
+  num_samples=0 no longer returns an empty batch silently.
+
+  Mutation caught: no `_check_sample_args` in `sample`, no whole-number check in
+  SamplingConfig (top_k=2.5 failed inside lax.top_k).
+  """
+  sc = sampling.SamplingConfig(max_new_tokens=2, prompt_bucket=4)
+  tokens, lengths = sampling.pad_prompts([[2, 10, 11]], sc)
+  call = lambda t=tokens, n=lengths, **kw: sampling.sample(
+    PARAMS, t, n, jax.random.key(0), model_config=CONFIG, config=sc, **kw
+  )
+  with pytest.raises(ValueError, match=r"row_ids has shape \(3,\), expected .* = \(2,\)"):
+    call(row_ids=jnp.arange(3), num_samples=2)
+  with pytest.raises(ValueError, match=r"lengths_B has shape \(2,\), expected \[B\] = \(1,\)"):
+    call(n=jnp.asarray([3, 3], jnp.int32))
+  with pytest.raises(ValueError, match="tokens_BxP must be .* integer token ids, got float32"):
+    call(t=tokens.astype(jnp.float32))
+  with pytest.raises(ValueError, match="num_samples=0 must be >= 1"):
+    call(num_samples=0)
+  for field in ("top_k", "max_new_tokens", "prompt_bucket"):
+    with pytest.raises(ValueError, match=f"SamplingConfig.{field}=2.5 must be a whole number"):
+      sampling.SamplingConfig(**{field: 2.5})
