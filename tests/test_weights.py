@@ -211,6 +211,29 @@ def test_not_a_gguf_file(tmp_path):
     gguf_file.read_gguf(tmp_path / "x.gguf")
 
 
+def test_truncated_or_empty_gguf_names_the_file(tmp_path):
+  """A GGUF cut inside its header (a partial download) or an empty file fails naming the
+  file, where it ends, and the fix; it used to raise a bare struct.error / 'cannot mmap
+  an empty file'.
+
+  Mutation caught: read_gguf without the header try/except and the empty-file check.
+  """
+  full = write_gguf(
+    tmp_path / "full.gguf", gguf_tensors(random_params(TINY_INFO), TINY_INFO), TINY_INFO
+  )
+  data = full.read_bytes()
+  for cut in (10, 100, 400):
+    path = tmp_path / f"cut{cut}.gguf"
+    path.write_bytes(data[:cut])
+    with pytest.raises(
+      ValueError, match=rf"cut{cut}\.gguf: unreadable GGUF header .*of {cut}\b.*truncated"
+    ):
+      gguf_file.read_gguf(path)
+  (tmp_path / "empty.gguf").write_bytes(b"")
+  with pytest.raises(ValueError, match=r"empty\.gguf is empty \(0 bytes\)"):
+    gguf_file.read_gguf(tmp_path / "empty.gguf")
+
+
 def test_reader_matches_gguf_reader_on_all_value_types(tmp_path):
   w = gguf.GGUFWriter(str(tmp_path / "kv.gguf"), "gemma3")
   w.add_uint8("t.u8", 7)

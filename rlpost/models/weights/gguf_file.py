@@ -170,17 +170,31 @@ def _tensor_index(cur: _Cursor, count: int, data_start_fn, size: int, path: str)
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
-  """Parses the header of the GGUF file at `path`; tensor data stays mapped."""
+  """Parses the header of the GGUF file at `path`; tensor data stays mapped.
+
+  A file that ends inside its header or holds undecodable header fields (a truncated
+  download, another format) raises ValueError naming the file and the byte offset.
+  """
   path = os.fspath(path)
+  if os.path.isfile(path) and os.path.getsize(path) == 0:
+    raise ValueError(f"{path} is empty (0 bytes), not a GGUF file; download it again")
   with open(path, "rb") as f:
     buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
   cur = _Cursor(buf)
-  _check_magic(cur, path)
-  n_tensors, n_kv = cur.unpack("<QQ")
-  metadata = {}
-  for _ in range(n_kv):
-    key = cur.string()
-    metadata[key] = cur.value(cur.unpack("<I"))
-  align = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
-  tensors = _tensor_index(cur, n_tensors, lambda off: -(-off // align) * align, len(buf), path)
+  try:
+    _check_magic(cur, path)
+    n_tensors, n_kv = cur.unpack("<QQ")
+    metadata = {}
+    for _ in range(n_kv):
+      key = cur.string()
+      metadata[key] = cur.value(cur.unpack("<I"))
+    align = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+    tensors = _tensor_index(cur, n_tensors, lambda off: -(-off // align) * align, len(buf), path)
+  except (struct.error, UnicodeDecodeError, ValueError) as e:
+    if str(e).startswith(path):  # this module's own errors already say what is wrong
+      raise
+    raise ValueError(
+      f"{path}: unreadable GGUF header at byte {cur.off} of {len(buf)} "
+      f"({type(e).__name__}: {e}); the file is truncated or corrupt: download it again"
+    ) from e
   return GGUFFile(path, metadata, tensors, buf)
