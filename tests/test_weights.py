@@ -393,6 +393,32 @@ def test_hf_errors_name_the_problem(tmp_path):
     st.load_hf_checkpoint(tmp_path / "nothing")
 
 
+def test_hf_corrupt_files_are_named(tmp_path):
+  """A config.json that is not a JSON object, a shard index without a weight_map and a
+  truncated or empty .safetensors file fail naming the file and the fix, not with a bare
+  JSONDecodeError / AttributeError / KeyError / SafetensorError.
+
+  Mutation caught: load_hf_checkpoint reading config.json with json.loads and opening
+  shards with safe_open unguarded.
+  """
+  st.export_hf_checkpoint(random_params(TINY_INFO), TINY_INFO, tmp_path)
+  config, shard = tmp_path / "config.json", tmp_path / "model.safetensors"
+  good_config, good_shard = config.read_text(), shard.read_bytes()
+  for text, needle in (("{not json", "not valid JSON"), ("[1, 2]", "expected a JSON object")):
+    config.write_text(text)
+    with pytest.raises(ValueError, match=rf"config\.json: {needle}"):
+      st.load_hf_checkpoint(tmp_path)
+  config.write_text(good_config)
+  for data in (good_shard[:20], good_shard[:-100], b""):
+    shard.write_bytes(data)
+    with pytest.raises(ValueError, match=r"model\.safetensors: not a readable safetensors file"):
+      st.load_hf_checkpoint(tmp_path)
+  shard.write_bytes(good_shard)
+  (tmp_path / "model.safetensors.index.json").write_text("{}")
+  with pytest.raises(ValueError, match=r"index\.json: no 'weight_map'"):
+    st.load_hf_checkpoint(tmp_path)
+
+
 def test_export_accepts_a_config_dataclass(tmp_path):
   import dataclasses  # pylint: disable=g-import-not-at-top
 

@@ -177,11 +177,39 @@ def info_to_hf_config(
   }
 
 
+def _json_object(path: pathlib.Path, what: str) -> dict[str, Any]:
+  """The JSON object in `path`; ValueError naming the file when it is not one."""
+  try:
+    value = json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not valid JSON ({e}); it must be the checkpoint's {what}") from e
+  if not isinstance(value, dict):
+    raise ValueError(
+      f"{path}: expected a JSON object (the checkpoint's {what}), got {type(value).__name__}"
+    )
+  return value
+
+
+def _open_shard(path: pathlib.Path):
+  """`safetensors.safe_open(path)`; a file whose header does not parse is named."""
+  try:
+    return safetensors.safe_open(path, framework="numpy")
+  except OSError:  # missing, unreadable: the OS error names the file and the cause
+    raise
+  except Exception as e:  # SafetensorError is not importable from one stable place
+    raise ValueError(
+      f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); the file is "
+      "truncated or corrupt: download or export it again"
+    ) from e
+
+
 def _shards(ckpt_dir: pathlib.Path) -> list[pathlib.Path]:
   """The safetensors files of a checkpoint directory (index json if present)."""
   index = ckpt_dir / _INDEX
   if index.exists():
-    weight_map = json.loads(index.read_text())["weight_map"]
+    weight_map = _json_object(index, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{index}: no 'weight_map' object (tensor name -> shard file)")
     files = [ckpt_dir / f for f in sorted(set(weight_map.values()))]
     absent = [str(f) for f in files if not f.exists()]
     if absent:
@@ -241,9 +269,9 @@ def load_hf_checkpoint(
       f"{config_path} not found: expected a Hugging Face checkpoint "
       "directory (config.json + *.safetensors)"
     )
-  info = hf_config_to_info(json.loads(config_path.read_text()), str(config_path))
+  info = hf_config_to_info(_json_object(config_path, "model config"), str(config_path))
   params = common.empty_params(info, common.canonical_dtype(dtype))
-  handles = [safetensors.safe_open(f, framework="numpy") for f in _shards(ckpt_dir)]
+  handles = [_open_shard(f) for f in _shards(ckpt_dir)]
   where = {name: h for h in handles for name in h.keys()}
   prefix = _text_prefix(where, ckpt_dir)
   names = hf_names(info["num_layers"], prefix)
