@@ -129,3 +129,19 @@ def test_hub_rows_are_parsed(monkeypatch):
 def test_system_prompt_names_all_tags():
   for tag in (gsm8k.REASONING_START, gsm8k.REASONING_END, gsm8k.ANSWER_START, gsm8k.ANSWER_END):
     assert tag in gsm8k.SYSTEM_PROMPT
+
+
+def test_a_final_answer_that_is_not_a_number_names_the_line(tmp_path):
+  """'#### 72 dollars' in a GSM8K-format file fails naming path:line and the fix: such a
+  truth can never equal a parsed answer, so every completion would silently score 0 on
+  check_numbers and answer accuracy. Commas and signs stay accepted.
+
+  Mutation caught: problem_from_record without the float(final) check.
+  """
+  path = _write(tmp_path, [_row(), '{"question": "Q", "answer": "x\\n#### 72 dollars"}'])
+  with pytest.raises(
+    ValueError, match=rf"{re.escape(str(path))}:2: .*'#### 72 dollars', not a number"
+  ):
+    gsm8k.load_jsonl_problems(path)
+  path = _write(tmp_path, ['{"question": "Q", "answer": "x\\n#### -1,234.5"}'], name="ok.jsonl")
+  assert gsm8k.load_jsonl_problems(path)[0].final == "-1234.5"

@@ -65,6 +65,14 @@ def problem_from_record(record: dict[str, Any], where: str) -> Problem:
       f"{where}: nothing after '{_FINAL_MARK}' in field 'answer' "
       f"(answer ends {answer[-60:]!r}); expected e.g. '#### 72'"
     )
+  try:
+    float(final)
+  except ValueError:
+    raise ValueError(
+      f"{where}: field 'answer' ends '{_FINAL_MARK} {final[:40]}', not a number; the "
+      f"answer rewards and accuracy compare numbers, so write only the number after "
+      f"'{_FINAL_MARK}' (e.g. '#### 72', '#### -3.5', '#### 1,234')"
+    ) from None
   return Problem(question=question, answer=answer, final=final)
 
 
