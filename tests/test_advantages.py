@@ -211,6 +211,23 @@ def test_group_estimators_reject_bad_group_sizes():
     adv.rloo(jnp.zeros(4), 1)
 
 
+def test_estimators_take_a_plain_list_of_rewards():
+  """Every estimator in the name table takes rewards as a Python list (as a reward function
+  returns them), giving what the array gives; a list of the wrong length still fails naming
+  the shape and group size.
+
+  Mutation caught: `_groups` / `reinforce_pp` reading `.shape` / `.astype` of the input
+  (AttributeError: 'list' object has no attribute 'shape').
+  """
+  rewards = [1.0, 0.0, 0.0, 2.0, 1.0, 1.0]
+  for name, estimator in adv.ESTIMATORS.items():
+    want = estimator(jnp.asarray(rewards), 2)
+    np.testing.assert_allclose(estimator(rewards, 2), want, err_msg=name)
+  for name in adv.GROUP_ESTIMATORS:
+    with pytest.raises(ValueError, match=r"got shape \(5,\), group_size=2"):
+      adv.ESTIMATORS[name](rewards[:5], 2)
+
+
 @SETTINGS
 @given(shape=token_shapes, seed=st.integers(0, 2**16), shift_mean=st.booleans())
 def test_masked_statistics(shape, seed, shift_mean):

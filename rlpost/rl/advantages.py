@@ -13,9 +13,10 @@ import jax.numpy as jnp
 
 
 def _groups(rewards_N, group_size):
-  """`[N]` -> `[N // G, G]` float32, checking that `G` divides `N`."""
-  num = rewards_N.shape[0]
-  if rewards_N.ndim != 1 or group_size < 1 or num % group_size:
+  """`[N]` (an array, or a list of numbers) -> `[N // G, G]` float32, checking that `G`
+  divides `N`."""
+  rewards_N = jnp.asarray(rewards_N)
+  if rewards_N.ndim != 1 or group_size < 1 or rewards_N.shape[0] % group_size:
     raise ValueError(
       f"rewards must be [N] with N a multiple of group_size; "
       f"got shape {rewards_N.shape}, group_size={group_size}"
@@ -151,7 +152,7 @@ def reinforce_pp(
     group_size: if set, subtract the group mean first ("REINFORCE++-baseline").
     epsilon: added to the variance before the square root.
   """
-  rewards_N = rewards_N.astype(jnp.float32)
+  rewards_N = jnp.asarray(rewards_N, jnp.float32)
   if group_size is not None:
     rewards_N = drgrpo(rewards_N, group_size)
   if mask_BxT is None:
