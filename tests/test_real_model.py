@@ -36,37 +36,58 @@ def _manifest():
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _hidden(params, ids_1xT, config):
-  T = ids_1xT.shape[1]
+def _hidden_padded(params, ids_1xS, length, config):
+  S = ids_1xS.shape[1]
   hidden, _ = gemma3.forward(
     params,
-    ids_1xT,
-    jnp.arange(T)[None],
-    causal_attention_mask(jnp.ones((1, T), bool)),
+    ids_1xS,
+    jnp.arange(S)[None],
+    causal_attention_mask(jnp.arange(S)[None] < length),
     config=config,
     return_hidden=True,
   )
   return hidden[0]
 
 
+def _bucket(T: int) -> int:
+  """64 * 2^k >= T: padded lengths, so one compilation serves prompts of many lengths."""
+  return 64 * 2 ** max(0, -(-T // 64) - 1).bit_length()
+
+
+def _hidden(params, ids_1xT, config):
+  """Final hidden states `[T, D]` of one prompt.
+
+  The prompt is padded at the end to `_bucket(T)` tokens; attention is causal, so the
+  padding cannot reach the T real positions.
+  """
+  T = ids_1xT.shape[1]
+  S = _bucket(T)
+  padded = jnp.pad(ids_1xT, ((0, 0), (0, S - T)))
+  return _hidden_padded(params, padded, T, config)[:T]
+
+
 @jax.jit
-def _logprobs_at(params, hidden_TxD, ids_TxK):
+def _logprobs_padded(params, hidden_SxD, ids_SxK):
   """Log-softmax of full-vocabulary logits, gathered at ids; chunks of 64 positions."""
-  T = hidden_TxD.shape[0]
-  pad = -T % 64
-  h = jnp.pad(hidden_TxD, ((0, pad), (0, 0))).reshape(-1, 64, hidden_TxD.shape[1])
-  ids = jnp.pad(ids_TxK, ((0, pad), (0, 0))).reshape(-1, 64, ids_TxK.shape[1])
+  S, K = ids_SxK.shape
+  h = hidden_SxD.reshape(S // 64, 64, -1)
 
   def chunk(_, x):
     logits = gemma3.logits_from_hidden(params, x[0])
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-    return None, (
-      jnp.take_along_axis(logits, x[1], axis=-1) - lse,
-      jnp.take_along_axis(logits, x[1], axis=-1),
-    )
+    gathered = jnp.take_along_axis(logits, x[1], axis=-1)
+    return None, (gathered - lse, gathered)
 
-  _, (lp, lg) = jax.lax.scan(chunk, None, (h, ids))
-  return lp.reshape(-1, ids_TxK.shape[1])[:T], lg.reshape(-1, ids_TxK.shape[1])[:T]
+  _, (lp, lg) = jax.lax.scan(chunk, None, (h, ids_SxK.reshape(S // 64, 64, K)))
+  return lp.reshape(S, K), lg.reshape(S, K)
+
+
+def _logprobs_at(params, hidden_TxD, ids_TxK):
+  """(logprobs, logits) `[T, K]` at ids (padded to `_bucket(T)` positions, as `_hidden`)."""
+  T = hidden_TxD.shape[0]
+  pad = ((0, _bucket(T) - T), (0, 0))
+  lp, lg = _logprobs_padded(params, jnp.pad(hidden_TxD, pad), jnp.pad(ids_TxK, pad))
+  return lp[:T], lg[:T]
 
 
 def test_logprobs_match_float32_reference_on_every_prompt_position():
