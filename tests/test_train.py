@@ -171,3 +171,35 @@ def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path, monkeypatch):
   records = [json.loads(line) for line in lines]
   assert [r["skipped_nonfinite"] for r in records] == [0.0, 0.0, 1.0, 1.0, 1.0]
   assert not np.isfinite(records[-1]["loss"])
+
+
+def _loop_run(workdir, config, steps: int = 2, width: int = 4, **loop_args):
+  """run_loop on the linear model (state of `width` weights); returns the final state."""
+  from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
+
+  opt = optax.sgd(0.01)
+  mesh = train.make_mesh(1)
+  step = train.make_train_step(_linear_loss, opt, mesh, micro_batch_size=8)
+  state = train.place(train.init_train_state(jnp.zeros((width,)), opt, jax.random.key(0)), mesh)
+  x, y = _data()
+  x = jnp.pad(x, ((0, 0), (0, width - 4)))
+
+  def step_fn(state, cursor, index):
+    state, metrics = step(state, None, {"x": x, "y": y})
+    return state, cursor._replace(position=index + 1), metrics
+
+  loop = loop_lib.LoopConfig(steps=steps, checkpoint_every=1, **loop_args)
+  return loop_lib.run_loop(str(workdir), config, state, step_fn, loop)[0]
+
+
+def test_refused_resume_leaves_the_runs_config_json(tmp_path):
+  """A resume refused for a changed state structure keeps the run's own config.json, the
+  file the error tells the user to resume with. Mutation caught: config.json written
+  before the checkpoint is restored (the refused config replaced the run's)."""
+  from rlpost.train import checkpoint  # pylint: disable=g-import-not-at-top
+
+  _loop_run(tmp_path, {"model": "four"})
+  with pytest.raises(checkpoint.StateMismatchError, match="config.json"):
+    _loop_run(tmp_path, {"model": "five"}, width=5)
+  assert json.loads((tmp_path / "config.json").read_text()) == {"model": "four"}
+  assert not list(tmp_path.glob("*.tmp"))

@@ -99,13 +99,6 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
   if not workdir:
     raise ValueError("--workdir is required (checkpoints and metrics are written there)")
   os.makedirs(workdir, exist_ok=True)
-  if _lead():
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(
-        config.to_json_best_effort(indent=2)
-        if hasattr(config, "to_json_best_effort")
-        else json.dumps(config, indent=2)
-      )
   run = Run(
     workdir,
     os.path.join(workdir, "metrics.jsonl"),
@@ -118,9 +111,23 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     _close(run)
     raise
   state, meta = restored or (fresh_state, fresh_meta)
-  if _lead():
+  if _lead():  # only once resumed: a refused resume leaves the run's own config.json
+    _write_config(workdir, config)
     metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
   return run, state, meta, restored is not None
+
+
+def _write_config(workdir: str, config) -> None:
+  """Writes workdir/config.json whole or not at all (a temporary file renamed over it)."""
+  text = (
+    config.to_json_best_effort(indent=2)
+    if hasattr(config, "to_json_best_effort")
+    else json.dumps(config, indent=2)
+  )
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
 
 
 def _lead() -> bool:
