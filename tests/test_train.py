@@ -203,3 +203,20 @@ def test_refused_resume_leaves_the_runs_config_json(tmp_path):
     _loop_run(tmp_path, {"model": "five"}, width=5)
   assert json.loads((tmp_path / "config.json").read_text()) == {"model": "four"}
   assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resume_drops_a_torn_last_metrics_line(tmp_path):
+  """A metrics.jsonl whose last write was cut short (no newline, not JSON) resumes: the
+  torn line is dropped, every step is logged once. Mutation caught: read_jsonl parsing
+  every line (resume crashed with JSONDecodeError until the file was edited by hand)."""
+  from rlpost.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  _loop_run(tmp_path, {}, steps=2)
+  path = tmp_path / "metrics.jsonl"
+  with open(path, "a", encoding="utf-8") as f:
+    f.write('{"step": 3, "loss": 0.1')  # killed mid-write of a step never checkpointed
+  _loop_run(tmp_path, {}, steps=3)
+  assert [r["step"] for r in metrics_lib.read_jsonl(str(path))] == [1, 2, 3]
+  path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not a torn write
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON record"):
+    metrics_lib.read_jsonl(str(path))

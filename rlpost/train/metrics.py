@@ -1,6 +1,7 @@
 """Metrics on disk: JSONL (always), TensorBoard events (when tensorboardX is installed), PNG curves."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -28,10 +29,28 @@ def append_jsonl(path: str, record: dict) -> None:
 
 
 def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSONL file ([] when absent). A last line that is not JSON and has no
+  newline is a write cut short (a kill, a full disk): it is dropped with a warning. Any
+  other line that is not JSON raises ValueError naming the file and the line."""
   if not os.path.exists(path):
     return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = f.read().split("\n")
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except ValueError as e:
+      if number == len(lines):  # no newline after it: the last write was cut short
+        logging.warning("%s: dropped a torn last line (%s): %.80r", path, e, line)
+        continue
+      raise ValueError(
+        f"{path}, line {number}: not a JSON record ({e}): {line[:80]!r}. Fix or delete that "
+        "line (records after a resume point are dropped on resume; earlier ones are kept)."
+      ) from None
+  return records
 
 
 def truncate_jsonl(path: str, max_step: int) -> None:
