@@ -136,6 +136,24 @@ def test_no_intact_checkpoint_stops_naming_the_directory_and_choices(finished_ru
   assert len(list((workdir / "quarantine").iterdir())) == 3
 
 
+def test_rerun_after_no_intact_checkpoint_stops_again(finished_run, tmp_path):
+  """Rerunning the same command after NoIntactCheckpointError stops again, metrics.jsonl
+  untouched; removing the checkpoint directory (the error's advice) starts afresh.
+  Mutation caught: no marker (the rerun found no checkpoint, started over from step 0 and
+  truncated metrics.jsonl to nothing)."""
+  workdir = _copy(finished_run, tmp_path)
+  for step in (2, 4, 6):
+    _corrupt_meta(workdir / "checkpoints" / str(step))
+  with pytest.raises(checkpoint.NoIntactCheckpointError):
+    grpo.run(_config(), str(workdir))
+  with pytest.raises(checkpoint.NoIntactCheckpointError, match="new --workdir"):
+    grpo.run(_config(), str(workdir))
+  assert _metrics(workdir) == _metrics(finished_run[0])
+  assert len(list((workdir / "quarantine").iterdir())) == 3
+  shutil.rmtree(workdir / "checkpoints")
+  assert checkpoint.restore_latest(checkpoint.manager(str(workdir)), finished_run[1]) is None
+
+
 def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   with pytest.raises(checkpoint.StateMismatchError, match="config changed"):

@@ -15,7 +15,8 @@ restore or to verify (digest mismatch, checksum error, missing file, unreadable
 metadata, missing commit marker) is reported (step, file, why) and moved to
 `workdir/quarantine/` (never deleted), and the next newest is tried. If
 checkpoints existed but none is intact, it raises `NoIntactCheckpointError`
-naming the directory and the choices.
+naming the directory and the choices, and so does every later start on that
+directory (a marker file; a rerun never silently starts over from step 0).
 """
 
 import json
@@ -33,6 +34,8 @@ from jax.experimental import multihost_utils
 from rlpost.train.step import TrainState
 
 _COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# Left in the checkpoint directory when no checkpoint was intact: later starts stop too.
+NO_INTACT_MARKER = "NO_INTACT_CHECKPOINT.txt"
 
 
 class CheckpointWriteError(RuntimeError):
@@ -196,6 +199,10 @@ def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
   it gives shapes, dtypes and shardings. Corrupt checkpoints are reported and
   quarantined (module docstring).
   """
+  marker = os.path.join(str(mngr.directory), NO_INTACT_MARKER)
+  if os.path.isfile(marker):  # an earlier start found none intact: never start over silently
+    with open(marker, encoding="utf-8") as f:
+      raise NoIntactCheckpointError(f.read())
   quarantined = []
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
@@ -212,9 +219,12 @@ def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
       logging.error(message)
       print(message, flush=True)
   if quarantined:
-    raise NoIntactCheckpointError(
+    message = (
       f"no intact checkpoint in {mngr.directory}: every one failed to restore or verify and "
       f"was moved to {os.path.dirname(quarantined[0])}. Either start fresh in a new --workdir, "
       f"or remove {mngr.directory} (and metrics.jsonl) to restart this run from step 0."
     )
+    with open(marker, "w", encoding="utf-8") as f:  # a rerun stops too, until a choice is made
+      f.write(message)
+    raise NoIntactCheckpointError(message)
   return None
