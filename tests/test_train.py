@@ -220,3 +220,18 @@ def test_resume_drops_a_torn_last_metrics_line(tmp_path):
   path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not a torn write
   with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON record"):
     metrics_lib.read_jsonl(str(path))
+
+
+def test_resume_with_a_changed_config_reports_the_changed_fields(tmp_path, capsys):
+  """A resume whose config differs from config.json names each changed field, old and new
+  value (config.json is rewritten); an unchanged resume says nothing. Mutation caught:
+  config.json silently replaced (a changed seed, which the checkpoint's data position
+  and PRNG key override, left no trace)."""
+  _loop_run(tmp_path, {"seed": 0, "train": {"steps": 2, "lr": 0.1}})
+  _loop_run(tmp_path, {"seed": 0, "train": {"steps": 2, "lr": 0.1}})
+  assert "changed config" not in capsys.readouterr().out
+  _loop_run(tmp_path, {"seed": 1, "train": {"steps": 3, "lr": 0.1}}, steps=3)
+  out = capsys.readouterr().out
+  assert "resuming from checkpoint 2 with a changed config" in out
+  assert "seed: 0 -> 1; train.steps: 2 -> 3." in out
+  assert json.loads((tmp_path / "config.json").read_text())["seed"] == 1

@@ -22,6 +22,7 @@ its last checkpoint left it.
 
 import dataclasses
 import json
+import logging
 import math
 import numbers
 import os
@@ -112,22 +113,62 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     raise
   state, meta = restored or (fresh_state, fresh_meta)
   if _lead():  # only once resumed: a refused resume leaves the run's own config.json
+    if restored:
+      _report_changes(workdir, config, int(meta["iteration"]))
     _write_config(workdir, config)
     metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
   return run, state, meta, restored is not None
 
 
+def _config_text(config) -> str:
+  if hasattr(config, "to_json_best_effort"):
+    return config.to_json_best_effort(indent=2)
+  return json.dumps(config, indent=2)
+
+
 def _write_config(workdir: str, config) -> None:
   """Writes workdir/config.json whole or not at all (a temporary file renamed over it)."""
-  text = (
-    config.to_json_best_effort(indent=2)
-    if hasattr(config, "to_json_best_effort")
-    else json.dumps(config, indent=2)
-  )
   path = os.path.join(workdir, "config.json")
   with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
+    f.write(_config_text(config))
   os.replace(path + ".tmp", path)
+
+
+def _flat(tree, prefix: str = "") -> dict:
+  """{"a.b": value} of a nested dict."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for key, value in tree.items():
+    out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+  return out
+
+
+def _report_changes(workdir: str, config, step: int) -> None:
+  """Reports (stdout and the log) the fields of `config` that differ from the run's
+  config.json when resuming: config.json is rewritten, so the log keeps the change."""
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = _flat(json.load(f))
+  except (OSError, ValueError):  # absent or unreadable: nothing to compare with
+    return
+  new, absent = _flat(json.loads(_config_text(config))), "(absent)"
+  changed = [
+    f"{key}: {old.get(key, absent)!r} -> {new.get(key, absent)!r}"
+    for key in sorted(set(old) | set(new))
+    if old.get(key, absent) != new.get(key, absent)
+  ]
+  if changed:
+    message = (
+      f"resuming from checkpoint {step} with a changed config ({path} rewritten): "
+      f"{'; '.join(changed)}. The trained weights, optimizer state, PRNG key and data "
+      "position continue from the checkpoint; what the changed fields build anew (a seed's "
+      "synthetic data or random base weights, another model file) is used as changed. For a "
+      "new run use a new --workdir."
+    )
+    logging.warning(message)
+    print(message, flush=True)
 
 
 def _lead() -> bool:
