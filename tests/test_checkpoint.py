@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import shutil
+import time
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from experiments.configs import grpo_gsm8k
+from rlpost.recipes import common
 from rlpost.recipes import grpo
 from rlpost.train import checkpoint
 
@@ -152,6 +154,22 @@ def test_rerun_after_no_intact_checkpoint_stops_again(finished_run, tmp_path):
   assert len(list((workdir / "quarantine").iterdir())) == 3
   shutil.rmtree(workdir / "checkpoints")
   assert checkpoint.restore_latest(checkpoint.manager(str(workdir)), finished_run[1]) is None
+
+
+def test_reading_a_run_leaves_its_unfinished_save_alone(finished_run, tmp_path):
+  """Reading a run's weights (model.init_from; the evaluation opens it the same way) while
+  that run writes a checkpoint leaves the write's temporary directory in place. Mutation
+  caught: the reader opened the run's own manager, whose clean-up (in a background thread)
+  deleted the directory being written, failing the other run's save."""
+  workdir = _copy(finished_run, tmp_path)
+  writing = workdir / "checkpoints" / "8.orbax-checkpoint-tmp-1234"  # a save in progress
+  (writing / "state").mkdir(parents=True)
+  cfg = _config()
+  cfg.model.init_from = str(workdir)
+  common.load_model(cfg)
+  time.sleep(1.0)  # the clean-up runs in the background
+  assert (writing / "state").is_dir()
+  assert not (workdir / "quarantine").exists()
 
 
 def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):

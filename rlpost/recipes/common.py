@@ -213,7 +213,7 @@ def weights_from_run(workdir: str, params, cfg):
   optimizer = make_optimizer(source, source.train.steps)
   like = step_lib.init_train_state(trainable, optimizer, jax.random.key(0))
   try:
-    with checkpoint.manager(workdir) as mngr:
+    with checkpoint.manager(workdir, read_only=True) as mngr:
       restored = checkpoint.restore_latest(mngr, like)
   except checkpoint.StateMismatchError as e:
     fail("model.init_from", workdir, f"its checkpoint is not an SFT/DPO/GRPO train state: {e}")

@@ -175,7 +175,7 @@ def evaluate_run(
       weights, setup.forward.model, p.tokenizer, problems, desc="base", **settings
     )
   if workdir:
-    with checkpoint.manager(workdir) as mngr:
+    with checkpoint.manager(workdir, read_only=True) as mngr:
       restored = checkpoint.restore_latest(mngr, p.state)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")

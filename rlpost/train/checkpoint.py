@@ -54,13 +54,19 @@ class StateMismatchError(ValueError):
   """A checkpoint holds a state of another structure than this run's (a changed config)."""
 
 
-def manager(workdir: str, max_to_keep: int = 3) -> ocp.CheckpointManager:
-  """CheckpointManager on `workdir/checkpoints`, keeping the newest `max_to_keep`."""
+def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.CheckpointManager:
+  """CheckpointManager on `workdir/checkpoints`, keeping the newest `max_to_keep`.
+
+  The run's own manager removes the temporary directories of saves that never finished.
+  `read_only` (another run's weights, an evaluation) neither saves, deletes nor cleans
+  up: the run in `workdir` may be writing a checkpoint at that moment.
+  """
   options = ocp.CheckpointManagerOptions(
-    max_to_keep=max_to_keep,
-    create=True,
+    max_to_keep=None if read_only else max_to_keep,
+    create=not read_only,
     enable_async_checkpointing=False,
-    cleanup_tmp_directories=True,
+    cleanup_tmp_directories=not read_only,
+    read_only=read_only,
   )
   return ocp.CheckpointManager(
     os.path.join(os.path.abspath(workdir), "checkpoints"),
