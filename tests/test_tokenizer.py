@@ -87,6 +87,37 @@ def test_whitespace_runs_use_their_own_pieces(tok):
 
 
 @pytest.mark.real_model
+def test_long_space_runs_take_the_longest_piece_first(tok):
+  """Space runs longer than the longest space piece (31 spaces, id 167; n spaces
+  is id 136 + n for n in 2..31) split longest piece first, as SentencePiece
+  matches user-defined pieces and as llama.cpp does: 32 = 31 + 1, 40 = 31 + 9.
+  (transformers' BPE merges give 16 + 16 and 16 + 24 instead: module doc.)
+
+  Mutation: the whitespace pieces typed NORMAL instead of USER_DEFINED in
+  `_model_proto` (BPE merges instead of longest match) splits "x" + 62 spaces
+  + "y" as 31 + 30 + " y" and fails here.
+  """
+
+  def longest_first(n):
+    ids = []
+    while n:
+      k = min(n, 31)
+      ids.append(236743 if k == 1 else 136 + k)  # one space is the plain "\u2581" piece
+      n -= k
+    return ids
+
+  for n in (2, 31, 32, 33, 40, 62, 63, 100):
+    assert tok.encode(" " * n, add_bos=False) == longest_first(n), n
+    assert tok.decode(longest_first(n)) == " " * n
+  x, y = tok.encode("x", add_bos=False), tok.encode("y", add_bos=False)
+  # Between words a leftover single space joins the next word.
+  assert tok.encode("x" + " " * 32 + "y", add_bos=False) == x + [167] + tok.encode(
+    " y", add_bos=False
+  )
+  assert tok.encode("x" + " " * 62 + "y", add_bos=False) == x + [167, 167] + y
+
+
+@pytest.mark.real_model
 def test_decode_ignores_ids_past_vocab_and_rejects_negative(tok):
   assert tok.decode([2, 9259, 1902, 262144, 1]) == "Hello world"
   assert tok.decode([9259, 106, 1], skip_special=False) == "Hello<end_of_turn><eos>"
