@@ -2,6 +2,8 @@
 non-finite steps never reach the weights; the run loop stops after too many of them."""
 
 import json
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -235,3 +237,25 @@ def test_resume_with_a_changed_config_reports_the_changed_fields(tmp_path, capsy
   assert "resuming from checkpoint 2 with a changed config" in out
   assert "seed: 0 -> 1; train.steps: 2 -> 3." in out
   assert json.loads((tmp_path / "config.json").read_text())["seed"] == 1
+
+
+def test_a_workdir_that_cannot_hold_a_run_fails_before_anything_is_written(tmp_path):
+  """A file as --workdir, a file where checkpoints/ goes, an unwritable directory: each
+  fails naming the path. Mutation caught: without the check, a file at checkpoints/ read
+  as "no checkpoint", so the run started over and truncated the run's metrics.jsonl."""
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match=r"--workdir=.*file is a file, not a directory"):
+    _loop_run(tmp_path / "file", {})
+  run = tmp_path / "run"
+  _loop_run(run, {}, steps=2)
+  metrics = (run / "metrics.jsonl").read_text()
+  shutil.rmtree(run / "checkpoints")
+  (run / "checkpoints").write_text("not a directory")
+  with pytest.raises(ValueError, match=r"checkpoints is a file, not a directory"):
+    _loop_run(run, {}, steps=3)
+  assert (run / "metrics.jsonl").read_text() == metrics
+  if os.geteuid() != 0:  # root writes anywhere
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(ValueError, match="not writable"):
+      _loop_run(locked, {})

@@ -97,9 +97,7 @@ class Run(NamedTuple):
 
 def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3):
   """Opens the run and resumes it. Returns (Run, state, meta, resumed: bool)."""
-  if not workdir:
-    raise ValueError("--workdir is required (checkpoints and metrics are written there)")
-  os.makedirs(workdir, exist_ok=True)
+  _make_workdir(workdir)
   run = Run(
     workdir,
     os.path.join(workdir, "metrics.jsonl"),
@@ -118,6 +116,30 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     _write_config(workdir, config)
     metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
   return run, state, meta, restored is not None
+
+
+def _make_workdir(workdir: str) -> None:
+  """Creates `workdir`; a path that cannot hold a run fails naming it, before anything is
+  written (a file where `checkpoints/` goes would read as "no checkpoint": a fresh start
+  that truncates the run's metrics)."""
+  if not workdir:
+    raise ValueError("--workdir is required (checkpoints and metrics are written there)")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir} is a file, not a directory: give a directory")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.exists(checkpoints) and not os.path.isdir(checkpoints):
+    raise ValueError(
+      f"{checkpoints} is a file, not a directory: the run keeps its checkpoints there; "
+      "move or delete that file"
+    )
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(
+      f"--workdir={workdir}: cannot create it ({e.strerror}); give a writable directory"
+    ) from e
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise ValueError(f"--workdir={workdir} is not writable; give a writable directory")
 
 
 def _config_text(config) -> str:
