@@ -65,12 +65,19 @@ def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
   )
 
 
-def read_prompts(cfg) -> list[str]:
-  if _PROMPT.value:
-    return list(_PROMPT.value)
+def read_prompts(cfg, flag_prompts=()) -> list[str]:
+  """`flag_prompts` (--prompt), else config.prompt_file's non-blank lines (UTF-8, a
+  byte-order mark and CRLF line ends allowed), else config.prompts."""
+  if flag_prompts:
+    return list(flag_prompts)
   if cfg.prompt_file:
-    with open(cfg.prompt_file, encoding="utf-8") as f:
-      return [line.rstrip("\n") for line in f if line.strip()]
+    try:
+      with open(cfg.prompt_file, encoding="utf-8-sig") as f:
+        return [line.rstrip("\r\n") for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+      common.fail(
+        "prompt_file", cfg.prompt_file, f"is not UTF-8 text ({e.reason}); save it as UTF-8"
+      )
   return list(cfg.prompts)
 
 
@@ -78,14 +85,14 @@ def main(argv):
   del argv
   cfg = _CONFIG.value
   check_config(cfg)
+  texts = read_prompts(cfg, _PROMPT.value)  # a bad prompt file fails before the model loads
+  if not texts:
+    raise app.UsageError("No prompts: pass --prompt, config.prompts or config.prompt_file")
   m = cfg.model
   model_config, params, tokenizer = loading.load_model(
     m.preset, m.weights, m.path, m.dtype, cfg.seed
   )
   sc = sampling_config(cfg, tokenizer)
-  texts = read_prompts(cfg)
-  if not texts:
-    raise app.UsageError("No prompts: pass --prompt, config.prompts or config.prompt_file")
   if cfg.chat:
     texts_in = [tokenizer_lib.chat_prompt(t) for t in texts]
   else:

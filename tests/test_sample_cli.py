@@ -49,6 +49,19 @@ def test_sampling_block_errors_name_the_config_field():
     sample.sampling_config(cfg, tok)
 
 
+def test_prompt_file_lines_in_utf8_with_bom_and_crlf_and_a_clear_error_otherwise(tmp_path):
+  """Mutation caught: reading with "utf-8" and stripping only "\\n" (a BOM and "\\r" end
+  up in the prompts); a Latin-1 file raised a bare UnicodeDecodeError after the model
+  loaded."""
+  path = tmp_path / "prompts.txt"
+  path.write_bytes("\ufeffone\r\n\r\ntwo é\r\n".encode("utf-8"))
+  assert sample.read_prompts(_config(prompt_file=str(path))) == ["one", "two é"]
+  assert sample.read_prompts(_config(prompt_file=str(path)), ["x"]) == ["x"]
+  path.write_bytes("caf\xe9\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"config\.prompt_file=.*is not UTF-8 text"):
+    sample.read_prompts(_config(prompt_file=str(path)))
+
+
 def _run(tmp_path, *flags):
   env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "experiments.sample", "--config=experiments/configs/sample.py:tiny"]
