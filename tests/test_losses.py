@@ -275,6 +275,28 @@ def test_gspo_clipped_sequence_has_zero_gradient():
   assert np.all(np.asarray(grad)[1] < 0.0)
 
 
+@pytest.mark.parametrize("name", ["clipped", "gspo"])
+def test_overflowing_ratio_keeps_clipped_tokens_finite(name):
+  """A log-ratio beyond float32's exp range (95: e^95 overflows) on a token whose
+  loss the clip fixes: closed forms from max(-A r, -A clip(r)) with r -> inf.
+  A > 0: -A (1 + eps_high), gradient 0; A = 0: 0, gradient 0; A < 0 with dual
+  clip c: -c A, gradient 0. The row has one valid token, so the GSPO sequence
+  ratio is that token's ratio. Mutation: without the cap on the log-ratio's
+  value in `importance_ratio`, exp gives inf and the loss or gradient is NaN
+  (0 * inf in the backward pass)."""
+  old_logp = np.array([[-96.0, -5.0]], np.float32)
+  logp = np.array([[-1.0, -5.0]], np.float32)
+  mask = np.array([[True, False]])
+  for adv, epsilon_c, want in [(1.0, None, -1.28), (0.0, None, 0.0), (-1.0, 3.0, 3.0)]:
+    kwargs = dict(name=name, epsilon_high=0.28, epsilon_c=epsilon_c)
+    advantages = np.array([adv], np.float32)
+    loss, metrics = losses.policy_loss(logp, old_logp, advantages, mask, **kwargs)
+    grad = _policy_grad(logp, old_logp, advantages, mask, **kwargs)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(grad), 0.0)
+    assert np.isfinite(float(metrics["ratio_mean"]))
+
+
 def test_truncated_is_weights():
   old = np.array([[-1.0, -2.0, -0.5, 0.0]], np.float32)
   sampler = np.array([[-1.5, -1.0, -0.5, -np.inf]], np.float32)

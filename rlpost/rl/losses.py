@@ -18,6 +18,11 @@ import jax
 import jax.numpy as jnp
 
 IMPORTANCE_LEVELS = ("token", "sequence")
+# Cap on the VALUE of a log importance ratio: e^88 ~ 1.7e38 is the largest power of e
+# below float32's maximum, so the ratio never overflows to inf (inf * 0 made the
+# loss or gradient NaN on clipped and zero-advantage tokens). Below the cap nothing
+# changes, bit for bit.
+MAX_LOG_RATIO = 88.0
 
 
 def _clean(x_BxT, mask_BxT):
@@ -162,6 +167,8 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level="token"):
   level='sequence' (GSPO): the value is the per-sequence geometric mean
   `s_i = exp(mean over valid tokens of (logp - old_logp))` on every token, and
   the gradient is per token: `s_i,t = sg(s_i) * exp(logp_t - sg(logp_t))`.
+  The log-ratio's value is capped at `MAX_LOG_RATIO` (88) so the ratio stays
+  finite in float32; its gradient is not.
   """
   if level not in IMPORTANCE_LEVELS:
     raise ValueError(f"unknown importance level {level!r}; valid: {', '.join(IMPORTANCE_LEVELS)}")
@@ -173,7 +180,9 @@ def importance_ratio(logp_BxT, old_logp_BxT, mask_BxT, level="token"):
     log_ratio_BxT = (
       jax.lax.stop_gradient(seq_log_ratio_Bx1) + logp_BxT - jax.lax.stop_gradient(logp_BxT)
     )
-  return _clean(jnp.exp(log_ratio_BxT), mask_BxT)
+  # Value capped at MAX_LOG_RATIO, gradient unchanged (d ratio / d logp = ratio).
+  excess_BxT = jax.lax.stop_gradient(jnp.maximum(log_ratio_BxT - MAX_LOG_RATIO, 0.0))
+  return _clean(jnp.exp(log_ratio_BxT - excess_BxT), mask_BxT)
 
 
 def _token_advantages(advantages, mask_BxT):
