@@ -337,6 +337,25 @@ def test_kl_estimators(seed, clamp):
   assert np.all(np.asarray(losses.kl_penalty(logp, ref, "k3")) >= 0.0)
 
 
+def test_k3_clamp_holds_when_exp_overflows():
+  """kl_clamp bounds k3 = exp(-d) + d - 1 where exp(-d) overflows float32 (d = -98):
+  closed form: value = clamp, gradient 0 (the clip is saturated). The second token
+  (d = 0.5, unclamped) has k3 = e^-0.5 - 0.5 and d k3 / d logp = 1 - e^-0.5.
+  Mutation: plain `jnp.clip` of the estimate in `kl_penalty` (no evaluation of the
+  saturated entries at d = 0): exp(98) = inf and the backward pass gives
+  0 * inf = NaN for the clamped token."""
+  logp = np.array([[-100.0, -1.0]], np.float32)
+  ref = np.array([[-2.0, -1.5]], np.float32)
+  mask = np.ones((1, 2), bool)
+  for kind in ("k3", "low_var_kl"):
+    kl = losses.kl_penalty(logp, ref, kind, clamp=10.0, mask=mask)
+    grad = jax.grad(lambda lp: jnp.sum(losses.kl_penalty(lp, ref, kind, clamp=10.0, mask=mask)))(
+      logp
+    )
+    np.testing.assert_allclose(kl, [[10.0, np.exp(-0.5) - 0.5]], rtol=1e-6)
+    np.testing.assert_allclose(grad, [[0.0, 1.0 - np.exp(-0.5)]], rtol=1e-6)
+
+
 def test_kl_unknown_kind_lists_valid_names():
   with pytest.raises(ValueError, match="low_var_kl"):
     losses.kl_penalty(jnp.zeros(2), jnp.zeros(2), "k4")

@@ -124,15 +124,23 @@ def kl_penalty(logp, ref_logp, method="k1", clamp=None, mask=None):
   (unbiased, can be negative); k2 = d^2 / 2 (biased, low variance); k3 =
   exp(-d) + d - 1 (unbiased, >= 0, used by GRPO). Aliases: 'kl' = k1,
   'mse_kl' = k2, 'low_var_kl' = k3. `clamp`, if set, clips the result to
-  `[-clamp, clamp]`. Elementwise; same shape as the inputs. With `mask`, the
+  `[-clamp, clamp]`, with gradient 0 where it clips (also where k3's exp
+  overflows). Elementwise; same shape as the inputs. With `mask`, the
   inputs are sanitized first and masked outputs are 0.
   """
   if method not in KL_ESTIMATORS:
     raise ValueError(f"unknown KL estimator {method!r}; valid names: {', '.join(KL_ESTIMATORS)}")
   if mask is not None:
     logp, ref_logp = _clean(logp, mask), _clean(ref_logp, mask)
-  kl = KL_ESTIMATORS[method](logp, ref_logp)
+  estimator = KL_ESTIMATORS[method]
+  kl = estimator(logp, ref_logp)
   if clamp is not None:
+    # Where the clip saturates the gradient is 0. The estimator's backward there
+    # runs at d = 0, so an overflowing exp (k3 beyond d = -88) gives 0, not 0 * inf
+    # = NaN; values are unchanged.
+    saturated = jax.lax.stop_gradient(jnp.abs(kl) > clamp)
+    safe_kl = estimator(jnp.where(saturated, jax.lax.stop_gradient(ref_logp), logp), ref_logp)
+    kl = jnp.where(saturated, jax.lax.stop_gradient(jnp.clip(kl, -clamp, clamp)), safe_kl)
     kl = jnp.clip(kl, -clamp, clamp)
   return kl if mask is None else _clean(kl, mask)
 
