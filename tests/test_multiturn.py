@@ -429,6 +429,31 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
     _rollout(bad_reset, seeds=[0], G=1)
 
 
+@pytest.mark.parametrize(
+  "fields,match",
+  [
+    ({"max_turns": 0}, r"max_turns=0 must be an integer >= 1"),
+    ({"max_turns": 2.5}, r"max_turns=2.5 must be an integer >= 1"),
+    ({"max_turns": None}, r"max_turns=None must be an integer >= 1"),
+    ({"stop_strings": "</tool>"}, r"stop_strings='</tool>' must be a tuple of non-empty strings"),
+    ({"stop_strings": ("</tool>", "")}, r"must be a tuple of non-empty strings"),
+  ],
+)
+def test_unusable_env_limits_are_refused_before_any_turn(fields, match):
+  """max_turns 0 / 2.5 / None and stop_strings "</tool>" (a bare string) or with "" are
+  refused naming the environment, before reset or sampling.
+
+  Mutation caught: removing `protocol.check_env` from `rollout` (max_turns=0 played one
+  turn, 2.5 three, None crashed in a comparison; the bare string stopped turns at each of
+  its characters, "" after every first token).
+  """
+  calls = []
+  env = _counting_env(calls)._replace(**fields)
+  with pytest.raises(ValueError, match=match) as info:
+    _rollout(env, seeds=[0], G=1)
+  assert "'counting'" in str(info.value) and not calls
+
+
 def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
   """PPO over the one-turn environment: after the critic pass and GAE (values,
   returns, advantages, token rewards, with KL in the reward) the batch equals

@@ -413,3 +413,19 @@ def test_with_tools_keeps_env_fields_and_adds_stop_string_once():
 def test_with_tools_rejects_too_small_budget():
   with pytest.raises(ValueError, match="max_chars"):
     with_tools(_fake_env([], {}), max_result_chars=3)
+
+
+@pytest.mark.parametrize(
+  "fields,match",
+  [
+    ({"stop_strings": "\n\n"}, r"stop_strings='\\n\\n' must be a tuple of non-empty strings"),
+    ({"stop_strings": ("",)}, r"stop_strings=\(''\,\) must be a tuple of non-empty strings"),
+    ({"max_turns": 0}, r"max_turns=0 must be an integer >= 1"),
+  ],
+)
+def test_with_tools_refuses_unusable_env_limits(fields, match):
+  """Mutation caught: dropping `check_env` from `with_tools` (a bare-string stop_strings
+  failed on a str + tuple concatenation; ("",) and max_turns=0 were taken silently)."""
+  with pytest.raises(ValueError, match=match) as info:
+    with_tools(_fake_env([], {})._replace(**fields))
+  assert "'fake'" in str(info.value)

@@ -276,6 +276,7 @@ def rollout(
     raise ValueError(
       f"need one seed per task and at least one task: {len(tasks)} tasks, {len(seeds)} seeds"
     )
+  protocol.check_env(env)
   stops = tuple(env.stop_strings) + turns.stop_strings
   firsts = [env.reset(task, seed) for task, seed in zip(tasks, seeds)]
   for seed, first in zip(seeds, firsts):

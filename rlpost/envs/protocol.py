@@ -18,6 +18,7 @@ one), so a driver can keep, retry or compare states freely.
   tool_error      the tool call failed (unknown tool, bad arguments, ...)
 """
 
+import numbers
 from typing import Any, Callable, NamedTuple
 
 
@@ -48,3 +49,24 @@ class Env(NamedTuple):
   step: Callable[[Any, str], Step]
   max_turns: int
   stop_strings: tuple[str, ...] = ()
+
+
+def check_env(env: Env) -> None:
+  """Raises ValueError naming the field unless `env`'s limits are usable by a driver.
+
+  max_turns: an integer >= 1 (0 would still play one turn, 2.5 three). stop_strings: a
+  tuple of non-empty strings (a bare string would stop at each of its characters, an
+  empty one after every turn's first token).
+  """
+  turns = env.max_turns
+  if isinstance(turns, bool) or not isinstance(turns, numbers.Integral) or turns < 1:
+    raise ValueError(
+      f"environment {env.name!r}: max_turns={turns!r} must be an integer >= 1 "
+      "(model turns per episode)"
+    )
+  stops = env.stop_strings
+  if not isinstance(stops, (tuple, list)) or not all(isinstance(t, str) and t for t in stops):
+    raise ValueError(
+      f"environment {env.name!r}: stop_strings={stops!r} must be a tuple of non-empty "
+      "strings, e.g. ('</tool>',) (a bare string would stop at each of its characters)"
+    )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from rlpost.envs import calculator
-from rlpost.envs.protocol import Env, Step
+from rlpost.envs.protocol import Env, Step, check_env
 
 CALL_OPEN = "<tool>"
 CALL_CLOSE = "</tool>"
@@ -112,6 +112,7 @@ def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 
   tool (reward 0.0, not done, state unchanged, info tool_call/tool_error); any other turn
   goes to `env.step`, whose info gets tool_call False. Adds CALL_CLOSE to stop_strings."""
   clip("", max_result_chars)  # validates the budget now, not at the first call
+  check_env(env)
   registry = dict(registry)
 
   def step(state, assistant_text: str) -> Step:
@@ -123,5 +124,5 @@ def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 
     info = {"tool_call": True, "tool_error": is_error}
     return Step(state, observation, 0.0, False, info)
 
-  stops = env.stop_strings + ((CALL_CLOSE,) if CALL_CLOSE not in env.stop_strings else ())
+  stops = tuple(env.stop_strings) + ((CALL_CLOSE,) if CALL_CLOSE not in env.stop_strings else ())
   return env._replace(step=step, stop_strings=stops)
