@@ -429,6 +429,39 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
     _rollout(bad_reset, seeds=[0], G=1)
 
 
+def test_env_errors_in_a_rollout_name_the_seed_the_turn_and_the_task():
+  """A step failing on seed 5's second turn names that seed, row and turn; a raising
+  reset names the environment, the seed and the task (it escaped as a bare
+  ZeroDivisionError).
+
+  Mutations caught: calling `env.reset` unchecked in `rollout`; not passing the per-row
+  labels to `step_rows`.
+  """
+  inner = _counting_env([], max_turns=4)
+
+  def step(state, text):
+    if state == (5, 1):
+      raise KeyError("no such cell")
+    return inner.step(state, text)
+
+  with pytest.raises(RuntimeError) as info:
+    _rollout(inner._replace(step=step), seeds=[2, 5], G=2, total=300)
+  assert str(info.value).startswith(
+    "environment 'counting' (seed 5, row 2, turn 2 of at most 4): step raised KeyError: "
+    "'no such cell'"
+  ), info.value
+
+  def reset(task, seed):
+    return (seed, 1 / (seed - 3)), "x"
+
+  with pytest.raises(RuntimeError) as info:
+    _rollout(inner._replace(reset=reset), seeds=[2, 3], G=1)
+  assert str(info.value).startswith(
+    "environment 'counting': reset(task, seed=3) raised ZeroDivisionError: division by zero "
+    "(task 'None')"
+  ), info.value
+
+
 @pytest.mark.parametrize(
   "fields,match",
   [

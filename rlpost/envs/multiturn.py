@@ -148,22 +148,47 @@ def place_turn_rewards(
   return out
 
 
-def checked_step(env: protocol.Env, state, text: str) -> protocol.Step:
-  """`env.step(state, text)` as a `Step`; a raising or malformed step fails naming the env.
+def _label(env: protocol.Env, where: str) -> str:
+  """ "environment 'NAME'", with the row and turn (`where`) when given."""
+  return f"environment {env.name!r}" + (f" ({where})" if where else "")
+
+
+def checked_reset(env: protocol.Env, task, seed: int) -> tuple[Any, str]:
+  """`env.reset(task, seed)` as (state, observation); a raising or malformed reset fails
+  naming the env, the seed and the task."""
+  try:
+    first = env.reset(task, seed)
+  except Exception as e:
+    raise RuntimeError(
+      f"environment {env.name!r}: reset(task, seed={seed}) raised {type(e).__name__}: {e} "
+      f"(task {str(task)[:80]!r})"
+    ) from e
+  if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[1], str)):
+    raise TypeError(
+      f"environment {env.name!r}: reset(task, seed={seed}) must return (state, "
+      f"observation text), got {type(first).__name__} {str(first)[:80]!r}"
+    )
+  return first
+
+
+def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protocol.Step:
+  """`env.step(state, text)` as a `Step`; a raising or malformed step fails naming the env
+  (and `where`: the row's seed and the turn, as the rollout passes them).
 
   The returned tuple must be (state, observation: str, reward: finite number,
   done: bool, info: dict).
   """
+  label = _label(env, where)
   try:
     result = env.step(state, text)
   except Exception as e:
     raise RuntimeError(
-      f"environment {env.name!r}: step raised {type(e).__name__}: {e} (assistant text "
+      f"{label}: step raised {type(e).__name__}: {e} (assistant text "
       f"{text[:120]!r}); an environment should return an observation for bad input"
     ) from e
   if not isinstance(result, tuple) or len(result) != 5:
     raise TypeError(
-      f"environment {env.name!r}: step returned {type(result).__name__}; return "
+      f"{label}: step returned {type(result).__name__}; return "
       "Step(state, observation, reward, done, info) (rlpost.envs.protocol)"
     )
   step = protocol.Step(*result)
@@ -179,15 +204,22 @@ def checked_step(env: protocol.Env, state, text: str) -> protocol.Step:
   if not isinstance(step.info, dict):
     problems.append(f"info is {type(step.info).__name__}, not dict")
   if problems:
-    raise TypeError(f"environment {env.name!r}: step returned a bad Step: {'; '.join(problems)}")
+    raise TypeError(f"{label}: step returned a bad Step: {'; '.join(problems)}")
   return step
 
 
-def step_rows(env: protocol.Env, states, texts, pool: futures.Executor | None):
-  """`checked_step` on each (state, text), concurrently on `pool` (None: in turn); row order kept."""
+def step_rows(
+  env: protocol.Env, states, texts, pool: futures.Executor | None, where: list[str] | None = None
+):
+  """`checked_step` on each (state, text), concurrently on `pool` (None: in turn); row order kept.
+
+  where: per row, the label its errors carry (the rollout's: "seed 5, row 10, turn 2 of at
+    most 4", turns counted from 1; None: none).
+  """
+  where = [""] * len(states) if where is None else where
   if pool is None:
-    return [checked_step(env, s, t) for s, t in zip(states, texts)]
-  return list(pool.map(functools.partial(checked_step, env), states, texts))
+    return [checked_step(env, s, t, w) for s, t, w in zip(states, texts, where)]
+  return list(pool.map(functools.partial(checked_step, env), states, texts, where))
 
 
 def _sample_alive(
@@ -278,13 +310,7 @@ def rollout(
     )
   protocol.check_env(env)
   stops = tuple(env.stop_strings) + turns.stop_strings
-  firsts = [env.reset(task, seed) for task, seed in zip(tasks, seeds)]
-  for seed, first in zip(seeds, firsts):
-    if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[1], str)):
-      raise TypeError(
-        f"environment {env.name!r}: reset(task, seed={seed}) must return (state, "
-        f"observation text), got {type(first).__name__} {str(first)[:80]!r}"
-      )
+  firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
   longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
@@ -315,7 +341,11 @@ def rollout(
       logps[r] += [float(x) for x in lps[:n]]
       turn_of[r] += [turn] * n
       texts.append(tokenizer.decode(toks[:n]))
-    steps = step_rows(env, [states[r] for r in alive], texts, pool)
+    where = [
+      f"seed {seeds[r // G]}, row {first_row + r}, turn {turn + 1} of at most {env.max_turns}"
+      for r in alive
+    ]
+    steps = step_rows(env, [states[r] for r in alive], texts, pool, where)
     still = []
     for r, text, step in zip(alive, texts, steps):
       states[r] = step.state
