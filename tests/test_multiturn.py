@@ -412,9 +412,17 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
     (protocol.Step(0, "", "1", True, {}), "reward is str"),
     (protocol.Step(0, "", 1.0, "yes", {}), "done is str"),
     (protocol.Step(0, "", 1.0, True, None), "info is NoneType"),
+    (
+      protocol.Step(0, "a\udcff", 1.0, False, {}),
+      r"observation is not UTF-8 text: '\\udcff' at index 1",
+    ),
   ],
 )
 def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match):
+  """Mutation caught (the UTF-8 cases): no `_not_utf8` check, so a lone surrogate in an
+  observation crashed in the tokenizer (byte: UnicodeEncodeError, Gemma: a pybind cast
+  RuntimeError) without naming the environment."""
+
   def step(state, text):
     if isinstance(result, Exception):
       raise result
@@ -427,6 +435,13 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
   bad_reset = env._replace(reset=lambda task, seed: "just text")
   with pytest.raises(TypeError, match="reset"):
     _rollout(bad_reset, seeds=[0], G=1)
+  surrogate = env._replace(
+    reset=lambda task, seed: (0, b"caf\xe9".decode("utf-8", "surrogateescape"))
+  )
+  with pytest.raises(
+    ValueError, match=r"'broken': reset\(task, seed=0\): observation is not UTF-8"
+  ):
+    _rollout(surrogate, seeds=[0], G=1)
 
 
 def test_env_errors_in_a_rollout_name_the_seed_the_turn_and_the_task():

@@ -153,6 +153,19 @@ def _label(env: protocol.Env, where: str) -> str:
   return f"environment {env.name!r}" + (f" ({where})" if where else "")
 
 
+def _not_utf8(text: str) -> str | None:
+  """Why `text` cannot be encoded (a lone surrogate, e.g. from bytes decoded with
+  errors='surrogateescape'), or None when it can."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    return (
+      f"observation is not UTF-8 text: {text[e.start]!r} at index {e.start} (a lone "
+      "surrogate; decode bytes with errors='replace')"
+    )
+  return None
+
+
 def checked_reset(env: protocol.Env, task, seed: int) -> tuple[Any, str]:
   """`env.reset(task, seed)` as (state, observation); a raising or malformed reset fails
   naming the env, the seed and the task."""
@@ -168,6 +181,9 @@ def checked_reset(env: protocol.Env, task, seed: int) -> tuple[Any, str]:
       f"environment {env.name!r}: reset(task, seed={seed}) must return (state, "
       f"observation text), got {type(first).__name__} {str(first)[:80]!r}"
     )
+  problem = _not_utf8(first[1])
+  if problem:
+    raise ValueError(f"environment {env.name!r}: reset(task, seed={seed}): {problem}")
   return first
 
 
@@ -175,8 +191,8 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
   """`env.step(state, text)` as a `Step`; a raising or malformed step fails naming the env
   (and `where`: the row's seed and the turn, as the rollout passes them).
 
-  The returned tuple must be (state, observation: str, reward: finite number,
-  done: bool, info: dict).
+  The returned tuple must be (state, observation: str encodable as UTF-8, reward: finite
+  number, done: bool, info: dict).
   """
   label = _label(env, where)
   try:
@@ -195,6 +211,8 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
   problems = []
   if not isinstance(step.observation, str):
     problems.append(f"observation is {type(step.observation).__name__}, not str")
+  elif _not_utf8(step.observation):
+    problems.append(_not_utf8(step.observation))
   if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float, np.number)):
     problems.append(f"reward is {type(step.reward).__name__}, not a number")
   elif not np.isfinite(step.reward):
