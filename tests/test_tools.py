@@ -328,6 +328,28 @@ def test_run_tool_non_str_result_is_an_error():
   assert is_error and result.startswith("error: ") and "int" in result
 
 
+def test_run_tool_text_with_lone_surrogates_is_contained():
+  """A tool returning (or raising with) text that holds a lone surrogate, as bytes decoded
+  with errors='surrogateescape' do: an error result / an escaped message, both encodable.
+
+  Mutation caught: no UTF-8 check in `_call` (the result reached the tokenizer and the
+  rollout died with a UnicodeEncodeError naming neither the tool nor the environment).
+  """
+  bad = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+  def raises(argument):
+    raise ValueError(f"cannot read {bad}")
+
+  registry = {"cat": lambda a: bad, "raises": raises}
+  result, is_error = run_tool(registry, ToolCall("cat", "x"), 200)
+  assert is_error
+  assert result == r"error: tool cat returned text that is not UTF-8 ('\udce9' at index 3)"
+  result, is_error = run_tool(registry, ToolCall("raises", "x"), 200)
+  assert is_error and result == r"error: tool raises failed: ValueError: cannot read caf\udce9"
+  observation = with_tools(_fake_env([], {}), registry).step(0, "<tool>cat: x</tool>").observation
+  observation.encode("utf-8")
+
+
 @pytest.mark.parametrize("max_chars", [len(TRUNCATION_MARKER), 20, 50, 999])
 def test_run_tool_clips_to_budget(max_chars):
   result, is_error = run_tool({"long": lambda a: "y" * 1000}, ToolCall("long", ""), max_chars)

@@ -72,7 +72,8 @@ def clip(text: str, max_chars: int) -> str:
 
 
 def _call(registry: Registry, call: ToolCall) -> str:
-  """The tool's raw result text, or an error string; never raises for a tool's failure."""
+  """The tool's raw result text, or an error string; never raises for a tool's failure
+  (an exception, a non-str result, text with a lone surrogate that no tokenizer encodes)."""
   tool = registry.get(call.name)
   if tool is None:
     known = ", ".join(sorted(registry)) or "none"
@@ -80,9 +81,17 @@ def _call(registry: Registry, call: ToolCall) -> str:
   try:
     result = tool(call.argument)
   except Exception as e:
-    return f"{ERROR_PREFIX}tool {call.name} failed: {type(e).__name__}: {e}"
+    message = f"{ERROR_PREFIX}tool {call.name} failed: {type(e).__name__}: {e}"
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
   if not isinstance(result, str):
     return f"{ERROR_PREFIX}tool {call.name} returned {type(result).__name__}, not str"
+  try:
+    result.encode("utf-8")
+  except UnicodeEncodeError as e:
+    return (
+      f"{ERROR_PREFIX}tool {call.name} returned text that is not UTF-8 "
+      f"({ascii(result[e.start])} at index {e.start})"
+    )
   return result
 
 
