@@ -410,6 +410,9 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
     (protocol.Step(0, 5, 0.0, True, {}), "observation is int"),
     (protocol.Step(0, "", float("nan"), True, {}), "reward is nan"),
     (protocol.Step(0, "", "1", True, {}), "reward is str"),
+    (protocol.Step(0, "", 1e39, True, {}), r"reward is 1e\+39, beyond float32"),
+    (protocol.Step(0, "", np.float64(-4e38), True, {}), r"reward is -4e\+38, beyond float32"),
+    (protocol.Step(0, "", 10**400, True, {}), "reward is an int too large for a float"),
     (protocol.Step(0, "", 1.0, "yes", {}), "done is str"),
     (protocol.Step(0, "", 1.0, True, None), "info is NoneType"),
     (
@@ -419,9 +422,11 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
   ],
 )
 def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match):
-  """Mutation caught (the UTF-8 cases): no `_not_utf8` check, so a lone surrogate in an
-  observation crashed in the tokenizer (byte: UnicodeEncodeError, Gemma: a pybind cast
-  RuntimeError) without naming the environment."""
+  """Mutations caught: no `_not_utf8` check (the UTF-8 cases: a lone surrogate in an
+  observation crashed in the tokenizer, byte: UnicodeEncodeError, Gemma: a pybind cast
+  RuntimeError, without naming the environment); the reward checked finite as a float64
+  only (1e39 and -4e38 became +-inf in the float32 rewards, 10**400 crashed in
+  np.isfinite with a bare TypeError)."""
 
   def step(state, text):
     if isinstance(result, Exception):
@@ -442,6 +447,19 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
     ValueError, match=r"'broken': reset\(task, seed=0\): observation is not UTF-8"
   ):
     _rollout(surrogate, seeds=[0], G=1)
+
+
+def test_turn_rewards_summing_beyond_float32_fail_naming_the_row():
+  """Three turns of 2e38 each (every one a float32) sum to 6e38, which the [N] float32
+  rewards would hold as inf (and the advantages as nan): refused, naming seed and row.
+
+  Mutation caught: no finiteness check on the summed rewards in `rollout`.
+  """
+  env = protocol.Env(
+    "big", lambda task, seed: (0, "x"), lambda s, t: protocol.Step(s, "o", 2e38, False, {}), 3
+  )
+  with pytest.raises(ValueError, match=r"'big' \(seed 4, row 0\): the turn rewards \[2e\+38, "):
+    _rollout(env, seeds=[4], G=1, turn_tokens=2, total=64)
 
 
 def test_env_errors_in_a_rollout_name_the_seed_the_turn_and_the_task():

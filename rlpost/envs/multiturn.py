@@ -166,6 +166,22 @@ def _not_utf8(text: str) -> str | None:
   return None
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _reward_problem(reward) -> str | None:
+  """Why a numeric reward cannot go into the float32 batch (None: it can)."""
+  try:
+    value = float(reward)
+  except OverflowError:
+    return "reward is an int too large for a float"
+  if not np.isfinite(value):
+    return f"reward is {value}, not finite"
+  if abs(value) > FLOAT32_MAX:
+    return f"reward is {value:.4g}, beyond float32 (|reward| <= {FLOAT32_MAX:.4g}) where rewards are kept"
+  return None
+
+
 def checked_reset(env: protocol.Env, task, seed: int) -> tuple[Any, str]:
   """`env.reset(task, seed)` as (state, observation); a raising or malformed reset fails
   naming the env, the seed and the task."""
@@ -191,8 +207,8 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
   """`env.step(state, text)` as a `Step`; a raising or malformed step fails naming the env
   (and `where`: the row's seed and the turn, as the rollout passes them).
 
-  The returned tuple must be (state, observation: str encodable as UTF-8, reward: finite
-  number, done: bool, info: dict).
+  The returned tuple must be (state, observation: str encodable as UTF-8, reward: a
+  number finite in float32, done: bool, info: dict).
   """
   label = _label(env, where)
   try:
@@ -215,8 +231,8 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
     problems.append(_not_utf8(step.observation))
   if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float, np.number)):
     problems.append(f"reward is {type(step.reward).__name__}, not a number")
-  elif not np.isfinite(step.reward):
-    problems.append(f"reward is {step.reward}, not finite")
+  elif _reward_problem(step.reward):
+    problems.append(_reward_problem(step.reward))
   if not isinstance(step.done, (bool, np.bool_)):
     problems.append(f"done is {type(step.done).__name__}, not bool")
   if not isinstance(step.info, dict):
@@ -405,7 +421,14 @@ def rollout(
     )
     for r in range(N)
   ]
-  rewards = np.asarray([e.reward for e in episodes], np.float32)
+  with np.errstate(over="ignore"):  # an overflow is reported below
+    rewards = np.asarray([e.reward for e in episodes], np.float32)
+  for r in np.flatnonzero(~np.isfinite(rewards)):
+    raise ValueError(
+      f"environment {env.name!r} (seed {seeds[r // G]}, row {first_row + r}): the turn "
+      f"rewards {episodes[r].turn_rewards} sum to {episodes[r].reward:.4g}, beyond float32 "
+      f"(|reward| <= {FLOAT32_MAX:.4g}); scale the environment's rewards down"
+    )
   placed = place_turn_rewards([e.turn_rewards for e in episodes], batch.turn_ids, batch.loss_mask)
   return Rollout(batch, rewards, placed, episodes)
 
