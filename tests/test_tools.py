@@ -416,6 +416,25 @@ def test_with_tools_non_tool_turn_delegates_without_mutating_info():
   assert inner_info == {"success": True}
 
 
+def test_with_tools_takes_a_plain_tuple_step_and_passes_a_malformed_one_through():
+  """The driver accepts any 5-tuple from step (`multiturn.checked_step`); so does the
+  wrapper. A malformed inner result reaches the driver's check unchanged.
+
+  Mutation caught: `inner._replace` on the raw result (a plain tuple or None failed with
+  "AttributeError: ... no attribute '_replace'", reported as the environment raising).
+  """
+  from rlpost.envs import multiturn
+
+  inner = _fake_env([], {})
+  plain = inner._replace(step=lambda s, t: (s + 1, "obs", 1.0, True, {"k": 1}))
+  assert with_tools(plain).step(5, "hi") == Step(6, "obs", 1.0, True, {"k": 1, "tool_call": False})
+  for bad, match in [(None, "step returned NoneType"), ((1, "o", 0.0, True, []), "info is list")]:
+    env = with_tools(inner._replace(step=lambda s, t, bad=bad: bad))
+    assert env.step(0, "hi") is bad
+    with pytest.raises(TypeError, match=match):
+      multiturn.checked_step(env, 0, "hi")
+
+
 def test_with_tools_clips_results():
   env = with_tools(_fake_env([], {}), registry={"long": lambda a: "z" * 500}, max_result_chars=30)
   out = env.step(0, "<tool>long: x</tool>")

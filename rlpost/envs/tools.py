@@ -128,6 +128,9 @@ def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 
     call = parse_tool_call(assistant_text)
     if call is None:
       inner = env.step(state, assistant_text)
+      if not (isinstance(inner, tuple) and len(inner) == 5 and isinstance(inner[4], dict)):
+        return inner  # malformed: left for the driver's check (multiturn.checked_step) to name
+      inner = Step(*inner)
       return inner._replace(info={**inner.info, "tool_call": False})
     observation, is_error = answer_call(registry, call, max_result_chars)
     info = {"tool_call": True, "tool_error": is_error}
