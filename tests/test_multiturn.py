@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from experiments.configs import grpo_gsm8k
 from experiments.configs import ppo_gsm8k
@@ -621,3 +623,211 @@ def test_per_token_scores_give_reward_to_go_returns_per_turn():
   placed = objectives.ppo_advantages(jnp.asarray(last), values, zeros, None, b.loss_mask, config)
   for x, y in zip(sequence, placed):
     np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------- batch invariants, random envs
+
+
+def _scripted_logp(token: int, position: int) -> float:
+  """The scripted model's logprob of `token` at context `position`: names both, so a
+  logprob moved to another slot (or token) no longer matches."""
+  return -(1 + token % 97 + 100 * (position % 101)) / 1e4
+
+
+class _ScriptedSampler:
+  """Stands in for `sampling.sample`: row id -> its scripted turns (cycled), emitted up to
+  the call's limit or a stop id, as the sampler does; records (context, tokens) per
+  (row id, call)."""
+
+  def __init__(self, turns_of_row):
+    self.turns_of_row, self.calls, self.emitted = turns_of_row, {}, {}
+
+  def __call__(self, params, tokens, lengths, key, limit=None, row_ids=None, **kw):
+    config, G = kw["config"], kw["num_samples"]
+    tokens, lengths, N = np.asarray(tokens), np.asarray(lengths), kw["config"].max_new_tokens
+    limit = N if limit is None else min(int(limit), N)
+    rows = tokens.shape[0] * G
+    out = np.full((rows, N), config.pad_id, np.int32)
+    logp, counts, seen = np.zeros((rows, N), np.float32), np.zeros(rows, np.int32), set()
+    for i, row in enumerate(np.asarray(row_ids).tolist()):
+      context = tokens[i // G, tokens.shape[1] - lengths[i // G] :].tolist()
+      k = self.calls.get(row, 0)
+      script = self.turns_of_row[row % len(self.turns_of_row)]
+      emitted = []
+      for t in script[k % len(script)] or [TOK.encode("a", add_bos=False)[0]]:
+        emitted.append(t)
+        if len(emitted) >= limit or t in config.stop_ids:
+          break
+      if row not in seen:  # later copies pad the call's rows
+        seen.add(row)
+        self.calls[row] = k + 1
+        self.emitted[(row, k)] = (context, emitted)
+      out[i, : len(emitted)] = emitted
+      logp[i, : len(emitted)] = [_scripted_logp(t, len(context) + j) for j, t in enumerate(emitted)]
+      counts[i] = len(emitted)
+    return sampling.SampleOutput(
+      tokens=out, logprobs=logp, mask=out != config.pad_id, lengths=counts
+    )
+
+
+_token_ids = st.builds(
+  lambda ids, last: ids + last,
+  st.lists(
+    st.one_of(
+      st.integers(0, TOK.vocab_size - 1),
+      st.sampled_from(sorted(CONTROL_IDS)),
+      st.sampled_from(list(TOK.encode("</tool>xo\n", add_bos=False))),
+    ),
+    max_size=10,
+  ),
+  st.sampled_from([[], [TOK.end_of_turn_id], [TOK.eos_id]]),  # a turn closed by a stop id
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+  turns_of_row=st.lists(st.lists(_token_ids, min_size=1, max_size=4), min_size=1, max_size=4),
+  env_script=st.lists(
+    st.tuples(
+      st.text(max_size=20), st.floats(-5, 5, allow_nan=False), st.sampled_from([False] * 3 + [True])
+    ),
+    min_size=1,
+    max_size=6,
+  ),
+  tasks=st.integers(1, 3),
+  G=st.integers(1, 2),
+  turn_tokens=st.integers(1, 8),
+  total=st.integers(1, 160),
+  at_the_edge=st.sampled_from([None, -1, 0, 1]),
+  max_turns=st.integers(1, 5),
+  template=st.sampled_from(scaffold.SCAFFOLDS),
+  fixed_shapes=st.booleans(),
+  mask_truncated=st.booleans(),
+  stops=st.sampled_from([(), ("</tool>",), ("o",), ("xo", "\n")]),
+)
+def test_random_envs_and_outputs_keep_the_batch_invariants(
+  turns_of_row,
+  env_script,
+  tasks,
+  G,
+  turn_tokens,
+  total,
+  at_the_edge,
+  max_turns,
+  template,
+  fixed_shapes,
+  mask_truncated,
+  stops,
+):
+  """Random environments (observation text, reward, done per turn) against a scripted
+  model emitting random ids (control ids, stop-string pieces): each row's stream is
+  rebuilt here from the rules alone (a turn cut at its first stop string and at the
+  slots left; one step per turn; the observation in its scaffold only if it and one more
+  token fit and turns remain) and must equal the batch: tokens, valid, loss_mask 1
+  exactly on sampled ids, turn_ids, sampler logprobs on their own token and position,
+  done / truncated, the texts the env saw, rewards and their per-turn placement; every
+  sampler input is the stream so far.
+
+  Mutations caught (each fails within the 60 examples): observation slots with
+  turn_ids turn + 1; the scaffold's `closed` test always False; `+ 1` dropped from the
+  fit test; logprobs taken from lps[1 : n + 1].
+  """
+  seen_steps = []
+
+  def reset(task, seed):
+    return (seed, 0), f"task {seed}"
+
+  def step(state, text):
+    seed, k = state
+    seen_steps.append((seed, k, text))
+    observation, reward, done = env_script[(seed + k) % len(env_script)]
+    return protocol.Step((seed, k + 1), observation, reward, done, {})
+
+  def stop_at(ids):
+    hits = [n for n in range(1, len(ids) + 1) if any(s in TOK.decode(ids[:n]) for s in stops)]
+    return hits[0] if hits else len(ids)
+
+  if at_the_edge is not None:  # aim T at row 0's first observation (+ 1 token) just fitting
+    emitted = []
+    for t in turns_of_row[0][0] or TOK.encode("a", add_bos=False):
+      emitted.append(t)
+      if len(emitted) >= turn_tokens or t in (TOK.eos_id, TOK.end_of_turn_id):
+        break
+    n = stop_at(emitted)
+    observation = env_script[10 % len(env_script)][0]
+    closed = emitted[n - 1] == TOK.end_of_turn_id
+    total = max(1, n + len(scaffold.observation_ids(TOK, template, observation, closed)) + 1)
+    total = max(1, total + at_the_edge)
+  env = protocol.Env("random", reset, step, max_turns=max_turns, stop_strings=stops)
+  sampler = _ScriptedSampler(turns_of_row)
+  sc = sampling.SamplingConfig(
+    temperature=1.0,
+    stop_ids=(TOK.eos_id, TOK.end_of_turn_id),
+    max_new_tokens=turn_tokens,
+    pad_id=TOK.pad_id,
+    prompt_bucket=16,
+  )
+  turns = multiturn.TurnConfig(
+    template, turn_tokens, total, mask_truncated=mask_truncated, fixed_shapes=fixed_shapes
+  )
+  seeds = list(range(10, 10 + tasks))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(multiturn.sampling, "sample", sampler)
+    out = multiturn.rollout(
+      None,
+      env,
+      [None] * tasks,
+      seeds,
+      jax.random.key(0),
+      tokenizer=TOK,
+      model_config=None,
+      sampling_config=sc,
+      turns=turns,
+      num_generations=G,
+    )
+  b, P, T = out.batch, out.batch.prompt_len, total
+  assert b.loss_mask.shape == (tasks * G, T)
+
+  for r, e in enumerate(out.episodes):
+    seed = seeds[r // G]
+    prompt = scaffold.prompt_ids(TOK, template, f"task {seed}")
+    assert b.tokens[r, P - len(prompt) : P].tolist() == prompt
+    assert not b.valid[r, : P - len(prompt)].any()
+    stream, sampled, turn_of, k = [], [], [], 0
+    while True:
+      context, emitted = sampler.emitted[(r, k)]
+      assert context == prompt + stream, (r, k)
+      n = min(stop_at(emitted), T - len(stream))
+      stream, sampled, turn_of = stream + emitted[:n], sampled + [1] * n, turn_of + [k] * n
+      observation, _, done = env_script[(seed + k) % len(env_script)]
+      if done:
+        break
+      closed = emitted[n - 1] == TOK.end_of_turn_id
+      obs = scaffold.observation_ids(TOK, template, observation, closed)
+      if k + 1 >= max_turns or len(stream) + len(obs) + 1 > T:
+        break
+      stream, sampled, turn_of = stream + obs, sampled + [0] * len(obs), turn_of + [k] * len(obs)
+      k += 1
+    n = len(stream)
+    assert (e.done, e.truncated) == (done, not done), r
+    assert b.tokens[r, P:].tolist() == stream + [TOK.pad_id] * (T - n)
+    assert b.valid[r, P:].tolist() == [True] * n + [False] * (T - n)
+    masked = mask_truncated and e.truncated
+    expected_mask = [0] * T if masked else sampled + [0] * (T - n)
+    np.testing.assert_array_equal(b.loss_mask[r], expected_mask)
+    assert b.turn_ids[r].tolist() == turn_of + [-1] * (T - n)
+    logp = [
+      _scripted_logp(t, len(prompt) + j) if m else 0.0
+      for j, (t, m) in enumerate(zip(stream, sampled))
+    ]
+    np.testing.assert_array_equal(b.sampler_logp[r], np.float32(logp + [0.0] * (T - n)))
+    assert len(e.texts) == len(e.turn_rewards) == len(e.infos) == k + 1
+    for j, text in enumerate(e.texts):
+      assert text == TOK.decode([t for t, m, i in zip(stream, sampled, turn_of) if m and i == j])
+      assert e.turn_rewards[j] == env_script[(seed + j) % len(env_script)][1]
+    assert out.rewards[r] == np.float32(sum(e.turn_rewards))
+    placed = np.zeros(T, np.float32)
+    for j, reward in enumerate([] if masked else e.turn_rewards):
+      placed[max(i for i in range(n) if sampled[i] and turn_of[i] == j)] += reward
+    np.testing.assert_array_equal(out.turn_rewards[r], placed)
+  assert len(seen_steps) == sum(len(e.texts) for e in out.episodes)
