@@ -11,6 +11,23 @@ reproducible: the same (task, seed) and the same assistant texts give the same
 observations and rewards. `step` must not mutate its input state (return a new
 one), so a driver can keep, retry or compare states freely.
 
+What the driver (`rlpost.envs.multiturn.rollout`) assumes and checks:
+  - `step` runs on a thread pool (the agentic recipe's `rollout_threads`, 8 by default):
+    the alive rows of a turn are stepped concurrently, so `step` and every tool it calls
+    must be thread-safe. Pure functions over immutable state are; a shared client,
+    subprocess or cache needs a lock, or `rollout_threads=1`.
+  - The G episodes of a task all start from the one state object `reset` returned:
+    another reason `step` must not mutate its input.
+  - There is no timeout: a `step` (or tool) that blocks blocks the rollout, and a Python
+    thread cannot be stopped from outside. Bound your own I/O (timeouts on network calls
+    and subprocesses) and answer a timed-out call with an observation (a tool: an
+    "error: ..." result).
+  - A reset or step that raises, or returns something else than documented (a reward
+    that is not a number finite in float32, an observation that is not UTF-8-encodable
+    text, ...), stops the rollout with an error naming the environment, the seed and the
+    turn. Tools are contained instead (`rlpost.envs.tools`): a failing tool is an
+    "error: ..." result the model sees.
+
 `info` keys the metrics read when present (all bools):
   success         the episode reached its goal (e.g. FrozenLake's G)
   invalid_action  the assistant text could not be parsed as an action
