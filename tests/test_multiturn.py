@@ -418,6 +418,14 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
     (protocol.Step(0, "", 1.0, "yes", {}), "done is str"),
     (protocol.Step(0, "", 1.0, True, None), "info is NoneType"),
     (
+      protocol.Step(0, "", 1.0, True, {"success": "no"}),
+      "info\\['success'\\] is str 'no', not bool",
+    ),
+    (
+      protocol.Step(0, "", 1.0, True, {"tool_call": np.array([True, False])}),
+      "info\\['tool_call'\\] is ndarray",
+    ),
+    (
       protocol.Step(0, "a\udcff", 1.0, False, {}),
       r"observation is not UTF-8 text: '\\udcff' at index 1",
     ),
@@ -428,7 +436,8 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
   observation crashed in the tokenizer, byte: UnicodeEncodeError, Gemma: a pybind cast
   RuntimeError, without naming the environment); the reward checked finite as a float64
   only (1e39 and -4e38 became +-inf in the float32 rewards, 10**400 crashed in
-  np.isfinite with a bare TypeError)."""
+  np.isfinite with a bare TypeError); the info flags unchecked (success "no" counted as a
+  success in the metrics, an array crashed them after the rollout)."""
 
   def step(state, text):
     if isinstance(result, Exception):

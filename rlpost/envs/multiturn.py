@@ -208,7 +208,7 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
   (and `where`: the row's seed and the turn, as the rollout passes them).
 
   The returned tuple must be (state, observation: str encodable as UTF-8, reward: a
-  number finite in float32, done: bool, info: dict).
+  number finite in float32, done: bool, info: dict whose `protocol.INFO_FLAGS` are bools).
   """
   label = _label(env, where)
   try:
@@ -237,6 +237,12 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
     problems.append(f"done is {type(step.done).__name__}, not bool")
   if not isinstance(step.info, dict):
     problems.append(f"info is {type(step.info).__name__}, not dict")
+  else:
+    problems += [
+      f"info[{key!r}] is {type(step.info[key]).__name__} {str(step.info[key])[:40]!r}, not bool"
+      for key in protocol.INFO_FLAGS
+      if key in step.info and not isinstance(step.info[key], (bool, np.bool_))
+    ]
   if problems:
     raise TypeError(f"{label}: step returned a bad Step: {'; '.join(problems)}")
   return step

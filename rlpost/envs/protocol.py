@@ -38,6 +38,8 @@ What the driver (`rlpost.envs.multiturn.rollout`) assumes and checks:
 import numbers
 from typing import Any, Callable, NamedTuple
 
+INFO_FLAGS = ("success", "invalid_action", "tool_call", "tool_error")  # bools, when present
+
 
 class Step(NamedTuple):
   """What `Env.step` returns."""
