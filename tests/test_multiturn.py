@@ -415,6 +415,8 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
     (protocol.Step(0, "", 1e39, True, {}), r"reward is 1e\+39, beyond float32"),
     (protocol.Step(0, "", np.float64(-4e38), True, {}), r"reward is -4e\+38, beyond float32"),
     (protocol.Step(0, "", 10**400, True, {}), "reward is an int too large for a float"),
+    (protocol.Step(0, "", np.complex128(1 + 2j), True, {}), "reward is complex128, not a real"),
+    (protocol.Step(0, "", np.timedelta64(3), True, {}), "reward is timedelta64, not a real"),
     (protocol.Step(0, "", 1.0, "yes", {}), "done is str"),
     (protocol.Step(0, "", 1.0, True, None), "info is NoneType"),
     (
@@ -437,7 +439,8 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
   RuntimeError, without naming the environment); the reward checked finite as a float64
   only (1e39 and -4e38 became +-inf in the float32 rewards, 10**400 crashed in
   np.isfinite with a bare TypeError); the info flags unchecked (success "no" counted as a
-  success in the metrics, an array crashed them after the rollout)."""
+  success in the metrics, an array crashed them after the rollout); any np.number taken
+  as a reward (a complex 1+2j became 1.0 with only a ComplexWarning)."""
 
   def step(state, text):
     if isinstance(result, Exception):

@@ -229,8 +229,10 @@ def checked_step(env: protocol.Env, state, text: str, where: str = "") -> protoc
     problems.append(f"observation is {type(step.observation).__name__}, not str")
   elif _not_utf8(step.observation):
     problems.append(_not_utf8(step.observation))
-  if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float, np.number)):
-    problems.append(f"reward is {type(step.reward).__name__}, not a number")
+  if isinstance(step.reward, (bool, np.timedelta64)) or not isinstance(
+    step.reward, (int, float, np.integer, np.floating)
+  ):
+    problems.append(f"reward is {type(step.reward).__name__}, not a real number")
   elif _reward_problem(step.reward):
     problems.append(_reward_problem(step.reward))
   if not isinstance(step.done, (bool, np.bool_)):
