@@ -149,7 +149,7 @@ def place_turn_rewards(
 
 
 def _label(env: protocol.Env, where: str) -> str:
-  """ "environment 'NAME'", with the row and turn (`where`) when given."""
+  """The environment's name for an error, with the row and turn (`where`) when given."""
   return f"environment {env.name!r}" + (f" ({where})" if where else "")
 
 
@@ -178,7 +178,7 @@ def _reward_problem(reward) -> str | None:
   if not np.isfinite(value):
     return f"reward is {value}, not finite"
   if abs(value) > FLOAT32_MAX:
-    return f"reward is {value:.4g}, beyond float32 (|reward| <= {FLOAT32_MAX:.4g}) where rewards are kept"
+    return f"reward is {value:.4g}, beyond float32 (|reward| <= {FLOAT32_MAX:.4g}), the batch's"
   return None
 
 

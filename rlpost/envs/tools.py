@@ -90,7 +90,7 @@ def _call(registry: Registry, call: ToolCall) -> str:
   except UnicodeEncodeError as e:
     return (
       f"{ERROR_PREFIX}tool {call.name} returned text that is not UTF-8 "
-      f"({ascii(result[e.start])} at index {e.start})"
+      f"({result[e.start]!a} at index {e.start})"
     )
   return result
 
