@@ -470,3 +470,18 @@ def test_with_tools_refuses_unusable_env_limits(fields, match):
   with pytest.raises(ValueError, match=match) as info:
     with_tools(_fake_env([], {})._replace(**fields))
   assert "'fake'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+  "registry,match",
+  [
+    ({"web-search": lambda a: "x"}, r"name 'web-search' is not an identifier.*'web_search'"),
+    ({"calc": "not a function"}, r"tool 'calc' is str, not a function"),
+  ],
+)
+def test_with_tools_refuses_a_registry_entry_no_call_can_reach(registry, match):
+  """Mutation caught: `with_tools` taking the registry unchecked (every call of
+  "web-search" was answered "tool name must be an identifier"; a non-callable tool
+  failed at each call with "'str' object is not callable")."""
+  with pytest.raises(ValueError, match=match):
+    with_tools(_fake_env([], {}), registry)

@@ -92,7 +92,7 @@ def make_env(
       "convert to tool traces; lower fewshot or raise data.fewshot"
     )
   shots = shots[:fewshot]
-  registry = dict(registry)
+  registry = tools.check_registry(registry)
 
   def reset(problem: Problem, seed: int):
     del seed  # nothing random: the problem is the task

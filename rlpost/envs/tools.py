@@ -116,13 +116,31 @@ def answer_call(registry: Registry, call: ToolCall | str, max_chars: int) -> tup
   return result_observation(result), is_error
 
 
+def check_registry(registry: Registry) -> dict:
+  """`registry` as a dict, or ValueError naming the entry a call could never reach: every
+  name must be an identifier (the call syntax's NAME) and every tool callable."""
+  registry = dict(registry)
+  for name, tool in registry.items():
+    if not (isinstance(name, str) and name.isidentifier()):
+      raise ValueError(
+        f"tool registry: name {name!r} is not an identifier, so {CALL_OPEN}NAME: ...{CALL_CLOSE} "
+        f"can never call it; rename it (e.g. {str(name).replace('-', '_')!r})"
+      )
+    if not callable(tool):
+      raise ValueError(
+        f"tool registry: tool {name!r} is {type(tool).__name__}, not a function of the "
+        "argument text"
+      )
+  return registry
+
+
 def with_tools(env: Env, registry: Registry = REGISTRY, max_result_chars: int = 200) -> Env:
   """`env` with tool calls: a turn holding a call (see `parse_tool_call`) is answered by the
   tool (reward 0.0, not done, state unchanged, info tool_call/tool_error); any other turn
   goes to `env.step`, whose info gets tool_call False. Adds CALL_CLOSE to stop_strings."""
   clip("", max_result_chars)  # validates the budget now, not at the first call
   check_env(env)
-  registry = dict(registry)
+  registry = check_registry(registry)
 
   def step(state, assistant_text: str) -> Step:
     call = parse_tool_call(assistant_text)
