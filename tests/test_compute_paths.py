@@ -106,6 +106,38 @@ def test_an_auto_run_records_its_choice_and_keeps_it_when_resumed(tmp_path, monk
   assert fresh.train.compute_dtype == "float32"
 
 
+def test_an_auto_int8_run_records_its_dots_and_keeps_them_when_resumed(tmp_path, monkeypatch):
+  """sampling.int8_paths=auto (int8 rollouts): the chosen dots go into config.json as
+  LAYOUT:ROWS and a resumed run keeps them where the calibration would now say otherwise.
+  Mutation caught: a resumed run that calibrates again (it took io:8)."""
+  from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
+  from rlpost.models import quant  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import grpo  # pylint: disable=g-import-not-at-top
+
+  cfg = lambda: with_overrides(
+    grpo_gsm8k.get_config("tiny"),
+    {
+      "sampling.weights": "int8",
+      "sampling.int8_paths": "auto",
+      "algo.tis_cap": 2.0,
+      "train.steps": 2,
+      "checkpoint.every": 1,
+    },
+  )
+  recorded = lambda: json.loads((tmp_path / "config.json").read_text())["sampling"]["int8_paths"]
+  choose = lambda paths: lambda: (quant.parse_paths(paths), "mocked calibration")
+  monkeypatch.setattr(compute_paths, "resolve_int8", choose("oik:3"))
+  grpo.run(cfg(), str(tmp_path), stop_after=1)
+  assert recorded() == "oik:3"
+  monkeypatch.setattr(compute_paths, "resolve_int8", choose("io:8"))
+  resumed = cfg()
+  grpo.run(resumed, str(tmp_path))
+  assert resumed.sampling.int8_paths == recorded() == "oik:3"
+  model_weights = with_overrides(cfg(), {"sampling.weights": "model"})
+  grpo.run(model_weights, str(tmp_path / "float"), stop_after=1)  # no calibration needed
+  assert model_weights.sampling.int8_paths == "auto"
+
+
 # Int8 probe milliseconds keyed "<part>@<rows>", shaped like the measurements (BUILD.md):
 # on the AMD EPYC the output projection is faster with the activations on the left up to
 # 8 rows and the layers' "io" layout is as fast as "oik"; on the Intel Xeon with AMX

@@ -56,6 +56,17 @@ def _counting_env(calls: list, max_turns: int = 4, sleep=None) -> protocol.Env:
   return protocol.Env("counting", reset, step, max_turns=max_turns)
 
 
+def _sampling_config(turn_tokens: int) -> sampling.SamplingConfig:
+  """The rollouts' sampler settings: temperature 1, stops at EOS and <end_of_turn>."""
+  return sampling.SamplingConfig(
+    temperature=1.0,
+    stop_ids=(TOK.eos_id, TOK.end_of_turn_id),
+    max_new_tokens=turn_tokens,
+    pad_id=TOK.pad_id,
+    prompt_bucket=16,
+  )
+
+
 def _rollout(
   env,
   seeds,
@@ -68,13 +79,7 @@ def _rollout(
   mask_truncated=False,
   stops=(),
 ):
-  sc = sampling.SamplingConfig(
-    temperature=1.0,
-    stop_ids=(TOK.eos_id, TOK.end_of_turn_id),
-    max_new_tokens=turn_tokens,
-    pad_id=TOK.pad_id,
-    prompt_bucket=16,
-  )
+  sc = _sampling_config(turn_tokens)
   turns = multiturn.TurnConfig(
     template, turn_tokens, total, mask_truncated=mask_truncated, stop_strings=stops
   )
@@ -772,13 +777,7 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
     total = max(1, total + at_the_edge)
   env = protocol.Env("random", reset, step, max_turns=max_turns, stop_strings=stops)
   sampler = _ScriptedSampler(turns_of_row)
-  sc = sampling.SamplingConfig(
-    temperature=1.0,
-    stop_ids=(TOK.eos_id, TOK.end_of_turn_id),
-    max_new_tokens=turn_tokens,
-    pad_id=TOK.pad_id,
-    prompt_bucket=16,
-  )
+  sc = _sampling_config(turn_tokens)
   turns = multiturn.TurnConfig(
     template, turn_tokens, total, mask_truncated=mask_truncated, fixed_shapes=fixed_shapes
   )

@@ -69,6 +69,11 @@ class Int8Paths:
       )
 
 
+def paths_text(paths: Int8Paths) -> str:
+  """ "LAYOUT:ROWS", the `sampling.int8_paths` setting that `parse_paths` reads back."""
+  return f"{paths.layer_layout}:{paths.activations_left_max_rows}"
+
+
 def parse_paths(text: str, field: str = "sampling.int8_paths") -> Int8Paths:
   """`Int8Paths` from "LAYOUT:ROWS" (e.g. "io:8", the default; "oik:0"), errors naming
   `field`."""

@@ -306,6 +306,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
   common.resolve_compute_dtype(cfg, workdir)
+  common.resolve_int8_paths(cfg, workdir)
   p = build(cfg, loaded)
   curves = ("reward/mean", "success", "greedy/success", "turns/mean", "invalid_action_rate")
   loop = loop_lib.loop_config(

@@ -19,6 +19,7 @@ from rlpost.models import gemma3
 from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
+from rlpost.models import quant
 from rlpost.train import checkpoint
 from rlpost.train import compute_paths
 from rlpost.train import shares
@@ -101,6 +102,22 @@ def resolve_compute_dtype(cfg, workdir: str) -> None:
   dtype = compute_paths.CHOICES[index]
   absl_logging.info("train.compute_dtype=auto -> %s (%s)", dtype, why)
   cfg.train.compute_dtype = dtype
+
+
+def resolve_int8_paths(cfg, workdir: str) -> None:
+  """Replaces `sampling.int8_paths="auto"` in `cfg` by this machine's choice (or, on
+  resume, the one in the run's config.json), as "LAYOUT:ROWS", and logs it; only when the
+  sampler reads int8 weights. Every process takes process 0's choice."""
+  s = cfg.get("sampling", {})
+  if s.get("weights") != "int8" or s.get("int8_paths", "auto") != "auto":
+    return
+  paths, why = compute_paths.int8_paths_for_run("auto", workdir)
+  layout = quant.LAYER_LAYOUTS[
+    shares.from_first_process(quant.LAYER_LAYOUTS.index(paths.layer_layout))
+  ]
+  rows = shares.from_first_process(paths.activations_left_max_rows)
+  cfg.sampling.int8_paths = quant.paths_text(quant.Int8Paths(layout, rows))
+  absl_logging.info("sampling.int8_paths=auto -> %s (%s)", cfg.sampling.int8_paths, why)
 
 
 def forward_config(cfg, temperature: float) -> policy.ForwardConfig:

@@ -216,15 +216,28 @@ def resolve_for_run(
   the run's config.json when it is being resumed, else `resolver()`."""
   if setting != "auto":
     return setting, "set in the config"
-  recorded = _recorded(workdir)
+  recorded = _recorded(workdir, "train", "compute_dtype")
   if recorded in CHOICES:
     return recorded, f"recorded in {os.path.join(workdir, 'config.json')} (resumed run)"
   return resolver()
 
 
-def _recorded(workdir: str):
+def int8_paths_for_run(setting: str, workdir: str, resolver=None):
+  """`sampling.int8_paths` of a run as (`quant.Int8Paths`, reason): an explicit setting
+  as given; "auto" as recorded in the run's config.json when it is being resumed, else
+  `resolver()` (default `resolve_int8`, this machine's calibration)."""
+  if setting == "auto":
+    recorded = _recorded(workdir, "sampling", "int8_paths")
+    if isinstance(recorded, str) and recorded != "auto":
+      where = os.path.join(workdir, "config.json")
+      return quant.parse_paths(recorded), f"recorded in {where} (resumed run)"
+  return int8_paths(setting, resolver or resolve_int8)
+
+
+def _recorded(workdir: str, block: str, field: str):
+  """`block.field` in the run's config.json (None when there is none)."""
   path = os.path.join(workdir, "config.json") if workdir else ""
   if not path or not os.path.exists(path):
     return None
   with open(path, encoding="utf-8") as f:
-    return json.load(f).get("train", {}).get("compute_dtype")
+    return json.load(f).get(block, {}).get(field)
