@@ -31,29 +31,21 @@ def _chunk_forward(h_KxD, embed_VxD, targets_K, temperature, return_entropy, com
   return outs, (h_c, e_c, targets_K, z_KxV, lse_K, mean_z_K)
 
 
-# Vocabularies from this size on take the row loop in `_row_stats`.
-ROW_LOOP_MIN_VOCAB = 8192
-
-
 def _row_stats(z_KxV, with_mean: bool):
-  """(logsumexp(z) [K], E_softmax(z)[z] [K] or None), float32.
+  """(logsumexp(z) [K], E_softmax(z)[z] [K] or None), float32, one row at a time.
 
-  From V = ROW_LOOP_MIN_VOCAB on, a `lax.map` over rows: XLA:CPU runs
-  `jax.nn.logsumexp` over a [512, 262144] block as a reduction fusion whose exp is ~6x
-  slower than this loop's. A smaller vocabulary takes the whole block at once: there the
-  loop's per-row overhead outweighs the row (forward + backward over 8 x 224 tokens,
-  2026-11-25, Xeon: V = 261 and 2048 twice as fast at once, V = 32768 ~1.5x faster by row).
+  A `lax.map` over rows: XLA:CPU runs `jax.nn.logsumexp` over a [512, 262144]
+  block as a reduction fusion whose exp is ~6x slower than this loop's.
   """
 
   def one_row(z_V):
-    peak = jnp.max(z_V, axis=-1)
-    weights_V = jnp.exp(z_V - peak[..., None])
-    total = jnp.sum(weights_V, axis=-1)
-    mean = jnp.sum(weights_V * z_V, axis=-1) / total if with_mean else jnp.zeros_like(total)
+    peak = jnp.max(z_V)
+    weights_V = jnp.exp(z_V - peak)
+    total = jnp.sum(weights_V)
+    mean = jnp.sum(weights_V * z_V) / total if with_mean else jnp.zeros(())
     return peak + jnp.log(total), mean
 
-  by_row = z_KxV.shape[-1] >= ROW_LOOP_MIN_VOCAB
-  lse_K, mean_z_K = jax.lax.map(one_row, z_KxV) if by_row else one_row(z_KxV)
+  lse_K, mean_z_K = jax.lax.map(one_row, z_KxV)
   return lse_K, (mean_z_K if with_mean else None)
 
 
