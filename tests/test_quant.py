@@ -11,10 +11,11 @@ from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.models import quant
 
+# Few distinct sizes (each new shape compiles every op again); the values vary by seed.
 _shapes = st.tuples(
-  st.integers(1, 6),  # rows
+  st.sampled_from([1, 2, 5]),  # rows
   st.sampled_from([8, 24, 64, 96]),  # inputs
-  st.integers(1, 9),  # outputs
+  st.sampled_from([1, 3, 9]),  # outputs
   st.sampled_from([8, 32, 1000]),  # block rows (1000: one block)
   st.integers(0, 2**16),  # seed
 )
@@ -126,7 +127,7 @@ def test_output_projection_is_within_the_one_block_bound(shape):
 
 
 @settings(max_examples=10, deadline=None)
-@given(st.integers(9, 20), st.integers(0, 2**16))
+@given(st.sampled_from([9, 13, 20]), st.integers(0, 2**16))
 def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, seed):
   """Above `activations_left_max_rows` rows the weights go on the left of the int8 dot;
   the same rows in chunks of at most that many take the other order, and a threshold of
