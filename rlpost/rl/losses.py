@@ -141,7 +141,6 @@ def kl_penalty(logp, ref_logp, method="k1", clamp=None, mask=None):
     saturated = jax.lax.stop_gradient(jnp.abs(kl) > clamp)
     safe_kl = estimator(jnp.where(saturated, jax.lax.stop_gradient(ref_logp), logp), ref_logp)
     kl = jnp.where(saturated, jax.lax.stop_gradient(jnp.clip(kl, -clamp, clamp)), safe_kl)
-    kl = jnp.clip(kl, -clamp, clamp)
   return kl if mask is None else _clean(kl, mask)
 
 
