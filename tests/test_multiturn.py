@@ -468,6 +468,54 @@ def test_a_raising_or_malformed_step_fails_naming_the_environment(result, match)
     _rollout(surrogate, seeds=[0], G=1)
 
 
+def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monkeypatch):
+  """A reset text longer than `max_prompt_tokens` (with its scaffold) is refused naming
+  the environment, the seed and the field, before the sampler runs (the window would
+  otherwise grow to fit it: memory and a new compilation per size). At the cap, it is
+  accepted.
+
+  Mutations caught: comparing against max_total_tokens; `>=` instead of `>` (the
+  at-the-cap prompt is refused); naming the first seed instead of the longest prompt's.
+  """
+  sizes = {4: 10, 5: 40}  # seed -> words in the reset text
+
+  def reset(task, seed):
+    return (seed, 0), " ".join(["word"] * sizes[seed])
+
+  inner = _counting_env([])
+  env = inner._replace(reset=reset)
+  longest = len(scaffold.prompt_ids(TOK, "chat", reset(None, 5)[1]))
+
+  class Sampled(Exception):
+    pass
+
+  def sampler(*args, **kwargs):
+    raise Sampled
+
+  monkeypatch.setattr(multiturn.sampling, "sample", sampler)
+  sc = _sampling_config(5)
+  run = lambda cap: multiturn.rollout(
+    None,
+    env,
+    [None, None],
+    [4, 5],
+    jax.random.key(0),
+    tokenizer=TOK,
+    model_config=CONFIG,
+    sampling_config=sc,
+    turns=multiturn.TurnConfig("chat", 5, 96, max_prompt_tokens=cap),
+  )
+  with pytest.raises(ValueError) as info:
+    run(longest - 1)
+  message = str(info.value)
+  assert "'counting'" in message and "seed 5's first observation" in message, message
+  assert f"is {longest} tokens" in message and "rollout.max_prompt_tokens" in message, message
+  with pytest.raises(Sampled):  # at the cap: accepted, on to the sampler
+    run(longest)
+  with pytest.raises(ValueError, match="TurnConfig.max_prompt_tokens=0"):
+    multiturn.TurnConfig("chat", 5, 96, max_prompt_tokens=0)
+
+
 def test_turn_rewards_summing_beyond_float32_fail_naming_the_row():
   """Three turns of 2e38 each (every one a float32) sum to 6e38, which the [N] float32
   rewards would hold as inf (and the advantages as nan): refused, naming seed and row.

@@ -76,6 +76,8 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "stop_strings": () if tiny or calc else ("\n",),
       # completion slots: turns + observations
       "max_total_tokens": 128 if tiny else (320 if calc else 384),
+      # the longest first prompt accepted (a longer reset text is an error naming it)
+      "max_prompt_tokens": 256 if tiny else 2048,
       "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
       # later turns over all rows and the whole window: one compilation, more compute
       "fixed_shapes": tiny,

@@ -56,6 +56,8 @@ class TurnConfig:
   template: the scaffold around observations ("chat" | "plain").
   max_turn_tokens: sampled tokens per turn at most (the sampler's static cap).
   max_total_tokens: completion slots T per row (turns + observations).
+  max_prompt_tokens: the longest first prompt (reset's observation in its scaffold)
+    a rollout accepts; a longer one is an error that names it, not a window sized to it.
   mask_truncated: put loss_mask = 0 on every token of a truncated episode.
   fixed_shapes: later turns sample every row over the whole window (module doc).
   stop_strings: texts that end a turn in addition to the environment's (e.g.
@@ -65,6 +67,7 @@ class TurnConfig:
   template: str = "chat"
   max_turn_tokens: int = 32
   max_total_tokens: int = 256
+  max_prompt_tokens: int = 2048
   mask_truncated: bool = False
   fixed_shapes: bool = False
   stop_strings: tuple[str, ...] = ()
@@ -81,8 +84,9 @@ class TurnConfig:
         f"TurnConfig.stop_strings={self.stop_strings!r}: use a tuple of non-empty strings"
       )
     object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-    if self.max_total_tokens < 1:
-      raise ValueError(f"TurnConfig.max_total_tokens={self.max_total_tokens}: use >= 1 token")
+    for name in ("max_total_tokens", "max_prompt_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TurnConfig.{name}={getattr(self, name)}: use >= 1 token")
 
 
 class Episode(NamedTuple):
@@ -356,6 +360,8 @@ def rollout(
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
   longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
+  if longest > turns.max_prompt_tokens:
+    _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
   window = -(-(longest + T) // sc.prompt_bucket) * sc.prompt_bucket
   states = [firsts[r // G][0] for r in range(N)]
   stream = [[] for _ in range(N)]  # completion-slot token ids
@@ -439,6 +445,22 @@ def rollout(
     )
   placed = place_turn_rewards([e.turn_rewards for e in episodes], batch.turn_ids, batch.loss_mask)
   return Rollout(batch, rewards, placed, episodes)
+
+
+def _refuse_long_prompt(env, prompts, seeds, cap: int, longest: int):
+  """Raises the error of a first prompt above `cap` tokens; every process raises it
+  (`longest` is the widest over processes), the one holding the prompt names its seed."""
+  mine = max(range(len(prompts)), key=lambda k: len(prompts[k]))
+  which = (
+    f"seed {seeds[mine]}'s first observation"
+    if len(prompts[mine]) == longest
+    else "a first observation on another process"
+  )
+  raise ValueError(
+    f"environment {env.name!r}: {which} is {longest} tokens in its scaffold, above "
+    f"TurnConfig.max_prompt_tokens={cap} (config.rollout.max_prompt_tokens); raise it "
+    "(every turn's prefill covers the first prompt) or shorten what reset returns"
+  )
 
 
 def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest) -> batch_lib.RLBatch:
