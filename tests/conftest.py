@@ -62,17 +62,15 @@ def assert_adapters_trained(trainable):
 
 
 # Identical programs (each experiment run re-jits the same step functions) are
-# compiled once per test session: a persistent cache in a session directory,
-# shared with the subprocesses the tests start. Each pytest-xdist worker gets its
-# own directory: JAX writes entries in place (no rename), so a worker could read
-# one that another is still writing (a warning and a recompile, but noise).
-_CACHE_DIR = os.environ.get(
+# compiled once per test session: a persistent cache in one directory, shared by
+# the pytest-xdist workers and the subprocesses the tests start. JAX writes an entry
+# in place, so a worker may read one that another is still writing: its zlib
+# checksum fails, JAX warns and compiles the program again (noise, not a wrong
+# program). One directory matters beyond sharing: JAX hashes the directory's path
+# into every entry's key.
+_CACHE_DIR = os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "rlpost_test_jax_cache")
 )
-_WORKER_SUFFIX = f"_{os.environ.get('PYTEST_XDIST_WORKER', '')}".rstrip("_")
-if not _CACHE_DIR.endswith(_WORKER_SUFFIX):  # subprocesses inherit the worker's directory
-  _CACHE_DIR += _WORKER_SUFFIX
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
