@@ -2,7 +2,9 @@
 
 ml_collections rejects an override of a field that does not exist with a bare
 `AttributeError: "'nosuch'"` and a traceback; `run` replaces that with the
-field's full name and the valid fields of its block, and exits with status 2.
+field's full name and the valid fields of its block, and exits with status 2. Every
+other flag error (a value of the wrong type, an unknown variant, a config file that
+does not load, an unknown flag) is one line and status 2 as well, not a traceback.
 """
 
 import dataclasses
@@ -56,7 +58,9 @@ def run(main) -> None:
   def parse(argv):
     kept, found = split_none_overrides(argv)
     nones.extend(found)
-    return _parse_flags(kept, argv)
+    rest = _parse_flags(kept, argv)
+    _check_config_file(argv)
+    return rest
 
   def with_processes(argv):
     if nones:
@@ -111,13 +115,51 @@ def apply_none_overrides(config, paths) -> str | None:
 
 def _parse_flags(argv, full_argv):
   """flags.FLAGS(argv); a failed override is named from `full_argv` (argv with the None
-  overrides, which ml_collections also reads from sys.argv)."""
+  overrides, which ml_collections also reads from sys.argv). Any flag error (a value of
+  the wrong type, an unknown variant or flag) is one line and exit status 2, as absl's
+  own parser does; a custom `flags_parser` gets no such handling from `app.run`."""
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:
     message = unknown_override(full_argv) or f"config override failed: {e!r}"
-    print(f"FATAL flags parsing error: {message}", file=sys.stderr)
+  except flags.Error as e:
+    message = flag_error_message(e)
+  except OSError as e:  # an override of a config whose file did not load
+    message = _config_file_message(e, full_argv)
+  print(f"FATAL flags parsing error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _check_config_file(argv) -> None:
+  """Exits with status 2 naming the file when --config's file could not be loaded
+  (ml_collections defers that error to the config's first use, deep inside main)."""
+  if "config" not in flags.FLAGS or flags.FLAGS["config"].value is None:
+    return
+  try:
+    flags.FLAGS["config"].value.keys()
+  except OSError as e:
+    print(f"FATAL flags parsing error: {_config_file_message(e, argv)}", file=sys.stderr)
     sys.exit(2)
+
+
+def _config_file_message(error: OSError, argv) -> str:
+  """'--config=PATH: Failed loading config file ...' (the paths tried, no traceback)."""
+  specs = [a for a in argv if a.startswith("--config=")]
+  return f"{specs[-1] if specs else '--config'}: {error.__cause__ or error}"
+
+
+def flag_error_message(error: Exception) -> str:
+  """absl's message for a flag error; when the config file's `get_config` raised a
+  TypeError or ValueError (an unknown variant), that error's own text instead of the traceback
+  ml_collections embeds in the message."""
+  cause = error
+  while cause.__cause__ or cause.__context__:
+    cause = cause.__cause__ or cause.__context__
+  text = str(error)
+  if isinstance(cause, (TypeError, ValueError)) and "Error whilst parsing config file" in text:
+    flag = text.split(": Error whilst parsing config file", 1)[0]
+    return f"{flag}: {cause}"
+  return text
 
 
 def _load_config(argv):

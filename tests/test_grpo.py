@@ -263,6 +263,38 @@ def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
 
 
 @pytest.mark.parametrize(
+  "overrides,expected",
+  [
+    (["--config.train.steps=abc"], "flag --config.train.steps=abc: invalid literal for int()"),
+    (
+      ["--config=experiments/configs/grpo_gsm8k.py:tiny,nosuch"],
+      "flag --config=experiments/configs/grpo_gsm8k.py:tiny,nosuch: Unknown variant part(s) "
+      "['nosuch']; models:",
+    ),
+    (
+      ["--config=experiments/configs/nosuch.py:tiny"],
+      "--config=experiments/configs/nosuch.py:tiny",
+    ),
+    (
+      ["--config=experiments/configs/nosuch.py:tiny", "--config.train.steps=1"],
+      "--config=experiments/configs/nosuch.py:tiny: Failed loading config file",
+    ),
+    (["--nosuchflag=1"], "Unknown command line flag 'nosuchflag'"),
+  ],
+)
+def test_cli_flag_errors_are_one_line_without_a_traceback(overrides, expected, tmp_path):
+  """A value of the wrong type, an unknown variant, a missing config file or flag: absl's
+  one-line message and status 2, as `app.run`'s own parser gives.
+
+  Mutation caught: `cli._parse_flags` catching only AttributeError/KeyError (as before) ends
+  each of these in a traceback (three, nested, for the variant) and status 1."""
+  out = _cli(tmp_path, *overrides)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert f"FATAL flags parsing error: {expected}" in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
   "overrides,code,expected",
   [
     # None reaches a placeholder after the other overrides: the variant's cap is gone, so
