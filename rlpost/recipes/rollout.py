@@ -66,15 +66,17 @@ class RolloutConfig:
 
 
 def check_training_sampling(s, greedy_why: str, greedy_elsewhere: str) -> None:
-  """The `sampling` block of a training rollout: temperature > 0 (`greedy_why`: why this
-  recipe cannot train on greedy samples; `greedy_elsewhere`: where greedy decoding
-  belongs) and a prompt bucket of at least one token."""
+  """The `sampling` block of a training rollout: a finite temperature > 0 (`greedy_why`:
+  why this recipe cannot train on greedy samples; `greedy_elsewhere`: where greedy
+  decoding belongs) and a prompt bucket of at least one token."""
   if not s.temperature > 0:
     common.fail(
       "sampling.temperature",
       s.temperature,
       f"training needs a temperature > 0 ({greedy_why}); {greedy_elsewhere}",
     )
+  if not math.isfinite(s.temperature):  # the sampler refuses it, after the model loads
+    common.fail("sampling.temperature", s.temperature, "must be a finite number (e.g. 1.0)")
   if s.prompt_bucket < 1:
     common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
 
