@@ -2,6 +2,9 @@
 
 import json
 
+from absl import flags
+from ml_collections import config_dict
+from ml_collections import config_flags
 import numpy as np
 import pytest
 
@@ -9,7 +12,7 @@ from experiments.configs import agentic as agentic_configs
 from rlpost.data import gsm8k
 from rlpost.envs import gsm8k_calc
 from rlpost.recipes import agentic
-from conftest import GSM8K_DIR, require_shared, run_metrics, with_overrides
+from conftest import GSM8K_DIR, REPO_ROOT, require_shared, run_metrics, with_overrides
 
 
 def _config(variant="frozenlake_tiny", **overrides):
@@ -238,3 +241,33 @@ def _loaded():
   from rlpost.models import loading
 
   return loading.load_model("tiny", "random", "", "float32", 0)
+
+
+def _none_fields(block, prefix=""):
+  for name in block:
+    if isinstance(block[name], config_dict.ConfigDict):
+      yield from _none_fields(block[name], f"{prefix}{name}.")
+    elif block[name] is None:
+      yield f"{prefix}{name}"
+
+
+@pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])
+def test_every_none_field_takes_a_command_line_value(variant, monkeypatch):
+  """ml_collections cannot parse `--config.a.b=N` into a field that holds a plain None (it
+  has no type): each None in the config must be a typed placeholder.
+
+  Mutation caught: `c.algo.mini_batch_size = None` in the ',ppo' variants (as before)
+  fails `--config.algo.mini_batch_size=1` with UnsupportedOperationError."""
+  spec = f"{REPO_ROOT}/experiments/configs/agentic.py:{variant}"
+  fields = list(_none_fields(agentic_configs.get_config(variant)))
+  assert "algo.mini_batch_size" in fields
+  for field in fields:
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", spec, "", flag_values=values)
+    argv = ["prog", f"--config={spec}", f"--config.{field}=1"]
+    monkeypatch.setattr("sys.argv", argv)  # ml_collections reads the overrides there
+    values(argv)
+    node = values["config"].value
+    for name in field.split("."):
+      node = node[name]
+    assert str(node) in ("1", "1.0"), field

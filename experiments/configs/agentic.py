@@ -49,7 +49,8 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.learner = "ppo" if algo == "ppo" else "grpo"  # which update trains on the episodes
   if algo == "ppo":
     c.algo = ppo_gsm8k.algorithm(tiny)
-    c.algo.mini_batch_size = None  # one optimizer step per iteration, as GRPO
+    # one optimizer step per iteration, as GRPO (a typed None: --config.algo.mini_batch_size=N)
+    c.algo.mini_batch_size = placeholder(int)
     c.critic = ppo_gsm8k.critic(tiny)
   else:
     c.algo = grpo_gsm8k.algorithm(algo)
