@@ -224,6 +224,8 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
     ({"train.adam_b2": 1.0}, r"config\.train\.adam_b2=1\.0: .*\[0, 1\)"),
     ({"seed": -1}, r"config\.seed=-1: must be >= 0"),
     ({"data.fewshot": -1}, r"config\.data\.fewshot=-1"),
+    # Named once: common.make_mesh no longer prefixes "config.mesh: " to the field's error.
+    ({"mesh.rollout": -1}, r"^config\.mesh\.rollout=-1: use >= 0 devices"),
     # An empty digit is counted len(completion) + 1 times: every sample the same reward.
     ({"data.digit": ""}, r"config\.data\.digit='': must be one visible character"),
     ({"data.digit": "77"}, r"config\.data\.digit='77'"),

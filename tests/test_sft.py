@@ -314,6 +314,10 @@ def test_jsonl_messages_with_held_out_eval(tmp_path):
     ("train", "remat", "all", "train.remat"),
     ("train", "compute_dtype", "float16", "train.compute_dtype"),
     ("mesh", "rollout", 1, "mesh.rollout"),
+    # Mutation caught: MeshConfig's one message for all three fields, as before
+    # ("MeshConfig(data=0, fsdp=0, rollout=0): use ..."), names no config field.
+    ("mesh", "fsdp", 0, "config.mesh.fsdp=0: use >= 1"),
+    ("mesh", "data", -1, "config.mesh.data=-1: use >= 0"),
     ("eval", "num_examples", -1, "eval.num_examples"),
     ("data", "num_examples", -1, "data.num_examples"),
     ("data", "num_synthetic", 0, "data.num_synthetic"),

@@ -45,7 +45,7 @@ def test_rules_split_layer_weights_on_their_first_weight_dim():
 def test_mesh_settings_fail_with_the_fix():
   with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
     sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=4))
-  with pytest.raises(ValueError, match="fsdp >= 1"):
+  with pytest.raises(ValueError, match=r"MeshConfig\.fsdp=0: use >= 1"):
     sharding.MeshConfig(fsdp=0)
   assert dict(sharding.make_mesh().shape) == {sharding.DATA: jax.device_count(), sharding.FSDP: 1}
 

@@ -158,16 +158,18 @@ def mesh_config(cfg) -> sharding.MeshConfig:
 
 def make_mesh(cfg):
   """The trainer's (data, fsdp) device mesh of the `mesh` block."""
+  config = mesh_config(cfg)  # its errors name their field already
   try:
-    return sharding.make_mesh(mesh_config(cfg))
+    return sharding.make_mesh(config)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
 
 
 def rollout_mesh(cfg):
   """The sampler's own devices (`mesh.rollout`), or None: it shares the trainer's."""
+  config = mesh_config(cfg)
   try:
-    return sharding.rollout_mesh(mesh_config(cfg))
+    return sharding.rollout_mesh(config)
   except ValueError as e:
     raise ValueError(f"config.mesh: {e}") from None
 

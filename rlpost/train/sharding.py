@@ -49,11 +49,13 @@ class MeshConfig:
   rollout: int = 0
 
   def __post_init__(self):
-    if self.data < 0 or self.fsdp < 1 or self.rollout < 0:
-      raise ValueError(
-        f"MeshConfig(data={self.data}, fsdp={self.fsdp}, rollout={self.rollout}): use "
-        "data >= 0 (0: all devices left), fsdp >= 1 and rollout >= 0"
-      )
+    for name, least, fix in (
+      ("data", 0, "use >= 0 replica groups (0: every device not used by fsdp or rollouts)"),
+      ("fsdp", 1, "use >= 1 devices per replica (1: no FSDP)"),
+      ("rollout", 0, "use >= 0 devices (0: the sampler shares the trainer's)"),
+    ):
+      if getattr(self, name) < least:
+        raise ValueError(f"MeshConfig.{name}={getattr(self, name)}: {fix}")
 
 
 def _split(config: MeshConfig, devices):
