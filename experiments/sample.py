@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+import types
 
 from absl import app
 from absl import flags
@@ -38,6 +39,8 @@ def check_config(cfg) -> None:
     common.fail("prompt_file", cfg.prompt_file, "no such file (one prompt per line)")
   if not (math.isfinite(s.temperature) and s.temperature >= 0):
     common.fail("sampling.temperature", s.temperature, "must be a finite number >= 0 (0: greedy)")
+  if s.top_k < 0:
+    common.fail("sampling.top_k", s.top_k, "must be >= 0 tokens (0: no top-k)")
   if s.temperature == 0 and (s.top_p < 1 or s.top_k):
     common.fail(
       "sampling.temperature",
@@ -45,6 +48,11 @@ def check_config(cfg) -> None:
       f"greedy decoding ignores sampling.top_p={s.top_p} and sampling.top_k={s.top_k}: set "
       "a temperature > 0 (e.g. 0.7) to sample, or leave top_p=1.0 and top_k=0",
     )
+  sampling_config(cfg, _STAND_IN_TOKENIZER)  # top_p, max_new_tokens, prompt_bucket
+
+
+# Token ids for checking the sampling block before the tokenizer loads (any will do).
+_STAND_IN_TOKENIZER = types.SimpleNamespace(eos_id=1, end_of_turn_id=106, pad_id=0)
 
 
 def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:

@@ -32,6 +32,16 @@ def _config(**overrides):
     # Greedy decoding would silently ignore the nucleus / top-k the user asked for.
     ({"sampling.top_p": 0.9}, r"config\.sampling\.temperature=0\.0: greedy decoding ignores"),
     ({"sampling.top_k": 40}, r"sampling\.top_k=40: set a temperature > 0"),
+    # Mutation caught: without check_config building the SamplingConfig, these passed and
+    # failed only after the model had loaded.
+    (
+      {"sampling.temperature": 0.7, "sampling.top_p": 1.5},
+      r"config\.sampling\.top_p=1\.5 must be in \(0, 1\]",
+    ),
+    ({"sampling.max_new_tokens": 0}, r"config\.sampling\.max_new_tokens=0 must be >= 1"),
+    ({"sampling.prompt_bucket": 0}, r"config\.sampling\.prompt_bucket=0 must be >= 1"),
+    # SamplingConfig's own text would say "must be >= 1 or None": the config's off is 0.
+    ({"sampling.top_k": -1}, r"config\.sampling\.top_k=-1: must be >= 0 tokens \(0: no top-k\)"),
   ],
 )
 def test_bad_settings_name_the_field(overrides, match):
