@@ -131,6 +131,11 @@ def test_stop_strings_end_calls_and_answers():
     ({"fewshot": 2}, "only 1 of the task's 2 examples"),
     ({"max_turns": 0}, "max_turns"),
     ({"tool_bonus": -1.0}, "tool_bonus"),
+    # Mutation caught: `tool_bonus < 0` alone (as before) lets inf through (an inf reward
+    # makes every advantage NaN) and -1 shots, which silently drop the last example.
+    ({"tool_bonus": float("inf")}, r"tool_bonus=inf: use a finite number >= 0"),
+    ({"tool_bonus": float("nan")}, r"tool_bonus=nan: use a finite number >= 0"),
+    ({"fewshot": -1}, r"fewshot=-1: use >= 0"),
     ({"max_result_chars": 3}, "max_chars"),
   ],
 )

@@ -19,6 +19,7 @@ Results sit after the model's text as the plain scaffold shows them
 (`render_trace`), so an example reads exactly like a rollout.
 """
 
+import math
 from typing import NamedTuple
 
 from rlpost.data import prompts as prompts_lib
@@ -82,14 +83,16 @@ def make_env(
   """
   if max_turns < 1:
     raise ValueError(f"max_turns={max_turns}: use >= 1 (the answer's turn included)")
-  if tool_bonus < 0:
-    raise ValueError(f"tool_bonus={tool_bonus}: use >= 0 (0: off)")
+  if not (math.isfinite(tool_bonus) and tool_bonus >= 0):  # inf: every advantage NaN
+    raise ValueError(f"tool_bonus={tool_bonus}: use a finite number >= 0 (0: off)")
+  if fewshot < 0:  # shots[:-1] would silently drop the last example
+    raise ValueError(f"fewshot={fewshot}: use >= 0 solved examples in the prompt")
   tools.clip("", max_result_chars)  # validates the budget now
   shots, _ = tool_traces.tool_traces(task.examples)
   if len(shots) < fewshot:
     raise ValueError(
       f"fewshot={fewshot}: only {len(shots)} of the task's {len(task.examples)} examples "
-      "convert to tool traces; lower fewshot or raise data.fewshot"
+      f"convert to tool traces; use fewshot <= {len(shots)}"
     )
   shots = shots[:fewshot]
   registry = tools.check_registry(registry)
