@@ -271,3 +271,14 @@ def test_every_none_field_takes_a_command_line_value(variant, monkeypatch):
     for name in field.split("."):
       node = node[name]
     assert str(node) in ("1", "1.0"), field
+
+
+def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
+  """The agentic config's GSM8K directory is env.data_dir (it has no data block).
+
+  Mutation caught: without the renaming in agentic._gsm8k_calc the error told the user to
+  set --config.data.data_dir, a field this config does not have."""
+  cfg = _config("gsm8k_calc_gemma3", **{"env.data_dir": str(tmp_path / "nope")})
+  with pytest.raises(FileNotFoundError, match=r"env\.data_dir='.*nope'") as err:
+    agentic.make_env(cfg)
+  assert "data.data_dir" not in str(err.value).replace("env.data_dir", "")

@@ -169,7 +169,10 @@ def _gsm8k_calc(cfg) -> EnvTasks:
   data = ml_collections.ConfigDict(
     {"source": "gsm8k", "data_dir": e.data_dir, "fewshot": RESERVED_EXAMPLES}
   )
-  train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
+  try:
+    train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
+  except (FileNotFoundError, ImportError) as err:  # the loader names data.data_dir
+    raise type(err)(str(err).replace("data.data_dir", "env.data_dir")) from None
   if cfg.eval.num_tasks > len(test.problems):
     common.fail(
       "eval.num_tasks", cfg.eval.num_tasks, f"GSM8K test has {len(test.problems)} problems"
