@@ -225,6 +225,10 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
       r"rollout\.max_total_tokens=2: .*first",
     ),
     ("frozenlake_tiny", {"rollout_threads": 0}, r"config\.rollout_threads=0"),
+    # Mutation caught: without the log checks in agentic.check_config, -1 wrote transcripts
+    # every iteration (`% -1 == 0`) and kept all episodes but the last (`[:-1]`).
+    ("frozenlake_tiny", {"log.trajectories_every": -1}, r"config\.log\.trajectories_every=-1"),
+    ("frozenlake_tiny", {"log.trajectories_logged": -1}, r"config\.log\.trajectories_logged=-1"),
     ("frozenlake_tiny", {"train.batch_tasks": 0}, r"config\.train\.batch_tasks=0: must be >= 1"),
     ("frozenlake_tiny", {"tools.max_result_chars": 5}, r"config\.tools\.max_result_chars=5"),
     ("frozenlake_tiny", {"env.name": "gsm8k_calc"}, r"config\.env\.name='gsm8k_calc': .*data_dir"),

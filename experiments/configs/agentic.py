@@ -120,6 +120,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       "seed_offset": 1_000_000,  # held-out seeds: seed_offset, seed_offset + 1, ...
     }
   )
+  # transcripts to trajectories.jsonl every N iterations (0: never), the first M episodes
   c.log = ml_collections.ConfigDict({"trajectories_every": 5, "trajectories_logged": 4})
   c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})

@@ -216,6 +216,10 @@ def check_config(cfg):
     )
   if cfg.rollout_threads < 1:
     common.fail("rollout_threads", cfg.rollout_threads, "must be >= 1 thread")
+  if cfg.log.trajectories_every < 0:  # -1 would write them every iteration
+    common.fail("log.trajectories_every", cfg.log.trajectories_every, "must be >= 0 (0: never)")
+  if cfg.log.trajectories_logged < 0:  # -1 would keep all but the last
+    common.fail("log.trajectories_logged", cfg.log.trajectories_logged, "must be >= 0 episodes")
   if cfg.tools.max_result_chars < len(tools.TRUNCATION_MARKER):
     common.fail(
       "tools.max_result_chars",
