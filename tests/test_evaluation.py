@@ -123,14 +123,17 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   [
     ({"num_problems": 0}, r"config\.eval\.num_problems=0: must be >= 1"),
     ({"pass_k": -1}, r"config\.eval\.pass_k=-1: must be >= 0"),
+    # Mutation caught: loading the problems after recipe.build (as before) built the model
+    # first, then refused the --split flag.
+    ({"split": "validation"}, r"GSM8K split 'validation' does not exist; use one of"),
   ],
 )
-def test_evaluate_run_rejects_empty_or_negative_counts_before_loading(kwargs, match, monkeypatch):
+def test_evaluate_run_rejects_bad_counts_and_splits_before_loading(kwargs, match, monkeypatch):
   from experiments.configs import grpo_gsm8k
   from rlpost.recipes import grpo
 
   def no_build(cfg):
-    raise AssertionError("the model was built before the counts were checked")
+    raise AssertionError("the model was built before the counts and split were checked")
 
   monkeypatch.setattr(grpo, "build", no_build)
   with pytest.raises(ValueError, match=match):

@@ -153,9 +153,10 @@ def evaluate_run(
       pass_k,
       "must be >= 0 samples per problem (0: greedy only; --pass_k or config.eval)",
     )
+  # Before the model: an unknown split or a missing data_dir fails at once.
+  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
   recipe = recipe_of(cfg)
   p = recipe.build(cfg)
-  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
   setup = p.setup
   settings = {
     "template": setup.template,
