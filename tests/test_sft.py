@@ -331,6 +331,24 @@ def test_config_validation_names_field(section, name, value, field):
     sft_recipe.check_config(cfg)
 
 
+def test_an_empty_jsonl_file_fails_naming_its_field(tmp_path):
+  """Mutation caught: without the emptiness checks in sft_recipe.records, an empty
+  data.path failed as "would hold out 16 of the 0 records ... leaving -16 to train on",
+  and an empty data.eval_path silently meant no evaluation at all."""
+  empty, good = tmp_path / "empty.jsonl", tmp_path / "good.jsonl"
+  empty.write_text("")
+  good.write_text("".join(f'{{"prompt": "{i}+1=", "completion": "{i + 1}"}}\n' for i in range(4)))
+  cfg = _tiny_config(data__source="jsonl", data__path=str(empty))
+  cfg.eval.every = 5
+  with pytest.raises(ValueError, match=r"config\.data\.path='.*empty\.jsonl': holds no records"):
+    sft_recipe.records(cfg)
+  cfg.data.path, cfg.data.eval_path = str(good), str(empty)
+  with pytest.raises(ValueError, match=r"config\.data\.eval_path='.*': holds no records to eval"):
+    sft_recipe.records(cfg)
+  cfg.eval.every = 0  # no evaluation asked for: the empty held-out file is not read for it
+  assert len(sft_recipe.records(cfg)[0]) == 4
+
+
 def test_a_held_out_split_may_take_at_most_half_the_records():
   """The last eval.num_examples records are held out: beyond half of the set, the run
   fails naming the field (it used to shrink the training set to a single record)."""
@@ -351,7 +369,7 @@ def test_an_empty_jsonl_fails_naming_the_path(tmp_path):
   path = tmp_path / "empty.jsonl"
   path.write_text("")
   cfg = _tiny_config(data__source="jsonl", data__path=str(path))
-  with pytest.raises(ValueError, match=r"config\.data=\"data\.path='.*empty\.jsonl'\": holds no"):
+  with pytest.raises(ValueError, match=r"config\.data\.path='.*empty\.jsonl': holds no records"):
     sft_recipe.records(cfg)
 
 

@@ -118,10 +118,20 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
   else:
     if d.source == "jsonl":
       all_records = chat.load_sft_jsonl(d.path)
+      if not all_records:
+        common.fail("data.path", d.path, "holds no records: point it at a non-empty JSONL file")
     else:
       all_records = sft.synthetic_records(d.num_synthetic, cfg.seed)
     if d.eval_path:
-      train_records, eval_records = all_records, chat.load_sft_jsonl(d.eval_path)[:n_eval]
+      held_out = chat.load_sft_jsonl(d.eval_path)
+      train_records, eval_records = all_records, held_out[:n_eval]
+      if cfg.eval.every and not held_out:  # else no evaluation, silently
+        common.fail(
+          "data.eval_path",
+          d.eval_path,
+          f"holds no records to evaluate every {cfg.eval.every} steps (eval.every): point it "
+          "at a non-empty JSONL file, or set eval.every=0",
+        )
     else:
       n_eval = n_eval if cfg.eval.every else 0
       if n_eval > len(all_records) // 2:
