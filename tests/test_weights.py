@@ -517,3 +517,14 @@ def test_random_weights_warn_that_a_model_path_is_not_read(caplog):
   with caplog.at_level("WARNING"):
     loading.load_model("tiny", "random", "")
   assert "is not read" not in caplog.text
+
+
+@pytest.mark.parametrize("weights", ["gguf", "hf"])
+def test_a_missing_model_path_names_the_field(weights, tmp_path):
+  """Mutation caught: without the existence check in loading.load_model, a missing GGUF
+  failed as a bare "[Errno 2] No such file or directory" naming no config field."""
+  from rlpost.models import loading  # pylint: disable=g-import-not-at-top
+
+  missing = str(tmp_path / "nope.gguf")
+  with pytest.raises(FileNotFoundError, match=r"model\.path='.*nope\.gguf': no such file"):
+    loading.load_model("gemma3_270m", weights, missing)

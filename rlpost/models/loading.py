@@ -1,6 +1,7 @@
 """Builds (model config, params, tokenizer) from the few settings an experiment names."""
 
 import math
+import os
 
 from absl import logging
 import jax
@@ -42,6 +43,12 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
         )
       return config, params, tokenizer_lib.byte_tokenizer()
     return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
+  if path and not os.path.exists(path):
+    raise FileNotFoundError(
+      f"model.path={path!r}: no such file or directory; give the GGUF file "
+      "(model.weights='gguf'; '' for the packaged one) or the Hugging Face checkpoint "
+      "directory (model.weights='hf')"
+    )
   if weights == "gguf":
     from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
 
