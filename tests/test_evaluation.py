@@ -138,3 +138,41 @@ def test_evaluate_run_rejects_bad_counts_and_splits_before_loading(kwargs, match
   monkeypatch.setattr(grpo, "build", no_build)
   with pytest.raises(ValueError, match=match):
     evaluation.evaluate_run(grpo_gsm8k.get_config("tiny"), **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_pass_at_k_samples_at_the_configs_temperature(bad, monkeypatch):
+  """`eval.pass_temperature` reaches the sampler of both evaluations (it was fixed at 0.8
+  whatever the config said); a value that cannot sample is refused before the model
+  loads, unless pass_k is 0 (greedy only). A run's config.json without the field
+  evaluates at the old 0.8.
+
+  Mutations caught: `evaluate_run` not passing the temperature on; the check on
+  `temperature < 0` (0 and NaN slip through).
+  """
+  from conftest import with_overrides
+  from experiments.configs import grpo_gsm8k
+  from rlpost.recipes import grpo
+
+  data = {"data.data_dir": str(require_shared(GSM8K_DIR))}
+  used = []
+  monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: used.append(k["temperature"]))
+  evaluation.evaluate_run(
+    with_overrides(grpo_gsm8k.get_config("tiny"), {**data, "eval.pass_temperature": 1.3}),
+    num_problems=1,
+  )
+  old = with_overrides(grpo_gsm8k.get_config("tiny"), data)
+  with old.unlocked():
+    del old.eval["pass_temperature"]
+  evaluation.evaluate_run(old, num_problems=1)
+  assert used == [1.3, 0.8]
+
+  def no_build(cfg):
+    raise AssertionError("the model was built before eval.pass_temperature was checked")
+
+  monkeypatch.setattr(grpo, "build", no_build)
+  bad_cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**data, "eval.pass_temperature": bad})
+  with pytest.raises(ValueError, match=r"config\.eval\.pass_temperature=.*finite number > 0"):
+    evaluation.evaluate_run(bad_cfg, num_problems=1)
+  with pytest.raises(AssertionError, match="built before"):  # pass_k=0: no check, on to build
+    evaluation.evaluate_run(bad_cfg, num_problems=1, pass_k=0)

@@ -48,3 +48,14 @@ def mesh_config() -> ml_collections.ConfigDict:
       "rollout": 0,
     }
   )
+
+
+def gsm8k_eval_config() -> ml_collections.ConfigDict:
+  """The `eval` block of experiments/eval_gsm8k.py (GRPO and PPO runs)."""
+  return ml_collections.ConfigDict(
+    {
+      "num_problems": 100,  # the first N problems of the split
+      "pass_k": 4,  # samples per problem for pass@k (0: greedy accuracy only)
+      "pass_temperature": 0.8,  # their sampling temperature
+    }
+  )

@@ -112,6 +112,6 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   )
   c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
-  c.eval = ml_collections.ConfigDict({"num_problems": 100, "pass_k": 4})
+  c.eval = common.gsm8k_eval_config()
   c.lock()
   return c

@@ -5,6 +5,8 @@ given a GRPO run directory, its newest checkpoint, on the same problems.
 """
 
 import dataclasses
+import math
+import numbers
 
 import jax
 import numpy as np
@@ -18,6 +20,8 @@ from rlpost.recipes import common, grpo, ppo
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
+
+PASS_TEMPERATURE = 0.8  # pass@k's sampling temperature unless config.eval.pass_temperature
 
 
 def _completions(params, model_config, tokenizer, problems, template, examples, sc, key, k):
@@ -84,7 +88,7 @@ def evaluate(
   sampling_config: sampling.SamplingConfig,
   batch_size: int = 8,
   pass_k: int = 4,
-  temperature: float = 0.8,
+  temperature: float = PASS_TEMPERATURE,
   seed: int = 0,
   desc: str = "eval",
 ) -> dict:
@@ -139,10 +143,12 @@ def evaluate_run(
 
   "trained" (with the checkpoint's iteration) only when `workdir` holds a run;
   "base" unless `base=False`. num_problems / pass_k: None takes the config's
-  `eval` block.
+  `eval` block; pass@k samples at its `pass_temperature` (PASS_TEMPERATURE for a run
+  whose config.json predates that field).
   """
   num_problems = cfg.eval.num_problems if num_problems is None else num_problems
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
+  temperature = cfg.eval.get("pass_temperature", PASS_TEMPERATURE)
   if num_problems < 1:
     common.fail(
       "eval.num_problems", num_problems, "must be >= 1 problem (--num_problems or config.eval)"
@@ -152,6 +158,12 @@ def evaluate_run(
       "eval.pass_k",
       pass_k,
       "must be >= 0 samples per problem (0: greedy only; --pass_k or config.eval)",
+    )
+  if pass_k and not (isinstance(temperature, numbers.Real) and 0 < temperature < math.inf):
+    common.fail(
+      "eval.pass_temperature",
+      temperature,
+      "must be a finite number > 0 for pass@k sampling (greedy accuracy is reported anyway)",
     )
   # Before the model: an unknown split or a missing data_dir fails at once.
   problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
@@ -163,6 +175,7 @@ def evaluate_run(
     "examples": p.task.examples,
     "sampling_config": setup.sampling,
     "pass_k": pass_k,
+    "temperature": temperature,
     "seed": cfg.seed,
   }
   actor = lambda trainable: trainable["actor"] if recipe is ppo else trainable
