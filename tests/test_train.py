@@ -175,8 +175,9 @@ def test_run_loop_stops_after_max_bad_steps_and_logs_nan(tmp_path, monkeypatch):
   assert not np.isfinite(records[-1]["loss"])
 
 
-def _loop_run(workdir, config, steps: int = 2, width: int = 4, **loop_args):
-  """run_loop on the linear model (state of `width` weights); returns the final state."""
+def _loop_run(workdir, config, steps: int = 2, width: int = 4, during=None, **loop_args):
+  """run_loop on the linear model (state of `width` weights); returns the final state.
+  during(index), when given, runs inside each step."""
   from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
 
   opt = optax.sgd(0.01)
@@ -187,6 +188,8 @@ def _loop_run(workdir, config, steps: int = 2, width: int = 4, **loop_args):
   x = jnp.pad(x, ((0, 0), (0, width - 4)))
 
   def step_fn(state, cursor, index):
+    if during is not None:
+      during(index)
     state, metrics = step(state, None, {"x": x, "y": y})
     return state, cursor._replace(position=index + 1), metrics
 
@@ -259,3 +262,34 @@ def test_a_workdir_that_cannot_hold_a_run_fails_before_anything_is_written(tmp_p
     locked.mkdir(mode=0o500)
     with pytest.raises(ValueError, match="not writable"):
       _loop_run(locked, {})
+
+
+def test_a_second_run_on_a_live_workdir_is_refused(tmp_path):
+  """A run started on a workdir that a live run holds stops naming the holder before it
+  touches anything; the live run's metrics stay one record per step, and the workdir is
+  free again once that run ends, by an error too. Mutation caught: without the workdir
+  lock both runs went on, interleaving steps 1, 2, 3, 1, 2, 4, ... in one metrics.jsonl
+  and both exiting 0 (two `experiments.grpo` started on one --workdir)."""
+  from rlpost.train import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from rlpost.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+
+  def second_run(index):
+    if index == 1:
+      with pytest.raises(loop_lib.WorkdirInUseError, match=rf"another run \(pid {os.getpid()} "):
+        _loop_run(tmp_path, {}, steps=4)
+
+  _loop_run(tmp_path, {}, steps=3, during=second_run)
+  assert [r["step"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2, 3]
+
+  def fail(index):
+    raise RuntimeError("step failed")
+
+  with pytest.raises(RuntimeError, match="step failed"):
+    _loop_run(tmp_path, {}, steps=4, during=fail)
+  _loop_run(tmp_path, {}, steps=4)  # neither run left the workdir locked
+  assert [r["step"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [
+    1,
+    2,
+    3,
+    4,
+  ]

@@ -14,6 +14,9 @@ A step function has one contract:
   workdir/tb/             TensorBoard events (when tensorboardX is installed)
   workdir/checkpoints/    orbax checkpoints (TrainState + JSON meta: step, cursor)
   workdir/curves.png      the main curves, written at the end
+  workdir/run.lock        held (flock) by the live run: a second run on the same
+                          workdir stops with WorkdirInUseError; freed when the
+                          process ends, even by kill -9
 
 Resuming is automatic: the newest finished checkpoint is restored and metric
 records written after it are dropped, so a killed run continues exactly where
@@ -21,11 +24,14 @@ its last checkpoint left it.
 """
 
 import dataclasses
+import errno
+import fcntl
 import json
 import logging
 import math
 import numbers
 import os
+import socket
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -88,22 +94,69 @@ class NonFiniteTrainingError(RuntimeError):
   """Too many consecutive train steps had a non-finite loss or gradient norm."""
 
 
+class WorkdirInUseError(RuntimeError):
+  """Another live run holds the --workdir (its run.lock)."""
+
+
 class Run(NamedTuple):
   workdir: str
   metrics_path: str
   checkpoints: Any  # orbax CheckpointManager
   tensorboard: Any  # tensorboardX SummaryWriter or None
+  lock: int | None = None  # file descriptor holding workdir/run.lock
+
+
+def _lock_workdir(workdir: str) -> int | None:
+  """Takes workdir/run.lock (flock, not blocking) on the lead process; returns its fd.
+
+  A second run on the same workdir would interleave its metrics.jsonl records with the
+  first's, truncate them on its start and remove the first's checkpoint being written as
+  a "half-written temporary directory". The kernel frees the lock when the holder exits,
+  however it exits, so a killed run never leaves a stale lock. A file system without
+  flock support is warned about and the run goes on unguarded."""
+  if not _lead():
+    return None
+  path = os.path.join(workdir, "run.lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+      logging.warning("%s: cannot lock (%s); runs on this workdir are not guarded", path, e)
+      return fd
+    holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "another process"
+    os.close(fd)
+    raise WorkdirInUseError(
+      f"--workdir={workdir} is in use by another run ({holder}; lock {path}): two runs on "
+      "one workdir would interleave their metrics and checkpoints. Wait for that run to "
+      "end (or stop it), or give this run another --workdir."
+    ) from None
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+  return fd
+
+
+def _unlock(fd: int | None) -> None:
+  if fd is not None:
+    os.close(fd)  # releases the flock
 
 
 def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3):
-  """Opens the run and resumes it. Returns (Run, state, meta, resumed: bool)."""
+  """Opens the run (locking the workdir) and resumes it. Returns (Run, state, meta,
+  resumed: bool)."""
   _make_workdir(workdir)
-  run = Run(
-    workdir,
-    os.path.join(workdir, "metrics.jsonl"),
-    checkpoint.manager(workdir, max_to_keep=keep),
-    metrics_lib.tensorboard_writer(workdir) if _lead() else None,
-  )
+  lock = _lock_workdir(workdir)  # before the manager, which cleans up temporary directories
+  try:
+    run = Run(
+      workdir,
+      os.path.join(workdir, "metrics.jsonl"),
+      checkpoint.manager(workdir, max_to_keep=keep),
+      metrics_lib.tensorboard_writer(workdir) if _lead() else None,
+      lock,
+    )
+  except BaseException:
+    _unlock(lock)
+    raise
   try:
     restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
   except BaseException:
@@ -216,19 +269,26 @@ def save(run: Run, state: TrainState, meta: dict) -> None:
 def _close(run: Run) -> None:
   """Closes the run's writers: TensorBoard and the checkpoint manager (left open by a run
   that stopped on an error, orbax's pending cleanup failed at exit: "Event loop is closed")."""
-  if run.tensorboard is not None:
-    run.tensorboard.close()
-  run.checkpoints.close()
+  try:
+    if run.tensorboard is not None:
+      run.tensorboard.close()
+    run.checkpoints.close()
+  finally:
+    _unlock(run.lock)
 
 
 def finish(run: Run, keys, title: str) -> str | None:
-  """Writes workdir/curves.png with one panel per metric in `keys`; closes writers."""
-  _close(run)
-  if not _lead():
-    return None
-  return metrics_lib.plot_curves(
-    run.metrics_path, list(keys), os.path.join(run.workdir, "curves.png"), title
-  )
+  """Writes workdir/curves.png with one panel per metric in `keys`; closes writers, then
+  frees the workdir."""
+  try:
+    _close(run._replace(lock=None))
+    if not _lead():
+      return None
+    return metrics_lib.plot_curves(
+      run.metrics_path, list(keys), os.path.join(run.workdir, "curves.png"), title
+    )
+  finally:
+    _unlock(run.lock)
 
 
 def _postfix(record: dict, keys) -> dict[str, str]:
