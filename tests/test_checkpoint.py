@@ -202,6 +202,39 @@ def test_failed_write_stops_the_run_and_the_previous_checkpoint_restores(tmp_pat
   assert [r["step"] for r in _metrics(workdir)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_ctrl_c_inside_a_save_is_an_interrupt_not_a_failed_write(tmp_path, monkeypatch):
+  """Ctrl-C landing in orbax's rmtree of an old step surfaced as `OSError: Bad file
+  descriptor` raised while handling the KeyboardInterrupt; the save must re-raise the
+  interrupt, not report a failed write with "free disk space" advice (exit status 1).
+  Mutation caught: without the `_interrupted` check, CheckpointWriteError."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from rlpost.train import step as train  # pylint: disable=g-import-not-at-top
+
+  state = train.init_train_state(jnp.zeros((4,)), optax.sgd(0.1), jax.random.key(0))
+  mngr = checkpoint.manager(str(tmp_path))
+
+  async def interrupted(self, item, directory):
+    try:
+      raise KeyboardInterrupt
+    except KeyboardInterrupt:
+      raise OSError(errno.EBADF, "Bad file descriptor") from None
+
+  with monkeypatch.context() as patch:
+    patch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", interrupted)
+    with pytest.raises(KeyboardInterrupt, match="checkpoint 1 interrupted"):
+      checkpoint.save(mngr, 1, state, {"iteration": 1})
+
+    async def disk_full(self, item, directory):
+      raise OSError(errno.ENOSPC, "No space left on device")
+
+    patch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
+      checkpoint.save(mngr, 2, state, {"iteration": 2})
+  mngr.close()
+
+
 def test_sft_falls_back_past_a_corrupt_checkpoint_too(tmp_path):
   """The fallback lives in the shared run loop: SFT (and DPO) get it as GRPO does."""
   from experiments.configs import sft as sft_configs  # pylint: disable=g-import-not-at-top

@@ -119,12 +119,27 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict) 
     )
     mngr.wait_until_finished()
   except Exception as e:  # orbax wraps OS errors in several exception types
+    if _interrupted(e):  # Ctrl-C in the middle of orbax's work, e.g. deleting an old step
+      raise KeyboardInterrupt(f"checkpoint {step} interrupted") from e
     previous = [s for s in mngr.all_steps() if s != step]
     kept = f"checkpoint {max(previous)} is intact" if previous else "no earlier checkpoint exists"
     raise CheckpointWriteError(
       f"writing checkpoint {step} in {mngr.directory} failed ({type(e).__name__}: {e}); "
       f"{kept}. Free disk space or fix permissions, then rerun the same command to resume."
     ) from e
+
+
+def _interrupted(error: BaseException) -> bool:
+  """Whether a KeyboardInterrupt is in the chain of `error`: Ctrl-C inside a save (an
+  rmtree of an old checkpoint, a file close) can surface as another error raised while
+  handling it (OSError: Bad file descriptor), which is no failed write."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, KeyboardInterrupt):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
 
 
 def _check_commit_markers(step_dir: str) -> None:
