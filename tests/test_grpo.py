@@ -126,6 +126,26 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
   assert _metrics(tmp_path / "sync") == _without(records, "staleness")
 
 
+def test_a_resumed_stale_pipeline_restarts_its_lag_at_the_resume_point(tmp_path):
+  """max_staleness=1 resumed at step 2, as README and BUILD.md state it: batch 2 (the
+  first after the resume) is sampled by the restored policy (staleness 0: the policy of
+  version 1 is not in the checkpoint), later ones 1 update old again, and the steps
+  before the resume are the uninterrupted run's. A resumed s > 0 run is therefore not
+  the uninterrupted run; whoever makes it so (the lagged weights in the checkpoint)
+  updates this test and the two documents."""
+  cfg = _config(
+    "tiny",
+    **{"train.steps": 4, "checkpoint.every": 2, "rollout.max_staleness": 1, "algo.tis_cap": 2.0},
+  )
+  grpo.run(cfg, str(tmp_path / "whole"))
+  grpo.run(cfg, str(tmp_path / "resumed"), stop_after=2)
+  grpo.run(cfg, str(tmp_path / "resumed"))
+  whole, resumed = _metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed")
+  assert [r["staleness"] for r in whole] == [0, 1, 1, 1]
+  assert [r["staleness"] for r in resumed] == [0, 1, 0, 1]
+  assert resumed[:2] == whole[:2]
+
+
 def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   """The tiny task (reward of 8), 32 steps (the runs reach the plateau), TIS cap 2:
   - sampled one update behind (staleness 1), config seed: final mean reward >= the
