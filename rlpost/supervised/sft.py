@@ -147,6 +147,11 @@ def next_examples(
 def target_logprobs(params, adapters, micro_batch: Batch, fwd: policy.ForwardConfig) -> jax.Array:
   """logp [m, T] float32 of `targets` where `target_mask` (0 elsewhere) for m rows.
 
+  `micro_batch` must be exactly one micro-batch: the m rows `make_batch` laid its
+  `gather_index` out for (module docstring). Nothing in the shapes tells more rows
+  apart, and they give wrong numbers (every gather lands in the first m rows); split
+  a whole batch first, as `train.step` does.
+
   Runs the decoder on all tokens (segment attention mask, per-segment
   positions), then projects only the gathered hidden states onto the
   vocabulary, `fwd.logprob_chunk` tokens at a time.
