@@ -46,7 +46,7 @@ def load(gguf_path, dtype):
   m = AutoModelForCausalLM.from_pretrained(
     folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
   )
-  return m.to(dtype).eval()
+  return m.to(dtype).train(False)  # inference mode (no dropout)
 
 
 def rl_leaf(model, name, grad=False):
