@@ -4,7 +4,11 @@ ml_collections rejects an override of a field that does not exist with a bare
 `AttributeError: "'nosuch'"` and a traceback; `run` replaces that with the
 field's full name and the valid fields of its block, and exits with status 2. Every
 other flag error (a value of the wrong type, an unknown variant, a config file that
-does not load, an unknown flag) is one line and status 2 as well, not a traceback.
+does not load, an unknown flag) is one line and status 2 as well, not a traceback, and
+so is a `rlpost.errors.UsageError` the run raises (a config value its checks refuse, an
+unusable or busy --workdir, a checkpoint of another config) or a FileNotFoundError (a
+data or model path that does not exist): its traceback is logged at debug level
+(`--verbosity=1`).
 """
 
 import dataclasses
@@ -18,6 +22,7 @@ import ml_collections
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from rlpost import errors
 from rlpost.train import distributed
 from rlpost.train import runtime
 
@@ -52,7 +57,8 @@ def run(main) -> None:
   """`app.run(main)`, naming the unknown field when a --config.* override has none,
   applying `--config.a.b=None` overrides (after the others: absl cannot parse None for a
   typed field), starting `jax.distributed` from --dist.* before main touches a device,
-  then the compilation cache and quiet checkpoint logs (`rlpost.train.runtime`)."""
+  then the compilation cache and quiet checkpoint logs (`rlpost.train.runtime`); a
+  UsageError or FileNotFoundError from main is one FATAL line and status 2."""
   nones = []
 
   def parse(argv):
@@ -73,7 +79,14 @@ def run(main) -> None:
       runtime.quiet_checkpoint_logs()
     path = runtime.enable_compilation_cache(_CACHE_DIR.value, _CACHE_GB.value)
     logging.info("compilation cache: %s", path or "off")
-    return main(argv)
+    try:
+      return main(argv)
+    # A refused config value, workdir or checkpoint; a missing data or model file (the
+    # loaders name the path and its setting).
+    except (errors.UsageError, FileNotFoundError) as e:
+      logging.debug("traceback of the refusal below", exc_info=True)
+      print(f"FATAL {type(e).__name__}: {e}", file=sys.stderr)
+      sys.exit(2)
 
   app.run(with_processes, flags_parser=parse)
 

@@ -330,8 +330,8 @@ def test_cli_flag_errors_are_one_line_without_a_traceback(overrides, expected, t
         "--config.algo.tis_cap=None",
         "--config.rollout.max_staleness=1",
       ],
-      1,
-      "config.algo.tis_cap=None: rollout.max_staleness=1",
+      2,
+      "FATAL ConfigError: config.algo.tis_cap=None: rollout.max_staleness=1",
     ),
     (
       ["--config.train.learning_rate=None"],
@@ -349,7 +349,34 @@ def test_cli_none_overrides(overrides, code, expected, tmp_path):
   out = _cli(tmp_path, *overrides)
   assert out.returncode == code, out.stderr[-2000:]
   assert expected in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-2000:]
   assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+  "overrides,expected",
+  [
+    (["--config.train.steps=0"], "FATAL ConfigError: config.train.steps=0: must be >= 1"),
+    (
+      ["--config.data.source=gsm8k", "--config.data.data_dir=/nonexistent/gsm8k"],
+      "FATAL FileNotFoundError: data.data_dir='/nonexistent/gsm8k'",
+    ),
+    ([], "FATAL WorkdirError: --workdir="),
+  ],
+)
+def test_cli_refusals_are_one_fatal_line_with_status_2(overrides, expected, tmp_path):
+  """A config value the checks refuse, a missing data file, a workdir that cannot hold a
+  run: one line naming the setting and status 2 (as for a bad flag), not a traceback.
+
+  Mutation caught: `cli.run` without its UsageError handler ends each in a traceback and
+  status 1."""
+  workdir = tmp_path / "run"
+  if not overrides:  # the workdir case: a file where the run directory goes
+    workdir.write_text("not a directory")
+  out = _cli(workdir, *overrides)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert expected in out.stderr, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr, out.stderr[-2000:]
 
 
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):

@@ -32,6 +32,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
+from rlpost import errors
 from rlpost import sampling
 from rlpost.data import tasks
 from rlpost.envs import frozenlake
@@ -148,7 +149,7 @@ def make_env(cfg) -> EnvTasks:
       fixed_map=fixed,
     )
   except ValueError as err:
-    raise ValueError(f"config.env: {err}") from None
+    raise errors.ConfigError(f"config.env: {err}") from None
   if cfg.tools.enabled:
     env = tools.with_tools(env, tools.REGISTRY, cfg.tools.max_result_chars)
   return EnvTasks(env, none, none)

@@ -15,6 +15,7 @@ from absl import logging as absl_logging
 import jax
 import ml_collections
 
+from rlpost import errors
 from rlpost.models import gemma3
 from rlpost.models import loading
 from rlpost.models import lora as lora_lib
@@ -28,14 +29,15 @@ from rlpost.train import step as step_lib
 
 
 def fail(field: str, value, fix: str):
-  raise ValueError(f"config.{field}={value!r}: {fix}")
+  """Raises ConfigError `config.<field>=<value>: <fix>`."""
+  raise errors.ConfigError(f"config.{field}={value!r}: {fix}")
 
 
 def check_renamed(block, prefix: str, renamed: dict[str, str]) -> None:
-  """Raises ValueError for a field of `block` that `renamed` maps to its new name."""
+  """Raises ConfigError for a field of `block` that `renamed` maps to its new name."""
   for name in block:
     if f"{prefix}.{name}" in renamed:
-      raise ValueError(
+      raise errors.ConfigError(
         f"config.{prefix}.{name} is no longer a field: use config.{renamed[f'{prefix}.{name}']}"
       )
 
@@ -48,7 +50,7 @@ def from_block(cls, block, prefix: str, renamed: dict[str, str] | None = None):
   unknown = sorted(set(block) - set(valid))
   if unknown:
     names = ", ".join(f"config.{prefix}.{name}" for name in unknown)
-    raise ValueError(f"{names}: no such field; valid fields of config.{prefix}: {valid}")
+    raise errors.ConfigError(f"{names}: no such field; valid fields of config.{prefix}: {valid}")
   return renaming_errors(cls, {n: prefix for n in valid}, **block)
 
 
@@ -60,7 +62,7 @@ def renaming_errors(cls, where: dict[str, str], **kwargs):
     message = str(e)
     for name, prefix in where.items():
       message = message.replace(f"{cls.__name__}.{name}=", f"config.{prefix}.{name}=")
-    raise ValueError(message) from None
+    raise errors.ConfigError(message) from None
 
 
 def check_loop_settings(cfg, min_steps: int = 1, steps_fix: str = "") -> None:
@@ -87,7 +89,7 @@ def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
   try:
     return lora_lib.LoraConfig(rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=targets)
   except ValueError as e:
-    raise ValueError(f"config.{e}") from None
+    raise errors.ConfigError(f"config.{e}") from None
 
 
 def resolve_compute_dtype(cfg, workdir: str) -> None:
@@ -147,7 +149,7 @@ def model_preset(cfg) -> gemma3.Config:
   try:
     return gemma3.get_config(cfg.model.preset)
   except ValueError as e:
-    raise ValueError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
+    raise errors.ConfigError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
 
 
 def mesh_config(cfg) -> sharding.MeshConfig:
@@ -162,7 +164,7 @@ def make_mesh(cfg):
   try:
     return sharding.make_mesh(config)
   except ValueError as e:
-    raise ValueError(f"config.mesh: {e}") from None
+    raise errors.ConfigError(f"config.mesh: {e}") from None
 
 
 def rollout_mesh(cfg):
@@ -171,7 +173,7 @@ def rollout_mesh(cfg):
   try:
     return sharding.rollout_mesh(config)
   except ValueError as e:
-    raise ValueError(f"config.mesh: {e}") from None
+    raise errors.ConfigError(f"config.mesh: {e}") from None
 
 
 def check_rows_per_device(cfg, rows: int, rows_text: str) -> None:

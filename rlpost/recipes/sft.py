@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import logging
 
+from rlpost import errors
 from rlpost.data import chat
 from rlpost.data import gsm8k
 from rlpost.data import tool_traces
@@ -193,8 +194,8 @@ def trace_example(tokenizer, problem, trace, max_len: int) -> tuple[np.ndarray, 
   observation = gsm8k_calc.first_observation(problem, shots=[])
   ids, mask = tool_traces.trace_ids(tokenizer, "plain", observation, trace)
   if mask.index(1) >= max_len:
-    raise ValueError(
-      f"data.seq_len={max_len}: the tool-trace prompt of {problem.question[:60]!r} is "
+    raise errors.ConfigError(
+      f"config.data.seq_len={max_len}: the tool-trace prompt of {problem.question[:60]!r} is "
       f"{mask.index(1)} tokens, so no model token fits; raise data.seq_len"
     )
   return np.asarray(ids[:max_len], np.int32), np.asarray(mask[:max_len], bool)

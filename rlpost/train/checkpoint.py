@@ -31,6 +31,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from rlpost import errors
 from rlpost.train.step import TrainState
 
 _COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
@@ -42,7 +43,7 @@ class CheckpointWriteError(RuntimeError):
   """A checkpoint could not be written; the previous one is intact."""
 
 
-class NoIntactCheckpointError(RuntimeError):
+class NoIntactCheckpointError(errors.UsageError, RuntimeError):
   """Every checkpoint of a run failed to restore or verify."""
 
 
@@ -50,7 +51,7 @@ class CorruptCheckpointError(RuntimeError):
   """A checkpoint's files or array bytes do not match what was saved."""
 
 
-class StateMismatchError(ValueError):
+class StateMismatchError(errors.UsageError, ValueError):
   """A checkpoint holds a state of another structure than this run's (a changed config)."""
 
 

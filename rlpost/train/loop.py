@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import tqdm
 
+from rlpost import errors
 from rlpost.data.cursor import Cursor
 from rlpost.train import checkpoint
 from rlpost.train import metrics as metrics_lib
@@ -94,7 +95,11 @@ class NonFiniteTrainingError(RuntimeError):
   """Too many consecutive train steps had a non-finite loss or gradient norm."""
 
 
-class WorkdirInUseError(RuntimeError):
+class WorkdirError(errors.UsageError, ValueError):
+  """--workdir cannot hold a run (missing, a file, not writable)."""
+
+
+class WorkdirInUseError(errors.UsageError, RuntimeError):
   """Another live run holds the --workdir (its run.lock)."""
 
 
@@ -176,23 +181,23 @@ def _make_workdir(workdir: str) -> None:
   written (a file where `checkpoints/` goes would read as "no checkpoint": a fresh start
   that truncates the run's metrics)."""
   if not workdir:
-    raise ValueError("--workdir is required (checkpoints and metrics are written there)")
+    raise WorkdirError("--workdir is required (checkpoints and metrics are written there)")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ValueError(f"--workdir={workdir} is a file, not a directory: give a directory")
+    raise WorkdirError(f"--workdir={workdir} is a file, not a directory: give a directory")
   checkpoints = os.path.join(workdir, "checkpoints")
   if os.path.exists(checkpoints) and not os.path.isdir(checkpoints):
-    raise ValueError(
+    raise WorkdirError(
       f"{checkpoints} is a file, not a directory: the run keeps its checkpoints there; "
       "move or delete that file"
     )
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
-    raise ValueError(
+    raise WorkdirError(
       f"--workdir={workdir}: cannot create it ({e.strerror}); give a writable directory"
     ) from e
   if not os.access(workdir, os.W_OK | os.X_OK):
-    raise ValueError(f"--workdir={workdir} is not writable; give a writable directory")
+    raise WorkdirError(f"--workdir={workdir} is not writable; give a writable directory")
 
 
 def _config_text(config) -> str:

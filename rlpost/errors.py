@@ -1,0 +1,16 @@
+"""Errors the user fixes by changing the command, not the code.
+
+The experiment mains (`experiments/cli.py`) print a `UsageError` as one `FATAL` line and
+exit with status 2, as absl does for a bad flag; any other exception is a traceback and
+status 1. The message carries everything needed: the setting (config field, flag or
+path), the value given and the fix.
+"""
+
+
+class UsageError(Exception):
+  """The run cannot start (or go on) as configured: a config value, a flag, the workdir
+  or its checkpoints."""
+
+
+class ConfigError(UsageError, ValueError):
+  """A config field's value is refused: `config.<field>=<value>: <fix>`."""
