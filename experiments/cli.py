@@ -74,12 +74,12 @@ def run(main) -> None:
       if message:
         print(f"FATAL flags parsing error: {message}", file=sys.stderr)
         sys.exit(2)
-    distributed.initialize(distributed.DistConfig(**_DIST.value))
-    if not _CHECKPOINT_LOGS.value:
-      runtime.quiet_checkpoint_logs()
-    path = runtime.enable_compilation_cache(_CACHE_DIR.value, _CACHE_GB.value)
-    logging.info("compilation cache: %s", path or "off")
     try:
+      distributed.initialize(distributed.DistConfig(**_DIST.value))
+      if not _CHECKPOINT_LOGS.value:
+        runtime.quiet_checkpoint_logs()
+      path = runtime.enable_compilation_cache(_CACHE_DIR.value, _CACHE_GB.value)
+      logging.info("compilation cache: %s", path or "off")
       return main(argv)
     # A refused config value, workdir or checkpoint; a missing data or model file (the
     # loaders name the path and its setting).

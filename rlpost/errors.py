@@ -14,3 +14,7 @@ class UsageError(Exception):
 
 class ConfigError(UsageError, ValueError):
   """A config field's value is refused: `config.<field>=<value>: <fix>`."""
+
+
+class FlagError(UsageError, ValueError):
+  """A command-line flag's value is refused: `--<flag>=<value>: <fix>`."""

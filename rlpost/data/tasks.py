@@ -2,6 +2,7 @@
 
 from typing import NamedTuple
 
+from rlpost import errors
 from rlpost.data import arithmetic
 from rlpost.data import gsm8k
 from rlpost.rewards import digit as digit_rewards
@@ -26,7 +27,7 @@ MATH_ACCURACY = {
 def check_digit(digit) -> None:
   """`data.digit` of the digit task: one visible character (its count is the reward)."""
   if not (isinstance(digit, str) and len(digit) == 1 and not digit.isspace()):
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.data.digit={digit!r}: must be one visible character (e.g. '7'); the reward "
       "counts its occurrences in each completion"
     )

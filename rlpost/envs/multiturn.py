@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from rlpost import errors
 from rlpost import sampling
 from rlpost.envs import protocol
 from rlpost.envs import scaffold
@@ -456,7 +457,7 @@ def _refuse_long_prompt(env, prompts, seeds, cap: int, longest: int):
     if len(prompts[mine]) == longest
     else "a first observation on another process"
   )
-  raise ValueError(
+  raise errors.ConfigError(
     f"environment {env.name!r}: {which} is {longest} tokens in its scaffold, above "
     f"TurnConfig.max_prompt_tokens={cap} (config.rollout.max_prompt_tokens); raise it "
     "(every turn's prefill covers the first prompt) or shorten what reset returns"

@@ -32,6 +32,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from rlpost import errors
+
 _QMAX = 127.0
 # Input rows per scale block of a layer matrix (and of its activations); a matrix whose
 # row count it does not divide is one block. 256 blocks the o and down projections of
@@ -81,7 +83,7 @@ def parse_paths(text: str, field: str = "sampling.int8_paths") -> Int8Paths:
   try:
     return Int8Paths(layout, int(rows))
   except ValueError:
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.{field}={text!r}: use 'auto' (calibrated on this machine) or LAYOUT:ROWS "
       f"with LAYOUT one of {LAYER_LAYOUTS} and ROWS >= 0, e.g. 'io:8'"
     ) from None

@@ -21,6 +21,8 @@ import os
 
 import jax
 
+from rlpost import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class DistConfig:
@@ -52,13 +54,13 @@ def check(config: DistConfig) -> bool:
   }
   if any(given.values()) and not all(given.values()):
     missing = ", ".join(name for name, ok in given.items() if not ok)
-    raise ValueError(
+    raise errors.FlagError(
       f"--dist settings are partial: {missing} missing. Give coordinator_address (HOST:PORT "
       "of process 0), num_processes and process_id together, or none of them to detect "
       "SLURM / Kubernetes / a single process"
     )
   if all(given.values()) and not 0 <= config.process_id < config.num_processes:
-    raise ValueError(
+    raise errors.FlagError(
       f"--dist.process_id={config.process_id}: must be in [0, "
       f"dist.num_processes={config.num_processes})"
     )
