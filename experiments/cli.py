@@ -23,6 +23,7 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from rlpost import errors
+from rlpost.recipes import grpo as grpo_recipe
 from rlpost.train import distributed
 from rlpost.train import runtime
 
@@ -112,7 +113,7 @@ def apply_none_overrides(config, paths) -> str | None:
   for path in paths:
     node, message = _parent(config, path)
     if message:
-      return message
+      return message + _renamed_hint(config, path)
     last = path.split(".")[-1]
     # None only where the config allows it: a placeholder (a typed FieldReference) or a
     # field that is None already. ConfigDict itself would take None anywhere.
@@ -196,10 +197,20 @@ def unknown_override(argv) -> str | None:
   for arg in argv:
     if not arg.startswith("--config.") or "=" not in arg:
       continue
-    _, message = _parent(config, arg[len("--config.") : arg.index("=")])
+    path = arg[len("--config.") : arg.index("=")]
+    _, message = _parent(config, path)
     if message:
-      return message
+      return message + _renamed_hint(config, path)
   return None
+
+
+def _renamed_hint(config, path: str) -> str:
+  """'; it was renamed: use config.NEW ...' when `path` is an old field name
+  (`grpo.RENAMED`) whose new place exists in this config, else ''."""
+  new = grpo_recipe.RENAMED.get(path)
+  if new is None or _parent(config, new.split(" ")[0])[1]:
+    return ""
+  return f"; config.{path} was renamed: use config.{new}"
 
 
 def _parent(config, path: str):

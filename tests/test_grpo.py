@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from experiments import cli
 from experiments.configs import grpo_gsm8k
 from rlpost.models import policy
 from rlpost.recipes import grpo
@@ -285,6 +286,24 @@ def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
   assert out.returncode == 2, out.stderr[-2000:]
   assert "config.algo.nosuch: no such field; valid fields of config.algo:" in out.stderr
   assert "'kl_method'" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+  "variant,old,hint",
+  [
+    ("grpo_gsm8k.py:tiny", "algo.kl", "config.algo.kl was renamed: use config.algo.kl_method"),
+    ("grpo_gsm8k.py:tiny", "algo.dynamic_sampling", "use config.rollout.dynamic_sampling"),
+    ("agentic.py:frozenlake_tiny", "algo.aggregation", "use config.algo.loss_agg_mode"),
+    ("ppo_gsm8k.py:tiny", "algo.dynamic_sampling", None),  # PPO has no rollout.dynamic_sampling
+    ("grpo_gsm8k.py:tiny", "algo.nosuch", None),
+  ],
+)
+def test_an_old_field_name_on_the_command_line_names_its_new_place(variant, old, hint):
+  """Mutation caught: `unknown_override` without `_renamed_hint` gives only the valid fields."""
+  argv = ["prog", f"--config={REPO_ROOT}/experiments/configs/{variant}", f"--config.{old}=1"]
+  message = cli.unknown_override(argv)
+  assert message.startswith(f"config.{old}: no such field; valid fields of config.algo:")
+  assert (hint in message) if hint else ("renamed" not in message), message
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from conftest import REPO_ROOT
+from rlpost import errors
 from rlpost.train import runtime
 
 XEON = "model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n"
@@ -69,3 +71,22 @@ def test_runs_are_quiet_and_fill_the_cache_by_default(tmp_path):
   loud = _sft(tmp_path, "loud", "--checkpoint_info_logs", "--compilation_cache_dir=")
   assert "checkpoint_manager.py" in loud and "compilation cache: off" in loud
   assert sorted(p.name for p in keyed.iterdir()) == before
+
+
+@pytest.mark.parametrize("max_gb", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_cache_cap_that_is_not_a_finite_positive_size_is_a_flag_error(max_gb, tmp_path):
+  """Mutation caught: the check `max_gb > 0` alone lets inf through to int(inf * 2**30)
+  (OverflowError, a traceback)."""
+  with pytest.raises(errors.FlagError, match="--compilation_cache_max_gb="):
+    runtime.enable_compilation_cache(str(tmp_path), max_gb)
+
+
+def test_a_cache_directory_that_cannot_be_made_turns_the_cache_off(tmp_path, caplog):
+  """The cache only saves time: a path under a file runs without it, saying so."""
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  before = jax.config.jax_compilation_cache_dir
+  with caplog.at_level(logging.WARNING):
+    assert runtime.enable_compilation_cache(str(blocker / "cache"), 1.0) is None
+  assert "running without the compilation cache" in caplog.text
+  assert jax.config.jax_compilation_cache_dir == before

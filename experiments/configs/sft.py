@@ -25,7 +25,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
   c.data = ml_collections.ConfigDict(
     {
-      "source": "synthetic" if tiny else "gsm8k",  # gsm8k | jsonl | synthetic
+      "source": "synthetic" if tiny else "gsm8k",  # gsm8k | gsm8k_tools | jsonl | synthetic
       "path": "",  # JSONL of SFT records (data.source=jsonl)
       "eval_path": "",  # optional held-out JSONL (else the last records)
       "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub

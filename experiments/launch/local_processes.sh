@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # P processes on this machine talking through jax.distributed (gloo on CPU), D devices each:
-#   bash experiments/launch/local_processes.sh 2 2 sft.py:tiny --workdir=/tmp/run
+#   bash experiments/launch/local_processes.sh 2 2 sft.py:tiny --config.train.micro_batch_size=2 \
+#     --workdir=/tmp/run
 # Logs: ./process<i>.log; every process gets the same flags.
 # If one process dies the others exit non-zero after --dist.heartbeat_timeout_s.
 set -euo pipefail

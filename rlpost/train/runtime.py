@@ -10,10 +10,13 @@ evicts the least recently used entries beyond the size cap.
 
 import hashlib
 import logging
+import math
 import os
 import platform
 
 import jax
+
+from rlpost import errors
 
 CHECKPOINT_LIBRARIES = ("orbax",)  # their INFO lines are dropped unless asked for
 
@@ -50,10 +53,20 @@ def enable_compilation_cache(directory: str, max_gb: float) -> str | None:
   `max_gb`; returns that path, or None when `directory` is "" (off)."""
   if not directory:
     return None
-  if not max_gb > 0:
-    raise ValueError(f"--compilation_cache_max_gb={max_gb}: use a positive size in GB")
+  if not (math.isfinite(max_gb) and max_gb > 0):
+    raise errors.FlagError(f"--compilation_cache_max_gb={max_gb}: use a finite positive size in GB")
   path = os.path.join(os.path.expanduser(directory), machine_key())
-  os.makedirs(path, exist_ok=True)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:  # a cache is an optimisation: run without it rather than stop
+    logging.warning(
+      "--compilation_cache_dir=%s: cannot create %s (%s); running without the compilation "
+      "cache (pass a writable directory, or '' to turn it off)",
+      directory,
+      path,
+      e.strerror or e,
+    )
+    return None
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_compilation_cache_max_size", int(max_gb * 2**30))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # every program: the
