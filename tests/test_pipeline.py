@@ -10,8 +10,10 @@ import pytest
 from rlpost.train import pipeline
 
 
-def _run(steps, max_staleness, produce_s, train_s, first=0, fail_at=None):
-  """Runs the pipeline as the loop would; returns [(index, version)] consumed and cursors."""
+def _run(steps, max_staleness, produce_s, train_s, first=0, fail_at=None, seed=None, held=None):
+  """Runs the pipeline as the loop would; returns [(index, version)] consumed and the
+  indices made. Weights of version v are v. seed: a `pipeline.Held` handed to the
+  pipeline before its first step; held: a list to which `held()` is appended after each step."""
   made = []
 
   def produce(weights, cursor, index):
@@ -26,17 +28,21 @@ def _run(steps, max_staleness, produce_s, train_s, first=0, fail_at=None):
     time.sleep(train_s)
     return state + 1, index + 1, {"trained": index}  # weights of version index + 1
 
-  step, close = pipeline.step_fn(
+  pipe = pipeline.step_fn(
     produce, train, lambda state: state, last=steps, max_staleness=max_staleness
   )
+  if seed is not None:
+    pipe.seed(seed)
   consumed, state, cursor = [], first, 100 + first
   try:
     for index in range(first, steps):
-      state, cursor, metrics = step(state, cursor, index)
+      state, cursor, metrics = pipe.step(state, cursor, index)
       consumed.append((index, index - int(metrics["staleness"])))
       assert cursor == 100 + index + 1  # the cursor after the batch trained on
+      if held is not None:
+        held.append(pipe.held())
   finally:
-    close()
+    pipe.close()
   return consumed, made
 
 
@@ -54,8 +60,38 @@ def test_no_batch_older_than_the_bound_and_none_lost_or_doubled(max_staleness, w
 
 
 def test_resuming_at_a_later_step_starts_the_producer_there():
+  """Unseeded (a checkpoint without the older versions), the lag restarts there."""
   consumed, made = _run(6, 1, 0.0, 0.005, first=3)
   assert consumed == [(3, 3), (4, 3), (5, 4)] and sorted(made) == [3, 4, 5]
+
+
+@pytest.mark.parametrize("max_staleness,resume_at", [(1, 3), (2, 3), (2, 1), (3, 2)])
+def test_a_run_seeded_with_what_it_held_continues_as_the_uninterrupted_run(
+  max_staleness, resume_at
+):
+  """What `held()` returns after step k - 1 (versions max(k - s, first) .. k - 1 and
+  first), seeded into a pipeline resumed at k, gives the uninterrupted schedule, also
+  when k < s (the lag still counts from the run's first step, 0). Mutations caught: not
+  seeding (the lag restarts at k), counting the lag from k instead of the seed's first,
+  and `held` keeping one version too few."""
+  whole, held = _run(8, max_staleness, 0.0, 0.002, held=[])[0], []
+  _run(resume_at, max_staleness, 0.0, 0.002, held=held)
+  seed = held[-1]
+  assert seed.first == 0
+  assert sorted(seed.weights) == list(range(max(resume_at - max_staleness, 0), resume_at))
+  assert all(seed.weights[v] == v for v in seed.weights)
+  resumed, made = _run(8, max_staleness, 0.0, 0.002, first=resume_at, seed=seed)
+  assert resumed == whole[resume_at:] and sorted(made) == list(range(resume_at, 8))
+
+
+def test_a_seed_missing_a_needed_version_is_an_error_not_a_hang():
+  """Mutation caught: without the check at the first step (the seed published as it is),
+  the producer waited forever for version 1, which no step publishes (killed after 30 s)."""
+  seed = pipeline.Held(0, {2: 2})  # resuming at 3 with s = 2 needs versions 1 and 2
+  with pytest.raises(ValueError, match=r"versions \[1, 2\]; the seed holds \[2\]"):
+    _run(6, 2, 0.0, 0.0, first=3, seed=seed)
+  with pytest.raises(ValueError, match="lag counted from step 4"):  # a first after the resume
+    _run(6, 1, 0.0, 0.0, first=3, seed=pipeline.Held(4, {}))
 
 
 def test_a_producer_error_is_raised_in_the_trainer():
@@ -66,3 +102,9 @@ def test_a_producer_error_is_raised_in_the_trainer():
 def test_negative_staleness_is_refused():
   with pytest.raises(ValueError, match="max_staleness=-1"):
     pipeline.step_fn(None, None, None, last=1, max_staleness=-1)
+
+
+def test_held_before_any_step_is_an_error():
+  pipe = pipeline.step_fn(None, None, None, last=1, max_staleness=1)
+  with pytest.raises(RuntimeError, match="no step has run"):
+    pipe.held()

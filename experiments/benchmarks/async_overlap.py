@@ -62,14 +62,14 @@ def _run(mode: str, seed: int, workdir: str) -> dict:
   inner = rollout.loop_step
 
   def timed_loop_step(*args, **kwargs):
-    step, close = inner(*args, **kwargs)
+    step, close, carry = inner(*args, **kwargs)
 
     def timed(*a):
       out = step(*a)
       ends.append(time.perf_counter())
       return out
 
-    return timed, close
+    return timed, close, carry
 
   rollout.loop_step = timed_loop_step
   try:

@@ -321,7 +321,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     cfg, f"agentic[{cfg.name}]", curves, ("reward/mean", "greedy/success")
   )
   with futures.ThreadPoolExecutor(p.setup.step_threads) as pool:
-    step_fn, close = loop_step(p, pool, workdir, cfg.max_staleness, cfg.train.steps)
+    step_fn, close, carry = loop_step(p, pool, workdir, cfg.max_staleness, cfg.train.steps)
     try:
       state, _ = loop_lib.run_loop(
         workdir,
@@ -331,6 +331,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
         loop,
         initial_metrics=functools.partial(initial_metrics, p, pool, workdir),
         stop_after=stop_after,
+        carry=carry,
       )
     finally:
       close()
@@ -398,12 +399,13 @@ def _play(p: Pieces, pool, params_s, tasks_, seeds, key, sc, num_generations, fi
 
 def iteration(p: Pieces, pool, workdir: str, state, cursor, index: int):
   """One synchronous iteration (module docstring). The cursor is passed through."""
-  step, _ = loop_step(p, pool, workdir, None, index + 1)
+  step = loop_step(p, pool, workdir, None, index + 1)[0]
   return step(state, cursor, index)
 
 
 def loop_step(p: Pieces, pool, workdir: str, max_staleness, steps: int):
-  """The run loop's (step_fn, close): `produce` then `train` in turn, or pipelined."""
+  """The run loop's (step_fn, close, carry): `produce` then `train` in turn, or pipelined
+  (`rollout.loop_step`)."""
   return rollout_lib.loop_step(
     p,
     functools.partial(produce, pool=pool),

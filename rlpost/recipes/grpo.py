@@ -168,9 +168,11 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     ("reward/mean", "kl"),
   )
   s = p.setup.rollout.max_staleness
-  step_fn, close = rollout.loop_step(p, produce, train, None, s, cfg.train.steps)
+  step_fn, close, carry = rollout.loop_step(p, produce, train, None, s, cfg.train.steps)
   try:
-    state, _ = loop_lib.run_loop(workdir, cfg, p.state, step_fn, loop, stop_after=stop_after)
+    state, _ = loop_lib.run_loop(
+      workdir, cfg, p.state, step_fn, loop, stop_after=stop_after, carry=carry
+    )
   finally:
     close()
   return state
@@ -178,7 +180,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
   """One synchronous GRPO iteration (rollout, scoring, num_iterations updates)."""
-  step, _ = rollout.loop_step(p, produce, train, None, None, index + 1)
+  step = rollout.loop_step(p, produce, train, None, None, index + 1)[0]
   return step(state, cursor, index)
 
 

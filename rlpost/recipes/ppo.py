@@ -244,9 +244,11 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
     ("reward/mean", "explained_variance"),
   )
   s = p.setup.rollout.max_staleness
-  step_fn, close = rollout.loop_step(p, produce, train, "actor", s, cfg.train.steps)
+  step_fn, close, carry = rollout.loop_step(p, produce, train, "actor", s, cfg.train.steps)
   try:
-    state, _ = loop_lib.run_loop(workdir, cfg, p.state, step_fn, loop, stop_after=stop_after)
+    state, _ = loop_lib.run_loop(
+      workdir, cfg, p.state, step_fn, loop, stop_after=stop_after, carry=carry
+    )
   finally:
     close()
   return state
@@ -257,7 +259,7 @@ _advantages = jax.jit(objectives.ppo_advantages, static_argnames="config")
 
 def iteration(p: Pieces, state, cursor: Cursor, index: int):
   """One synchronous PPO iteration (rollout, critic pass, GAE, epochs of mini-batch updates)."""
-  step, _ = rollout.loop_step(p, produce, train, "actor", None, index + 1)
+  step = rollout.loop_step(p, produce, train, "actor", None, index + 1)[0]
   return step(state, cursor, index)
 
 

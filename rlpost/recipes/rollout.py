@@ -25,6 +25,7 @@ from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.train import compute_paths
+from rlpost.train import loop as loop_lib
 from rlpost.train import pipeline
 from rlpost.train import shares
 from rlpost.train import sharding
@@ -164,27 +165,25 @@ _quantized_for_sampling = jax.jit(quant.quantize_for_sampling, static_argnames=(
 
 
 def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
-  """The run loop's (step_fn, close) for a recipe's phases
+  """The run loop's (step_fn, close, carry) for a recipe's phases
 
     produce(p, weights, cursor, index) -> (sampled, cursor)
     train(p, state, sampled, index, version, publish) -> (state, published, metrics)
 
-  in turn (max_staleness None), or through `rlpost.train.pipeline` (a producer thread
-  sampling from the policy max_staleness updates old).
+  in turn (max_staleness None; carry None), or through `rlpost.train.pipeline` (a
+  producer thread sampling from the policy max_staleness updates old). Pipelined, the
+  `loop.Carry` keeps in each checkpoint the trainable weights (`state_key`'s part) of the
+  older policies the next batches are sampled by, and a resumed run remakes their
+  sampler weights from them: it samples what the uninterrupted run sampled.
 
   state_key: the part of `state.trainable` the sampler reads ("actor" for PPO; None:
   all of it).
   """
+  part = lambda state: state.trainable if state_key is None else state.trainable[state_key]
 
-  def weights_of(state, copy: bool = False):
-    trainable = state.trainable if state_key is None else state.trainable[state_key]
-    weights = sampler_weights(
-      p.sampler, trainable, p.setup.forward, state.key, sharding.mesh_of(state)
-    )
-    if copy:  # the producer keeps these while the next train step donates the state
-      held = {id(x) for x in jax.tree.leaves(state)}
-      weights = jax.tree.map(lambda x: jnp.copy(x) if id(x) in held else x, weights)
-    return weights
+  def weights_of(state):
+    mesh = sharding.mesh_of(state)
+    return sampler_weights(p.sampler, part(state), p.setup.forward, state.key, mesh)
 
   produce = functools.partial(produce, p)
   if max_staleness is None:
@@ -194,15 +193,85 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
       state, _, metrics = train(p, state, sampled, index, index, None)
       return state, cursor, metrics
 
-    return step, lambda: None
-  publish = functools.partial(weights_of, copy=True)
-  return pipeline.step_fn(
-    produce,
+    return step, lambda: None, None
+
+  def publish(state, trainable=None):
+    """(sampler weights, the trainable part they are made of) of `state`'s policy, or of
+    an older `trainable` part under `state`'s key; no array of `state` among them (the
+    next train step donates it)."""
+    if trainable is not None:
+      whole = trainable if state_key is None else {**state.trainable, state_key: trainable}
+      policy_state = state._replace(trainable=whole)
+    else:
+      policy_state = state
+    return _without_arrays_of(state, (weights_of(policy_state), part(policy_state)))
+
+  pipe = pipeline.step_fn(
+    lambda published, cursor, index: produce(published[0], cursor, index),
     lambda state, batch, index, version: train(p, state, batch, index, version, publish),
     publish,
     last=steps,
     max_staleness=max_staleness,
   )
+  return pipe.step, pipe.close, _lagged_carry(pipe, publish, part, max_staleness)
+
+
+def _without_arrays_of(state, tree):
+  """`tree` with a copy of each array it shares with `state`, one per array: the sampler
+  weights and the trainable part are the same arrays when the sampler reads the params
+  as they are (full fine-tuning on the trainer's devices), and stay so."""
+  copies = {id(x): None for x in jax.tree.leaves(state)}
+
+  def own(x):
+    if id(x) not in copies:
+      return x
+    if copies[id(x)] is None:
+      copies[id(x)] = jnp.copy(x)
+    return copies[id(x)]
+
+  return jax.tree.map(own, tree)
+
+
+def _lagged_carry(pipe: pipeline.Pipeline, publish, part, max_staleness: int) -> loop_lib.Carry:
+  """The pipeline's `loop.Carry`: a checkpoint after step k - 1 holds the trainable parts
+  of versions max(k - s, first) .. k - 1 (none for s = 0) and `first`; a resume seeds the
+  pipeline with their sampler weights, remade from them."""
+
+  def save():
+    held = pipe.held()
+    if not held.weights:
+      return None
+    meta = {"first": held.first, "versions": sorted(held.weights)}
+    return meta, {str(v): trainable for v, (_, trainable) in held.weights.items()}
+
+  def like(state, meta):
+    return {str(v): part(state) for v in meta["versions"]}
+
+  def resume(state, index, meta, arrays):
+    if not max_staleness:
+      return
+    if meta is None:
+      why = (
+        "holds no older policies (written by a synchronous or max_staleness=0 run, or by "
+        "an older rlpost)"
+      )
+    else:
+      needed = pipeline.lagged_versions(index, meta["first"], max_staleness)
+      if all(str(v) in arrays for v in needed):
+        seeds = {v: publish(state, arrays[str(v)]) for v in needed}
+        pipe.seed(pipeline.Held(meta["first"], seeds))
+        return
+      why = f"holds the policies of versions {meta['versions']}, not all of {list(needed)}"
+    message = (
+      f"resuming at step {index} with max_staleness={max_staleness}: the checkpoint {why}, "
+      f"so the lag restarts here (batches {index} .. {index + max_staleness - 1} are sampled by "
+      "newer policies than in the uninterrupted run, logged as staleness < max_staleness): "
+      "this run is not the uninterrupted one"
+    )
+    absl_logging.warning(message)
+    print(message, flush=True)
+
+  return loop_lib.Carry(save, like, resume)
 
 
 def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):

@@ -1,14 +1,18 @@
 """Orbax save/restore of the whole TrainState plus a JSON `meta` dict, verified and fail-soft.
 
+A checkpoint may hold a third item, `carry`: arrays a step function keeps between steps
+(`rlpost.train.loop.Carry`), with their own JSON meta in meta["carry"]. Checkpoints
+without one (synchronous runs, older versions) restore as before.
+
 Checkpoints are written synchronously to a temporary directory and renamed
 when complete, so a run killed mid-save leaves the previous checkpoint as the
 newest readable one.
 
 Integrity: `save` records in `meta["digests"]` a CRC-32 of every array's bytes
-(with its dtype and shape), keyed by the array's path in the state; `restore`
-recomputes them before the state is used. The digest is of the logical
-(gathered) array, so it survives restoring onto another mesh. Orbax checksums
-only its index structures; the digests cover the array data.
+(with its dtype and shape), keyed by the array's path in the state (the carry's in
+meta["carry_digests"]); `restore` recomputes them before the state is used. The digest
+is of the logical (gathered) array, so it survives restoring onto another mesh. Orbax
+checksums only its index structures; the digests cover the array data.
 
 Fallback: `restore_latest` tries the newest checkpoint first. One that fails to
 restore or to verify (digest mismatch, checksum error, missing file, unreadable
@@ -25,6 +29,7 @@ import os
 import shutil
 import time
 import zlib
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -55,6 +60,13 @@ class StateMismatchError(errors.UsageError, ValueError):
   """A checkpoint holds a state of another structure than this run's (a changed config)."""
 
 
+class Carried(NamedTuple):
+  """A checkpoint's carry: its JSON `meta` and its `arrays` (None when not restored)."""
+
+  meta: dict
+  arrays: Any
+
+
 def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.CheckpointManager:
   """CheckpointManager on `workdir/checkpoints`, keeping the newest `max_to_keep`.
 
@@ -72,7 +84,7 @@ def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.
   return ocp.CheckpointManager(
     os.path.join(os.path.abspath(workdir), "checkpoints"),
     options=options,
-    item_names=("state", "meta"),
+    item_names=("state", "meta", "carry"),
   )
 
 
@@ -88,10 +100,13 @@ def _layout(state: TrainState) -> dict[str, str]:
   }
 
 
-def digests(state: TrainState) -> dict[str, str]:
-  """{array path: "dtype[shape]:crc32"} of every array of the state (gathered to host)."""
+def digests(tree) -> dict[str, str]:
+  """{array path: "dtype[shape]:crc32"} of every array of a TrainState (or any pytree of
+  arrays), gathered to host."""
+  if isinstance(tree, TrainState):
+    tree = _to_saveable(tree)
   out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(_to_saveable(state))[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     if getattr(leaf, "is_fully_addressable", True):
       array = np.asarray(jax.device_get(leaf))
     else:  # split across processes: every process gathers the whole array
@@ -101,8 +116,11 @@ def digests(state: TrainState) -> dict[str, str]:
   return out
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict) -> None:
+def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict, carried=None):
   """Saves `state` and `meta` (+ the state's digests) as checkpoint `step`; blocks until done.
+
+  carried: None, or (carry meta, carry arrays) (`Carried`), kept as meta["carry"] and
+  the `carry` item (their digests in meta["carry_digests"]).
 
   A failed write (disk full, permission, ...) raises CheckpointWriteError; the
   half-written temporary directory is never taken for a checkpoint and is
@@ -111,13 +129,13 @@ def save(mngr: ocp.CheckpointManager, step: int, state: TrainState, meta: dict) 
   if step in mngr.all_steps():
     return
   meta = {**meta, "digests": digests(state)}
+  items = {"state": ocp.args.StandardSave(_to_saveable(state))}
+  if carried is not None:
+    carry_meta, arrays = carried
+    meta.update(carry=carry_meta, carry_digests=digests(arrays))
+    items["carry"] = ocp.args.StandardSave(arrays)
   try:
-    mngr.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_to_saveable(state)), meta=ocp.args.JsonSave(meta)
-      ),
-    )
+    mngr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
     mngr.wait_until_finished()
   except Exception as e:  # orbax wraps OS errors in several exception types
     if _interrupted(e):  # Ctrl-C in the middle of orbax's work, e.g. deleting an old step
@@ -173,9 +191,11 @@ def _check_layout(mngr: ocp.CheckpointManager, step: int, like: TrainState) -> N
     )
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState):
+def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState, carry_like=None):
   """(state, meta) of checkpoint `step`, verified against its digests.
 
+  A checkpoint with a carry gives meta["carry"] = Carried(its meta, its arrays), the
+  arrays restored (and verified) only with `carry_like(like, carry meta)`, their template.
   Raises CorruptCheckpointError (or orbax's error) when it cannot be read or
   verified, StateMismatchError when it holds another structure than `like`.
   """
@@ -192,13 +212,27 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState):
   saved = meta.pop("digests", None)
   if saved is None:
     raise CorruptCheckpointError(f"meta of checkpoint {step} holds no array digests")
-  found = digests(state)
+  _verify(saved, digests(state), "")
+  carry_meta, carry_digests = meta.pop("carry", None), meta.pop("carry_digests", None)
+  if carry_meta is not None:
+    arrays = None
+    if carry_like is not None:
+      if carry_digests is None:
+        raise CorruptCheckpointError(f"meta of checkpoint {step} holds no carry digests")
+      abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, carry_like(like, carry_meta))
+      arrays = mngr.restore(step, args=ocp.args.Composite(carry=ocp.args.StandardRestore(abstract)))
+      arrays = arrays["carry"]
+      _verify(carry_digests, digests(arrays), "carry ")
+    meta["carry"] = Carried(carry_meta, arrays)
+  return state, meta
+
+
+def _verify(saved: dict, found: dict, what: str) -> None:
   bad = sorted(k for k in set(saved) | set(found) if saved.get(k) != found.get(k))
   if bad:
     raise CorruptCheckpointError(
-      f"array bytes differ from those saved for {len(bad)} array(s): {', '.join(bad[:4])}"
+      f"{what}array bytes differ from those saved for {len(bad)} array(s): {', '.join(bad[:4])}"
     )
-  return state, meta
 
 
 def quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
@@ -214,12 +248,12 @@ def quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
   return target
 
 
-def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
+def restore_latest(mngr: ocp.CheckpointManager, like: TrainState, carry_like=None):
   """(state, meta) of the newest intact checkpoint, or None when there is none at all.
 
   `like` is a TrainState of the right structure (e.g. freshly initialised);
-  it gives shapes, dtypes and shardings. Corrupt checkpoints are reported and
-  quarantined (module docstring).
+  it gives shapes, dtypes and shardings; `carry_like` the carry's (`restore`). Corrupt
+  checkpoints (the carry included) are reported and quarantined (module docstring).
   """
   marker = os.path.join(str(mngr.directory), NO_INTACT_MARKER)
   if os.path.isfile(marker):  # an earlier start found none intact: never start over silently
@@ -228,7 +262,7 @@ def restore_latest(mngr: ocp.CheckpointManager, like: TrainState):
   quarantined = []
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
-      return restore(mngr, step, like)
+      return restore(mngr, step, like, carry_like)
     except StateMismatchError:
       raise  # a changed config, not a corrupt file: leave the checkpoints where they are
     except Exception as e:  # any failure to read or verify: fall back to an older one

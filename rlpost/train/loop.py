@@ -7,12 +7,16 @@ A step function has one contract:
   step_fn(state: TrainState, cursor: Cursor, index: int) -> (state, cursor, metrics)
 
 `index` counts steps from 0 across resumes; `cursor` is the data position
-(checkpointed with the state, so a resumed run reads the same data next).
+(checkpointed with the state, so a resumed run reads the same data next). A step
+function that keeps arrays between steps which the next steps depend on (the off-policy
+pipeline's older policies) comes with a `Carry`: each checkpoint holds them too, and a
+resumed run gets them back before its first step.
 
   workdir/config.json     the resolved ConfigDict
   workdir/metrics.jsonl   one record per step ({"step": ..., metric: value, ...})
   workdir/tb/             TensorBoard events (when tensorboardX is installed)
-  workdir/checkpoints/    orbax checkpoints (TrainState + JSON meta: step, cursor)
+  workdir/checkpoints/    orbax checkpoints (TrainState + JSON meta: step, cursor; the
+                          step function's Carry when it has one)
   workdir/curves.png      the main curves, written at the end
   workdir/run.lock        held (flock) by the live run: a second run on the same
                           workdir stops with WorkdirInUseError; freed when the
@@ -91,6 +95,24 @@ def loop_config(cfg, title: str, curves, postfix=("loss",)) -> LoopConfig:
   )
 
 
+class Carry(NamedTuple):
+  """What a step function keeps between steps, beside the state and the cursor, that an
+  exact resume needs (`rlpost.recipes.rollout.loop_step`: the trainable weights of the
+  older policies the next batches are sampled by).
+
+  save() -> (meta, arrays) or None: after a step, what the checkpoint then written
+    holds of it (meta: JSON; arrays: a pytree of global arrays, as the state's)
+  like(state, meta) -> the arrays' template (structure, dtypes, shapes, shardings) for
+    that meta, `state` a TrainState of the run's structure and shardings
+  resume(state, index, meta, arrays): before the first step of a run resumed at `index`
+    from `state`, what its checkpoint held; meta and arrays None when it held none
+  """
+
+  save: Callable[[], tuple[dict, Any] | None]
+  like: Callable[[TrainState, dict], Any]
+  resume: Callable[[TrainState, int, dict | None, Any], None]
+
+
 class NonFiniteTrainingError(RuntimeError):
   """Too many consecutive train steps had a non-finite loss or gradient norm."""
 
@@ -146,9 +168,12 @@ def _unlock(fd: int | None) -> None:
     os.close(fd)  # releases the flock
 
 
-def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3):
+def start(
+  workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep: int = 3, carry_like=None
+):
   """Opens the run (locking the workdir) and resumes it. Returns (Run, state, meta,
-  resumed: bool)."""
+  resumed: bool); with `carry_like` (`Carry.like`) meta["carry"] is the checkpoint's
+  `checkpoint.Carried` when it holds one."""
   _make_workdir(workdir)
   lock = _lock_workdir(workdir)  # before the manager, which cleans up temporary directories
   try:
@@ -163,7 +188,7 @@ def start(workdir: str, config, fresh_state: TrainState, fresh_meta: dict, keep:
     _unlock(lock)
     raise
   try:
-    restored = checkpoint.restore_latest(run.checkpoints, fresh_state)
+    restored = checkpoint.restore_latest(run.checkpoints, fresh_state, carry_like)
   except BaseException:
     _close(run)
     raise
@@ -266,9 +291,10 @@ def log(run: Run, iteration: int, record: dict) -> dict:
   return record
 
 
-def save(run: Run, state: TrainState, meta: dict) -> None:
-  """Checkpoints state + meta (meta["iteration"] = completed steps)."""
-  checkpoint.save(run.checkpoints, int(meta["iteration"]), state, meta)
+def save(run: Run, state: TrainState, meta: dict, carried=None) -> None:
+  """Checkpoints state + meta (meta["iteration"] = completed steps) + the step function's
+  (meta, arrays) when it carries any (`Carry.save`)."""
+  checkpoint.save(run.checkpoints, int(meta["iteration"]), state, meta, carried)
 
 
 def _close(run: Run) -> None:
@@ -317,6 +343,7 @@ def run_loop(
   *,
   initial_metrics: Callable[[TrainState], dict] | None = None,
   stop_after: int | None = None,
+  carry: Carry | None = None,
 ) -> tuple[TrainState, dict]:
   """Runs (or resumes) the steps of one experiment; returns (final state, last record).
 
@@ -329,11 +356,15 @@ def run_loop(
     initial_metrics: metrics of the fresh state, logged as step 0 (e.g. a
       held-out evaluation before training); not called when resuming.
     stop_after: leave after this many steps of this call (tests of resumption).
+    carry: what `step_fn` keeps between steps that each checkpoint holds too (`Carry`).
   """
   fresh_meta = {"iteration": 0, "cursor": Cursor(loop.seed)._asdict()}
-  run, state, meta, resumed = start(workdir, config, state, fresh_meta, keep=loop.keep)
+  like = carry.like if carry else None
+  run, state, meta, resumed = start(workdir, config, state, fresh_meta, loop.keep, like)
   try:
     first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
+    if resumed and carry:
+      carry.resume(state, first, *(meta.get("carry") or (None, None)))
     last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
     if not resumed and initial_metrics is not None:
       first_record = initial_metrics(state)
@@ -349,7 +380,8 @@ def run_loop(
         done = index + 1
         record = log(run, done, metrics)
         if done % loop.checkpoint_every == 0 or done == last:
-          save(run, state, {"iteration": done, "cursor": cursor._asdict()})
+          meta = {"iteration": done, "cursor": cursor._asdict()}
+          save(run, state, meta, carry.save() if carry else None)
         bar.update(1)
         bar.set_postfix(_postfix(record, loop.postfix))
         bad = int(state.bad_steps)

@@ -5,14 +5,18 @@ sampling and the train step stay the same pure, jitted functions.
 Versions: version v is the policy after v train steps (the loop's step index). The
 trainer publishes the sampler's weights of version v + 1 after training on batch v.
 Batch i is sampled by version max(i - max_staleness, first) exactly (first: the step
-the loop starts or resumes at): the producer waits until that version is out
-(admission control: it is paced, it never drops a batch) and keeps the lag fixed even
-when a newer version exists, so a run does not depend on thread timing. Every batch is
-consumed exactly once, in order; max_staleness = 0 is the synchronous schedule, step
-for step.
+the run started at): the producer waits until that version is out (admission control:
+it is paced, it never drops a batch) and keeps the lag fixed even when a newer version
+exists, so a run does not depend on thread timing. Every batch is consumed exactly once,
+in order; max_staleness = 0 is the synchronous schedule, step for step.
 
   produce(weights, cursor, index) -> (batch, cursor)   in the producer thread
   train(state, batch, index, version) -> (state, weights of version index + 1, metrics)
+
+Resuming: after step k - 1 the pipeline holds the versions max(k - s, first) .. k - 1
+that batches k .. k + s - 1 still need (`held`); a checkpoint keeps them, and `seed`
+hands them back before the first step of the resumed run, which then samples exactly
+what the uninterrupted run sampled. Unseeded, a run (re)starts its lag where it starts.
 
 A producer error is raised in the trainer's thread at its next batch.
 """
@@ -33,6 +37,29 @@ class Produced(NamedTuple):
   cursor: Any
 
 
+class Held(NamedTuple):
+  """The published versions older than the next step's that later batches need:
+  `weights` {version: weights} of versions `lagged_versions(next, first, s)`, and `first`,
+  the step the run started at (its lags are counted from there)."""
+
+  first: int
+  weights: dict
+
+
+def lagged_versions(index: int, first: int, max_staleness: int) -> range:
+  """The versions older than `index` that batches index .. index + s - 1 are sampled by."""
+  return range(max(index - max_staleness, first), index)
+
+
+class Pipeline(NamedTuple):
+  """A `rlpost.train.loop` step_fn and what goes with it (`step_fn`)."""
+
+  step: Callable  # step(state, cursor, index) -> (state, cursor, metrics)
+  close: Callable  # close(): stops the producer; call it when the loop ends
+  held: Callable  # held() -> Held: after a step, what a resume at the next step needs
+  seed: Callable  # seed(Held): before the first step, the versions held when the run stopped
+
+
 @dataclasses.dataclass
 class Published:
   """Sampler weights by version, those a batch still to be made may need (guarded by
@@ -43,9 +70,9 @@ class Published:
   stop: bool = False
 
 
-def _producer(produce, published: Published, out: queue.Queue, cursor, first, last, s):
+def _producer(produce, published: Published, out: queue.Queue, cursor, first, start, last, s):
   try:
-    for index in range(first, last):
+    for index in range(start, last):
       version = max(index - s, first)
       with published.changed:
         published.changed.wait_for(lambda: published.stop or version in published.weights)
@@ -60,29 +87,43 @@ def _producer(produce, published: Published, out: queue.Queue, cursor, first, la
 
 def step_fn(
   produce: Callable, train: Callable, weights_of: Callable, *, last: int, max_staleness: int
-):
-  """A `rlpost.train.loop` step_fn running `produce` ahead in a thread, and its closer.
+) -> Pipeline:
+  """A `rlpost.train.loop` step_fn running `produce` ahead in a thread, and its companions.
 
   weights_of(state) -> the sampler's weights of the state the loop starts (or resumes)
-  from; last: the loop's step count (the producer makes batches up to it). Returns (step_fn, close); call `close()` when the loop ends (it stops the
-  producer; a batch it had made ahead is dropped with the run, not trained on).
+  from; last: the loop's step count (the producer makes batches up to it). Returns a
+  `Pipeline`: call `close()` when the loop ends (it stops the producer; a batch it had
+  made ahead is dropped with the run, not trained on).
   """
   if max_staleness < 0:
     raise ValueError(f"max_staleness={max_staleness}: use >= 0 (0: synchronous)")
   started: dict = {}
+  seeded: dict = {}  # the Held a resumed run starts with, until its first step
+
+  def start(state, cursor, index: int):
+    first, weights = seeded.pop("held", Held(index, {}))
+    needed = lagged_versions(index, first, max_staleness)
+    missing = [v for v in needed if v not in weights]
+    if first > index or missing:  # the producer would wait for them forever
+      raise ValueError(
+        f"pipeline: a run resumed at step {index} with max_staleness={max_staleness} and its "
+        f"lag counted from step {first} samples its first batches with the versions "
+        f"{list(needed)}; the seed holds {sorted(weights)}"
+      )
+    published = Published({**{v: weights[v] for v in needed}, index: weights_of(state)})
+    out = queue.Queue(maxsize=max_staleness + 1)
+    thread = threading.Thread(
+      target=_producer,
+      args=(produce, published, out, cursor, first, index, last, max_staleness),
+      daemon=True,
+      name="rollout-producer",
+    )
+    started.update(published=published, out=out, thread=thread, first=first, next=index)
+    thread.start()
 
   def step(state, cursor, index: int):
     if not started:  # the first step of this call: the loop's start or resume point
-      published = Published({index: weights_of(state)})
-      out = queue.Queue(maxsize=max_staleness + 1)
-      thread = threading.Thread(
-        target=_producer,
-        args=(produce, published, out, cursor, index, last, max_staleness),
-        daemon=True,
-        name="rollout-producer",
-      )
-      started.update(published=published, out=out, thread=thread, first=index)
-      thread.start()
+      start(state, cursor, index)
     published, out = started["published"], started["out"]
     item = out.get()
     if isinstance(item, BaseException):
@@ -97,7 +138,21 @@ def step_fn(
       for old in [v for v in published.weights if v < index + 1 - max_staleness]:
         del published.weights[old]
       published.changed.notify_all()
+    started["next"] = index + 1
     return state, item.cursor, {**metrics, "staleness": float(index - item.version)}
+
+  def held() -> Held:
+    if not started:
+      raise RuntimeError("pipeline.held: no step has run")
+    published, following = started["published"], started["next"]
+    with published.changed:
+      versions = lagged_versions(following, started["first"], max_staleness)
+      return Held(started["first"], {v: published.weights[v] for v in versions})
+
+  def seed(resumed: Held):
+    if started:
+      raise RuntimeError("pipeline.seed: after the first step; seed before it")
+    seeded["held"] = resumed
 
   def close():
     if started:
@@ -112,4 +167,4 @@ def step_fn(
         started["thread"].join(timeout=0.1)
       started.clear()
 
-  return step, close
+  return Pipeline(step, close, held, seed)
