@@ -128,6 +128,36 @@ def test_corrupt_array_bytes_fail_the_digest_check(finished_run, tmp_path):
     checkpoint.restore(checkpoint.manager(str(workdir)), 6, finished_run[1])
 
 
+def test_the_carry_is_verified_like_the_state(tmp_path):
+  """A checkpoint's carry (a pipelined run's older policies) restores with its template;
+  read without one (an evaluation) it is left unread. Bytes flipped in it fail its
+  digests, and `restore_latest` quarantines that checkpoint and falls back to the
+  previous one. Mutation caught: the carry's digests not compared (the flipped bytes
+  restored as they were)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from rlpost.train import step as train  # pylint: disable=g-import-not-at-top
+
+  state = train.init_train_state(jnp.zeros((4,)), optax.sgd(0.1), jax.random.key(0))
+  mngr = checkpoint.manager(str(tmp_path))
+  for step in (1, 2):
+    carried = ({"versions": [step]}, {str(step): jnp.arange(4096.0) * step})
+    checkpoint.save(mngr, step, state, {"iteration": step}, carried)
+  like = lambda state, meta: {str(v): jnp.zeros((4096,)) for v in meta["versions"]}
+  _, meta = checkpoint.restore(mngr, 2, state, like)
+  assert meta["carry"].meta == {"versions": [2]} and "carry_digests" not in meta
+  np.testing.assert_array_equal(meta["carry"].arrays["2"], np.arange(4096.0) * 2)
+  assert checkpoint.restore(mngr, 2, state)[1]["carry"].arrays is None
+  _flip_bytes(_largest_file(tmp_path / "checkpoints" / "2" / "carry" / "ocdbt.process_0" / "d"))
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="carry array bytes differ"):
+    checkpoint.restore(mngr, 2, state, like)
+  _, meta = checkpoint.restore_latest(mngr, state, like)
+  assert meta["iteration"] == 1 and meta["carry"].meta == {"versions": [1]}
+  assert [p.name.split("-")[0] for p in (tmp_path / "quarantine").iterdir()] == ["2"]
+  mngr.close()
+
+
 def test_no_intact_checkpoint_stops_naming_the_directory_and_choices(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   for step in (2, 4, 6):

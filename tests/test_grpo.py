@@ -127,24 +127,50 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
   assert _metrics(tmp_path / "sync") == _without(records, "staleness")
 
 
-def test_a_resumed_stale_pipeline_restarts_its_lag_at_the_resume_point(tmp_path):
-  """max_staleness=1 resumed at step 2, as README and BUILD.md state it: batch 2 (the
-  first after the resume) is sampled by the restored policy (staleness 0: the policy of
-  version 1 is not in the checkpoint), later ones 1 update old again, and the steps
-  before the resume are the uninterrupted run's. A resumed s > 0 run is therefore not
-  the uninterrupted run; whoever makes it so (the lagged weights in the checkpoint)
-  updates this test and the two documents."""
-  cfg = _config(
+def _stale_config(s, lora=False):
+  return _config(
     "tiny",
-    **{"train.steps": 4, "checkpoint.every": 2, "rollout.max_staleness": 1, "algo.tis_cap": 2.0},
+    **{
+      "train.steps": 4,
+      "checkpoint.every": 2,
+      "rollout.max_staleness": s,
+      "algo.tis_cap": 2.0,
+      "lora.enabled": lora,
+    },
   )
-  grpo.run(cfg, str(tmp_path / "whole"))
-  grpo.run(cfg, str(tmp_path / "resumed"), stop_after=2)
-  grpo.run(cfg, str(tmp_path / "resumed"))
-  whole, resumed = _metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed")
-  assert [r["staleness"] for r in whole] == [0, 1, 1, 1]
-  assert [r["staleness"] for r in resumed] == [0, 1, 0, 1]
-  assert resumed[:2] == whole[:2]
+
+
+@pytest.mark.parametrize("s,stops,lora", [(1, (2,), False), (2, (1, 1), True)])
+def test_a_resumed_stale_pipeline_is_the_uninterrupted_run(s, stops, lora, tmp_path):
+  """max_staleness=s, stopped after `stops` steps and resumed each time: the metrics
+  (`staleness` included) and final weights are the uninterrupted run's, bitwise. s=2
+  resumes at step 1 (< s: the lag still counts from step 0) and again at 2 (the version
+  seeded at the first resume is held and saved again), under LoRA. Mutations caught: the
+  lagged versions not seeded on resume (staleness [0, 1, 0, 1]), the lag counted from
+  the resume step, and the seeded sampler weights made from the restored policy instead
+  of the saved older ones."""
+  cfg = _stale_config(s, lora)
+  whole = grpo.run(cfg, str(tmp_path / "whole"))
+  for stop in stops:
+    grpo.run(cfg, str(tmp_path / "resumed"), stop_after=stop)
+  resumed = grpo.run(cfg, str(tmp_path / "resumed"))
+  records = _metrics(tmp_path / "whole")
+  assert [r["staleness"] for r in records] == [min(i, s) for i in range(4)]
+  assert _metrics(tmp_path / "resumed") == records
+  for a, b in zip(jax.tree.leaves(whole.trainable), jax.tree.leaves(resumed.trainable)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_resuming_without_the_lagged_policies_restarts_the_lag_and_warns(tmp_path, capsys):
+  """A checkpoint with no lagged policies (here a synchronous run's; so are older
+  versions') resumed with max_staleness=1: the run goes on, its lag restarting at the
+  resume point, and says so. Mutation caught: the loop handing a carry back only to a
+  checkpoint that holds one (the resume went on silently)."""
+  workdir = str(tmp_path / "run")
+  grpo.run(_stale_config(None), workdir, stop_after=2)
+  grpo.run(_stale_config(1), workdir)
+  assert [r.get("staleness") for r in _metrics(workdir)] == [None, None, 0, 1]
+  assert "holds no older policies" in capsys.readouterr().out
 
 
 def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
