@@ -170,9 +170,9 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
     produce(p, weights, cursor, index) -> (sampled, cursor)
     train(p, state, sampled, index, version, publish) -> (state, published, metrics)
 
-  in turn (max_staleness None; carry None), or through `rlpost.train.pipeline` (a
-  producer thread sampling from the policy max_staleness updates old). Pipelined, the
-  `loop.Carry` keeps in each checkpoint the trainable weights (`state_key`'s part) of the
+  in turn (max_staleness None), or through `rlpost.train.pipeline` (a producer thread
+  sampling from the policy max_staleness updates old). With max_staleness > 0 (else
+  carry is None) the `loop.Carry` keeps in each checkpoint the trainable weights (`state_key`'s part) of the
   older policies the next batches are sampled by, and a resumed run remakes their
   sampler weights from them: it samples what the uninterrupted run sampled.
 
@@ -213,7 +213,8 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
     last=steps,
     max_staleness=max_staleness,
   )
-  return pipe.step, pipe.close, _lagged_carry(pipe, publish, part, max_staleness)
+  carry = _lagged_carry(pipe, publish, part, max_staleness) if max_staleness else None
+  return pipe.step, pipe.close, carry
 
 
 def _without_arrays_of(state, tree):
@@ -233,14 +234,12 @@ def _without_arrays_of(state, tree):
 
 
 def _lagged_carry(pipe: pipeline.Pipeline, publish, part, max_staleness: int) -> loop_lib.Carry:
-  """The pipeline's `loop.Carry`: a checkpoint after step k - 1 holds the trainable parts
-  of versions max(k - s, first) .. k - 1 (none for s = 0) and `first`; a resume seeds the
-  pipeline with their sampler weights, remade from them."""
+  """The pipeline's `loop.Carry` (max_staleness s > 0): a checkpoint after step k - 1
+  holds the trainable parts of versions max(k - s, first) .. k - 1 and `first`; a resume
+  seeds the pipeline with their sampler weights, remade from them."""
 
   def save():
-    held = pipe.held()
-    if not held.weights:
-      return None
+    held = pipe.held()  # never empty for s > 0: version k - 1 >= first is always there
     meta = {"first": held.first, "versions": sorted(held.weights)}
     return meta, {str(v): trainable for v, (_, trainable) in held.weights.items()}
 
@@ -248,8 +247,6 @@ def _lagged_carry(pipe: pipeline.Pipeline, publish, part, max_staleness: int) ->
     return {str(v): part(state) for v in meta["versions"]}
 
   def resume(state, index, meta, arrays):
-    if not max_staleness:
-      return
     if meta is None:
       why = (
         "holds no older policies (written by a synchronous or max_staleness=0 run, or by "

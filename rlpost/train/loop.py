@@ -363,9 +363,9 @@ def run_loop(
   run, state, meta, resumed = start(workdir, config, state, fresh_meta, loop.keep, like)
   try:
     first, cursor = int(meta["iteration"]), Cursor(**meta["cursor"])
-    if resumed and carry:
-      carry.resume(state, first, *(meta.get("carry") or (None, None)))
     last = loop.steps if stop_after is None else min(loop.steps, first + stop_after)
+    if resumed and carry and first < last:
+      carry.resume(state, first, *(meta.get("carry") or (None, None)))
     if not resumed and initial_metrics is not None:
       first_record = initial_metrics(state)
       if first_record:  # e.g. no held-out evaluation configured: no empty step-0 record

@@ -93,7 +93,10 @@ def step_fn(
   weights_of(state) -> the sampler's weights of the state the loop starts (or resumes)
   from; last: the loop's step count (the producer makes batches up to it). Returns a
   `Pipeline`: call `close()` when the loop ends (it stops the producer; a batch it had
-  made ahead is dropped with the run, not trained on).
+  made ahead is dropped with the run, not trained on); `held()` after a step gives what a
+  resume at the next step needs, `seed(held)` before the first step of the resumed run
+  hands it back (module docstring). A seed lacking a version the first batches need is a
+  ValueError at that step.
   """
   if max_staleness < 0:
     raise ValueError(f"max_staleness={max_staleness}: use >= 0 (0: synchronous)")
