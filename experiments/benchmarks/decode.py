@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import device_memory
 from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.models import quant
@@ -195,6 +196,7 @@ def main(argv):
           "tokens_per_s": round(512 / min(pre_times), 1),
         },
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "peak_device_gib": device_memory.peak_device_gib(),
       },
       indent=1,
     )

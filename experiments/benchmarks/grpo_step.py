@@ -21,6 +21,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from experiments.benchmarks import device_memory
 from experiments.configs import grpo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.data.gsm8k import Problem
@@ -47,6 +48,12 @@ _SAMPLER = flags.DEFINE_enum(
   "What the sampler reads (int8: a copy per weight sync, dots calibrated, TIS cap 2).",
 )
 _MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
+_MODEL_PATH = flags.DEFINE_string(
+  "model_path",
+  "",
+  "GGUF whose tokenizer the random-weight model uses (default: the packaged model's; a "
+  "copy with no tensors, rlpost.models.weights.gguf_file.write_metadata_only, will do).",
+)
 
 
 def _random_reward(prompts, completions, answers):
@@ -58,6 +65,7 @@ def _run_mode(mode: str) -> dict:
   cfg = grpo_gsm8k.get_config("gemma3_270m")
   with cfg.unlocked():
     cfg.model.weights, cfg.model.dtype = "random", _DTYPE.value
+    cfg.model.path = _MODEL_PATH.value
     cfg.lora.enabled = mode == "lora"
     cfg.data.template, cfg.data.source = "plain", "arithmetic"  # problems are made below
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
@@ -113,6 +121,8 @@ def _run_mode(mode: str) -> dict:
     "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
     "completion_tokens_per_iteration": times[-1]["completion_tokens"],
     "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    "peak_device_gib": device_memory.peak_device_gib(),
+    "backend": jax.default_backend(),
   }
 
 
@@ -144,7 +154,11 @@ def main(argv):
         f"--iterations={_ITERATIONS.value}",
         f"--dtype={_DTYPE.value}",
       ]
-      + [f"--{f.name}={f.value}" for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER) if f.value],
+      + [
+        f"--{f.name}={f.value}"
+        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH)
+        if f.value
+      ],
       capture_output=True,
       text=True,
       check=True,

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import device_memory
 from rlpost.models import gemma3
 from rlpost.models import policy
 from rlpost.supervised import sft
@@ -155,6 +156,7 @@ def main(argv):
     result["half_mask"]["steady_step_s"]["median"] / full["steady_step_s"]["median"]
   )
   result["peak_rss_mib"] = peak_rss_mib()
+  result["peak_device_gib"] = device_memory.peak_device_gib()
   result["loadavg_end"] = open("/proc/loadavg", encoding="utf-8").read().strip()
   print(json.dumps(result, indent=1))
 

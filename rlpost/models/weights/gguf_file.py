@@ -198,3 +198,25 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
       f"({type(e).__name__}: {e}); the file is truncated or corrupt: download it again"
     ) from e
   return GGUFFile(path, metadata, tensors, buf)
+
+
+def write_metadata_only(src: str | os.PathLike, dst: str | os.PathLike) -> int:
+  """Writes to `dst` a GGUF holding `src`'s metadata (tokenizer included) and no tensors.
+
+  A few MB instead of the model's hundreds: what a random-weight run needs from the
+  model file, for machines the packaged GGUF cannot reach. Returns the bytes written.
+  """
+  src = os.fspath(src)
+  with open(src, "rb") as f:
+    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+  cur = _Cursor(buf)
+  _check_magic(cur, src)
+  _, n_kv = cur.unpack("<QQ")
+  start = cur.off
+  for _ in range(n_kv):
+    cur.string()
+    cur.value(cur.unpack("<I"))
+  header = buf[:8] + struct.pack("<QQ", 0, n_kv)  # magic and version as in `src`
+  with open(dst, "wb") as f:
+    f.write(header + buf[start : cur.off])
+  return len(header) + cur.off - start
