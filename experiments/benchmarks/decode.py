@@ -148,10 +148,12 @@ def main(argv):
   del argv
   config = gemma3.get_config(_PRESET.value)
   dtype = jnp.dtype(_DTYPE.value)
+  # Calibrated before the weights exist: their (asynchronous) initialization would run
+  # beside the probes and skew them.
+  int8_paths = compute_paths.int8_paths(_INT8_PATHS.value)[0] if _WEIGHTS.value == "int8" else None
   params = gemma3.init_params(jax.random.key(0), config, dtype)
-  int8_paths, sampled = None, params
-  if _WEIGHTS.value == "int8":
-    int8_paths, _ = compute_paths.int8_paths(_INT8_PATHS.value)
+  sampled = params
+  if int8_paths is not None:
     quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
     sampled = quantize(params, paths=int8_paths)
   load_before = open("/proc/loadavg").read().split()[:3]

@@ -79,7 +79,8 @@ def _run_mode(mode: str) -> dict:
       cfg.algo.tis_cap = 2.0
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
-  pieces = grpo.build(cfg, loaded)
+  jax.block_until_ready(loaded[1])
+  pieces = grpo.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
   tok = pieces.tokenizer
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
