@@ -108,3 +108,38 @@ def test_held_before_any_step_is_an_error():
   pipe = pipeline.step_fn(None, None, None, last=1, max_staleness=1)
   with pytest.raises(RuntimeError, match="no step has run"):
     pipe.held()
+
+
+@pytest.mark.parametrize(
+  "recipe,variant,field",
+  [
+    ("grpo", "tiny", "rollout.max_staleness"),
+    ("ppo", "tiny", "rollout.max_staleness"),
+    ("agentic", "frozenlake_tiny", "max_staleness"),
+  ],
+)
+def test_a_producer_ahead_of_the_trainer_is_refused_on_several_processes(
+  recipe, variant, field, monkeypatch
+):
+  """max_staleness > 0 on 2 processes fails at the config check, naming the field (its
+  producer thread's cross-process reductions interleave with the trainer's: gloo stopped
+  at the first step); 0 (alternating threads) and one process stay allowed. (Mutation
+  checked: without the check, the 2-process config passes.)"""
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from conftest import with_overrides  # pylint: disable=g-import-not-at-top
+
+  configs = importlib.import_module(
+    {"grpo": "experiments.configs.grpo_gsm8k", "ppo": "experiments.configs.ppo_gsm8k"}.get(
+      recipe, "experiments.configs.agentic"
+    )
+  )
+  check = importlib.import_module(f"rlpost.recipes.{recipe}").check_config
+  config = lambda s: with_overrides(configs.get_config(variant), {field: s, "algo.tis_cap": 2.0})
+  check(config(1))  # one process
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  check(config(0))
+  with pytest.raises(ValueError, match=rf"config\.{field}=1: .*2 processes.*use 0 or None"):
+    check(config(1))
