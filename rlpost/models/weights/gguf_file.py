@@ -127,6 +127,15 @@ class _Cursor:
     return [self.value(etype) for _ in range(count)]
 
 
+def _metadata(cur: _Cursor, count: int) -> dict[str, Any]:
+  """Reads `count` key-value pairs from the cursor."""
+  metadata = {}
+  for _ in range(count):
+    key = cur.string()
+    metadata[key] = cur.value(cur.unpack("<I"))
+  return metadata
+
+
 def _check_magic(cur: _Cursor, path: str) -> None:
   magic, version = cur.unpack("<4sI")
   if magic != b"GGUF":
@@ -184,10 +193,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
   try:
     _check_magic(cur, path)
     n_tensors, n_kv = cur.unpack("<QQ")
-    metadata = {}
-    for _ in range(n_kv):
-      key = cur.string()
-      metadata[key] = cur.value(cur.unpack("<I"))
+    metadata = _metadata(cur, n_kv)
     align = int(metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
     tensors = _tensor_index(cur, n_tensors, lambda off: -(-off // align) * align, len(buf), path)
   except (struct.error, UnicodeDecodeError, ValueError) as e:
@@ -213,9 +219,7 @@ def write_metadata_only(src: str | os.PathLike, dst: str | os.PathLike) -> int:
   _check_magic(cur, src)
   _, n_kv = cur.unpack("<QQ")
   start = cur.off
-  for _ in range(n_kv):
-    cur.string()
-    cur.value(cur.unpack("<I"))
+  _metadata(cur, n_kv)
   header = buf[:8] + struct.pack("<QQ", 0, n_kv)  # magic and version as in `src`
   with open(dst, "wb") as f:
     f.write(header + buf[start : cur.off])
