@@ -139,3 +139,49 @@ def run_with_devices(code: str, devices: int, timeout: int = 600) -> None:
     timeout=timeout,
   )
   assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-4000:]
+
+
+# Opt-in profile of where a test's time goes: RLPOST_TEST_PROFILE=DIR writes one JSON
+# line per test (its wall time and JAX's tracing, lowering, XLA compilation and
+# persistent-cache seconds, from `jax.monitoring`) to DIR/<worker>.jsonl. Subprocesses a
+# test starts are not counted (their time shows only in the wall time).
+_PROFILE_DIR = os.environ.get("RLPOST_TEST_PROFILE", "")
+_PROFILE_EVENTS = {
+  "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+  "/jax/core/compile/backend_compile_duration": "compile_s",
+  "/jax/compilation_cache/cache_retrieval_time_sec": "cache_read_s",
+}
+_profile_now: dict = {}
+
+
+def _profile_listener(event: str, duration: float, **_):
+  key = _PROFILE_EVENTS.get(event)
+  if key and _profile_now:
+    _profile_now[key] = _profile_now.get(key, 0.0) + duration
+
+
+if _PROFILE_DIR:
+  import jax.monitoring
+
+  jax.monitoring.register_event_duration_secs_listener(_profile_listener)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  if not _PROFILE_DIR:
+    yield
+    return
+  import json
+  import time
+
+  _profile_now.clear()
+  _profile_now["test"] = item.nodeid
+  start = time.time()
+  yield
+  record = {**_profile_now, "wall_s": round(time.time() - start, 3)}
+  _profile_now.clear()
+  worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+  os.makedirs(_PROFILE_DIR, exist_ok=True)
+  with open(os.path.join(_PROFILE_DIR, f"{worker}.jsonl"), "a") as f:
+    f.write(json.dumps(record) + "\n")
