@@ -91,6 +91,22 @@ def _release_compiled_programs():
   gc.collect()
 
 
+def pytest_collection_modifyitems(config, items):
+  """Modules with the most `slow` tests first, each module's tests kept together and in order.
+
+  With `-n 2 --dist loadscope --no-loadscope-reorder` (README's command) a module runs
+  whole on one worker, so its module-scoped fixtures (shared runs, models, launches) are
+  built once, and the heaviest modules start first: the two workers then finish close
+  together instead of one waiting on a long module picked up last.
+  """
+  modules: dict = {}
+  for item in items:
+    modules.setdefault(item.module.__name__ if item.module else "", []).append(item)
+  weight = lambda tests: sum(t.get_closest_marker("slow") is not None for t in tests)
+  ordered = sorted(modules.values(), key=weight, reverse=True)  # stable: ties keep file order
+  items[:] = [item for tests in ordered for item in tests]
+
+
 TIMING_METRICS = ("time/", "tokens_per_s")
 
 

@@ -150,6 +150,7 @@ group_rewards = st.tuples(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(spec=group_rewards)
 def test_grpo_properties(spec):
@@ -228,6 +229,7 @@ def test_estimators_take_a_plain_list_of_rewards():
       adv.ESTIMATORS[name](rewards[:5], 2)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(shape=token_shapes, seed=st.integers(0, 2**16), shift_mean=st.booleans())
 def test_masked_statistics(shape, seed, shift_mean):

@@ -90,6 +90,7 @@ def _corrupt_checkpoint_metadata(step_dir):
   (step_dir / "_CHECKPOINT_METADATA").write_bytes(b"\x00\x01garbage")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "corrupt",
   [
@@ -209,6 +210,7 @@ def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):
   assert not (workdir / "quarantine").exists()
 
 
+@pytest.mark.slow
 def test_failed_write_stops_the_run_and_the_previous_checkpoint_restores(tmp_path, monkeypatch):
   """ENOSPC raised inside the save of checkpoint 4: a clear error; checkpoint 2 restores
   bitwise and the same command resumes from it."""
@@ -265,6 +267,7 @@ def test_ctrl_c_inside_a_save_is_an_interrupt_not_a_failed_write(tmp_path, monke
   mngr.close()
 
 
+@pytest.mark.slow
 def test_sft_falls_back_past_a_corrupt_checkpoint_too(tmp_path):
   """The fallback lives in the shared run loop: SFT (and DPO) get it as GRPO does."""
   from experiments.configs import sft as sft_configs  # pylint: disable=g-import-not-at-top

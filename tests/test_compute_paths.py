@@ -85,6 +85,7 @@ def test_the_real_probe_times_both_paths():
     assert compute_paths.probe_seconds(dtype, repeats=1) > 0
 
 
+@pytest.mark.slow
 def test_an_auto_run_records_its_choice_and_keeps_it_when_resumed(tmp_path, monkeypatch):
   """A tiny SFT run with compute_dtype=auto writes the chosen dtype into config.json; when
   resumed where the calibration would now say otherwise, it keeps its own."""
@@ -106,6 +107,7 @@ def test_an_auto_run_records_its_choice_and_keeps_it_when_resumed(tmp_path, monk
   assert fresh.train.compute_dtype == "float32"
 
 
+@pytest.mark.slow
 def test_an_auto_int8_run_records_its_dots_and_keeps_them_when_resumed(tmp_path, monkeypatch):
   """sampling.int8_paths=auto (int8 rollouts): the chosen dots go into config.json as
   LAYOUT:ROWS and a resumed run keeps them where the calibration would now say otherwise.
@@ -225,6 +227,7 @@ def test_a_burst_of_load_during_one_round_does_not_change_the_int8_choice(tmp_pa
   assert sorted(first_round) == sorted(INT8_EPYC)  # every formulation once per round
 
 
+@pytest.mark.slow
 def test_the_real_int8_probe_times_every_part_over_more_than_a_cache_of_layer_weights():
   probes = compute_paths.Int8Probes(repeats=1)
   for part in ("io", "oik", "activations_left", "weights_left"):

@@ -44,6 +44,7 @@ def _values(mode, params, critic, layout, batch):
   return critic_lib.values(critic, params, batch, layout, FWD, shared)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", critic_lib.MODES)
 def test_value_of_token_t_sees_only_tokens_before_t(mode):
   """V(t) is read at the slot that predicts token t: tokens >= t cannot change it, t-1 does.
@@ -67,6 +68,7 @@ def test_value_of_token_t_sees_only_tokens_before_t(mode):
     assert abs(v[0, t] - base[0, t]) > 1e-6, (mode, t)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", critic_lib.MODES)
 def test_fresh_critic_predicts_zero_and_is_zero_off_the_loss_mask(mode):
   params = gemma3.init_params(jax.random.key(0), CONFIG)

@@ -34,6 +34,7 @@ def _sequence_sum(params, half):
   return jnp.sum(jnp.where(half["target_mask"], logp, 0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
 def test_policy_equals_reference(label_smoothing):
   """Loss is log 2 and grad = -(1 - 2 ls) beta / (2 N) * grad(sum chosen - sum rejected)."""
@@ -72,6 +73,7 @@ def test_reference_matches_sequence_logprobs():
     np.testing.assert_allclose(batch[f"ref_{name}"], expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_learns_synthetic_preferences(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.train.steps = 30
@@ -93,6 +95,7 @@ def test_learns_synthetic_preferences(tmp_path):
   assert float(jnp.mean(margin > 0)) > 0.9
 
 
+@pytest.mark.slow
 def test_lora_dpo_runs_and_validates(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.lora.enabled, cfg.train.steps = True, 2

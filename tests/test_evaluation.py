@@ -49,6 +49,7 @@ def test_accuracy_report_rejects_misaligned_completions():
     evaluation.accuracy_report(PROBLEMS, ["a"] * 3, ["b"] * 5, pass_k=2)
 
 
+@pytest.mark.slow
 def test_evaluate_runs_the_sampler_per_problem():
   """End to end on the tiny random model: one greedy and pass_k samples per problem."""
   config = gemma3.get_config("tiny")
@@ -92,6 +93,7 @@ def test_fewshot_prompt_text():
     prompts_lib.prompt_text(problem, "cot", [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
 def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_path):
   """A run's checkpoint is evaluated with the recipe that wrote it (PPO: the actor only).

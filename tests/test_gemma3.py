@@ -90,6 +90,7 @@ def _full_forward(params, tokens_1xT, config=CONFIG):
   return logits
 
 
+@pytest.mark.slow
 def test_forward_matches_slow_reference_beyond_sliding_window():
   params = _random_params()
   T = 3 * CONFIG.sliding_window  # long enough for the window to matter
@@ -105,6 +106,7 @@ def test_forward_matches_slow_reference_beyond_sliding_window():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["stacked", "unstacked"])
 def test_cached_token_by_token_decoding_equals_full_forward(layout):
   params = _random_params(1)
@@ -177,6 +179,7 @@ def test_tokens_longer_than_cache_raise():
     )
 
 
+@pytest.mark.slow
 def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   """The decode layout (unrolled layers, fused q/k/v and gate/up) keeps LoRA paths exact."""
   from rlpost.models import lora as lora_lib

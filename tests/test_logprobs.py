@@ -64,6 +64,7 @@ shapes = st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([1, 5, 8]), st.sa
 chunks = st.sampled_from([1, 3, 4, 7, 16, 1000])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   shape=shapes,
@@ -83,6 +84,7 @@ def test_matches_naive_full_logits(shape, chunk, seed, temperature):
   assert np.all(np.asarray(logp)[~mask] == 0.0)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(shape=shapes, chunk_a=chunks, chunk_b=chunks, seed=st.integers(0, 2**16))
 def test_independent_of_chunk_size(shape, chunk_a, chunk_b, seed):
@@ -140,6 +142,7 @@ def _logp_grads(hidden, embed, targets, mask, cot, temperature, chunk):
   return jax.grad(objective, argnums=(0, 1))(hidden, embed)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   shape=shapes, chunk=chunks, seed=st.integers(0, 2**16), temperature=st.sampled_from([0.7, 1.0])

@@ -42,6 +42,7 @@ def test_fresh_adapters_change_nothing():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_unmerged_forward_equals_merged_forward():
   params = _random_params()
   ad = _adapters(params)
@@ -53,6 +54,7 @@ def test_unmerged_forward_equals_merged_forward():
   assert np.abs(np.asarray(unmerged - base)).max() > 0.1
 
 
+@pytest.mark.slow
 def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   params = _random_params(3)
   ad = _adapters(params, 5)
@@ -126,6 +128,7 @@ def _nll_loss(adapters, params, batch):
   return nll, {}
 
 
+@pytest.mark.slow
 def test_lora_train_step_moves_adapters_only_and_lowers_the_loss():
   """A real LoRA train step: base weights bitwise unchanged, adapters move, loss falls."""
   params = _random_params()
@@ -184,6 +187,7 @@ def test_delta_in_bf16_rounds_the_matmul_inputs_and_keeps_float32_gradients():
   np.testing.assert_allclose(dx, r(gb) @ r(a).T, rtol=2e-2, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_adapter_gradients_agree_across_remat_policies():
   """The "dots" policy keeps only named activations: LoRA gradients through the whole
   model equal those with every activation kept (and with full recomputation)."""

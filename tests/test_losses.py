@@ -98,6 +98,7 @@ def test_aggregate_errors_list_valid_modes():
     losses.aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "seq-mean-token-sum-norm")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   seed=st.integers(0, 2**16),
@@ -120,6 +121,7 @@ def test_ratio_one_is_plain_policy_gradient(seed, mode, name, seq_adv):
   np.testing.assert_allclose(metrics["ratio_mean"], 1.0 if mask.any() else 0.0)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   seed=st.integers(0, 2**16),
@@ -163,6 +165,7 @@ def test_clipped_tokens_have_zero_gradient(seed, mode, eps, epsilon_c):
   )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   seed=st.integers(0, 2**16),
@@ -203,6 +206,7 @@ def test_cispo_gradient_is_truncated_weight_times_policy_gradient(seed, mode, ep
   assert np.all(clipped[kept] == 0.0) and np.all(grad[kept] != 0.0)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   seed=st.integers(0, 2**16),

@@ -59,6 +59,7 @@ def _loss_and_grads(compute_dtype, params, batch, remat="dots"):
   return jax.jit(jax.value_and_grad(lambda p: loss_fn(p, None, batch)[0]))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [None, "dots"])
 def test_bf16_compute_tracks_float32_loss_and_gradient(remat):
   params = gemma3.init_params(jax.random.key(0), CONFIG)

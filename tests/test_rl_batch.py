@@ -1,5 +1,6 @@
 """RLBatch building: stop-string truncation and re-padding prompts of different buckets."""
 
+import pytest
 import jax
 import numpy as np
 
@@ -64,6 +65,7 @@ def test_truncate_at_stop_strings_with_sentencepiece_spaces():
   assert batch_lib.completion_texts(out, tok) == ["so the answer is 7."]
 
 
+@pytest.mark.slow
 def test_concat_batches_re_pads_prompts_of_different_buckets():
   """Rows whose prompts fell in different buckets (8 and 16 slots) are left-padded to 16;
   every row's completion logprobs are those of its own batch."""

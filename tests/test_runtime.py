@@ -58,6 +58,7 @@ def _sft(tmp_path, name, *flags):
   return run.stderr
 
 
+@pytest.mark.slow
 def test_runs_are_quiet_and_fill_the_cache_by_default(tmp_path):
   """A default run: no checkpoint-library INFO line, the progress bar still shown, and
   compiled programs in the cache's machine-keyed directory; asked for, the INFO lines

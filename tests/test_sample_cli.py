@@ -79,6 +79,7 @@ def _run(tmp_path, *flags):
   return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_samples_every_prompt_and_refuses_a_bad_setting(tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("one\n\ntwo\n")

@@ -38,6 +38,7 @@ def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
   return np.asarray(jnp.take_along_axis(lp, jnp.asarray(completion[:n])[:, None], -1)[:, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, None), (1.3, 5)])
 def test_sampler_logprobs_equal_full_forward_recomputation(temperature, top_k):
   sc = sampling.SamplingConfig(
@@ -53,6 +54,7 @@ def test_sampler_logprobs_equal_full_forward_recomputation(temperature, top_k):
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_greedy_independent_of_padding_and_batch_companions():
   sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=16, prompt_bucket=4, stop_ids=())
   prompt = [2, 100, 101, 102, 103]
@@ -68,6 +70,7 @@ def test_greedy_independent_of_padding_and_batch_companions():
   np.testing.assert_allclose(alone.logprobs[0], mixed.logprobs[1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_stops_lengths_and_max_new_tokens():
   sc = sampling.SamplingConfig(
     temperature=1.5, max_new_tokens=20, prompt_bucket=8, stop_ids=(3, 4, 5, 6, 7, 8, 9), pad_id=0
@@ -92,6 +95,7 @@ def test_stops_lengths_and_max_new_tokens():
   assert stopped > 0, "test needs some rows to stop early"
 
 
+@pytest.mark.slow
 def test_traced_max_new_tokens_does_not_recompile():
   sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=())
   _sample([[2, 5]], sc, max_new_tokens=jnp.int32(3))
@@ -101,6 +105,7 @@ def test_traced_max_new_tokens_does_not_recompile():
   assert int(out.lengths[0]) == 7
 
 
+@pytest.mark.slow
 def test_shared_prefill_equals_separately_prefilled_copies():
   sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=(9,))
   prompts = [[2, 50, 51, 52], [2, 60, 61, 62, 63, 64, 65, 66, 67, 68]]
@@ -111,6 +116,7 @@ def test_shared_prefill_equals_separately_prefilled_copies():
   assert len({tuple(r) for r in np.asarray(shared.tokens[:G])}) > 1, "samples should differ"
 
 
+@pytest.mark.slow
 def test_same_key_same_output_different_key_different_output():
   sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=10, prompt_bucket=8, stop_ids=())
   a, b, c = (_sample([[2, 5, 6]], sc, key=k) for k in (1, 1, 2))
@@ -118,6 +124,7 @@ def test_same_key_same_output_different_key_different_output():
   assert not np.array_equal(a.tokens, c.tokens)
 
 
+@pytest.mark.slow
 def test_a_rows_sample_depends_on_its_row_id_not_its_batch_position():
   """Row r draws from fold_in(key, row_ids[r]): the rows of a batch split in two halves
   (as two processes would sample them) equal the whole batch's rows, and a row moved
@@ -145,6 +152,7 @@ def test_a_rows_sample_depends_on_its_row_id_not_its_batch_position():
   assert len({tuple(r) for r in np.asarray(whole.tokens)}) > 4, "rows should differ"
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(st.sampled_from([2, 17, 300]), st.floats(0.2, 3.0), st.integers(0, 2**31 - 1))
 def test_inverse_cdf_categorical_follows_softmax(vocab, scale, seed):
@@ -178,6 +186,7 @@ def _np_nucleus(logits, temperature, top_p):
   return nucleus / nucleus.sum()
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(
   st.sampled_from([5, 40, 300]),

@@ -466,6 +466,7 @@ def real(real_path):
   return gguf_loader.load_gguf(real_path)
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_info_and_shapes(real):
   params, info = real
@@ -491,6 +492,7 @@ def test_real_info_and_shapes(real):
   assert all(v.dtype == np.float32 for v in params["layers"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_every_tensor_equals_gguf_dequantize(real, real_path):
   params, _ = real
@@ -520,6 +522,7 @@ def test_real_every_tensor_equals_gguf_dequantize(real, real_path):
   assert seen_types == {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_gguf_to_hf_and_back_is_lossless(real, tmp_path):
   params, info = real
