@@ -10,7 +10,7 @@ once), the mutation's test files run with `pytest -x`, and the file is restored.
 copy's `rlpost` is the one imported (the runner checks): the working tree is never
 touched. A mutation is "killed" when pytest fails or runs past --timeout (a hang is a
 failure CI would see), "survived" when it passes, "missing" when its line is not in
-the tree (a stale entry: fix the list). Prints one JSON object per mutation and a
+the tree (a stale entry: fix the list), "error" when pytest itself could not run. Prints one JSON object per mutation and a
 summary line; --out writes them all as one JSON file.
 """
 
@@ -78,7 +78,9 @@ def run_one(tree: pathlib.Path, mutation: dict, env: dict, timeout: float, worke
       text=True,
       timeout=timeout,
     )
-    result = "survived" if out.returncode == 0 else "killed"
+    # 1: a test failed; 2: interrupted by -x after a failure (or a collection error the
+    # mutation caused); 3, 4, 5: pytest's own error, a usage error, no tests: the runner's fault.
+    result = {0: "survived", 1: "killed", 2: "killed"}.get(out.returncode, "error")
     tail = out.stdout.strip().splitlines()[-1:] if out.stdout.strip() else []
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAILED")][:3]
     record.update(returncode=out.returncode, summary=tail, failed=failed)
