@@ -104,6 +104,7 @@ def _streams(batch):
   return [list(t[v]) for t, v in zip(batch.tokens, batch.valid)]
 
 
+@pytest.mark.slow
 def test_turns_budgets_and_step_calls():
   """Finished episodes get no tokens and no calls; calls = turns; budgets hold.
 
@@ -129,6 +130,7 @@ def test_turns_budgets_and_step_calls():
   assert [c[0] for c in calls].count(2) == 2 * 3 or any(e.truncated for e in out.episodes)
 
 
+@pytest.mark.slow
 def test_tight_budgets_truncate_and_mask_truncated_episodes():
   """A 40-slot window truncates long episodes; `mask_truncated` zeroes exactly their loss tokens."""
   args = dict(seeds=[2, 5], G=2, turn_tokens=6, total=40)
@@ -142,6 +144,7 @@ def test_tight_budgets_truncate_and_mask_truncated_episodes():
   np.testing.assert_array_equal(masked.batch.tokens, b.tokens)
 
 
+@pytest.mark.slow
 def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
   """Each turn's sampler input is a prefix of the final stream, and the sampled ids
   are in it unchanged (no decode -> encode of the model's tokens).
@@ -183,6 +186,7 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
   assert len(recorded) >= 3
 
 
+@pytest.mark.slow
 def test_environment_text_never_becomes_control_ids():
   """Observation tokens hold control ids only where the scaffold puts them.
 
@@ -208,6 +212,7 @@ def test_environment_text_never_becomes_control_ids():
   assert not set(scaffold.prompt_ids(TOK, "plain", HOSTILE)[1:]) & CONTROL_IDS
 
 
+@pytest.mark.slow
 def test_trainer_logprobs_match_the_sampler_on_sampled_tokens():
   out, params = _rollout(_counting_env([]), seeds=[1, 2, 5], G=2, turn_tokens=6, total=120)
   fwd = policy.ForwardConfig(model=CONFIG, compute_dtype="float32")
@@ -246,6 +251,7 @@ def test_env_steps_of_a_turn_overlap_and_keep_row_order():
   assert [s.info["text"] for s in steps] == texts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template,stops", [("plain", None), ("fewshot", ("a", "e", "o", " "))])
 def test_one_turn_wrapper_equals_the_single_turn_batch(template, stops, monkeypatch):
   """The one-turn environment's RL batch equals `sample_groups`' bit for bit.
@@ -301,6 +307,7 @@ def test_one_turn_wrapper_equals_the_single_turn_batch(template, stops, monkeypa
     ).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy_loss", ["clipped", "gspo"])
 def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_loss):
   """Randomising every per-token input at loss_mask = 0 (observation and padding slots)
@@ -365,6 +372,7 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   assert float(jnp.abs(d_logp * mask).max()) > 0
 
 
+@pytest.mark.slow
 def test_turns_end_at_the_token_completing_a_stop_string():
   """With TurnConfig.stop_strings, a turn's text contains a stop string only in its last
   token (kept whole); without them the same rollout runs past it.
@@ -516,6 +524,7 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
     multiturn.TurnConfig("chat", 5, 96, max_prompt_tokens=0)
 
 
+@pytest.mark.slow
 def test_turn_rewards_summing_beyond_float32_fail_naming_the_row():
   """Three turns of 2e38 each (every one a float32) sum to 6e38, which the [N] float32
   rewards would hold as inf (and the advantages as nan): refused, naming seed and row.
@@ -529,6 +538,7 @@ def test_turn_rewards_summing_beyond_float32_fail_naming_the_row():
     _rollout(env, seeds=[4], G=1, turn_tokens=2, total=64)
 
 
+@pytest.mark.slow
 def test_env_errors_in_a_rollout_name_the_seed_the_turn_and_the_task():
   """A step failing on seed 5's second turn names that seed, row and turn; a raising
   reset names the environment, the seed and the task (it escaped as a bare
@@ -587,6 +597,7 @@ def test_unusable_env_limits_are_refused_before_any_turn(fields, match):
   assert "'counting'" in str(info.value) and not calls
 
 
+@pytest.mark.slow
 def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
   """PPO over the one-turn environment: after the critic pass and GAE (values,
   returns, advantages, token rewards, with KL in the reward) the batch equals
@@ -627,6 +638,7 @@ def _turn_ends(loss_mask_row) -> list[int]:
   return [int(p) for p in np.flatnonzero(m & ~np.append(m[1:], False))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask_truncated", [False, True])
 def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_episode(mask_truncated):
   """Per-turn rewards: turn k's reward on the k-th run of sampled tokens' last slot, 0
