@@ -32,7 +32,28 @@ def _config(variant="tiny", **overrides):
 
 _metrics = run_metrics
 
+# The tiny run most tests resume, compare or inspect: 4 steps, a checkpoint every 2.
+SHORT = {"train.steps": 4, "checkpoint.every": 2}
 
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+  """`straight_run(overrides)`: (final state, workdir) of the uninterrupted SHORT tiny run
+  with `overrides`, run once per module (tests that need the same run share it; nothing
+  mutates the returned state)."""
+  done = {}
+
+  def run(overrides):
+    key = tuple(sorted(overrides.items()))
+    if key not in done:
+      workdir = tmp_path_factory.mktemp("straight")
+      done[key] = grpo.run(_config("tiny", **{**SHORT, **overrides}), str(workdir)), workdir
+    return done[key]
+
+  return run
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "algo,overrides",
   [
@@ -51,27 +72,31 @@ def test_tiny_grpo_variants_learn(algo, overrides, tmp_path):
   assert end > 3.0 and end > start + 2.5, f"{algo}: reward {start:.2f} -> {end:.2f}: {rewards}"
 
 
-def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
+# Two epochs per batch (mu = 2), also under LoRA: shared by the first-step and resume tests.
+MU2 = {"algo.num_iterations": 2}
+MU2_LORA = {"algo.num_iterations": 2, "data.shuffle": False, "lora.enabled": True}
+
+
+@pytest.mark.slow
+def test_first_step_ratio_is_one_and_kl_zero(straight_run, tmp_path):
   """At the first pass of every step the policy IS the old policy: ratio 1, and KL 0 at step 1.
 
-  num_iterations = 2 over 5 steps, so the old logprobs are a separate forward
+  num_iterations = 2 over 4 steps, so the old logprobs are a separate forward
   (with mu = 1 they are the current ones under stop_gradient and ratio 1 cannot
-  fail). Mutation caught: the reference logprobs fed as the old ones (the policy
-  has moved from the reference by step 2), and a LoRA split that ignores the adapters.
+  fail); the float32 runs are test_resume_is_exact's uninterrupted ones. Mutation caught:
+  the reference logprobs fed as the old ones (the policy has moved from the reference
+  by step 2), and a LoRA split that ignores the adapters.
   """
-  for lora, compute in ((False, "float32"), (True, "float32"), (True, "bfloat16")):
-    cfg = _config(
-      "tiny",
-      **{
-        "train.steps": 5,
-        "lora.enabled": lora,
-        "algo.beta": 0.1,
-        "algo.num_iterations": 2,
-        "train.compute_dtype": compute,
-      },
-    )
-    state = grpo.run(cfg, str(tmp_path / f"{lora}{compute}"))
-    records = _metrics(tmp_path / f"{lora}{compute}")
+  runs = {
+    (False, "float32"): straight_run(MU2),
+    (True, "float32"): straight_run(MU2_LORA),
+  }
+  bf16 = {**MU2, "lora.enabled": True, "train.compute_dtype": "bfloat16"}
+  workdir = tmp_path / "bf16"
+  runs[True, "bfloat16"] = grpo.run(_config("tiny", **SHORT, **bf16), str(workdir)), workdir
+  for (lora, compute), (state, workdir) in runs.items():
+    records = _metrics(workdir)
+    assert len(records) == 4
     for r in records:
       assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, compute, r["step"])
     assert abs(records[0]["kl/first_pass"]) < 1e-6  # reference and policy use the same matmuls
@@ -85,54 +110,49 @@ def test_first_step_ratio_is_one_and_kl_zero(tmp_path):
       assert_adapters_trained(jax.device_get(state.trainable))
 
 
-@pytest.mark.parametrize(
-  "overrides",
-  [
-    {},
-    {"algo.num_iterations": 2},
-    {"algo.num_iterations": 2, "data.shuffle": False, "lora.enabled": True},
-  ],
-)
-def test_resume_is_exact(overrides, tmp_path):
-  cfg = _config("tiny", **{"train.steps": 4, "checkpoint.every": 2, **overrides})
-  straight = grpo.run(cfg, str(tmp_path / "straight"))
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [{}, MU2, MU2_LORA])
+def test_resume_is_exact(overrides, straight_run, tmp_path):
+  """2 steps + restart + 2 == 4 straight: weights bitwise, metrics equal (the straight runs
+  are shared with the first-step and pipelined tests)."""
+  straight, straight_dir = straight_run(overrides)
+  cfg = _config("tiny", **SHORT, **overrides)
   grpo.run(cfg, str(tmp_path / "split"), stop_after=2)
   resumed = grpo.run(cfg, str(tmp_path / "split"))
   for a, b in zip(jax.tree.leaves(straight.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert _metrics(tmp_path / "straight") == _metrics(tmp_path / "split")
+  assert _metrics(straight_dir) == _metrics(tmp_path / "split")
 
 
 def _without(records, key):
   return [{k: v for k, v in r.items() if k != key} for r in records]
 
 
-def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
+@pytest.mark.slow
+def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(straight_run, tmp_path):
   """rollout.max_staleness=0 (a producer thread that waits for each new policy) gives the
-  synchronous run's metrics and weights exactly, also across a resume.
+  synchronous run's metrics and weights exactly, also across a resume (the synchronous run
+  is test_resume_is_exact's uninterrupted one).
 
   Mutation caught: the producer sampling batch i from version i - 1 (it then trains
   on different samples).
   """
-  cfg = lambda s: _config(
-    "tiny", **{"train.steps": 4, "checkpoint.every": 2, "rollout.max_staleness": s}
-  )
-  sync = grpo.run(cfg(None), str(tmp_path / "sync"))
-  grpo.run(cfg(0), str(tmp_path / "pipe"), stop_after=2)
-  pipe = grpo.run(cfg(0), str(tmp_path / "pipe"))
+  sync, sync_dir = straight_run({})
+  cfg = _config("tiny", **SHORT, **{"rollout.max_staleness": 0})
+  grpo.run(cfg, str(tmp_path / "pipe"), stop_after=2)
+  pipe = grpo.run(cfg, str(tmp_path / "pipe"))
   for a, b in zip(jax.tree.leaves(sync.trainable), jax.tree.leaves(pipe.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   records = _metrics(tmp_path / "pipe")
   assert all(r["staleness"] == 0 for r in records)
-  assert _metrics(tmp_path / "sync") == _without(records, "staleness")
+  assert _metrics(sync_dir) == _without(records, "staleness")
 
 
 def _stale_config(s, lora=False):
   return _config(
     "tiny",
     **{
-      "train.steps": 4,
-      "checkpoint.every": 2,
+      **SHORT,
       "rollout.max_staleness": s,
       "algo.tis_cap": 2.0,
       "lora.enabled": lora,
@@ -140,6 +160,7 @@ def _stale_config(s, lora=False):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("s,stops,lora", [(1, (2,), False), (2, (1, 1), True)])
 def test_a_resumed_stale_pipeline_is_the_uninterrupted_run(s, stops, lora, tmp_path):
   """max_staleness=s, stopped after `stops` steps and resumed each time: the metrics
@@ -161,6 +182,7 @@ def test_a_resumed_stale_pipeline_is_the_uninterrupted_run(s, stops, lora, tmp_p
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_resuming_without_the_lagged_policies_restarts_the_lag_and_warns(tmp_path, capsys):
   """A checkpoint with no lagged policies (here a synchronous run's; so are older
   versions') resumed with max_staleness=1: the run goes on, its lag restarting at the
@@ -173,6 +195,7 @@ def test_resuming_without_the_lagged_policies_restarts_the_lag_and_warns(tmp_pat
   assert "holds no older policies" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   """The tiny task (reward of 8), 32 steps (the runs reach the plateau), TIS cap 2:
   - sampled one update behind (staleness 1), config seed: final mean reward >= the
@@ -237,7 +260,15 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
     ({"algo.dynamic_sampling": True}, "use config.rollout.dynamic_sampling"),
   ],
 )
-def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path):
+def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monkeypatch):
+  """Mutation caught (with the calibration stubbed to fail): grpo.run resolving
+  sampling.int8_paths="auto" (a 13 s timing of this machine's int8 dots) before checking
+  the config, as it did for {"sampling.weights": "int8"} without a TIS cap."""
+
+  def no_calibration(*args, **kwargs):
+    raise AssertionError("int8 dots calibrated before the config was checked")
+
+  monkeypatch.setattr(grpo.common.compute_paths, "int8_paths_for_run", no_calibration)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     grpo.run(_config("tiny", **overrides), str(tmp_path))
 
@@ -433,6 +464,7 @@ def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
     grpo.run(cfg, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
   """SIGKILL at random moments (training or saving) never loses more than the last checkpoint."""
   steps = 12
@@ -508,6 +540,7 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
   assert (tmp_path / "curves.png").exists()
 
 
+@pytest.mark.slow
 def test_tiny_model_runs_the_math_pipeline(tmp_path):
   """Few-shot prompts, stop strings, GSM8K rewards and accuracies, on synthetic arithmetic."""
   cfg = _config(
@@ -533,11 +566,19 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
   assert record["reward/match_format_approximately"] < 0
 
 
-def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
+@pytest.fixture(scope="module")
+def dapo_pieces():
+  """The `:tiny,dapo` run's pieces as built (4 prompts a step, up to 3 resample rounds),
+  shared by the dynamic-sampling tests (each replaces the task, never the model)."""
+  return grpo.build(_config("tiny,dapo"))
+
+
+@pytest.mark.slow
+def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples(dapo_pieces):
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
 
-  cfg = _config("tiny,dapo", **{"train.batch_prompts": 4})
-  pieces = grpo.build(cfg)
+  pieces = dapo_pieces
+  assert pieces.setup.batch_prompts == 4
   problems = pieces.task.problems[:8]
   signal_prompts = {p.question for p in problems[::2]}  # half of the prompts carry signal
 
@@ -554,20 +595,22 @@ def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples():
   assert cursor.position + cursor.epoch * len(problems) == 4 * metrics["dynamic/rounds"]
 
 
-def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(caplog):
+@pytest.mark.slow
+def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(dapo_pieces, caplog):
   """Rewards that never differ: 1 + max_resample_rounds rounds, then the batch is filled
-  with signal-less groups; every round from the third is logged as it happens."""
+  with signal-less groups; every round from the third is logged as it happens. (4 prompts
+  a step, the other dynamic-sampling test's pieces; was 2, a second sampler program.)"""
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
 
-  cfg = _config("tiny,dapo", **{"train.batch_prompts": 2, "rollout.max_resample_rounds": 3})
-  pieces = grpo.build(cfg)
+  pieces = dapo_pieces
+  assert pieces.setup.rollout.max_resample_rounds == 3 and pieces.setup.batch_prompts == 4
   pieces = pieces._replace(
     task=pieces.task._replace(reward_fns={"r": lambda prompts, c, a: [1.0] * len(prompts)})
   )
   params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
   with caplog.at_level("INFO"):
     groups, metrics, _ = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
-  assert len(groups) == 2
-  assert metrics["dynamic/rounds"] == 4 and metrics["dynamic/filled"] == 2
+  assert len(groups) == 4
+  assert metrics["dynamic/rounds"] == 4 and metrics["dynamic/filled"] == 4
   lines = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
   assert [line.split(" after ")[1].split(" ")[0] for line in lines] == ["3", "4"], lines

@@ -29,7 +29,28 @@ def _config(variant="tiny", **overrides):
 
 _metrics = run_metrics
 
+# Four iterations (the default two of them critic-only), two epochs per batch, a checkpoint
+# every 2: the first-pass test's run is the resume test's uninterrupted one.
+MU2 = {"train.steps": 4, "checkpoint.every": 2, "algo.num_iterations": 2}
 
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+  """`straight_run(overrides)`: (final TrainState, workdir) of the uninterrupted tiny run
+  with `overrides`, run once per module (nothing mutates the returned state)."""
+  done = {}
+
+  def run(overrides):
+    key = tuple(sorted(overrides.items()))
+    if key not in done:
+      workdir = tmp_path_factory.mktemp("straight")
+      done[key] = ppo.run(_config(**overrides), str(workdir)), workdir
+    return done[key]
+
+  return run
+
+
+@pytest.mark.slow
 def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
   """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns."""
   cfg = _config(**{"checkpoint.every": 100})
@@ -59,6 +80,7 @@ def _bytes_equal(a, b):
   return all(np.array_equal(_host(x), _host(y)) for x, y in zip(leaves_a, leaves_b))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,lora", [("full", False), ("lora", True), ("shared", False)])
 def test_critic_warmup_freezes_the_actor_and_its_optimizer_state(mode, lora):
   """Warm-up iterations: actor weights AND its AdamW state bitwise unchanged (weight decay
@@ -92,6 +114,7 @@ def test_critic_warmup_freezes_the_actor_and_its_optimizer_state(mode, lora):
   assert not _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro,whiten", [(16, True), (8, False)])
 def test_gae_in_the_train_step_equals_the_separate_value_pass(micro, whiten):
   """A batch used once skips the no-gradient value pass: the step's own values (under
@@ -130,24 +153,18 @@ def test_gae_in_the_train_step_equals_the_separate_value_pass(micro, whiten):
   assert fused["values/std"] > 0.01 and fused["kl"] > 1e-6  # controls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
-def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, tmp_path):
+def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, straight_run):
   """num_iterations = 2: old logprobs come from a separate pass, so ratio 1 can fail.
+  4 iterations, the actor on from the third (the full-weights run is the resume test's).
 
   Mutation caught: the reference logprobs fed as the old ones (the actor has moved
   from the reference after the warm-up), and a LoRA split that ignores the adapters.
   """
-  cfg = _config(
-    **{
-      "lora.enabled": lora,
-      "train.steps": 5,
-      "algo.num_iterations": 2,
-      "algo.critic_warmup_steps": 1,
-      "checkpoint.every": 100,
-    }
-  )
-  state = ppo.run(cfg, str(tmp_path))
-  records = _metrics(tmp_path)
+  state, workdir = straight_run({**MU2, "lora.enabled": lora})
+  records = _metrics(workdir)
+  assert [r["actor_on"] for r in records] == [0.0, 0.0, 1.0, 1.0]
   for r in records:
     assert abs(r["ratio_mean/first_pass"] - 1.0) < 1e-5, (lora, r["step"])
     assert abs(r["approx_kl/first_pass"]) < 1e-6, (lora, r["step"])
@@ -158,24 +175,22 @@ def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, tmp_path)
     assert_adapters_trained(jax.device_get(state.trainable["actor"]))
 
 
-def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(tmp_path):
-  """2 iterations + restart + 2 == 4 straight: actor, critic, both optimizer states, metrics."""
-  cfg = _config(
-    **{
-      "train.steps": 4,
-      "checkpoint.every": 2,
-      "algo.critic_warmup_steps": 3,
-      "algo.num_iterations": 2,
-    }
-  )
-  straight = ppo.run(cfg, str(tmp_path / "straight"))
+@pytest.mark.slow
+def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(straight_run, tmp_path):
+  """2 iterations + restart + 2 == 4 straight: actor, critic, both optimizer states, metrics.
+  The critic warm-up (2 iterations) ends at the restart: the resumed run must switch the
+  actor on at once, its gated AdamW state as saved (the uninterrupted run is shared with
+  the first-pass test; was a warm-up of 3 over a separate run)."""
+  straight, straight_dir = straight_run({**MU2, "lora.enabled": False})
+  cfg = _config(**MU2)
   ppo.run(cfg, str(tmp_path / "split"), stop_after=2)
   resumed = ppo.run(cfg, str(tmp_path / "split"))
   assert _bytes_equal(straight, resumed)  # the whole TrainState
-  assert _metrics(tmp_path / "straight") == _metrics(tmp_path / "split")
-  assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 0.0, 1.0]
+  assert _metrics(straight_dir) == _metrics(tmp_path / "split")
+  assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
   """rollout.max_staleness=0 (the producer thread waits for each new actor) gives the
   synchronous run's whole TrainState and metrics, across a resume; staleness 1 with TIS

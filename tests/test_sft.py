@@ -70,6 +70,7 @@ def test_batch_targets_and_gather_layout():
   assert batch["token_divisor"][0] == batch["target_mask"].sum() / 2
 
 
+@pytest.mark.slow
 def test_gathered_loss_matches_full_logits():
   params = _params()
   batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
@@ -77,6 +78,7 @@ def test_gathered_loss_matches_full_logits():
   np.testing.assert_allclose(loss, jax.jit(_dense_reference_nll)(params, batch), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_remat_policies_agree():
   params = _params(4)
   batch = sft.make_batch(_examples(4), seq_len=SEQ, pad_id=TOK.pad_id, micro_batch_size=4)
@@ -110,6 +112,7 @@ def test_loss_mask_invariance():
   assert float(_loss_and_grad(params, changed)[0]) != float(loss)
 
 
+@pytest.mark.slow
 def test_packed_equals_unpacked():
   params = _params(2)
   examples = _examples(6, seed=4)
@@ -133,6 +136,7 @@ def test_packed_equals_unpacked():
   )
 
 
+@pytest.mark.slow
 def test_token_mean_is_exact_across_micro_batches():
   """The train step's loss and gradient are the batch token mean whatever the split.
 
@@ -179,6 +183,7 @@ def _tiny_config(**overrides):
   return cfg
 
 
+@pytest.mark.slow
 def test_overfits_16_examples(tmp_path):
   cfg = _tiny_config(
     data__num_synthetic=16,
@@ -192,16 +197,39 @@ def test_overfits_16_examples(tmp_path):
   assert record["loss"] < 0.05, record
 
 
-def test_lora_trains_adapters_only(tmp_path):
-  cfg = _tiny_config(lora__enabled=True, train__steps=3, data__pack=True, checkpoint__every=100)
-  state, record = sft_recipe.run(cfg, str(tmp_path))
+# Runs shared by module: the LoRA run is also test_init_from's LoRA source, the resume
+# test's uninterrupted run its full-weights source.
+LORA_RUN = {"lora__enabled": True, "train__steps": 3, "data__pack": True, "checkpoint__every": 100}
+FULL_RUN = {"train__steps": 4, "checkpoint__every": 2, "data__pack": True}
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+  """`sft_run(**overrides)`: (state, last record, workdir) of the tiny run with `overrides`,
+  run once per module (nothing mutates the returned state)."""
+  done = {}
+
+  def run(**overrides):
+    key = tuple(sorted(overrides.items()))
+    if key not in done:
+      workdir = tmp_path_factory.mktemp("sft")
+      done[key] = (*sft_recipe.run(_tiny_config(**overrides), str(workdir)), workdir)
+    return done[key]
+
+  return run
+
+
+@pytest.mark.slow
+def test_lora_trains_adapters_only(sft_run):
+  state, record, _ = sft_run(**LORA_RUN)
   assert_adapters_trained(jax.device_get(state.trainable))
   assert np.isfinite(record["loss"]) and 0 < record["padding_efficiency"] <= 1
 
 
-def test_resume_is_bitwise(tmp_path):
-  cfg = _tiny_config(train__steps=4, checkpoint__every=2, data__pack=True)
-  straight, _ = sft_recipe.run(cfg, str(tmp_path / "a"))
+@pytest.mark.slow
+def test_resume_is_bitwise(sft_run, tmp_path):
+  straight, _, workdir_a = sft_run(**FULL_RUN)
+  cfg = _tiny_config(**FULL_RUN)
   sft_recipe.run(cfg, str(tmp_path / "b"), stop_after=2)
   resumed, _ = sft_recipe.run(cfg, str(tmp_path / "b"))
   assert int(resumed.step) == 4
@@ -210,12 +238,13 @@ def test_resume_is_bitwise(tmp_path):
     jax.device_get(straight.trainable),
     jax.device_get(resumed.trainable),
   )
-  lines_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+  lines_a = (workdir_a / "metrics.jsonl").read_text().splitlines()
   lines_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
   assert len(lines_a) == len(lines_b) == 4
   assert (tmp_path / "b" / "curves.png").exists()
 
 
+@pytest.mark.slow
 def test_gsm8k_tool_traces_train_on_the_model_segments_only(tmp_path):
   """data.source=gsm8k_tools: each example is the gsm8k_calc rollout stream of a converted
   solution (zero-shot prompt); the loss covers the model's calls and text, never results."""
@@ -248,17 +277,20 @@ def test_gsm8k_tool_traces_train_on_the_model_segments_only(tmp_path):
   assert np.isfinite(record["loss"]) and np.isfinite(record["eval_loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
-def test_init_from_starts_from_the_earlier_runs_weights(tmp_path, lora):
+def test_init_from_starts_from_the_earlier_runs_weights(sft_run, tmp_path, lora):
   """model.init_from = an SFT workdir: its newest weights (LoRA adapters merged into the
-  same base); a run of another model block is refused."""
-  cfg = _tiny_config(lora__enabled=lora, train__steps=2, checkpoint__every=1)
-  state, _ = sft_recipe.run(cfg, str(tmp_path / "sft"))
+  same base); a run of another model block is refused. The earlier runs are the LoRA and
+  the resume tests' (a 3- and a 4-step run; were 2-step runs of their own)."""
+  overrides = LORA_RUN if lora else FULL_RUN
+  state, _, workdir = sft_run(**overrides)
+  cfg = _tiny_config(**overrides)
   base = common.load_model(cfg)[1]
   trained = jax.device_get(state.trainable)
   expected = lora_lib.merge(base, trained, common.lora_config(cfg)) if lora else trained
   follow = _tiny_config(lora__enabled=not lora)  # the new run's own LoRA setting is free
-  follow.model.init_from = str(tmp_path / "sft")
+  follow.model.init_from = str(workdir)
   _, params, _ = common.load_model(follow)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(expected))
   assert not np.array_equal(params["layers"]["q"], base["layers"]["q"])
@@ -270,6 +302,7 @@ def test_init_from_starts_from_the_earlier_runs_weights(tmp_path, lora):
     common.load_model(follow)
 
 
+@pytest.mark.slow
 def test_jsonl_messages_with_held_out_eval(tmp_path):
   """A JSONL of multi-turn messages trains; the last records are held out for eval."""
   path = tmp_path / "chats.jsonl"

@@ -137,15 +137,19 @@ def check_meshes_agree():
   )
   step = train.make_train_step(loss_fn, opt, mesh, micro_batch_size=1)
   for moment in ("placed", "after a step"):
+    if moment == "after a step":
+      state, _ = step(state, None, jax.tree.map(jnp.asarray, _sft_batch()))
     total = sum(x.nbytes for x in jax.tree.leaves((state.trainable, state.opt_state)))
     held = sharding.device_bytes((state.trainable, state.opt_state))
     assert len(held) == 8 and max(held.values()) <= total / 4 * 1.05, (moment, held, total)
-    state, _ = step(state, None, jax.tree.map(jnp.asarray, _sft_batch()))
 
 
+@pytest.mark.slow
 def test_data_fsdp_and_one_device_give_the_same_update():
   """SFT (all weights) and GRPO (LoRA over split base weights): one step on 1 device, on
   data=8 and on data=2 x fsdp=4 agree within 1e-5; fsdp=4 holds 1/4 of the bytes.
+  Over 20 s: a fresh 8-device process compiles seven train steps (2 losses x 3 meshes,
+  and AdamW on 2 x 4), none of them shared with another test.
 
   Mutations caught: dividing a split leaf's gradient by fsdp twice (or not at all), a
   replicated leaf's gradient left per device, the layer weights not gathered.
@@ -156,6 +160,7 @@ def test_data_fsdp_and_one_device_give_the_same_update():
 def check_recipes_run_on_fsdp(tmp: str):
   """Run in the 2-device subprocess (see the test below)."""
   import math
+  import shutil
 
   from conftest import run_metrics, with_overrides
   from experiments.configs import agentic as agentic_configs
@@ -180,12 +185,14 @@ def check_recipes_run_on_fsdp(tmp: str):
     last = run_metrics(f"{tmp}/run{k}")[-1]
     assert last["step"] == 2 and math.isfinite(last["loss"]), (k, last)
   # SFT (all weights, AdamW): fsdp=2 follows data=2 step by step; a checkpoint written
-  # on one mesh resumes on the other.
+  # on one mesh resumes on the other. The data=2 run's first two steps are also the
+  # switched run's (a copy of its workdir), so 7 steps run where 9 did.
   cfg = lambda mesh: with_overrides(
     sft_configs.get_config("tiny"), {"train.steps": 3, "checkpoint.every": 1, **mesh}
   )
+  sft_recipe.run(cfg({"mesh.fsdp": 1}), f"{tmp}/data", stop_after=2)
+  shutil.copytree(f"{tmp}/data", f"{tmp}/switch")
   sft_recipe.run(cfg({"mesh.fsdp": 1}), f"{tmp}/data")
-  sft_recipe.run(cfg({"mesh.fsdp": 1}), f"{tmp}/switch", stop_after=2)
   sft_recipe.run(cfg({"mesh.fsdp": 2}), f"{tmp}/switch")
   sft_recipe.run(cfg({"mesh.fsdp": 2}), f"{tmp}/fsdp")
   data, switch, split = (
@@ -197,9 +204,13 @@ def check_recipes_run_on_fsdp(tmp: str):
       np.testing.assert_allclose([b[key], c[key]], a[key], rtol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow
 def test_every_recipe_runs_on_an_fsdp_mesh(tmp_path):
   """SFT, DPO, GRPO, PPO (actor + critic tree) and agentic PPO train, checkpoint and log on
-  a 2-device fsdp mesh; SFT matches data parallelism and resumes across the two meshes."""
+  a 2-device fsdp mesh; SFT matches data parallelism and resumes across the two meshes.
+  Over 20 s (the suite's longest): one 2-device process builds and compiles five recipes'
+  samplers and train steps for that mesh, none shared with a one-device test; one launch
+  serves all of them."""
   run_with_devices(
     f"import test_sharding; test_sharding.check_recipes_run_on_fsdp({str(tmp_path)!r})",
     devices=2,
