@@ -43,3 +43,14 @@ def test_missing_shared_skips_or_fails(require, outcome, tmp_path):
   )
   assert outcome in out.stdout, out.stdout[-2000:]
   assert "/nonexistent/shared/fixtures not found" in out.stdout
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+  """`.ci/run` ends with README's set-up-and-test line, word for word (CI's command is
+  the one users are told to run).
+
+  Mutation caught: a flag (e.g. `--dist loadscope`) added to one and not the other."""
+  readme = (REPO_ROOT / "README.md").read_text()
+  ci = (REPO_ROOT / ".ci" / "run").read_text()
+  line = next(l for l in readme.splitlines() if "pip install -q -e" in l and "pytest" in l)
+  assert line in ci.splitlines(), (line, ci)
