@@ -73,6 +73,7 @@ def _dense_and_bound(x, w, group):
   )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(_shapes)
 def test_int8_matmul_is_within_its_worst_case_bound_of_the_float_product(shape):
@@ -96,6 +97,7 @@ def _both_layouts(x, w, group):
   return io, oik, deq, dense, quant.dense(x, both), quant.dense(x, oik2)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(_shapes)
 def test_both_layer_layouts_hold_the_same_int8_values_and_give_the_same_products(shape):
@@ -149,6 +151,7 @@ def _output_projection(h, e_DxV):
   return unembed, quant.vocab_major(unembed, h), quant.dequantize_rows(unembed), bound, h @ e_DxV
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(_shapes)
 def test_output_projection_is_within_the_one_block_bound(shape):
@@ -176,6 +179,7 @@ def _both_operand_orders(h, e_DxV):
   )
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.sampled_from([9, 13, 20]), st.integers(0, 2**16))
 def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, seed):

@@ -22,8 +22,7 @@ from conftest import FIXTURES, require_shared
 from real_models import gemma3_270m
 from rlpost import sampling
 from rlpost.models import gemma3
-
-pytestmark = pytest.mark.real_model
+from rlpost.ops.masks import causal_attention_mask
 
 _model = gemma3_270m
 
@@ -61,23 +60,25 @@ def _packed_forward(params, ids_1xS, positions_1xS, segments_1xS, top_ids_SxK, c
   return hidden[0], lp.reshape(S, K), lg.reshape(S, K)
 
 
-def _teacher_forced(params, config):
-  """Per prompt: (hidden [T, D], logprobs [T, 20], logits [T, 20]) at the reference's top 20.
+def _teacher_forced(params, config, prompts=None):
+  """Per prompt: (hidden [T, D], logprobs [T, K], logits [T, K]) at its top-K ids.
 
-  All prompts run as one sequence, padded at the end to a multiple of 64: each restarts
-  at position 0, and the mask lets a token attend only to earlier tokens of its own
-  prompt (the sliding window is applied from positions), so no prompt sees another or
-  the padding, and one program serves every prompt.
+  `prompts`: (token ids [T], top ids [T, K]) pairs; None: the fixtures' prompts and the
+  reference's top 20. All prompts run as one sequence, padded at the end to a multiple
+  of 64: each restarts at position 0, and the mask lets a token attend only to earlier
+  tokens of its own prompt (the sliding window is applied from positions), so no prompt
+  sees another or the padding, and one program serves every prompt
+  (test_packed_prompts_give_each_prompts_own_forward checks this on the tiny model).
   """
-  _, refs = _fixtures()
-  lengths = [len(r["input_ids"]) for r in refs]
-  total = sum(lengths)
-  pad = -total % 64
+  if prompts is None:
+    prompts = [(r["input_ids"], r["hf_top_ids"]) for r in _fixtures()[1]]
+  lengths = [len(ids) for ids, _ in prompts]
+  pad = -sum(lengths) % 64
   cat = lambda parts, fill: np.concatenate([*parts, np.full((pad, *parts[0].shape[1:]), fill)])
-  ids = cat([r["input_ids"] for r in refs], 0)
+  ids = cat([ids for ids, _ in prompts], 0)
   positions = cat([np.arange(n) for n in lengths], 0)
   segments = cat([np.full(n, i) for i, n in enumerate(lengths)], -1)
-  top_ids = cat([r["hf_top_ids"] for r in refs], 0)
+  top_ids = cat([top for _, top in prompts], 0)
   outs = _packed_forward(
     params,
     *(jnp.asarray(a)[None] for a in (ids, positions, segments)),
@@ -86,6 +87,36 @@ def _teacher_forced(params, config):
   )
   starts = np.cumsum([0, *lengths])
   return [tuple(np.asarray(o[a:b]) for o in outs) for a, b in itertools.pairwise(starts)]
+
+
+def test_packed_prompts_give_each_prompts_own_forward():
+  """The packing above on the tiny random model (window 8, so prompts beyond it take the
+  sliding-window path): each prompt's hidden states, logprobs and logits equal those of
+  its own causal forward. Mutation caught: segments ignored in the packed mask (every
+  prompt attends to the ones before it)."""
+  config = gemma3.get_config("tiny")
+  params = gemma3.init_params(jax.random.key(0), config)
+  rng = np.random.default_rng(0)
+  prompts = [
+    (rng.integers(3, config.vocab_size, n), rng.integers(0, config.vocab_size, (n, 5)))
+    for n in (3, 20, 9, 70)
+  ]
+  for (ids, top), (hidden, logp, logits) in zip(prompts, _teacher_forced(params, config, prompts)):
+    T = len(ids)
+    want_h, _ = gemma3.forward(
+      params,
+      jnp.asarray(ids)[None],
+      jnp.arange(T)[None],
+      causal_attention_mask(jnp.ones((1, T), bool)),
+      config=config,
+      return_hidden=True,
+    )
+    all_logits = gemma3.logits_from_hidden(params, want_h[0])
+    want_lg = np.take_along_axis(np.asarray(all_logits), top, -1)
+    want_lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(all_logits)), top, -1)
+    np.testing.assert_allclose(hidden, want_h[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, want_lg, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(logp, want_lp, rtol=1e-5, atol=1e-4)
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,6 +143,8 @@ def _greedy(params, config):
   return tokens, logprobs
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_logprobs_match_float32_reference_on_every_prompt_position():
   """Top-20 logprobs and logits at all 1069 prompt positions. Mutation caught:
   rmsnorm_without_one_plus (tests/mutations)."""
@@ -121,6 +154,8 @@ def test_logprobs_match_float32_reference_on_every_prompt_position():
     np.testing.assert_allclose(logits, ref["hf_top_logits"], atol=5e-3, err_msg=prompt["id"])
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_last_position_full_vocabulary_logits_match():
   _, params, _ = _model()
   prompts, _ = _fixtures()
@@ -135,6 +170,7 @@ def test_last_position_full_vocabulary_logits_match():
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 def test_greedy_continuations_match_reference_until_a_near_tie():
   """Over 20 s: the sampler's two programs for 18 layers compile, and prefill ~1700 tokens."""
   config, params, tokenizer = _model()
@@ -174,6 +210,7 @@ _INT8_GREEDY_NEAR_TIE = 1.0
 
 
 @pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.parametrize("paths", ["io:8", "oik:0"])  # the two CPU families' int8 dots
 def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties(paths):
   """Over 20 s: int8 teacher-forced and sampler programs compile for 18 layers."""
