@@ -97,26 +97,30 @@ def test_packed_prompts_give_each_prompts_own_forward():
   config = gemma3.get_config("tiny")
   params = gemma3.init_params(jax.random.key(0), config)
   rng = np.random.default_rng(0)
+  lengths = (5, 20, 50)
   prompts = [
     (rng.integers(3, config.vocab_size, n), rng.integers(0, config.vocab_size, (n, 5)))
-    for n in (3, 20, 9, 70)
+    for n in lengths
   ]
-  for (ids, top), (hidden, logp, logits) in zip(prompts, _teacher_forced(params, config, prompts)):
-    T = len(ids)
-    want_h, _ = gemma3.forward(
-      params,
-      jnp.asarray(ids)[None],
-      jnp.arange(T)[None],
-      causal_attention_mask(jnp.ones((1, T), bool)),
-      config=config,
-      return_hidden=True,
-    )
-    all_logits = gemma3.logits_from_hidden(params, want_h[0])
-    want_lg = np.take_along_axis(np.asarray(all_logits), top, -1)
-    want_lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(all_logits)), top, -1)
-    np.testing.assert_allclose(hidden, want_h[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits, want_lg, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(logp, want_lp, rtol=1e-5, atol=1e-4)
+  # The reference: each prompt alone in its row, padded at the end (causal: unseen).
+  ids = np.stack([np.pad(ids, (0, 64 - len(ids))) for ids, _ in prompts])
+  valid = np.arange(64)[None] < np.asarray(lengths)[:, None]
+  want_h, _ = gemma3.forward(
+    params,
+    jnp.asarray(ids),
+    jnp.broadcast_to(jnp.arange(64), (3, 64)),
+    causal_attention_mask(jnp.asarray(valid)),
+    config=config,
+    return_hidden=True,
+  )
+  all_logits = np.asarray(gemma3.logits_from_hidden(params, want_h))
+  all_logp = np.asarray(jax.nn.log_softmax(all_logits))
+  packed = _teacher_forced(params, config, prompts)
+  for i, ((_, top), (hidden, logp, logits)) in enumerate(zip(prompts, packed)):
+    T = lengths[i]
+    np.testing.assert_allclose(hidden, want_h[i, :T], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, np.take_along_axis(all_logits[i, :T], top, -1), atol=1e-4)
+    np.testing.assert_allclose(logp, np.take_along_axis(all_logp[i, :T], top, -1), atol=1e-4)
 
 
 @functools.lru_cache(maxsize=1)
