@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT
 
 
@@ -20,7 +22,27 @@ def _report(module: str, *flags: str) -> dict:
   return json.loads(out.stdout)
 
 
+def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
+  """The workload the multiturn report's token counts below assume: exactly `turns` turns,
+  a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn
+  but the last (plus the scaffold's newline)."""
+  from experiments.benchmarks import multiturn_rollout  # pylint: disable=g-import-not-at-top
+
+  env = multiturn_rollout._fixed_env(turns=3, prompt_len=8, observed=5)
+  state, prompt = env.reset(None, 0)
+  assert prompt == "p" * 7 and env.max_turns == 3
+  observations, done = [], False
+  while not done:
+    step = env.step(state, "answer")
+    state, done = step.state, step.done
+    observations.append(step.observation)
+  assert observations == ["oooo", "oooo", ""]
+
+
+@pytest.mark.slow
 def test_multiturn_rollout_benchmark_runs_and_reports():
+  """Over 20 s: a subprocess compiles the tiny sampler for each turn's prompt length, the
+  single-turn sampler and a GRPO step for each batch shape."""
   report = _report(
     "multiturn_rollout",
     "--preset=tiny",
@@ -44,6 +66,7 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
   assert train["ratio_per_sampled_token"] > 0
 
 
+@pytest.mark.slow
 def test_async_overlap_benchmark_runs_and_reports():
   report = _report(
     "async_overlap", "--steps=5", "--warmup=2", "--seeds=0", "--trainer=2", "--rollout=2"
@@ -56,6 +79,7 @@ def test_async_overlap_benchmark_runs_and_reports():
   assert report["async_over_sync_steps_per_s"] == mean["steps_per_s"] / sync["mean"]["steps_per_s"]
 
 
+@pytest.mark.slow
 def test_decode_benchmark_reads_the_int8_copy_with_the_dots_it_was_given():
   report = _report("decode", "--preset=tiny", "--weights=int8", "--int8_paths=oik:0", "--repeats=1")
   assert report["sampler_weights"] == "int8"

@@ -15,6 +15,7 @@ from experiments.configs import grpo_gsm8k
 from rlpost.models import policy
 from rlpost.recipes import grpo
 from rlpost.train import checkpoint
+import real_models
 from conftest import (
   GSM8K_DIR,
   REPO_ROOT,
@@ -513,8 +514,11 @@ def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
   assert mngr.latest_step() == steps
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
+  """Over 20 s: the sampler and train step compile for 18 layers (the model is loaded
+  once per worker, tests/real_models.py)."""
   require_shared(GSM8K_DIR)
   require_gemma3()
   cfg = _config(
@@ -530,7 +534,7 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
       "train.compute_dtype": "float32",  # pinned: the checks below are float32 agreement
     },
   )
-  grpo.run(cfg, str(tmp_path))
+  grpo.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
   # float32 sampler and trainer agree on the real model; the reference is the policy at step 1.

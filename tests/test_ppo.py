@@ -13,6 +13,7 @@ from experiments.configs import ppo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.recipes import ppo
 from rlpost.train import checkpoint
+import real_models
 from conftest import (
   GSM8K_DIR,
   assert_adapters_trained,
@@ -252,10 +253,13 @@ def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, exp
   assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
   """Gemma 3 270M, LoRA actor + lora critic: one warm-up and one actor iteration, two
-  epochs each, so the old logprobs come from a separate trainer pass."""
+  epochs each, so the old logprobs come from a separate trainer pass. Over 20 s: the
+  sampler, actor and critic steps compile for 18 layers (the model is loaded once per
+  worker, tests/real_models.py)."""
   require_shared(GSM8K_DIR)
   require_gemma3()
   cfg = _config(
@@ -272,7 +276,7 @@ def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
       "train.compute_dtype": "float32",  # pinned: the checks below are float32 agreement
     },
   )
-  ppo.run(cfg, str(tmp_path))
+  ppo.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
   records = _metrics(tmp_path)
   assert [r["actor_on"] for r in records] == [0.0, 1.0]
   for r in records:

@@ -1,6 +1,8 @@
 """Int8 sampler weights (rlpost.models.quant): rounding bounds, int8 matmuls against the
 float product within their worst-case bound, the copy's layout through the sampler."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,14 +13,21 @@ from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.models import quant
 
-# Few distinct sizes (each new shape compiles every op again); the values vary by seed.
-_shapes = st.tuples(
-  st.sampled_from([1, 2, 5]),  # rows
-  st.sampled_from([8, 24, 64, 96]),  # inputs
-  st.sampled_from([1, 3, 9]),  # outputs
-  st.sampled_from([8, 32, 1000]),  # block rows (1000: one block)
-  st.integers(0, 2**16),  # seed
-)
+# (rows, inputs, outputs, group): a few fixed shapes, each size of rows {1, 2, 5}, inputs
+# {8, 24, 64, 96}, outputs {1, 3, 9} and block rows {8, 32, 1000} at least once; blocks
+# that divide the inputs (8 | 24, 8 | 96, 32 | 96) and one block (32 does not divide 8 or
+# 24; 1000 none). Each property runs as one jitted program per shape (compiled once, so
+# the examples vary the data, drawn by seed, not the compilations).
+_SHAPES = [
+  (1, 8, 1, 32),
+  (2, 24, 3, 8),
+  (5, 96, 9, 32),
+  (2, 64, 9, 1000),
+  (5, 24, 1, 32),
+  (1, 96, 3, 8),
+]
+_shapes = st.tuples(st.sampled_from(_SHAPES), st.integers(0, 2**16)).map(lambda s: (*s[0], s[1]))
+_jit_group = functools.partial(jax.jit, static_argnames=("group",))
 
 
 def _data(rows, inputs, outputs, seed):
@@ -29,37 +38,66 @@ def _data(rows, inputs, outputs, seed):
   return jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32)
 
 
+@_jit_group
+def _round_trip(w, group):
+  q = quant.quantize_blocks(w, group)
+  return q, quant.dequantize_blocks(q)
+
+
 @settings(max_examples=40, deadline=None)
 @given(_shapes)
 def test_blocks_round_each_entry_to_half_its_block_scale(shape):
+  """Mutation caught: `_round` truncating (jnp.floor for jnp.round)."""
   _, inputs, outputs, group, seed = shape
   _, w = _data(1, inputs, outputs, seed)
-  q = quant.quantize_blocks(w, group)
+  q, deq = _round_trip(w, group)
   k = quant.block_size(inputs, group)
   assert q.q.dtype == jnp.int8 and q.scale.shape == (inputs // k, outputs)
   scale = np.repeat(np.asarray(q.scale), k, axis=0)
-  err = np.abs(np.asarray(quant.dequantize_blocks(q)) - np.asarray(w))
+  err = np.abs(np.asarray(deq) - np.asarray(w))
   assert np.all(err <= scale / 2 * (1 + 1e-5))
   # The largest entry of each block and column is exactly +-127 steps.
   qmax = np.abs(np.asarray(q.q, np.int32)).reshape(inputs // k, k, outputs).max(1)
   assert np.all(qmax == 127)
 
 
+@_jit_group
+def _dense_and_bound(x, w, group):
+  q = quant.quantize_blocks(w, group)
+  rows, inputs = x.shape
+  return (
+    quant.dense(x, q),
+    quant.dense(x.reshape(rows, 1, inputs), q),
+    quant.matmul_error_bound(x, w, group),
+    x @ w,
+  )
+
+
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(_shapes)
 def test_int8_matmul_is_within_its_worst_case_bound_of_the_float_product(shape):
   rows, inputs, outputs, group, seed = shape
   x, w = _data(rows, inputs, outputs, seed)
-  got = quant.dense(x, quant.quantize_blocks(w, group))
-  bound = quant.matmul_error_bound(x, w, group)
-  err = jnp.abs(got - x @ w)
+  got, got3, bound, exact = _dense_and_bound(x, w, group)
+  err = jnp.abs(got - exact)
   assert got.shape == (rows, outputs) and got.dtype == jnp.float32
   np.testing.assert_array_less(err, bound * (1 + 1e-4) + 1e-4)
   # Leading dims are rows too.
-  got3 = quant.dense(x.reshape(rows, 1, inputs), quant.quantize_blocks(w, group))
   np.testing.assert_allclose(got3[:, 0], got, rtol=1e-6, atol=1e-5)
 
 
+@_jit_group
+def _both_layouts(x, w, group):
+  io, oik = (quant.quantize_blocks(w, group, layout) for layout in quant.LAYER_LAYOUTS)
+  oik2 = quant.quantize_blocks(2 * w, group, "oik")
+  both = quant.concatenate_outputs([oik, oik2])
+  deq = quant.dequantize_blocks(oik), quant.dequantize_blocks(io)
+  dense = quant.dense(x, oik), quant.dense(x, io)
+  return io, oik, deq, dense, quant.dense(x, both), quant.dense(x, oik2)
+
+
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(_shapes)
 def test_both_layer_layouts_hold_the_same_int8_values_and_give_the_same_products(shape):
@@ -67,27 +105,20 @@ def test_both_layer_layouts_hold_the_same_int8_values_and_give_the_same_products
   same int32 products, so the same outputs as "io" up to float summation order."""
   rows, inputs, outputs, group, seed = shape
   x, w = _data(rows, inputs, outputs, seed)
-  io, oik = (quant.quantize_blocks(w, group, layout) for layout in quant.LAYER_LAYOUTS)
+  io, oik, (deq_oik, deq_io), (dense_oik, want), dense_both, dense_oik2 = _both_layouts(x, w, group)
   G, k = inputs // quant.block_size(inputs, group), quant.block_size(inputs, group)
   assert oik.q.shape == (G, outputs, k) and oik.layout == "oik"
   np.testing.assert_array_equal(
     np.swapaxes(np.asarray(oik.q), -1, -2), np.asarray(io.q).reshape(G, k, outputs)
   )
   np.testing.assert_array_equal(oik.scale, io.scale)
-  np.testing.assert_array_equal(quant.dequantize_blocks(oik), quant.dequantize_blocks(io))
-  want = quant.dense(x, io)
-  np.testing.assert_allclose(
-    quant.dense(x, oik), want, rtol=1e-6, atol=1e-5 * float(jnp.abs(want).max())
-  )
+  np.testing.assert_array_equal(deq_oik, deq_io)
+  np.testing.assert_allclose(dense_oik, want, rtol=1e-6, atol=1e-5 * float(jnp.abs(want).max()))
   # Side by side (the decode layout's q+k+v): the concatenation of the products.
-  both = quant.concatenate_outputs([oik, quant.quantize_blocks(2 * w, group, "oik")])
-  np.testing.assert_allclose(
-    quant.dense(x, both),
-    jnp.concatenate(
-      [quant.dense(x, oik), quant.dense(x, quant.quantize_blocks(2 * w, group, "oik"))], -1
-    ),
-    rtol=1e-6,
-  )
+  np.testing.assert_allclose(dense_both, jnp.concatenate([dense_oik, dense_oik2], -1), rtol=1e-6)
+
+
+_error_bound = _jit_group(quant.matmul_error_bound)
 
 
 @settings(max_examples=15, deadline=None)
@@ -95,7 +126,8 @@ def test_both_layer_layouts_hold_the_same_int8_values_and_give_the_same_products
 def test_error_bound_equals_its_entrywise_sum_written_out(shape):
   """The bound against a loop over (row, output, block, input) of the per-product worst
   case |x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4 (a wrong block size, a dropped term or
-  a wrong half shows here; the bound test above only checks it is not too small)."""
+  a wrong half shows here; the bound test above only checks it is not too small).
+  Mutation caught: the s_x s_w term's k / 4 written k / 8."""
   rows, inputs, outputs, group, seed = shape
   x, w = (np.asarray(a, np.float64) for a in _data(rows, inputs, outputs, seed))
   k = quant.block_size(inputs, group)
@@ -108,24 +140,46 @@ def test_error_bound_equals_its_entrywise_sum_written_out(shape):
         want[n, o] += sum(
           abs(a) * s_w / 2 + abs(b) * s_x / 2 + s_x * s_w / 4 for a, b in zip(xs, ws)
         )
-  got = quant.matmul_error_bound(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32), group)
+  got = _error_bound(jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32), group=group)
   np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
+@jax.jit
+def _output_projection(h, e_DxV):
+  unembed = quant.quantize_rows(e_DxV.T)
+  bound = quant.matmul_error_bound(h, e_DxV, group=h.shape[1])
+  return unembed, quant.vocab_major(unembed, h), quant.dequantize_rows(unembed), bound, h @ e_DxV
+
+
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(_shapes)
 def test_output_projection_is_within_the_one_block_bound(shape):
   rows, inputs, vocab, _, seed = shape
   h, e_DxV = _data(rows, inputs, vocab, seed)
+  unembed, got, deq, bound, exact = _output_projection(h, e_DxV)  # got: [V, B]
+  np.testing.assert_allclose(deq, e_DxV.T, atol=float(unembed.scale.max()) / 2 + 1e-6)
+  np.testing.assert_array_less(jnp.abs(got.T - exact), bound * (1 + 1e-4) + 1e-4)
+
+
+@jax.jit
+def _both_operand_orders(h, e_DxV):
   unembed = quant.quantize_rows(e_DxV.T)
-  got = quant.vocab_major(unembed, h)  # [V, B]
-  np.testing.assert_allclose(
-    quant.dequantize_rows(unembed), e_DxV.T, atol=float(unembed.scale.max()) / 2 + 1e-6
+  rows = h.shape[0]
+  chunks = [quant.vocab_major(unembed, h[i : i + 4]) for i in range(0, rows, 4)]
+  others = [quant.vocab_major(quant.quantize_rows(e_DxV.T, t), h) for t in (0, 64)]
+  bound = quant.matmul_error_bound(h, e_DxV, group=64)
+  return (
+    unembed,
+    quant.vocab_major(unembed, h),
+    jnp.concatenate(chunks, 1),
+    others,
+    bound,
+    h @ e_DxV,
   )
-  bound = quant.matmul_error_bound(h, e_DxV, group=inputs)
-  np.testing.assert_array_less(jnp.abs(got.T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.sampled_from([9, 13, 20]), st.integers(0, 2**16))
 def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, seed):
@@ -133,17 +187,12 @@ def test_output_projection_gives_the_same_logits_in_both_operand_orders(rows, se
   the same rows in chunks of at most that many take the other order, and a threshold of
   0 (weights always on the left) or of more rows gives the same logits."""
   h, e_DxV = _data(rows, 64, 7, seed)
-  unembed = quant.quantize_rows(e_DxV.T)
+  unembed, logits, chunked, others, bound, exact = _both_operand_orders(h, e_DxV)
   assert unembed.activations_left_max_rows == 8 and unembed.layout == "rows"
-  chunks = [quant.vocab_major(unembed, h[i : i + 4]) for i in range(0, rows, 4)]
-  np.testing.assert_allclose(quant.vocab_major(unembed, h), np.concatenate(chunks, 1), rtol=1e-6)
-  for threshold in (0, 64):
-    other = quant.vocab_major(quant.quantize_rows(e_DxV.T, threshold), h)
-    np.testing.assert_allclose(other, quant.vocab_major(unembed, h), rtol=1e-6)
-  bound = quant.matmul_error_bound(h, e_DxV, group=64)
-  np.testing.assert_array_less(
-    jnp.abs(quant.vocab_major(unembed, h).T - h @ e_DxV), bound * (1 + 1e-4) + 1e-4
-  )
+  np.testing.assert_allclose(logits, chunked, rtol=1e-6)
+  for other in others:
+    np.testing.assert_allclose(other, logits, rtol=1e-6)
+  np.testing.assert_array_less(jnp.abs(logits.T - exact), bound * (1 + 1e-4) + 1e-4)
 
 
 def test_blocks_beat_one_scale_per_column_when_rows_differ_in_size():
@@ -178,6 +227,7 @@ def _tiny():
   return config, gemma3.init_params(jax.random.key(0), config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", quant.LAYER_LAYOUTS)
 def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_scales(layout):
   config, params = _tiny()
@@ -207,6 +257,7 @@ def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_sca
       np.testing.assert_array_less(jnp.abs(deq - w), 0.02 * jnp.abs(w).max() + 1e-6)
 
 
+@pytest.mark.slow
 def test_int8_sampler_decodes_with_int8_matmuls_after_a_float_prefill():
   """The prefill (and so the first token) reads the dequantized weights: bitwise what the
   float sampler gives on `float_view`; the decode steps run int8 x int8 matmuls, with

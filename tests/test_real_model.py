@@ -3,9 +3,14 @@
 Tolerances follow the fixtures' README: a float32 JAX forward on CPU matches the
 float32 HF reference within 1e-3 in top-20 logprobs; greedy paths are compared up
 to the first near-tie (top1 - top2 margin < 0.1), where correct engines may flip.
+
+Cost: one teacher-forced program per params pytree (all prompts packed into one
+sequence) and one sampler program (splitting off the 772-token prompt would cut the
+prefill's work 4x, but a second compilation of the 18-layer sampler costs as much CPU).
 """
 
 import functools
+import itertools
 import json
 
 import jax
@@ -13,64 +18,36 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, require_gemma3, require_shared
+from conftest import FIXTURES, require_shared
+from real_models import gemma3_270m
 from rlpost import sampling
 from rlpost.models import gemma3
 from rlpost.ops.masks import causal_attention_mask
 
-pytestmark = pytest.mark.real_model
+_model = gemma3_270m
 
 
 @functools.lru_cache(maxsize=1)
-def _model():
-  require_gemma3()
-  from rlpost.models import loading  # pylint: disable=g-import-not-at-top
-
-  return loading.load_model("gemma3_270m", "gguf")
-
-
-def _manifest():
+def _fixtures():
+  """(manifest prompts, their reference npz files)."""
   require_shared(FIXTURES)
   with open(FIXTURES / "manifest.json") as f:
-    return json.load(f)
+    prompts = json.load(f)["prompts"]
+  return prompts, [dict(np.load(FIXTURES / "prompts" / f"{p['id']}.npz")) for p in prompts]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _hidden_padded(params, ids_1xS, length, config):
-  S = ids_1xS.shape[1]
+def _packed_forward(params, ids_1xS, positions_1xS, segments_1xS, top_ids_SxK, config):
+  """Final hidden states [S, D] and (logprobs, logits) [S, K] at `top_ids` of a packed
+  sequence; the full-vocabulary log-softmax runs in chunks of 64 positions."""
+  S, K = top_ids_SxK.shape
+  slots = jnp.arange(S)
+  mask = (segments_1xS[:, :, None] == segments_1xS[:, None, :]) & (slots[:, None] >= slots[None])[
+    None
+  ]
   hidden, _ = gemma3.forward(
-    params,
-    ids_1xS,
-    jnp.arange(S)[None],
-    causal_attention_mask(jnp.arange(S)[None] < length),
-    config=config,
-    return_hidden=True,
+    params, ids_1xS, positions_1xS, mask, config=config, return_hidden=True
   )
-  return hidden[0]
-
-
-def _bucket(T: int) -> int:
-  """64 * 2^k >= T: padded lengths, so one compilation serves prompts of many lengths."""
-  return 64 * 2 ** max(0, -(-T // 64) - 1).bit_length()
-
-
-def _hidden(params, ids_1xT, config):
-  """Final hidden states `[T, D]` of one prompt.
-
-  The prompt is padded at the end to `_bucket(T)` tokens; attention is causal, so the
-  padding cannot reach the T real positions.
-  """
-  T = ids_1xT.shape[1]
-  S = _bucket(T)
-  padded = jnp.pad(ids_1xT, ((0, 0), (0, S - T)))
-  return _hidden_padded(params, padded, T, config)[:T]
-
-
-@jax.jit
-def _logprobs_padded(params, hidden_SxD, ids_SxK):
-  """Log-softmax of full-vocabulary logits, gathered at ids; chunks of 64 positions."""
-  S, K = ids_SxK.shape
-  h = hidden_SxD.reshape(S // 64, 64, -1)
 
   def chunk(_, x):
     logits = gemma3.logits_from_hidden(params, x[0])
@@ -78,38 +55,108 @@ def _logprobs_padded(params, hidden_SxD, ids_SxK):
     gathered = jnp.take_along_axis(logits, x[1], axis=-1)
     return None, (gathered - lse, gathered)
 
-  _, (lp, lg) = jax.lax.scan(chunk, None, (h, ids_SxK.reshape(S // 64, 64, K)))
-  return lp.reshape(S, K), lg.reshape(S, K)
+  h = hidden[0].reshape(S // 64, 64, -1)
+  _, (lp, lg) = jax.lax.scan(chunk, None, (h, top_ids_SxK.reshape(S // 64, 64, K)))
+  return hidden[0], lp.reshape(S, K), lg.reshape(S, K)
 
 
-def _logprobs_at(params, hidden_TxD, ids_TxK):
-  """(logprobs, logits) `[T, K]` at ids (padded to `_bucket(T)` positions, as `_hidden`)."""
-  T = hidden_TxD.shape[0]
-  pad = ((0, _bucket(T) - T), (0, 0))
-  lp, lg = _logprobs_padded(params, jnp.pad(hidden_TxD, pad), jnp.pad(ids_TxK, pad))
-  return lp[:T], lg[:T]
+def _teacher_forced(params, config, prompts=None):
+  """Per prompt: (hidden [T, D], logprobs [T, K], logits [T, K]) at its top-K ids.
+
+  `prompts`: (token ids [T], top ids [T, K]) pairs; None: the fixtures' prompts and the
+  reference's top 20. All prompts run as one sequence, padded at the end to a multiple
+  of 64: each restarts at position 0, and the mask lets a token attend only to earlier
+  tokens of its own prompt (the sliding window is applied from positions), so no prompt
+  sees another or the padding, and one program serves every prompt
+  (test_packed_prompts_give_each_prompts_own_forward checks this on the tiny model).
+  """
+  if prompts is None:
+    prompts = [(r["input_ids"], r["hf_top_ids"]) for r in _fixtures()[1]]
+  lengths = [len(ids) for ids, _ in prompts]
+  pad = -sum(lengths) % 64
+  cat = lambda parts, fill: np.concatenate([*parts, np.full((pad, *parts[0].shape[1:]), fill)])
+  ids = cat([ids for ids, _ in prompts], 0)
+  positions = cat([np.arange(n) for n in lengths], 0)
+  segments = cat([np.full(n, i) for i, n in enumerate(lengths)], -1)
+  top_ids = cat([top for _, top in prompts], 0)
+  outs = _packed_forward(
+    params,
+    *(jnp.asarray(a)[None] for a in (ids, positions, segments)),
+    jnp.asarray(top_ids),
+    config,
+  )
+  starts = np.cumsum([0, *lengths])
+  return [tuple(np.asarray(o[a:b]) for o in outs) for a, b in itertools.pairwise(starts)]
 
 
+def test_packed_prompts_give_each_prompts_own_forward():
+  """The packing above on the tiny random model (window 8, so prompts beyond it take the
+  sliding-window path): each prompt's hidden states, logprobs and logits equal those of
+  its own causal forward. Mutation caught: segments ignored in the packed mask (every
+  prompt attends to the ones before it)."""
+  config = gemma3.get_config("tiny")
+  params = gemma3.init_params(jax.random.key(0), config)
+  rng = np.random.default_rng(0)
+  lengths = (5, 20, 50)
+  prompts = [
+    (rng.integers(3, config.vocab_size, n), rng.integers(0, config.vocab_size, (n, 5)))
+    for n in lengths
+  ]
+  # The reference: each prompt alone in its row, padded at the end (causal: unseen).
+  ids = np.stack([np.pad(ids, (0, 64 - len(ids))) for ids, _ in prompts])
+  valid = np.arange(64)[None] < np.asarray(lengths)[:, None]
+  want_h, _ = gemma3.forward(
+    params,
+    jnp.asarray(ids),
+    jnp.broadcast_to(jnp.arange(64), (3, 64)),
+    causal_attention_mask(jnp.asarray(valid)),
+    config=config,
+    return_hidden=True,
+  )
+  all_logits = np.asarray(gemma3.logits_from_hidden(params, want_h))
+  all_logp = np.asarray(jax.nn.log_softmax(all_logits))
+  packed = _teacher_forced(params, config, prompts)
+  for i, ((_, top), (hidden, logp, logits)) in enumerate(zip(prompts, packed)):
+    T = lengths[i]
+    np.testing.assert_allclose(hidden, want_h[i, :T], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, np.take_along_axis(all_logits[i, :T], top, -1), atol=1e-4)
+    np.testing.assert_allclose(logp, np.take_along_axis(all_logp[i, :T], top, -1), atol=1e-4)
+
+
+@functools.lru_cache(maxsize=1)
+def _float_teacher_forced():
+  config, params, _ = _model()
+  return _teacher_forced(params, config)
+
+
+def _greedy(params, config):
+  """48 greedy tokens and their logprobs `[8, 48]` of every prompt, in one batch."""
+  _, refs = _fixtures()
+  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=48, stop_ids=(), prompt_bucket=64)
+  tokens, lengths = sampling.pad_prompts([list(r["input_ids"]) for r in refs], sc)
+  out = sampling.sample(params, tokens, lengths, jax.random.key(0), model_config=config, config=sc)
+  return np.asarray(out.tokens), np.asarray(out.logprobs)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_logprobs_match_float32_reference_on_every_prompt_position():
-  config, params, _ = _model()
-  for prompt in _manifest()["prompts"]:
-    ref = np.load(FIXTURES / "prompts" / f"{prompt['id']}.npz")
-    hidden = _hidden(params, jnp.asarray(ref["input_ids"])[None], config)
-    logp, logits = _logprobs_at(params, hidden, jnp.asarray(ref["hf_top_ids"]))
-    np.testing.assert_allclose(
-      np.asarray(logp), ref["hf_top_logprobs"], atol=1e-3, err_msg=prompt["id"]
-    )
-    np.testing.assert_allclose(
-      np.asarray(logits), ref["hf_top_logits"], atol=5e-3, err_msg=prompt["id"]
-    )
+  """Top-20 logprobs and logits at all 1069 prompt positions. Mutation caught:
+  rmsnorm_without_one_plus (tests/mutations)."""
+  prompts, refs = _fixtures()
+  for prompt, ref, (_, logp, logits) in zip(prompts, refs, _float_teacher_forced()):
+    np.testing.assert_allclose(logp, ref["hf_top_logprobs"], atol=1e-3, err_msg=prompt["id"])
+    np.testing.assert_allclose(logits, ref["hf_top_logits"], atol=5e-3, err_msg=prompt["id"])
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_last_position_full_vocabulary_logits_match():
-  config, params, _ = _model()
+  _, params, _ = _model()
+  prompts, _ = _fixtures()
+  hidden = {p["id"]: h for p, (h, _, _) in zip(prompts, _float_teacher_forced())}
   for name in ("chat_simple", "long_fewshot"):
-    ids = np.load(FIXTURES / "prompts" / f"{name}.npz")["input_ids"]
-    hidden = _hidden(params, jnp.asarray(ids)[None], config)
-    ours = np.asarray(gemma3.logits_from_hidden(params, hidden[-1]))
+    ours = np.asarray(gemma3.logits_from_hidden(params, jnp.asarray(hidden[name][-1])))
     ref = np.load(FIXTURES / "last_logits" / f"{name}.hf.f16.npy").astype(np.float32)
     assert ours.shape == ref.shape == (262_144,)
     # float16 storage: spacing up to 0.03 for |logit| < 64, plus float32 engine noise.
@@ -117,15 +164,15 @@ def test_last_position_full_vocabulary_logits_match():
     assert ours.argmax() == ref.argmax()
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 def test_greedy_continuations_match_reference_until_a_near_tie():
+  """Over 20 s: the sampler compiles for 18 layers and prefills 8 rows of 832 slots."""
   config, params, tokenizer = _model()
-  prompts = _manifest()["prompts"]
-  refs = [np.load(FIXTURES / "prompts" / f"{p['id']}.npz") for p in prompts]
-  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=48, stop_ids=(), prompt_bucket=64)
-  tokens, lengths = sampling.pad_prompts([list(r["input_ids"]) for r in refs], sc)
-  out = sampling.sample(params, tokens, lengths, jax.random.key(0), model_config=config, config=sc)
+  prompts, refs = _fixtures()
+  tokens, logprobs = _greedy(params, config)
   compared = 0
-  for p, ref, got, got_lp in zip(prompts, refs, np.asarray(out.tokens), np.asarray(out.logprobs)):
+  for p, ref, got, got_lp in zip(prompts, refs, tokens, logprobs):
     near_ties = np.flatnonzero(ref["hf_greedy_top2_margin"] < 0.1)
     n = near_ties[0] if len(near_ties) else 48
     np.testing.assert_array_equal(got[:n], ref["hf_greedy_ids"][:n], err_msg=p["id"])
@@ -137,7 +184,7 @@ def test_greedy_continuations_match_reference_until_a_near_tie():
   # Decoded text of prompts without near-ties equals the reference engine's text.
   for i, p in enumerate(prompts):
     if p["id"] in ("code", "multilingual", "long_fewshot"):
-      assert tokenizer.decode(np.asarray(out.tokens)[i].tolist()) == p["hf_greedy_text"], p["id"]
+      assert tokenizer.decode(tokens[i].tolist()) == p["hf_greedy_text"], p["id"]
 
 
 # Int8 sampler copy (rlpost.models.quant, default blocks), measured on these fixtures
@@ -157,23 +204,23 @@ _INT8_TEACHER_FORCED_NEAR_TIE = 4.5
 _INT8_GREEDY_NEAR_TIE = 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.real_model
 @pytest.mark.parametrize("paths", ["io:8", "oik:0"])  # the two CPU families' int8 dots
 def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties(paths):
+  """Over 20 s: int8 teacher-forced and sampler programs compile for 18 layers."""
   from rlpost.models import quant  # pylint: disable=g-import-not-at-top
 
   config, params, _ = _model()
   quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
   q = quantize(params, paths=quant.parse_paths(paths))
-  prompts = _manifest()["prompts"]
-  refs = [np.load(FIXTURES / "prompts" / f"{p['id']}.npz") for p in prompts]
+  prompts, refs = _fixtures()
   margins, agree, deviation = [], [], []
-  for ref in refs:
-    hidden = _hidden(q, jnp.asarray(ref["input_ids"])[None], config)
-    logp, logits = _logprobs_at(q, hidden, jnp.asarray(ref["hf_top_ids"]))
+  for ref, (_, logp, logits) in zip(refs, _teacher_forced(q, config)):
     margins.append(ref["hf_top_logits"][:, 0] - ref["hf_top_logits"][:, 1])
     # Reference top-1 still our top-1 among the reference's top 20 ...
-    agree.append(np.asarray(logits).argmax(-1) == 0)
-    deviation.append(np.abs(np.asarray(logp)[:, 0] - ref["hf_top_logprobs"][:, 0]))
+    agree.append(logits.argmax(-1) == 0)
+    deviation.append(np.abs(logp[:, 0] - ref["hf_top_logprobs"][:, 0]))
   margins, agree, deviation = map(np.concatenate, (margins, agree, deviation))
   assert agree[margins >= _INT8_TEACHER_FORCED_NEAR_TIE].all(), margins[~agree].max()
   assert agree.mean() >= 0.9 and deviation.mean() <= 0.15 and deviation.max() <= 3.0, (
@@ -182,11 +229,9 @@ def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties(paths):
     deviation.max(),
   )
   # ... and greedy decoding from the int8 copy follows the reference until a near-tie.
-  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=48, stop_ids=(), prompt_bucket=64)
-  tokens, lengths = sampling.pad_prompts([list(r["input_ids"]) for r in refs], sc)
-  out = sampling.sample(q, tokens, lengths, jax.random.key(0), model_config=config, config=sc)
+  tokens, _ = _greedy(q, config)
   compared = 0
-  for p, ref, got in zip(prompts, refs, np.asarray(out.tokens)):
+  for p, ref, got in zip(prompts, refs, tokens):
     near_ties = np.flatnonzero(ref["hf_greedy_top2_margin"] < _INT8_GREEDY_NEAR_TIE)
     n = near_ties[0] if len(near_ties) else 48
     np.testing.assert_array_equal(got[:n], ref["hf_greedy_ids"][:n], err_msg=p["id"])

@@ -21,6 +21,7 @@ from rlpost.data import gsm8k
 from rlpost.data import tool_traces
 from rlpost.models import lora as lora_lib
 from rlpost.recipes import common
+import real_models
 from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
 
 CONFIG = gemma3.get_config("tiny")
@@ -425,9 +426,11 @@ def test_unknown_variant():
     sft_configs.get_config("gemma9")
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_one_lora_sft_step_on_gsm8k(tmp_path):
-  """One LoRA SFT step of Gemma 3 270M on two GSM8K problems through the experiment path."""
+  """One LoRA SFT step of Gemma 3 270M on two GSM8K problems through the experiment path
+  (the model is loaded once per worker, tests/real_models.py)."""
   require_gemma3()
   data_dir = require_shared(GSM8K_DIR)
   cfg = sft_configs.get_config("gemma3_270m")
@@ -435,7 +438,7 @@ def test_real_model_one_lora_sft_step_on_gsm8k(tmp_path):
   cfg.data.num_examples = 2
   cfg.train.steps, cfg.train.batch_size, cfg.train.micro_batch_size = 1, 2, 2
   cfg.eval.every = 0
-  state, record = sft_recipe.run(cfg, str(tmp_path))
+  state, record = sft_recipe.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
   assert cfg.lora.enabled and set(state.trainable) == {"layers"}
   # The pretrained model already predicts worked solutions far better than chance
   # (uniform over 262,144 tokens would be 12.5 nats).

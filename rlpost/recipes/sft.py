@@ -81,9 +81,12 @@ def check_config(cfg, sources: tuple[str, ...] = SOURCES) -> policy.ForwardConfi
   return common.forward_config(cfg, temperature=1.0)
 
 
-def setup(cfg, fwd: policy.ForwardConfig):
-  """(model config, params, tokenizer, state, frozen): LoRA adapters or all params train."""
-  model_config, params, tokenizer = common.load_model(cfg)
+def setup(cfg, fwd: policy.ForwardConfig, loaded=None):
+  """(model config, params, tokenizer, state, frozen): LoRA adapters or all params train.
+
+  `loaded`: (config, params, tokenizer) already loaded for `cfg.model` (None: load it).
+  """
+  model_config, params, tokenizer = loaded or common.load_model(cfg)
   trainable, frozen = common.trainable_and_frozen(params, fwd, jax.random.key(cfg.seed + 1))
   optimizer = common.make_optimizer(cfg, cfg.train.steps)
   # Replicated on the mesh up front: the step's output state has that sharding, so the
@@ -226,11 +229,12 @@ def local_batch(t, pack: bool, examples, batch_args) -> tuple[sft.Batch, dict]:
   return batch, stats
 
 
-def run(cfg, workdir: str, stop_after: int | None = None):
-  """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record)."""
+def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
+  """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record).
+  `loaded` as in `setup`."""
   common.resolve_compute_dtype(cfg, workdir)
   fwd = check_config(cfg)
-  _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd)
+  _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd, loaded)
   d, t = cfg.data, cfg.train
   examples, eval_examples = tokenized_examples(cfg, tokenizer)
   lengths = [len(e[0]) for e in examples]
