@@ -128,7 +128,9 @@ def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path, answering_model)
 @pytest.mark.slow
 def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp_path, monkeypatch):
   """sampling.weights=int8: the training episodes come from the int8 copy (their logprobs
-  differ from the trainer's), the greedy evaluations from the policy's own weights."""
+  differ from the trainer's), the greedy evaluations from the policy's own weights.
+  Over 20 s: the int8 copy's sampler is a program of its own beside the float evaluation
+  sampler, each compiled for the tiny model."""
   reads = []
   inner = agentic.rollout_lib.sampler_weights
 
@@ -184,7 +186,9 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
   out) logs what the synchronous run logs, held-out evaluations and transcripts included;
   staleness 1 with TIS plays every iteration but the first with the policy one update old,
   and resumed at step 2 logs what the uninterrupted run logs. Mutation caught: the seeded
-  policy made from the restored state's weights instead of the saved older ones."""
+  policy made from the restored state's weights instead of the saved older ones.
+  Over 20 s: five tiny runs (synchronous, pipelined, stale, stopped, resumed), each with
+  its greedy evaluations."""
   cfg = lambda **o: _config(variant, **{"train.steps": 3, "log.trajectories_every": 1, **o})
   agentic.run(cfg(), str(tmp_path / "sync"))
   agentic.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
@@ -238,7 +242,9 @@ def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
 @pytest.mark.parametrize("algo,per_turn", [("grpo", False), ("ppo", True)])
 def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_turn):
   """Two iterations on GSM8K problems (tiny model): greedy answer/format accuracy and tool
-  use over the 3 held-out test problems in rollouts of 2, before and after."""
+  use over the 3 held-out test problems in rollouts of 2, before and after. Over 20 s:
+  GSM8K-calc prompts are hundreds of tokens, so its sampler and train step are the
+  module's largest tiny-model programs."""
   cfg = _gsm8k_calc_tiny(algo, per_turn_rewards=per_turn)
   agentic.run(cfg, str(tmp_path), loaded=_loaded())
   records = run_metrics(tmp_path)

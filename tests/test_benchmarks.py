@@ -68,6 +68,8 @@ def test_multiturn_rollout_benchmark_runs_and_reports():
 
 @pytest.mark.slow
 def test_async_overlap_benchmark_runs_and_reports():
+  """The off-policy benchmark's JSON: 5 rewards per mode, staleness 1 when pipelined.
+  Over 20 s: a subprocess (start-up, compilation) running both modes."""
   report = _report(
     "async_overlap", "--steps=5", "--warmup=2", "--seeds=0", "--trainer=2", "--rollout=2"
   )

@@ -86,7 +86,8 @@ def test_first_step_ratio_is_one_and_kl_zero(straight_run, tmp_path):
   (with mu = 1 they are the current ones under stop_gradient and ratio 1 cannot
   fail); the float32 runs are test_resume_is_exact's uninterrupted ones. Mutation caught:
   the reference logprobs fed as the old ones (the policy has moved from the reference
-  by step 2), and a LoRA split that ignores the adapters.
+  by step 2), and a LoRA split that ignores the adapters. Over 20 s: its bf16 LoRA run
+  compiles its own sampler and train step (the float32 runs are shared).
   """
   runs = {
     (False, "float32"): straight_run(MU2),
@@ -205,7 +206,7 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
     averaged over seeds 0 and 1, >= the float32 runs' - 0.5; its logprobs really
     differ from the trainer's.
   The task is noisy across seeds (BUILD.md lists the seeds tried: single seeds miss
-  by up to 0.8 either way)."""
+  by up to 0.8 either way). Over 20 s: four 32-step runs, three sampling configurations."""
   ends, gaps = {}, {}
   runs = (
     ("sync", 0, {}),

@@ -248,7 +248,8 @@ def test_resume_is_bitwise(sft_run, tmp_path):
 @pytest.mark.slow
 def test_gsm8k_tool_traces_train_on_the_model_segments_only(tmp_path):
   """data.source=gsm8k_tools: each example is the gsm8k_calc rollout stream of a converted
-  solution (zero-shot prompt); the loss covers the model's calls and text, never results."""
+  solution (zero-shot prompt); the loss covers the model's calls and text, never results.
+  Over 20 s: rows of 1536 tokens (whole tool-call streams) through a train step."""
   data_dir = require_shared(GSM8K_DIR)
   cfg = _tiny_config(
     data__source="gsm8k_tools",
