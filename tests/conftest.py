@@ -10,6 +10,66 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+# Compile effort. Most tests compile small programs that then run for milliseconds, and
+# LLVM's optimization passes are about half of XLA:CPU's compile time for them. So the
+# tests compile at LLVM -O0 (`--xla_backend_optimization_level=0` in XLA_FLAGS, which the
+# CLI, benchmark and `run_with_devices` subprocesses inherit; XLA's own HLO optimizations
+# still run), except in tests marked `optimized_codegen` or `real_model`, whose programs
+# compile at XLA's default level 3 (passed with each compilation; the persistent cache
+# keys the two levels apart): their programs run long enough to pay for the passes (the
+# real model, learning runs), or their tolerances hold only for the optimized math (-O0
+# contracts no multiply-adds: a GELU tail moves by 2e-5). The multi-process launches
+# (`test_distributed`) set their own XLA_FLAGS and keep the default.
+FAST_CODEGEN_FLAG = "--xla_backend_optimization_level=0"
+DEFAULT_LEVEL = 3  # XLA's default `xla_backend_optimization_level`
+_fast_codegen = {"on": True}
+
+
+def _with_codegen_level(get_compile_options):
+  def get_options(*args, env_options_overrides=None, **kwargs):
+    level = 0 if _fast_codegen["on"] else DEFAULT_LEVEL
+    env_options_overrides = {
+      "xla_backend_optimization_level": level,
+      **(env_options_overrides or {}),
+    }
+    return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+  return get_options
+
+
+def pytest_configure(config):
+  """In pytest's processes only, before JAX starts its backend."""
+  try:  # private JAX API: without it every test compiles at the default level (slower, as correct)
+    from jax._src import compiler as jax_compiler
+
+    jax_compiler.get_compile_options = _with_codegen_level(jax_compiler.get_compile_options)
+  except (ImportError, AttributeError):
+    return
+  if FAST_CODEGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_CODEGEN_FLAG}".strip()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  """A test's programs (and the module fixtures it builds first) compile at -O0 unless marked.
+
+  At a switch between the two, the in-memory compiled programs are dropped: a marked test
+  then runs every program (eager ops and random init included) as it would without the
+  -O0 setting, not one compiled at -O0 by an earlier test (a recompile comes from the
+  persistent cache, keyed per level). Only the few marked tests cause a switch.
+  """
+  optimized = ("optimized_codegen", "real_model")
+  fast = not any(item.get_closest_marker(m) for m in optimized)
+  if fast != _fast_codegen["on"]:
+    jax.clear_caches()
+  _fast_codegen["on"] = fast
+
+
+def xla_flags_with_devices(devices: int) -> str:
+  """XLA_FLAGS for a test's subprocess: the tests' flags and `devices` simulated CPU devices."""
+  return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -141,7 +201,7 @@ def run_with_devices(code: str, devices: int, timeout: int = 600) -> None:
 
   env = {
     **os.environ,
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    "XLA_FLAGS": xla_flags_with_devices(devices),
     "PYTHONPATH": str(REPO_ROOT),
     "JAX_PLATFORMS": "cpu",
   }
@@ -159,8 +219,9 @@ def run_with_devices(code: str, devices: int, timeout: int = 600) -> None:
 
 # Opt-in profile of where a test's time goes: RLPOST_TEST_PROFILE=DIR writes one JSON
 # line per test (its wall time and JAX's tracing, lowering, XLA compilation and
-# persistent-cache seconds, from `jax.monitoring`) to DIR/<worker>.jsonl. Subprocesses a
-# test starts are not counted (their time shows only in the wall time).
+# persistent-cache seconds, from `jax.monitoring`, and the compile seconds of each program
+# by name) to DIR/<worker>.jsonl. Subprocesses a test starts are not counted (their time
+# shows only in the wall time).
 _PROFILE_DIR = os.environ.get("RLPOST_TEST_PROFILE", "")
 _PROFILE_EVENTS = {
   "/jax/core/compile/jaxpr_trace_duration": "trace_s",
@@ -178,9 +239,24 @@ def _profile_listener(event: str, duration: float, **_):
 
 
 if _PROFILE_DIR:
+  import time
+
   import jax.monitoring
+  from jax._src import compiler as _jax_compiler  # private: profiling only
 
   jax.monitoring.register_event_duration_secs_listener(_profile_listener)
+  _compile_and_write = _jax_compiler._compile_and_write_cache
+
+  def _named_compile(backend, computation, devices, options, callbacks, module_name, *rest):
+    """Also records the seconds of each program XLA compiled, by its name (`jit_sample`)."""
+    start = time.monotonic()
+    out = _compile_and_write(backend, computation, devices, options, callbacks, module_name, *rest)
+    if _profile_now:
+      named = _profile_now.setdefault("programs", {})
+      named[module_name] = round(named.get(module_name, 0.0) + time.monotonic() - start, 3)
+    return out
+
+  _jax_compiler._compile_and_write_cache = _named_compile
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -78,6 +78,7 @@ def answering_model():
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   """Greedy success (held-out seed, temperature 0) over the last 5 iterations >= 0.5
   and >= its value before training + 0.3 (the issue's threshold), in 25 iterations from
@@ -106,6 +107,7 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path, answering_model):
   """PPO over trajectories (critic, GAE across observation tokens): the same threshold,
   in 35 iterations from `answering_model`. Over 20 s: 35 iterations (2 critic-only).
@@ -162,6 +164,7 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_resume_continues_exactly(tmp_path):
   """Stopped after 2 iterations and resumed, the run logs what an uninterrupted one does."""
   cfg = _config(**{"train.steps": 4, "checkpoint.every": 2, "log.trajectories_every": 1})
@@ -181,6 +184,7 @@ def test_resume_continues_exactly(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["frozenlake_tiny", "frozenlake_tiny,ppo"])
+@pytest.mark.optimized_codegen
 def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
   """max_staleness=0 (a producer thread plays each iteration once the policy before it is
   out) logs what the synchronous run logs, held-out evaluations and transcripts included;
@@ -240,6 +244,7 @@ def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,per_turn", [("grpo", False), ("ppo", True)])
+@pytest.mark.optimized_codegen
 def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_turn):
   """Two iterations on GSM8K problems (tiny model): greedy answer/format accuracy and tool
   use over the 3 held-out test problems in rollouts of 2, before and after. Over 20 s:

@@ -78,6 +78,7 @@ def test_explicit_settings_win_and_a_resumed_run_keeps_its_recorded_choice(tmp_p
   assert compute_paths.resolve_for_run("auto", str(fresh), lambda: ("float32", "x"))[0] == "float32"
 
 
+@pytest.mark.optimized_codegen
 def test_the_real_probe_times_both_paths():
   """On this machine: both probes run and take a positive time (which is faster is the
   benchmarks' business: `sft_step --compute_dtype=...`, BUILD.md)."""
@@ -228,6 +229,7 @@ def test_a_burst_of_load_during_one_round_does_not_change_the_int8_choice(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_the_real_int8_probe_times_every_part_over_more_than_a_cache_of_layer_weights():
   probes = compute_paths.Int8Probes(repeats=1)
   for part in ("io", "oik", "activations_left", "weights_left"):

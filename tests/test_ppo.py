@@ -52,6 +52,7 @@ def straight_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
   """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns."""
   cfg = _config(**{"checkpoint.every": 100})

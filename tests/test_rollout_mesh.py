@@ -104,9 +104,6 @@ def test_a_run_sampling_on_its_own_devices_trains_as_one_sampling_on_the_trainer
   Mutation caught: the adapters not reaching the rollout devices (`sampler_weights`
   syncing zeros for them: the sampler keeps the base). Slow (~17 s warm, ~60 s cold on a loaded machine): 4 GRPO runs."""
   run_with_devices(
-    "import os\n"
-    # LLVM without its optimization passes: ~30% less compile time for these 3-step runs
-    'os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"\n'
     "import test_rollout_mesh\n"
     f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path / 'model')!r})\n"
     f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path / 'int8')!r}, int8=True)",

@@ -185,6 +185,7 @@ def _tiny_config(**overrides):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_overfits_16_examples(tmp_path):
   cfg = _tiny_config(
     data__num_synthetic=16,

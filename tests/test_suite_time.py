@@ -1,4 +1,6 @@
-"""experiments.benchmarks.suite_time: what it reads from pytest's output and /proc/cpuinfo."""
+"""experiments.benchmarks.suite_time and suite_profile: what they read and how they sum it."""
+
+import json
 
 from experiments.benchmarks import suite_time
 
@@ -24,3 +26,26 @@ def test_slowest_sorts_every_phase_by_seconds():
 def test_cpu_description_names_this_machines_cpu():
   info = suite_time.cpu_description()
   assert info["cores"] >= 1 and isinstance(info["avx512f"], bool)
+
+
+def test_suite_profile_sums_per_module_and_per_program(tmp_path):
+  """Mutation caught: a program's seconds counted once per name instead of summed."""
+  from experiments.benchmarks import suite_profile
+
+  lines = [
+    {"test": "tests/test_a.py::t1", "wall_s": 5.0, "compile_s": 3.0, "programs": {"jit_s": 2.0}},
+    {"test": "tests/test_a.py::t2", "wall_s": 1.0, "programs": {"jit_s": 0.5, "jit_f": 0.25}},
+    {"test": "tests/test_b.py::t3", "wall_s": 2.0, "trace_s": 0.5},
+  ]
+  (tmp_path / "gw0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines[:2]))
+  (tmp_path / "gw1.jsonl").write_text(json.dumps(lines[2]) + "\n")
+  out = suite_profile.summarize(suite_profile.read_records(str(tmp_path)), top=2)
+  assert out["tests"] == 3 and out["totals"]["wall_s"] == 8.0 and out["totals"]["trace_s"] == 0.5
+  assert list(out["modules"]) == ["tests/test_a.py", "tests/test_b.py"]
+  assert out["modules"]["tests/test_a.py"]["tests"] == 2
+  assert out["modules"]["tests/test_a.py"]["compile_s"] == 3.0
+  assert out["programs"] == {
+    "jit_s": {"compile_s": 2.5, "programs": 2},
+    "jit_f": {"compile_s": 0.2, "programs": 1},
+  }
+  assert [r["test"] for r in out["slowest"]] == ["tests/test_a.py::t1", "tests/test_b.py::t3"]

@@ -150,9 +150,10 @@ def main(argv):
     print(json.dumps(_child()))
     return
   devices = _TRAINER.value + _ROLLOUT.value
+  caller_flags = os.environ.get("XLA_FLAGS", "")  # kept: the child adds its device count
   env = {
     **os.environ,
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    "XLA_FLAGS": f"{caller_flags} --xla_force_host_platform_device_count={devices}",
     "JAX_PLATFORMS": "cpu",
   }
   args = [a for a in sys.argv[1:] if not a.startswith("--out")]
