@@ -384,7 +384,7 @@ def test_rollout_devices_with_two_processes_equal_one_process(tmp_path):
   """GRPO with LoRA, 3 steps, sampling on devices of its own (`mesh.rollout`): 2 processes
   x (2 trainer + 2 rollout devices) equal 1 process x (4 + 4), each process copying the
   adapters to its own rollout devices and sampling its block of prompts there. Slow
-  (~30 s, 3 processes): its 8-device layouts fit no other launch of this module."""
+  (~30-40 s, 3 processes): its 8-device layouts fit no other launch of this module."""
   lora = {**TINY, "lora.enabled": True}
 
   def runs(rollout, name):

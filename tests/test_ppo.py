@@ -54,7 +54,9 @@ def straight_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.optimized_codegen
 def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
-  """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns."""
+  """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns.
+  Over 20 s (26 s cold): every iteration of the shipped variant runs, at LLVM's default
+  level (`optimized_codegen`: its programs run long enough to pay for it)."""
   cfg = _config(**{"checkpoint.every": 100})
   ppo.run(cfg, str(tmp_path))
   records = _metrics(tmp_path)
