@@ -11,58 +11,77 @@ import jax.numpy as jnp
 import pytest
 
 # Compile effort. Most tests compile small programs that then run for milliseconds, and
-# LLVM's optimization passes are about half of XLA:CPU's compile time for them. So the
-# tests compile at LLVM -O0 (`--xla_backend_optimization_level=0` in XLA_FLAGS, which the
-# CLI, benchmark and `run_with_devices` subprocesses inherit; XLA's own HLO optimizations
-# still run), except in tests marked `optimized_codegen` or `real_model`, whose programs
-# compile at XLA's default level 3 (passed with each compilation; the persistent cache
-# keys the two levels apart): their programs run long enough to pay for the passes (the
-# real model, learning runs), or their tolerances hold only for the optimized math (-O0
-# contracts no multiply-adds: a GELU tail moves by 2e-5). The multi-process launches
-# (`test_distributed`) set their own XLA_FLAGS and keep the default.
-FAST_CODEGEN_FLAG = "--xla_backend_optimization_level=0"
-DEFAULT_LEVEL = 3  # XLA's default `xla_backend_optimization_level`
+# most of XLA:CPU's compile time for them is code generation. So the tests compile with
+# LLVM at -O0 and XLA's older fusion emitters (`FAST_CODEGEN`: each fusion emitted as LLVM
+# IR directly, not through the MLIR fusion emitters; a tiny-model sampler compiles in 1.0 s
+# of CPU instead of 2.4 at -O0 alone and 4.5 at the default), except in tests marked
+# `optimized_codegen` or `real_model`, whose programs compile with XLA's defaults: their
+# programs run long enough to pay for the optimizations (the real model, learning runs),
+# or their tolerances hold only for the optimized math (-O0 contracts no multiply-adds: a
+# GELU tail moves by 2e-5). The settings go with each compilation (the persistent cache
+# keys them apart) and into XLA_FLAGS, which the CLI, benchmark and `run_with_devices`
+# subprocesses inherit. The multi-process launches (`test_distributed`) set theirs per run.
+FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 _fast_codegen = {"on": True}
 
 
 def _with_codegen_level(get_compile_options):
   def get_options(*args, env_options_overrides=None, **kwargs):
-    level = 0 if _fast_codegen["on"] else DEFAULT_LEVEL
-    env_options_overrides = {
-      "xla_backend_optimization_level": level,
-      **(env_options_overrides or {}),
-    }
+    codegen = FAST_CODEGEN if _fast_codegen["on"] else DEFAULT_CODEGEN
+    env_options_overrides = {**codegen, **(env_options_overrides or {})}
     return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
 
   return get_options
 
 
+def use_codegen_levels() -> bool:
+  """Makes each compilation's code generation follow `set_fast_codegen` (fast until told otherwise).
+
+  Through JAX's private `compiler.get_compile_options`; without it (False) every program
+  compiles at the default level: slower, as correct. `test_distributed`'s driver calls it too.
+  """
+  try:
+    from jax._src import compiler as jax_compiler
+  except ImportError:
+    return False
+  if not hasattr(jax_compiler, "get_compile_options"):
+    return False
+  jax_compiler.get_compile_options = _with_codegen_level(jax_compiler.get_compile_options)
+  return True
+
+
+def _xla_flag(name: str, value) -> str:
+  return f"--{name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def set_fast_codegen(fast: bool) -> None:
+  """Programs compiled from now on use `FAST_CODEGEN` (`fast`) or XLA's defaults.
+
+  At a switch between the two, the in-memory compiled programs are dropped: the
+  programs run next (eager ops and random init included) are those the level gives, not
+  ones compiled at the other level earlier (a recompile comes from the persistent cache,
+  keyed per level).
+  """
+  if fast != _fast_codegen["on"]:
+    jax.clear_caches()
+  _fast_codegen["on"] = fast
+
+
 def pytest_configure(config):
   """In pytest's processes only, before JAX starts its backend."""
-  try:  # private JAX API: without it every test compiles at the default level (slower, as correct)
-    from jax._src import compiler as jax_compiler
-
-    jax_compiler.get_compile_options = _with_codegen_level(jax_compiler.get_compile_options)
-  except (ImportError, AttributeError):
-    return
-  if FAST_CODEGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_CODEGEN_FLAG}".strip()
+  if use_codegen_levels():
+    flags = os.environ.get("XLA_FLAGS", "")
+    missing = [_xla_flag(k, v) for k, v in FAST_CODEGEN.items() if f"--{k}=" not in flags]
+    os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-  """A test's programs (and the module fixtures it builds first) compile at -O0 unless marked.
-
-  At a switch between the two, the in-memory compiled programs are dropped: a marked test
-  then runs every program (eager ops and random init included) as it would without the
-  -O0 setting, not one compiled at -O0 by an earlier test (a recompile comes from the
-  persistent cache, keyed per level). Only the few marked tests cause a switch.
-  """
+  """A test's programs (and the module fixtures it builds first) compile fast unless
+  marked; only the few marked tests cause a switch (`set_fast_codegen`)."""
   optimized = ("optimized_codegen", "real_model")
-  fast = not any(item.get_closest_marker(m) for m in optimized)
-  if fast != _fast_codegen["on"]:
-    jax.clear_caches()
-  _fast_codegen["on"] = fast
+  set_fast_codegen(not any(item.get_closest_marker(m) for m in optimized))
 
 
 def xla_flags_with_devices(devices: int) -> str:
@@ -218,10 +237,10 @@ def run_with_devices(code: str, devices: int, timeout: int = 600) -> None:
 
 
 # Opt-in profile of where a test's time goes: RLPOST_TEST_PROFILE=DIR writes one JSON
-# line per test (its wall time and JAX's tracing, lowering, XLA compilation and
-# persistent-cache seconds, from `jax.monitoring`, and the compile seconds of each program
-# by name) to DIR/<worker>.jsonl. Subprocesses a test starts are not counted (their time
-# shows only in the wall time).
+# line per test (its wall time; CPU seconds of the test's process and of the subprocesses it
+# waited for; JAX's tracing, lowering, XLA compilation and persistent-cache seconds, from
+# `jax.monitoring`; and the compile seconds and count of each program by name) to
+# DIR/<worker>.jsonl. JAX's seconds count this process only.
 _PROFILE_DIR = os.environ.get("RLPOST_TEST_PROFILE", "")
 _PROFILE_EVENTS = {
   "/jax/core/compile/jaxpr_trace_duration": "trace_s",
@@ -254,6 +273,8 @@ if _PROFILE_DIR:
     if _profile_now:
       named = _profile_now.setdefault("programs", {})
       named[module_name] = round(named.get(module_name, 0.0) + time.monotonic() - start, 3)
+      counts = _profile_now.setdefault("compiles", {})
+      counts[module_name] = counts.get(module_name, 0) + 1
     return out
 
   _jax_compiler._compile_and_write_cache = _named_compile
@@ -265,13 +286,23 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     return
   import json
+  import resource
   import time
+
+  def cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
   _profile_now.clear()
   _profile_now["test"] = item.nodeid
-  start = time.time()
+  start, own, children = time.time(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
   yield
-  record = {**_profile_now, "wall_s": round(time.time() - start, 3)}
+  record = {
+    **_profile_now,
+    "wall_s": round(time.time() - start, 3),
+    "cpu_s": round(cpu(resource.RUSAGE_SELF) - own, 3),
+    "child_cpu_s": round(cpu(resource.RUSAGE_CHILDREN) - children, 3),
+  }
   _profile_now.clear()
   worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
   os.makedirs(_PROFILE_DIR, exist_ok=True)

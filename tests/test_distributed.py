@@ -61,9 +61,11 @@ sys.path.insert(0, "tests")
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+import conftest
 from conftest import with_overrides
 from rlpost.train import distributed
 args = json.loads(sys.argv[1])
+conftest.use_codegen_levels()
 distributed.initialize(distributed.DistConfig(**args["dist"]))
 import optax
 from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
@@ -132,6 +134,10 @@ for run in args["runs"]:
     time.sleep(0.2)
   os.makedirs(run["workdir"], exist_ok=True)
   read.clear()
+  # LLVM -O0 as in the tests' own processes, but PPO at XLA's default: its loss near 0
+  # sums its terms in another order on 1 and 2 processes, and at -O0 (no fused
+  # multiply-adds) the two moved 1.7e-6 apart, past the test's atol.
+  conftest.set_fast_codegen(run["recipe"] != "ppo")
   (run_carry if run["recipe"].startswith("carry") else run_recipe)(run)
   with open(f"{run['workdir']}/read{jax.process_index()}.json", "w") as f:
     json.dump(read, f)
@@ -160,9 +166,7 @@ def _launch(runs, processes, logs, heartbeat=100, devices=4):
       dist.update(coordinator_address=f"localhost:{port}", num_processes=processes, process_id=i)
     env = {
       **os.environ,
-      # LLVM's default optimizations (not the tests' -O0, conftest): PPO's loss near 0
-      # sums its terms in another order on 1 and 2 processes, and at -O0 (no fused
-      # multiply-adds) the two move 1.7e-6 apart, past the atol below.
+      # the codegen level is set per run (the driver), not by the tests' XLA_FLAGS
       "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // processes}",
       "JAX_PLATFORMS": "cpu",
       "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",

@@ -198,6 +198,7 @@ def test_resuming_without_the_lagged_policies_restarts_the_lag_and_warns(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_codegen
 def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   """The tiny task (reward of 8), 32 steps (the runs reach the plateau), TIS cap 2:
   - sampled one update behind (staleness 1), config seed: final mean reward >= the
@@ -206,7 +207,9 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
     averaged over seeds 0 and 1, >= the float32 runs' - 0.5; its logprobs really
     differ from the trainer's.
   The task is noisy across seeds (BUILD.md lists the seeds tried: single seeds miss
-  by up to 0.8 either way). Over 20 s: four 32-step runs, three sampling configurations."""
+  by up to 0.8 either way). Over 20 s: five 32-step runs, three sampling configurations.
+  With XLA's default code generation (`optimized_codegen`), the numerics the margins were
+  measured with: under the tests' fast code generation the int8 runs ended 0.01 short."""
   ends, gaps = {}, {}
   runs = (
     ("sync", 0, {}),

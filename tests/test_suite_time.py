@@ -29,11 +29,19 @@ def test_cpu_description_names_this_machines_cpu():
 
 
 def test_suite_profile_sums_per_module_and_per_program(tmp_path):
-  """Mutation caught: a program's seconds counted once per name instead of summed."""
+  """Mutations caught: a program's seconds counted once per name instead of summed; its
+  compilations counted once per test instead of read from the record."""
   from experiments.benchmarks import suite_profile
 
   lines = [
-    {"test": "tests/test_a.py::t1", "wall_s": 5.0, "compile_s": 3.0, "programs": {"jit_s": 2.0}},
+    {
+      "test": "tests/test_a.py::t1",
+      "wall_s": 5.0,
+      "cpu_s": 4.0,
+      "compile_s": 3.0,
+      "programs": {"jit_s": 2.0},
+      "compiles": {"jit_s": 3},
+    },
     {"test": "tests/test_a.py::t2", "wall_s": 1.0, "programs": {"jit_s": 0.5, "jit_f": 0.25}},
     {"test": "tests/test_b.py::t3", "wall_s": 2.0, "trace_s": 0.5},
   ]
@@ -44,8 +52,9 @@ def test_suite_profile_sums_per_module_and_per_program(tmp_path):
   assert list(out["modules"]) == ["tests/test_a.py", "tests/test_b.py"]
   assert out["modules"]["tests/test_a.py"]["tests"] == 2
   assert out["modules"]["tests/test_a.py"]["compile_s"] == 3.0
+  assert out["totals"]["cpu_s"] == 4.0 and out["totals"]["child_cpu_s"] == 0.0
   assert out["programs"] == {
-    "jit_s": {"compile_s": 2.5, "programs": 2},
+    "jit_s": {"compile_s": 2.5, "programs": 4},
     "jit_f": {"compile_s": 0.2, "programs": 1},
   }
   assert [r["test"] for r in out["slowest"]] == ["tests/test_a.py::t1", "tests/test_b.py::t3"]

@@ -3,11 +3,12 @@
   RLPOST_TEST_PROFILE=/tmp/prof python -m pytest ...   # tests/conftest.py writes DIR/<worker>.jsonl
   python -m experiments.benchmarks.suite_profile --profile=/tmp/prof [--top=15]
 
-Prints one JSON object: totals (wall, XLA compile, tracing, lowering, cache-read seconds
-over every test), per test module the same sums and its test count (most wall first), per
-program name (`jit_sample`, `jit_jitted_step`, ...) its compile seconds and how many
-times XLA compiled one of that name, and the slowest tests. Seconds are each test's own
-(wall includes its module fixtures when it builds them, and its subprocesses).
+Prints one JSON object: totals (wall, CPU of the test processes and of their subprocesses,
+XLA compile, tracing, lowering, cache-read seconds over every test), per test module the
+same sums and its test count (most wall first), per program name (`jit_sample`,
+`jit_jitted_step`, ...) its compile seconds and how many times XLA compiled one of that
+name, and the slowest tests. Seconds are each test's own (wall includes its module
+fixtures when it builds them, and its subprocesses).
 """
 
 import collections
@@ -21,7 +22,7 @@ from absl import flags
 _PROFILE = flags.DEFINE_string("profile", None, "the RLPOST_TEST_PROFILE directory of a run")
 _TOP = flags.DEFINE_integer("top", 15, "programs and tests listed")
 
-SECONDS = ("wall_s", "compile_s", "trace_s", "lower_s", "cache_read_s")
+SECONDS = ("wall_s", "cpu_s", "child_cpu_s", "compile_s", "trace_s", "lower_s", "cache_read_s")
 
 
 def read_records(directory: str) -> list[dict]:
@@ -47,9 +48,10 @@ def summarize(records: list[dict], top: int = 15) -> dict:
     for key in SECONDS:
       totals[key] += record.get(key, 0.0)
       module[key] += record.get(key, 0.0)
+    counts = record.get("compiles", {})  # older profiles: one compilation per name and test
     for name, seconds in record.get("programs", {}).items():
       programs[name]["compile_s"] += seconds
-      programs[name]["programs"] += 1
+      programs[name]["programs"] += counts.get(name, 1)
   rounded = lambda d: {k: round(v, 1) if isinstance(v, float) else v for k, v in d.items()}
   by = lambda key: lambda item: -item[1][key]
   return {
