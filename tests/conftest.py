@@ -15,10 +15,11 @@ import pytest
 # LLVM at -O0 and XLA's older fusion emitters (`FAST_CODEGEN`: each fusion emitted as LLVM
 # IR directly, not through the MLIR fusion emitters; a tiny-model sampler compiles in 1.0 s
 # of CPU instead of 2.4 at -O0 alone and 4.5 at the default), except in tests marked
-# `optimized_codegen` or `real_model`, whose programs compile with XLA's defaults: their
-# programs run long enough to pay for the optimizations (the real model, learning runs),
+# `optimized_codegen`, whose programs compile with XLA's defaults: their programs run long
+# enough to pay for the optimizations (the real model's reference checks, learning runs),
 # or their tolerances hold only for the optimized math (-O0 contracts no multiply-adds: a
-# GELU tail moves by 2e-5). The settings go with each compilation (the persistent cache
+# GELU tail moves by 2e-5). The real model's short recipe runs (one or two steps) compile
+# fast: 18-layer programs that run a few times. The settings go with each compilation (the persistent cache
 # keys them apart) and into XLA_FLAGS, which the CLI, benchmark and `run_with_devices`
 # subprocesses inherit. The multi-process launches (`test_distributed`) set theirs per run.
 FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
@@ -80,8 +81,7 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
   """A test's programs (and the module fixtures it builds first) compile fast unless
   marked; only the few marked tests cause a switch (`set_fast_codegen`)."""
-  optimized = ("optimized_codegen", "real_model")
-  set_fast_codegen(not any(item.get_closest_marker(m) for m in optimized))
+  set_fast_codegen(item.get_closest_marker("optimized_codegen") is None)
 
 
 def xla_flags_with_devices(devices: int) -> str:

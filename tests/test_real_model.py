@@ -4,6 +4,9 @@ Tolerances follow the fixtures' README: a float32 JAX forward on CPU matches the
 float32 HF reference within 1e-3 in top-20 logprobs; greedy paths are compared up
 to the first near-tie (top1 - top2 margin < 0.1), where correct engines may flip.
 
+Compiled with XLA's default code generation (`optimized_codegen`): the long prefills and
+teacher-forced passes run longer at -O0 than its optimizations take to compile.
+
 Cost: one teacher-forced program per params pytree (all prompts packed into one
 sequence) and one sampler program (splitting off the 772-token prompt would cut the
 prefill's work 4x, but a second compilation of the 18-layer sampler costs as much CPU).
@@ -140,6 +143,7 @@ def _greedy(params, config):
 
 @pytest.mark.slow
 @pytest.mark.real_model
+@pytest.mark.optimized_codegen
 def test_logprobs_match_float32_reference_on_every_prompt_position():
   """Top-20 logprobs and logits at all 1069 prompt positions. Mutation caught:
   rmsnorm_without_one_plus (tests/mutations)."""
@@ -151,6 +155,7 @@ def test_logprobs_match_float32_reference_on_every_prompt_position():
 
 @pytest.mark.slow
 @pytest.mark.real_model
+@pytest.mark.optimized_codegen
 def test_last_position_full_vocabulary_logits_match():
   _, params, _ = _model()
   prompts, _ = _fixtures()
@@ -166,6 +171,7 @@ def test_last_position_full_vocabulary_logits_match():
 
 @pytest.mark.slow
 @pytest.mark.real_model
+@pytest.mark.optimized_codegen
 def test_greedy_continuations_match_reference_until_a_near_tie():
   """Over 20 s: the sampler compiles for 18 layers and prefills 8 rows of 832 slots."""
   config, params, tokenizer = _model()
@@ -206,6 +212,7 @@ _INT8_GREEDY_NEAR_TIE = 1.0
 
 @pytest.mark.slow
 @pytest.mark.real_model
+@pytest.mark.optimized_codegen
 @pytest.mark.parametrize("paths", ["io:8", "oik:0"])  # the two CPU families' int8 dots
 def test_int8_sampler_copy_agrees_with_float32_up_to_near_ties(paths):
   """Over 20 s: int8 teacher-forced and sampler programs compile for 18 layers."""
