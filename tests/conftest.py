@@ -19,17 +19,20 @@ import pytest
 # enough to pay for the optimizations (the real model's reference checks, learning runs),
 # or their tolerances hold only for the optimized math (-O0 contracts no multiply-adds: a
 # GELU tail moves by 2e-5). The real model's short recipe runs (one or two steps) compile
-# fast: 18-layer programs that run a few times. The settings go with each compilation (the persistent cache
-# keys them apart) and into XLA_FLAGS, which the CLI, benchmark and `run_with_devices`
-# subprocesses inherit. The multi-process launches (`test_distributed`) set theirs per run.
+# fast: 18-layer programs that run a few times. The settings go with each compilation (the
+# persistent cache keys them apart) and into XLA_FLAGS, which the CLI, benchmark and
+# `run_with_devices` subprocesses inherit; an option this XLA rejects (a later one may drop
+# the older emitters) is left out of both. The multi-process launches (`test_distributed`)
+# set theirs per run.
 FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 _fast_codegen = {"on": True}
+_probed: dict = {}  # while `_drop_rejected_options` runs: the one option it tries
 
 
 def _with_codegen_level(get_compile_options):
   def get_options(*args, env_options_overrides=None, **kwargs):
-    codegen = FAST_CODEGEN if _fast_codegen["on"] else DEFAULT_CODEGEN
+    codegen = _probed or (FAST_CODEGEN if _fast_codegen["on"] else DEFAULT_CODEGEN)
     env_options_overrides = {**codegen, **(env_options_overrides or {})}
     return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
 
@@ -49,7 +52,22 @@ def use_codegen_levels() -> bool:
   if not hasattr(jax_compiler, "get_compile_options"):
     return False
   jax_compiler.get_compile_options = _with_codegen_level(jax_compiler.get_compile_options)
+  _drop_rejected_options()
   return True
+
+
+def _drop_rejected_options() -> None:
+  """Removes from both settings each option this XLA refuses to compile with (it would fail
+  every test: "No such compile option"). Starts JAX's backend."""
+  for name, value in list(FAST_CODEGEN.items()):
+    _probed[name] = value
+    try:
+      jax.jit(lambda x: x + 1)(jnp.zeros(()))  # a new function: compiled with this option only
+    except jax.errors.JaxRuntimeError:
+      del FAST_CODEGEN[name]
+      DEFAULT_CODEGEN.pop(name, None)
+    finally:
+      _probed.clear()
 
 
 def _xla_flag(name: str, value) -> str:
@@ -70,7 +88,7 @@ def set_fast_codegen(fast: bool) -> None:
 
 
 def pytest_configure(config):
-  """In pytest's processes only, before JAX starts its backend."""
+  """In pytest's processes only (the subprocesses the tests start inherit XLA_FLAGS)."""
   if use_codegen_levels():
     flags = os.environ.get("XLA_FLAGS", "")
     missing = [_xla_flag(k, v) for k, v in FAST_CODEGEN.items() if f"--{k}=" not in flags]
