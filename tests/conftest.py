@@ -43,7 +43,9 @@ def use_codegen_levels() -> bool:
   """Makes each compilation's code generation follow `set_fast_codegen` (fast until told otherwise).
 
   Through JAX's private `compiler.get_compile_options`; without it (False) every program
-  compiles at the default level: slower, as correct. `test_distributed`'s driver calls it too.
+  compiles at the default level: slower, as correct. It starts JAX's backend (a probe
+  compilation, `_drop_rejected_options`): `test_distributed`'s driver calls it after
+  `jax.distributed.initialize`.
   """
   try:
     from jax._src import compiler as jax_compiler

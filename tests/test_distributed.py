@@ -65,8 +65,8 @@ import conftest
 from conftest import with_overrides
 from rlpost.train import distributed
 args = json.loads(sys.argv[1])
-conftest.use_codegen_levels()
 distributed.initialize(distributed.DistConfig(**args["dist"]))
+conftest.use_codegen_levels()  # after: it compiles a probe program, which starts the backend
 import optax
 from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
 from experiments.configs import grpo_gsm8k, ppo_gsm8k, sft as sft_configs
