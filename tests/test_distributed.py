@@ -134,9 +134,9 @@ for run in args["runs"]:
     time.sleep(0.2)
   os.makedirs(run["workdir"], exist_ok=True)
   read.clear()
-  # LLVM -O0 as in the tests' own processes, but PPO at XLA's default: its loss near 0
-  # sums its terms in another order on 1 and 2 processes, and at -O0 (no fused
-  # multiply-adds) the two moved 1.7e-6 apart, past the test's atol.
+  # The tests' fast code generation (conftest.FAST_CODEGEN), but PPO with XLA's defaults:
+  # its loss near 0 sums its terms in another order on 1 and 2 processes, and at -O0 (no
+  # fused multiply-adds) the two moved 1.7e-6 apart, past the test's atol.
   conftest.set_fast_codegen(run["recipe"] != "ppo")
   (run_carry if run["recipe"].startswith("carry") else run_recipe)(run)
   with open(f"{run['workdir']}/read{jax.process_index()}.json", "w") as f:
