@@ -23,16 +23,19 @@ import pytest
 # persistent cache keys them apart) and into XLA_FLAGS, which the CLI, benchmark and
 # `run_with_devices` subprocesses inherit; an option this XLA rejects (a later one may drop
 # the older emitters) is left out of both. The multi-process launches (`test_distributed`)
-# set theirs per run.
+# set theirs per run, some with `CONTRACTING_CODEGEN`: -O1, whose multiply-adds contract as
+# at the default level, for a third of the default's compile time on PPO's programs.
 FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+CONTRACTING_CODEGEN = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False}
 DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
-_fast_codegen = {"on": True}
+_SETTINGS = (FAST_CODEGEN, CONTRACTING_CODEGEN, DEFAULT_CODEGEN)
+_codegen = {"now": FAST_CODEGEN}
 _probed: dict = {}  # while `_drop_rejected_options` runs: the one option it tries
 
 
 def _with_codegen_level(get_compile_options):
   def get_options(*args, env_options_overrides=None, **kwargs):
-    codegen = _probed or (FAST_CODEGEN if _fast_codegen["on"] else DEFAULT_CODEGEN)
+    codegen = _probed or _codegen["now"]
     env_options_overrides = {**codegen, **(env_options_overrides or {})}
     return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
 
@@ -40,7 +43,7 @@ def _with_codegen_level(get_compile_options):
 
 
 def use_codegen_levels() -> bool:
-  """Makes each compilation's code generation follow `set_fast_codegen` (fast until told otherwise).
+  """Makes each compilation's code generation follow `set_codegen` (fast until told otherwise).
 
   Through JAX's private `compiler.get_compile_options`; without it (False) every program
   compiles at the default level: slower, as correct. It starts JAX's backend (a probe
@@ -59,15 +62,15 @@ def use_codegen_levels() -> bool:
 
 
 def _drop_rejected_options() -> None:
-  """Removes from both settings each option this XLA refuses to compile with (it would fail
+  """Removes from every setting each option this XLA refuses to compile with (it would fail
   every test: "No such compile option"). Starts JAX's backend."""
   for name, value in list(FAST_CODEGEN.items()):
     _probed[name] = value
     try:
       jax.jit(lambda x: x + 1)(jnp.zeros(()))  # a new function: compiled with this option only
     except jax.errors.JaxRuntimeError:
-      del FAST_CODEGEN[name]
-      DEFAULT_CODEGEN.pop(name, None)
+      for setting in _SETTINGS:
+        setting.pop(name, None)
     finally:
       _probed.clear()
 
@@ -76,17 +79,18 @@ def _xla_flag(name: str, value) -> str:
   return f"--{name}={str(value).lower() if isinstance(value, bool) else value}"
 
 
-def set_fast_codegen(fast: bool) -> None:
-  """Programs compiled from now on use `FAST_CODEGEN` (`fast`) or XLA's defaults.
+def set_codegen(setting: dict) -> None:
+  """Programs compiled from now on use `setting`: FAST_CODEGEN, CONTRACTING_CODEGEN or
+  DEFAULT_CODEGEN (XLA's defaults).
 
-  At a switch between the two, the in-memory compiled programs are dropped: the
-  programs run next (eager ops and random init included) are those the level gives, not
-  ones compiled at the other level earlier (a recompile comes from the persistent cache,
-  keyed per level).
+  At a switch, the in-memory compiled programs are dropped: the programs run next (eager
+  ops and random init included) are those the setting gives, not ones compiled with
+  another earlier (a recompile comes from the persistent cache, keyed per setting).
   """
-  if fast != _fast_codegen["on"]:
+  assert any(setting is known for known in _SETTINGS), setting
+  if setting is not _codegen["now"]:
     jax.clear_caches()
-  _fast_codegen["on"] = fast
+  _codegen["now"] = setting
 
 
 def pytest_configure(config):
@@ -100,8 +104,9 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
   """A test's programs (and the module fixtures it builds first) compile fast unless
-  marked; only the few marked tests cause a switch (`set_fast_codegen`)."""
-  set_fast_codegen(item.get_closest_marker("optimized_codegen") is None)
+  marked; only the few marked tests cause a switch (`set_codegen`)."""
+  marked = item.get_closest_marker("optimized_codegen") is not None
+  set_codegen(DEFAULT_CODEGEN if marked else FAST_CODEGEN)
 
 
 def xla_flags_with_devices(devices: int) -> str:

@@ -60,15 +60,17 @@ def test_suite_profile_sums_per_module_and_per_program(tmp_path):
   assert [r["test"] for r in out["slowest"]] == ["tests/test_a.py::t1", "tests/test_b.py::t3"]
 
 
-def test_a_codegen_option_xla_rejects_is_left_out_of_both_settings(monkeypatch):
+def test_a_codegen_option_xla_rejects_is_left_out_of_every_setting(monkeypatch):
   """A later XLA may drop an option of `FAST_CODEGEN` (the older fusion emitters): passed
   with each compilation it would fail every test ("No such compile option"), so
-  `conftest` leaves it out. Mutation caught: the rejected option kept in either setting."""
+  `conftest` leaves it out. Mutation caught: the rejected option kept in any setting."""
   import conftest
 
   known = dict(conftest.FAST_CODEGEN)
   monkeypatch.setitem(conftest.FAST_CODEGEN, "xla_no_such_option", True)
+  monkeypatch.setitem(conftest.CONTRACTING_CODEGEN, "xla_no_such_option", True)
   monkeypatch.setitem(conftest.DEFAULT_CODEGEN, "xla_no_such_option", False)
   conftest._drop_rejected_options()  # pylint: disable=protected-access
   assert conftest.FAST_CODEGEN == known
+  assert "xla_no_such_option" not in conftest.CONTRACTING_CODEGEN
   assert "xla_no_such_option" not in conftest.DEFAULT_CODEGEN

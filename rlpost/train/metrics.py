@@ -101,7 +101,9 @@ def plot_curves(jsonl_path: str, keys: list[str], png_path: str, title: str = ""
     ax.grid(alpha=0.3)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  # Fixed margins: tight_layout's measuring pass took 0.13 of 0.35 s of CPU for 4 panels,
+  # paid at the end of every run (hundreds in the test suite).
+  fig.subplots_adjust(left=0.16 / len(keys), right=0.98, bottom=0.16, top=0.8, wspace=0.3)
   fig.savefig(png_path, dpi=110)
   plt.close(fig)
   return png_path
