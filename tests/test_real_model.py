@@ -149,6 +149,8 @@ def _greedy(params, config):
   logprobs = np.zeros(tokens.shape, np.float32)
   short = np.array([len(p) <= 128 for p in prompts])
   for rows in (np.flatnonzero(short), np.flatnonzero(~short)):
+    if not len(rows):
+      continue
     padded, lengths = sampling.pad_prompts([prompts[i] for i in rows], sc)
     out = sampling.sample(
       params, padded, lengths, jax.random.key(0), model_config=config, config=sc
