@@ -247,7 +247,7 @@ def sample(
   _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
-  params = gemma3.unstack_layers(params)  # sliced once, not at every decode step
+  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
   limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
   limit = jnp.clip(limit, 0, N)
   logits, cache = prefill(

@@ -66,6 +66,13 @@ from conftest import with_overrides
 from rlpost.train import distributed
 args = json.loads(sys.argv[1])
 distributed.initialize(distributed.DistConfig(**args["dist"]))
+if jax.process_count() > 1:
+  # Process 0 compiles each program that spans both processes and sends its binary to the
+  # other, which waits instead of compiling it too. The persistent cache is off here: on
+  # CPU it is keyed per process, so a hit on process 0 alone would leave process 1
+  # waiting for a binary never sent.
+  jax.config.update("jax_share_binary_between_hosts", True)
+  jax.config.update("jax_enable_compilation_cache", False)
 conftest.use_codegen_levels()  # after: it compiles a probe program, which starts the backend
 import optax
 from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
@@ -360,9 +367,10 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
   Mutations caught: every process reading block 0 of a batch (`shares.block` ignoring the
   process index: rows read twice) fails the recipes' share and agreement checks;
   fsdp_gradient_not_divided fails fsdp=4 vs data=4 (grad norm 25.6 vs 7.4).
-  Slow (~100 s of CPU per process, ~4 min on a loaded 2-core machine): 17 short runs, each
-  compiling its programs in each of the 3 processes; one launch per process count instead
-  of 25 process starts."""
+  Slow (~160 s of CPU over the 3 processes, 1.5-2 min on a 2-core machine): 17 short runs,
+  each compiling its programs in the single process and in the first of the two (which
+  sends the binaries that span both processes to the second); one launch per process
+  count instead of 25 process starts."""
   result = _launch_all(tmp_path)
   failures = []
   for name in RECIPES:

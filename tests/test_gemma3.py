@@ -206,6 +206,25 @@ def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]
 
 
+def test_decode_layout_unrolls_only_layers_worth_their_compile():
+  """The sampler's layout by layer size (shapes only, nothing compiles): the tiny model's
+  49 KB layers stay stacked, a 270M-sized layer (21 MB) is unrolled with fused q/k/v,
+  the threshold itself counts as large, and an unrolled tree comes back as it is.
+  Mutations caught: the comparison flipped; bytes counted over all layers at once."""
+  shapes = lambda config: jax.eval_shape(lambda: gemma3.init_params(jax.random.key(0), config))
+  layout = lambda params: jax.eval_shape(lambda p: gemma3.decode_layout(p), params)["layers"]
+  tiny = shapes(gemma3.get_config("tiny", num_layers=32))
+  assert isinstance(layout(tiny), dict)
+  big = shapes(gemma3.get_config("tiny", embed_dim=640, mlp_dim=2048, num_heads=4, head_dim=256))
+  unrolled = layout(big)
+  assert isinstance(unrolled, tuple) and "q+k+v" in unrolled[0]
+  assert layout({**big, "layers": unrolled}) == unrolled
+  layer_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tiny["layers"])) // 32
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(gemma3, "UNROLL_MIN_LAYER_BYTES", layer_bytes)
+    assert isinstance(layout(tiny), tuple)
+
+
 @pytest.mark.optimized_codegen
 def test_gated_gelu_gradient_equals_autodiff_of_the_formula():
   gate = 4 * jax.random.normal(jax.random.key(7), (3, 5, 64))

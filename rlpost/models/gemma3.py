@@ -19,7 +19,7 @@ local (sliding window, RoPE base `local_rope_base`); final RMSNorm; tied output.
 
 `unstack_layers` turns the stacks into a tuple of per-layer dicts (q/k/v and
 gate/up concatenated) that `forward` with a cache unrolls: the sampler's
-decode layout.
+decode layout for layers large enough to pay for it (`decode_layout`).
 
 The KV cache is one dict of a few large arrays (see `init_cache`); new keys
 and values are written at slot `cache["index"]` for every row, so rows use
@@ -400,6 +400,24 @@ def _cache_writer(ck_LxBxSxKxH, cv_LxBxSxKxH, layer, index):
 
 
 _FUSED = (("q", "k", "v"), ("gate", "up"))
+
+
+# Below this many weight bytes per layer the sampler decodes from the stacks (`lax.scan`):
+# copying such a layer's slice at each step costs microseconds, while each unrolled layer
+# adds its own copy of the layer's kernels to the compiled program. The tiny test model
+# (49 KB a layer) compiles its sampler ~35% faster scanned and runs no slower at XLA's
+# default code generation; Gemma 3 270M (21 MB a layer) runs 25% faster unrolled.
+UNROLL_MIN_LAYER_BYTES = 1 << 20
+
+
+def decode_layout(params: Params) -> Params:
+  """The layout the sampler decodes from: `unstack_layers(params)` when one layer's weights
+  hold at least UNROLL_MIN_LAYER_BYTES, else `params` unchanged (stacked, scanned)."""
+  if isinstance(params["layers"], (list, tuple)):  # already unstacked
+    return params
+  leaves = jax.tree.leaves(params["layers"])
+  layer_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves) // leaves[0].shape[0]
+  return unstack_layers(params) if layer_bytes >= UNROLL_MIN_LAYER_BYTES else params
 
 
 def unstack_layers(params: Params) -> Params:
