@@ -554,12 +554,17 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_model_runs_the_math_pipeline(tmp_path):
-  """Few-shot prompts, stop strings, GSM8K rewards and accuracies, on synthetic arithmetic."""
+  """Few-shot prompts, stop strings, GSM8K rewards and accuracies, on synthetic arithmetic.
+  2 prompts x 2 samples (4 rows of ~900 tokens: the few-shot prompt in bytes), not the
+  preset's 4 x 4: 16 such rows made it a 28 CPU s test."""
   cfg = _config(
     "tiny",
     **{
       "data.source": "arithmetic",
       "data.template": "fewshot",
+      "train.batch_prompts": 2,
+      "algo.num_generations": 2,
+      "train.micro_batch_size": 4,
       "train.steps": 1,
       "sampling.max_new_tokens": 16,
       "sampling.prompt_bucket": 64,
