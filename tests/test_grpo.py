@@ -471,7 +471,9 @@ def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
 
 @pytest.mark.slow
 def test_kill_minus_nine_then_resume_matches_uninterrupted_run(tmp_path):
-  """SIGKILL at random moments (training or saving) never loses more than the last checkpoint."""
+  """SIGKILL at random moments (training or saving) never loses more than the last checkpoint.
+  Over 20 s: five CLI processes (the reference run, three killed starts, the finishing
+  one), each starting Python and JAX and reading its programs from the persistent cache."""
   steps = 12
   args = [
     sys.executable,

@@ -432,7 +432,10 @@ def test_unknown_variant():
 @pytest.mark.real_model
 def test_real_model_one_lora_sft_step_on_gsm8k(tmp_path):
   """One LoRA SFT step of Gemma 3 270M on two GSM8K problems through the experiment path
-  (the model is loaded once per worker, tests/real_models.py)."""
+  (the model is loaded once per worker, tests/real_models.py). Over 20 s beside the other
+  worker: the step itself, forward and backward of 18 layers and the 262k-token vocabulary
+  over 2 x 384 tokens, runs ~9 s (22.6 CPU s alone compiled fast, 19.4 with XLA's
+  defaults: the step is mostly matmuls, which -O0 does not slow)."""
   require_gemma3()
   data_dir = require_shared(GSM8K_DIR)
   cfg = sft_configs.get_config("gemma3_270m")
