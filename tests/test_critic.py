@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,7 @@ def _critic(mode, params, key):
   return jax.tree.unflatten(tree, noisy), layout
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))  # one program, not one per op
 def _values(mode, params, critic, layout, batch):
   shared = policy.completion_hidden(params, None, batch, FWD) if mode == "shared" else None
   return critic_lib.values(critic, params, batch, layout, FWD, shared)

@@ -70,8 +70,9 @@ def test_reference_matches_sequence_logprobs():
   params = gemma3.init_params(jax.random.key(1), CONFIG)
   batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(4, micro=2)))
   whole = _pair_batch(4)
+  target_logprobs = jax.jit(lambda p, b: sft.target_logprobs(p, None, b, FWD))
   for name in ("chosen", "rejected"):
-    logp = sft.target_logprobs(params, None, whole[name], FWD)
+    logp = target_logprobs(params, whole[name])
     expected = np.sum(np.where(whole[name]["target_mask"], logp, 0.0), axis=1)
     np.testing.assert_allclose(batch[f"ref_{name}"], expected, rtol=1e-5)
 

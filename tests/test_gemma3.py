@@ -191,16 +191,18 @@ def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   tokens = jax.random.randint(jax.random.key(6), (2, 6), 0, CONFIG.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = jnp.broadcast_to(jnp.tril(jnp.ones((6, 8), bool)), (2, 6, 8))
-  run = lambda p: gemma3.forward(
-    p,
-    tokens,
-    pos,
-    mask,
-    gemma3.init_cache(CONFIG, 2, 8),
-    config=CONFIG,
-    adapters=adapters,
-    lora_scale=lcfg.scale,
-  )[0]
+  run = jax.jit(  # one program per layout, not one per op
+    lambda p: gemma3.forward(
+      p,
+      tokens,
+      pos,
+      mask,
+      gemma3.init_cache(CONFIG, 2, 8),
+      config=CONFIG,
+      adapters=adapters,
+      lora_scale=lcfg.scale,
+    )[0]
+  )
   stacked, unstacked = run(params), run(gemma3.unstack_layers(params))
   chex.assert_trees_all_close(unstacked, stacked, atol=1e-4, rtol=1e-5)
   assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]

@@ -71,7 +71,7 @@ def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   )
   batch = batch_lib.to_device(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
   fwd = policy.ForwardConfig(CONFIG, lora=CFG, temperature=0.8)
-  logp = objectives.completion_logprobs(params, ad, batch, fwd)
+  logp = objectives.completion_logprobs_jit(params, ad, batch, fwd)
   np.testing.assert_allclose(np.asarray(logp), np.asarray(out.logprobs), atol=1e-4)
 
 

@@ -87,7 +87,7 @@ def test_concat_batches_re_pads_prompts_of_different_buckets():
   np.testing.assert_array_equal(first[:, 8:], batches[0].tokens)
   fwd = policy.ForwardConfig(CONFIG)
   logp = lambda b: np.asarray(
-    objectives.completion_logprobs(params, None, batch_lib.to_device(b), fwd)
+    objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
   )
   np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]), atol=1e-5)
   np.testing.assert_allclose(logp(joined), joined.sampler_logp, atol=1e-4)

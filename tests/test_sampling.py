@@ -23,14 +23,22 @@ def _sample(prompts, sc, key=0, **kw):
   )
 
 
+@jax.jit
+def _causal_logits(tokens_1xT):
+  """Logits [1, T, V] of one causal forward pass without a cache (one program per T)."""
+  T = tokens_1xT.shape[1]
+  mask = causal_attention_mask(jnp.ones((1, T), bool))
+  return gemma3.forward(PARAMS, tokens_1xT, jnp.arange(T)[None], mask, config=CONFIG)[0]
+
+
 def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):
-  """log-prob of each completion token from one full forward pass (slow path)."""
-  full = jnp.asarray(list(prompt) + list(completion[:n]), jnp.int32)[None]
-  T = full.shape[1]
-  logits, _ = gemma3.forward(
-    PARAMS, full, jnp.arange(T)[None], causal_attention_mask(jnp.ones((1, T), bool)), config=CONFIG
-  )
-  logits = logits[0, len(prompt) - 1 : -1] / temperature
+  """log-prob of each completion token from one full forward pass (slow path). The
+  sequence is zero-padded at its end to 32 tokens: causal, so no logit below reads the
+  padding, and every call runs the same program."""
+  seq = list(prompt) + list(completion[:n])
+  assert len(seq) <= 32
+  logits = _causal_logits(jnp.asarray(seq + [0] * (32 - len(seq)), jnp.int32)[None])
+  logits = logits[0, len(prompt) - 1 : len(seq) - 1] / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
