@@ -266,7 +266,7 @@ def test_gsm8k_tool_traces_train_on_the_model_segments_only(tmp_path):
   train, held_out = sft_recipe.tokenized_examples(cfg, TOK)
   assert len(train) == 4 and len(held_out) == 2
   problems = gsm8k.load_gsm8k("train", str(data_dir))
-  kept, _ = tool_traces.tool_traces(problems)
+  kept, _ = tool_traces.tool_traces(problems, limit=len(train))
   for (ids, mask), (problem, trace) in zip(train, kept):
     start = int(np.argmax(mask))
     prompt = TOK.decode(ids[:start])

@@ -65,6 +65,12 @@ def test_bad_annotations_are_dropped_and_counted():
     "calculator error": 1,
     "no final answer": 1,
   }
+  # A limit stops the reading once that many are kept; the counts cover what was read.
+  # Mutation caught: the limit compared with > (one trace too many).
+  order = [cases["wrong"], cases["good"], cases["words"], cases["good"]]
+  kept, dropped = tool_traces.tool_traces(order, limit=1)
+  assert [p for p, _ in kept] == [cases["good"]] and dropped == {"result disagrees": 1}
+  assert len(tool_traces.tool_traces(order, limit=2)[0]) == 2
 
 
 def test_trace_ids_are_the_rollout_stream_with_loss_on_model_text_only():

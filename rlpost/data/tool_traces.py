@@ -81,10 +81,15 @@ def tool_trace(problem: Problem) -> list[Segment] | str:
   return segments
 
 
-def tool_traces(problems: list[Problem]) -> tuple[list[tuple[Problem, list[Segment]]], dict]:
-  """(kept (problem, trace) pairs, {drop reason: count}) over `problems`."""
+def tool_traces(
+  problems: list[Problem], limit: int | None = None
+) -> tuple[list[tuple[Problem, list[Segment]]], dict]:
+  """(kept (problem, trace) pairs, {drop reason: count}) over `problems`, in order; with a
+  `limit`, it stops once `limit` are kept (the counts cover the problems read so far)."""
   kept, dropped = [], collections.Counter()
   for problem in problems:
+    if limit is not None and len(kept) >= limit:
+      break
     trace = tool_trace(problem)
     if isinstance(trace, str):
       dropped[trace] += 1

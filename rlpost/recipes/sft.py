@@ -173,9 +173,17 @@ def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
     )
   out = []
   for split, limit in (("train", d.num_examples), ("test", cfg.eval.num_examples)):
-    kept, dropped = tool_traces.tool_traces(gsm8k.load_gsm8k(split, d.data_dir))
-    logging.info("gsm8k_tools %s: %d traces kept, dropped %s", split, len(kept), dropped)
-    kept = kept[:limit] if limit else kept
+    problems = gsm8k.load_gsm8k(split, d.data_dir)
+    kept, dropped = tool_traces.tool_traces(problems, limit or None)
+    read = len(kept) + sum(dropped.values())
+    logging.info(
+      "gsm8k_tools %s: %d traces kept of the first %d of %d problems, dropped %s",
+      split,
+      len(kept),
+      read,
+      len(problems),
+      dropped,
+    )
     out.append([trace_example(tokenizer, p, trace, d.seq_len) for p, trace in kept])
   return out[0], out[1]
 
