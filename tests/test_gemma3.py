@@ -210,7 +210,7 @@ def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
 
 def test_decode_layout_unrolls_only_layers_worth_their_compile():
   """The sampler's layout by layer size (shapes only, nothing compiles): the tiny model's
-  49 KB layers stay stacked, a 270M-sized layer (21 MB) is unrolled with fused q/k/v,
+  49 KB layers stay stacked, a layer of 270M's widths (24 MB) is unrolled with fused q/k/v,
   the threshold itself counts as large, and an unrolled tree comes back as it is.
   Mutations caught: the comparison flipped; bytes counted over all layers at once."""
   shapes = lambda config: jax.eval_shape(lambda: gemma3.init_params(jax.random.key(0), config))
