@@ -2,20 +2,24 @@
 
 Where things live (one job per module):
   models/      gemma3 (config, init, forward, cache), lora, policy (ForwardConfig, trainable vs
-               frozen), critic (PPO value head and layouts), loading, tokenizer, weights/
-               (gguf, safetensors): a new model goes here
+               frozen), critic (PPO value head and layouts), quant (the sampler's int8 copy),
+               loading, tokenizer, weights/ (gguf, safetensors): a new model goes here
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
   rl/          batch (the typed RLBatch), advantages (ESTIMATORS table: a new estimator goes
                here), losses (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS tables: a new loss
                goes here), objectives (GRPOConfig / PPOConfig and their loss functions)
+  envs/        multi-turn environments (protocol, FrozenLake, tools, calculator, GSM8K with a
+               calculator) and the token-in/token-out rollout: a new environment goes here
   rewards/     reward functions `(prompts, completions, answers) -> list[float]`, scoring
   data/        GSM8K, synthetic tasks, chat records, packing, the resumable cursor
   supervised/  sft, dpo and their losses
   train/       step (TrainState, the one jitted train step), loop (the one run loop),
-               checkpoint, metrics, host_memory
-  recipes/     grpo, ppo (and the rollout pieces they share), sft, dpo, eval: the only
-               modules that read ConfigDicts
+               checkpoint, metrics, host_memory, sharding / shares / distributed (devices and
+               processes), pipeline (off-policy rollouts), compute_paths / runtime (per machine)
+  recipes/     grpo, ppo, agentic (and the rollout pieces they share), sft, dpo, eval: the
+               only modules that read ConfigDicts
+  errors.py    UsageError and its kinds: what the mains print as one FATAL line
 
 Shape suffixes on names at public boundaries (`tokens_BxS`, `logp_BxT`):
   B  rows of a batch (sequences; in RL often N = B * G)

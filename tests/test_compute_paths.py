@@ -81,7 +81,8 @@ def test_explicit_settings_win_and_a_resumed_run_keeps_its_recorded_choice(tmp_p
 @pytest.mark.optimized_codegen
 def test_the_real_probe_times_both_paths():
   """On this machine: both probes run and take a positive time (which is faster is the
-  benchmarks' business: `sft_step --compute_dtype=...`, BUILD.md)."""
+  benchmarks' business: `sft_step --compute_dtype=...`; figures per machine in
+  experiments/benchmarks/results/issue18/)."""
   for dtype in compute_paths.CHOICES:
     assert compute_paths.probe_seconds(dtype, repeats=1) > 0
 
@@ -141,7 +142,8 @@ def test_an_auto_int8_run_records_its_dots_and_keeps_them_when_resumed(tmp_path,
   assert model_weights.sampling.int8_paths == "auto"
 
 
-# Int8 probe milliseconds keyed "<part>@<rows>", shaped like the measurements (BUILD.md):
+# Int8 probe milliseconds keyed "<part>@<rows>", shaped like the measurements
+# (experiments/benchmarks/results/issue18/compute_paths_and_int8.md and its machine folders):
 # on the AMD EPYC the output projection is faster with the activations on the left up to
 # 8 rows and the layers' "io" layout is as fast as "oik"; on the Intel Xeon with AMX
 # (2026-11-24) the weights on the left win at every row count, and "oik" in the layers.

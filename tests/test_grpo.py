@@ -206,8 +206,9 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   - sampled by the int8 copy of the policy (`sampling.weights=int8`): final reward,
     averaged over seeds 0 and 1, >= the float32 runs' - 0.5; its logprobs really
     differ from the trainer's.
-  The task is noisy across seeds (BUILD.md lists the seeds tried: single seeds miss
-  by up to 0.8 either way). Over 20 s: five 32-step runs, three sampling configurations.
+  The task is noisy across seeds (experiments/benchmarks/results/issue17_async/README.md
+  lists the seeds tried: single seeds miss by up to 0.8 either way). Over 20 s: five
+  32-step runs, three sampling configurations.
   With XLA's default code generation (`optimized_codegen`), the numerics the margins were
   measured with: under the tests' fast code generation the int8 runs ended 0.01 short."""
   ends, gaps = {}, {}

@@ -1,5 +1,6 @@
-r"""rlpost's side of the independent SFT / DPO objective check (BUILD.md, "An independent
-check on other prompts"): losses and full-parameter gradients of the real model on GSM8K.
+r"""rlpost's side of the independent SFT / DPO objective check (figures in
+experiments/benchmarks/results/transformers_oracle.md): losses and full-parameter gradients
+of the real model on GSM8K.
 
   python -m experiments.benchmarks.train_objectives_dump --out=/tmp/oracle/train_check \
       --data_dir=/path/to/gsm8k [--what=sft,dpo]
@@ -20,7 +21,8 @@ no clipping) reports its own loss and grad_norm, and its update of two leaves is
 Writes, under --out: `{sft,dpo}_batch.npz` (the batch arrays; DPO also the policy's
 norm weights), `{sft,dpo}_grads.npz` (every gradient leaf, "/"-joined paths; DPO under
 "ls0.0/" and "ls0.2/") and `{sft,dpo}_meta.json`; prints ONE JSON object of the
-figures. An oracle reads these files; the one in BUILD.md runs transformers.
+figures. An oracle reads these files; experiments/oracles/hf_train_objectives.py runs
+transformers.
 """
 
 import json

@@ -1,6 +1,7 @@
-"""Torch / transformers oracle for the SFT and DPO objectives (BUILD.md, "An independent
-check on other prompts"). Runs in an environment of its own with torch and transformers
-(neither is a dependency of rlpost; nothing in rlpost or the tests imports this file).
+"""Torch / transformers oracle for the SFT and DPO objectives (figures in
+experiments/benchmarks/results/transformers_oracle.md). Runs in an environment of its own
+with torch and transformers (neither is a dependency of rlpost; nothing in rlpost or the
+tests imports this file).
 
 Reads the batches rlpost built (OUT/{sft,dpo}_batch.npz), runs every document
 ALONE through transformers' Gemma3ForCausalLM (the GGUF dequantized, eager

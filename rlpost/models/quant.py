@@ -18,9 +18,9 @@ output projection): at hundreds of rows the blocked int8 dots run slower than fl
 On XLA:CPU int8 x int8 -> int32 is the fast int8 path: a weight-only dot that
 converts int8 weights to float materializes the converted matrix first. Which operand
 order and layout stream the weights fastest depends on the CPU (an AMD EPYC and an Intel
-Xeon with AMX disagree, BUILD.md): `Int8Paths` holds the choice, calibrated per machine
-by `rlpost.train.compute_paths.resolve_int8`. Every choice computes the same int32
-products and the same scaling, so it changes speed only.
+Xeon with AMX disagree: experiments/benchmarks/results/issue18/): `Int8Paths` holds the
+choice, calibrated per machine by `rlpost.train.compute_paths.resolve_int8`. Every choice
+computes the same int32 products and the same scaling, so it changes speed only.
 
 Error per block: |w - q s| <= s / 2 entrywise for weights and activations alike, so
 |x @ w - dense(x, w_int8)| <= sum_i (|x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4)
@@ -39,7 +39,8 @@ _QMAX = 127.0
 # row count it does not divide is one block. 256 blocks the o and down projections of
 # Gemma 3 270M (inputs 1024, 2048) and leaves the D = 640 inputs whole: 128 also blocks
 # those (top-1 agreement with float32 0.95 instead of 0.93 on the reference prompts)
-# but costs ~25% of decode speed at batch 8 on XLA:CPU (BUILD.md).
+# but costs ~25% of decode speed at batch 8 on XLA:CPU
+# (experiments/benchmarks/results/issue18/compute_paths_and_int8.md).
 GROUP = 256
 _MIN_ROWS = 2  # XLA:CPU's int8 dot runs ~10x slower on one row than on two
 
@@ -56,7 +57,8 @@ class Int8Paths:
     the weights on the left.
   activations_left_max_rows: up to this many (padded) rows the output projection's dot
     has the activations on the left, above it the [V, D] weights (0: always the weights).
-  The defaults are the AMD EPYC's calibration (BUILD.md) and what tests pin.
+  The defaults are the AMD EPYC's calibration
+  (experiments/benchmarks/results/issue18/compute_paths_and_int8.md) and what tests pin.
   """
 
   layer_layout: str = "io"
