@@ -210,6 +210,145 @@ def _repeat_rows(tree, n: int):
   return out
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Continuation:
+  """What a later turn needs to go on from a sample without prefilling its history again.
+
+  cache: the KV cache after the last decode step (`gemma3.init_cache`: k, v
+    [L, rows, S, K, hd], pos [rows, S], index []).
+  valid_BxS: bool [rows, S], the history slots a later token may attend (prompt,
+    observations, the tokens kept of earlier turns; not the last call's tokens).
+  gen_start: [] int32, the slot of the last call's first sampled token.
+  gen_pos_B: [rows] int32, that token's position.
+  tokens_BxN: int32, the last call's sampled tokens.
+  written: [] int32, how many of them are in the cache (the last one emitted never
+    went through the model: no later token of that call needed its keys).
+  """
+
+  cache: dict
+  valid_BxS: jax.Array
+  gen_start: jax.Array
+  gen_pos_B: jax.Array
+  tokens_BxN: jax.Array
+  written: jax.Array
+
+
+def _row_keys(key, row_ids, rows: int):
+  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+
+
+def _decode(params, logits, cache, valid_BxS, next_pos_B, limit, row_keys, *, model_config, config):
+  """The decode loop from logits [V, rows] of each row's next token.
+
+  Token t of row b goes to slot cache["index"] + t at position next_pos_B[b] + t and
+  attends the slots `valid_BxS` plus the tokens sampled before it. Returns
+  (SampleOutput, the cache after the loop, how many tokens it holds of each row's).
+  """
+  N = config.max_new_tokens
+  rows = valid_BxS.shape[0]
+  start = cache["index"]
+  slot_ids = jnp.arange(valid_BxS.shape[1])[None, :]
+  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+
+  def emit(t, done, logits, tokens, logprobs):
+    """Samples token t of every row from `logits` and records it (pads after a stop)."""
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
+    token, logp = select_tokens(step_keys, logits, config)
+    token = jnp.where(done, config.pad_id, token)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
+    logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))
+    return token, done | jnp.isin(token, stop_ids), tokens, logprobs
+
+  # The loop emits tokens 0 .. limit-2, each followed by the forward that gives the
+  # next logits; the last token is emitted after it (no forward would use its logits).
+  def cond(carry):
+    t, done = carry[0], carry[1]
+    return (t + 1 < limit) & ~jnp.all(done)
+
+  def body(carry):
+    t, done, logits, cache, tokens, logprobs = carry
+    token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
+    mask = (valid_BxS | ((slot_ids >= start) & (slot_ids <= start + t)))[:, None, :]
+    hidden, cache = gemma3.forward(
+      params,
+      token[:, None],
+      (next_pos_B + t)[:, None],
+      mask,
+      cache,
+      config=model_config,
+      return_hidden=True,
+    )
+    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
+    return t + 1, done, logits, cache, tokens, logprobs
+
+  carry = (
+    jnp.zeros((), jnp.int32),
+    jnp.zeros((rows,), bool),
+    logits,
+    cache,
+    jnp.full((rows, N), config.pad_id, jnp.int32),
+    jnp.zeros((rows, N), jnp.float32),
+  )
+  t_last, done, logits, cache, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
+  t_end = t_last + 1
+  mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
+  out = SampleOutput(
+    tokens=jnp.where(mask, tokens, config.pad_id),
+    logprobs=jnp.where(mask, logprobs, 0.0),
+    mask=mask,
+    lengths=mask.sum(-1).astype(jnp.int32),
+  )
+  return out, cache, t_last
+
+
+def _limit(max_new_tokens, N: int):
+  limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
+  return jnp.clip(limit, 0, N)
+
+
+def _sample(
+  params,
+  tokens_BxP,
+  lengths_B,
+  key,
+  max_new_tokens,
+  row_ids,
+  extra_slots: int,
+  *,
+  model_config,
+  config,
+  num_samples,
+):
+  _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
+  N = config.max_new_tokens
+  B, P = tokens_BxP.shape
+  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
+  logits, cache = prefill(
+    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N + extra_slots
+  )
+  logits = jnp.repeat(logits, num_samples, axis=1)
+  cache = _repeat_rows(cache, num_samples)
+  lengths = jnp.repeat(lengths_B, num_samples)
+  rows = B * num_samples
+  slot_ids = jnp.arange(P + N + extra_slots)[None, :]
+  valid = (slot_ids >= (P - lengths)[:, None]) & (slot_ids < P)
+  out, cache, written = _decode(
+    params,
+    logits,
+    cache,
+    valid,
+    lengths,
+    _limit(max_new_tokens, N),
+    _row_keys(key, row_ids, rows),
+    model_config=model_config,
+    config=config,
+  )
+  return out, Continuation(cache, valid, jnp.asarray(P, jnp.int32), lengths, out.tokens, written)
+
+
 @functools.partial(
   jax.jit, static_argnames=("model_config", "config", "num_samples"), donate_argnames=()
 )
@@ -244,74 +383,138 @@ def sample(
   Returns:
     SampleOutput with B * G rows.
   """
-  _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
-  N = config.max_new_tokens
-  B, P = tokens_BxP.shape
-  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
-  limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
-  limit = jnp.clip(limit, 0, N)
-  logits, cache = prefill(
-    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
+  out, _ = _sample(
+    params,
+    tokens_BxP,
+    lengths_B,
+    key,
+    max_new_tokens,
+    row_ids,
+    0,
+    model_config=model_config,
+    config=config,
+    num_samples=num_samples,
   )
-  logits = jnp.repeat(logits, num_samples, axis=1)
-  cache = _repeat_rows(cache, num_samples)
-  lengths = jnp.repeat(lengths_B, num_samples)
-  rows = B * num_samples
-  pad_start = P - lengths
-  slot_ids = jnp.arange(P + N)[None, :]
-  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
-  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
-  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+  return out
 
-  def emit(t, done, logits, tokens, logprobs):
-    """Samples token t of every row from `logits` and records it (pads after a stop)."""
-    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
-    token, logp = select_tokens(step_keys, logits, config)
-    token = jnp.where(done, config.pad_id, token)
-    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
-    logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))
-    return token, done | jnp.isin(token, stop_ids), tokens, logprobs
 
-  # The loop emits tokens 0 .. limit-2, each followed by the forward that gives the
-  # next logits; the last token is emitted after it (no forward would use its logits).
-  def cond(carry):
-    t, done = carry[0], carry[1]
-    return (t + 1 < limit) & ~jnp.all(done)
+@functools.partial(
+  jax.jit, static_argnames=("model_config", "config", "num_samples", "extra_slots")
+)
+def sample_to_continue(
+  params,
+  tokens_BxP,
+  lengths_B,
+  key,
+  max_new_tokens=None,
+  row_ids=None,
+  *,
+  model_config: gemma3.Config,
+  config: SamplingConfig,
+  num_samples: int = 1,
+  extra_slots: int,
+) -> tuple[SampleOutput, Continuation]:
+  """`sample`, with a cache of `extra_slots` more slots kept for later turns
+  (`continue_sample`). Returns (SampleOutput, Continuation)."""
+  return _sample(
+    params,
+    tokens_BxP,
+    lengths_B,
+    key,
+    max_new_tokens,
+    row_ids,
+    extra_slots,
+    model_config=model_config,
+    config=config,
+    num_samples=num_samples,
+  )
 
-  def body(carry):
-    t, done, logits, cache, tokens, logprobs = carry
-    token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
-    mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= P + t))[:, None, :]
-    hidden, cache = gemma3.forward(
-      params,
-      token[:, None],
-      (lengths + t)[:, None],
-      mask,
-      cache,
-      config=model_config,
-      return_hidden=True,
-    )
-    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
-    return t + 1, done, logits, cache, tokens, logprobs
 
-  carry = (
-    jnp.zeros((), jnp.int32),
-    jnp.zeros((rows,), bool),
+@functools.partial(jax.jit, static_argnames=("model_config", "config"))
+def continue_sample(
+  params,
+  state: Continuation,
+  kept_B,
+  new_BxM,
+  new_lengths_B,
+  key,
+  max_new_tokens=None,
+  row_ids=None,
+  *,
+  model_config: gemma3.Config,
+  config: SamplingConfig,
+) -> tuple[SampleOutput, Continuation]:
+  """Samples the next turn of every row from `state`: the first `kept_B` tokens of the
+  last call's sample join the history, then the new tokens (`new_BxM`, left-padded to
+  M, `new_lengths_B` real) are prefilled after them, and sampling goes on.
+
+  The history slots are first moved right-aligned before the cache's index (the
+  slots of dropped tokens and paddings go to the left), so a call needs M + N free
+  slots, never more than the tokens the rows keep. Equals sampling the whole history
+  as one prompt up to float rounding (the same keys, values and positions, attended in
+  another slot order). Returns (SampleOutput, Continuation), as `sample_to_continue`.
+  """
+  N = config.max_new_tokens
+  params = gemma3.decode_layout(params)
+  cache = state.cache
+  rows, S = state.valid_BxS.shape
+  slot = jnp.arange(S)[None, :]
+  index = cache["index"]
+  # A kept token not in the cache (the last call's last) goes first in the new tokens.
+  in_cache = jnp.minimum(kept_B, state.written)
+  missing = kept_B > in_cache
+  last = jnp.take_along_axis(state.tokens_BxN, jnp.minimum(in_cache, N - 1)[:, None], 1)[:, 0]
+  new_BxM = jnp.pad(new_BxM, ((0, 0), (1, 0)), constant_values=config.pad_id)
+  before = (new_BxM.shape[1] - 1 - new_lengths_B)[:, None]  # the slot before the first new
+  fill = jnp.where(missing, last, config.pad_id)[:, None]
+  new_BxM = jnp.where(jnp.arange(new_BxM.shape[1])[None, :] == before, fill, new_BxM)
+  new_lengths_B = new_lengths_B + missing
+  M = new_BxM.shape[1]
+  valid = state.valid_BxS | (
+    (slot >= state.gen_start) & (slot < state.gen_start + in_cache[:, None])
+  )
+  next_pos = state.gen_pos_B + in_cache
+  # Right-align the history before `index`: a stable sort of the slots by (valid,
+  # beyond index), per row.
+  perm = jnp.argsort(jnp.where(slot < index, valid.astype(jnp.int32), 2), axis=1, stable=True)
+  cache = {
+    "k": jnp.take_along_axis(cache["k"], perm[None, :, :, None, None], axis=2),
+    "v": jnp.take_along_axis(cache["v"], perm[None, :, :, None, None], axis=2),
+    "pos": jnp.take_along_axis(cache["pos"], perm, axis=1),
+    "index": index,
+  }
+  valid = jnp.take_along_axis(valid, perm, axis=1)
+  pad_B = M - new_lengths_B
+  j = jnp.arange(M)[None, :]
+  positions = next_pos[:, None] + jnp.maximum(j - pad_B[:, None], 0)
+  new_real = (slot >= index + pad_B[:, None]) & (slot < index + M)  # [rows, S]
+  causal = slot[:, None, :] <= (index + j)[:, :, None]  # [1, M, S]
+  mask = valid[:, None, :] | (new_real[:, None, :] & causal)
+  hidden, cache = gemma3.forward(
+    quant.float_view(params),
+    new_BxM,
+    positions,
+    mask,
+    cache,
+    config=model_config,
+    return_hidden=True,
+  )
+  logits = gemma3.vocab_major_logits(quant.float_view(params), hidden[:, -1])
+  valid = valid | new_real
+  next_pos = next_pos + new_lengths_B
+  gen_start = cache["index"]
+  out, cache, written = _decode(
+    params,
     logits,
     cache,
-    jnp.full((rows, N), config.pad_id, jnp.int32),
-    jnp.zeros((rows, N), jnp.float32),
+    valid,
+    next_pos,
+    _limit(max_new_tokens, N),
+    _row_keys(key, row_ids, rows),
+    model_config=model_config,
+    config=config,
   )
-  t_last, done, logits, _, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
-  _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
-  t_end = t_last + 1
-  mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
-  return SampleOutput(
-    tokens=jnp.where(mask, tokens, config.pad_id),
-    logprobs=jnp.where(mask, logprobs, 0.0),
-    mask=mask,
-    lengths=mask.sum(-1).astype(jnp.int32),
-  )
+  return out, Continuation(cache, valid, gen_start, next_pos, out.tokens, written)
 
 
 def _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples: int) -> None:
