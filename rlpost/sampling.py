@@ -327,13 +327,13 @@ def _sample(
   B, P = tokens_BxP.shape
   params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
   logits, cache = prefill(
-    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N + extra_slots
+    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
   )
   logits = jnp.repeat(logits, num_samples, axis=1)
   cache = _repeat_rows(cache, num_samples)
   lengths = jnp.repeat(lengths_B, num_samples)
   rows = B * num_samples
-  slot_ids = jnp.arange(P + N + extra_slots)[None, :]
+  slot_ids = jnp.arange(P + N)[None, :]
   valid = (slot_ids >= (P - lengths)[:, None]) & (slot_ids < P)
   out, cache, written = _decode(
     params,
@@ -346,6 +346,16 @@ def _sample(
     model_config=model_config,
     config=config,
   )
+  # The later turns' slots are added after the loop: the sample itself is `sample`'s,
+  # bitwise (the attention's reductions run over the same P + N slots).
+  if extra_slots:
+    cache = {
+      "k": jnp.pad(cache["k"], ((0, 0), (0, 0), (0, extra_slots), (0, 0), (0, 0))),
+      "v": jnp.pad(cache["v"], ((0, 0), (0, 0), (0, extra_slots), (0, 0), (0, 0))),
+      "pos": jnp.pad(cache["pos"], ((0, 0), (0, extra_slots)), constant_values=-1),
+      "index": cache["index"],
+    }
+    valid = jnp.pad(valid, ((0, 0), (0, extra_slots)))
   return out, Continuation(cache, valid, jnp.asarray(P, jnp.int32), lengths, out.tokens, written)
 
 
@@ -448,9 +458,9 @@ def continue_sample(
   last call's sample join the history, then the new tokens (`new_BxM`, left-padded to
   M, `new_lengths_B` real) are prefilled after them, and sampling goes on.
 
-  The history slots are first moved right-aligned before the cache's index (the
-  slots of dropped tokens and paddings go to the left), so a call needs M + N free
-  slots, never more than the tokens the rows keep. Equals sampling the whole history
+  The history is first moved to end at one slot for all rows, the longest row's
+  history length (the slots of dropped tokens and paddings go before it), so the cache
+  needs that many slots plus M + 1 + N. Equals sampling the whole history
   as one prompt up to float rounding (the same keys, values and positions, attended in
   another slot order). Returns (SampleOutput, Continuation), as `sample_to_continue`.
   """
@@ -459,7 +469,6 @@ def continue_sample(
   cache = state.cache
   rows, S = state.valid_BxS.shape
   slot = jnp.arange(S)[None, :]
-  index = cache["index"]
   # A kept token not in the cache (the last call's last) goes first in the new tokens.
   in_cache = jnp.minimum(kept_B, state.written)
   missing = kept_B > in_cache
@@ -474,9 +483,11 @@ def continue_sample(
     (slot >= state.gen_start) & (slot < state.gen_start + in_cache[:, None])
   )
   next_pos = state.gen_pos_B + in_cache
-  # Right-align the history before `index`: a stable sort of the slots by (valid,
-  # beyond index), per row.
-  perm = jnp.argsort(jnp.where(slot < index, valid.astype(jnp.int32), 2), axis=1, stable=True)
+  # The history right-aligned before a new index, the longest row's length: a stable
+  # sort of each row's slots by validity puts its history last, a roll moves it there.
+  index = jnp.max(valid.sum(axis=1)).astype(jnp.int32)
+  perm = jnp.argsort(valid.astype(jnp.int32), axis=1, stable=True)
+  perm = jnp.take_along_axis(perm, (jnp.arange(S)[None, :] + S - index) % S, axis=1)
   cache = {
     "k": jnp.take_along_axis(cache["k"], perm[None, :, :, None, None], axis=2),
     "v": jnp.take_along_axis(cache["v"], perm[None, :, :, None, None], axis=2),
@@ -545,3 +556,22 @@ def _generated_mask(tokens_BxN, stop_ids, steps):
   is_stop = jnp.isin(tokens_BxN, stop_ids)
   stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
   return (stops_before == 0) & (jnp.arange(N)[None, :] < steps)
+
+
+def take_rows(state: Continuation, rows) -> Continuation:
+  """The Continuation of `rows` ([R] int indices) of `state`, e.g. the episodes still alive."""
+  rows = jnp.asarray(rows)
+  cache = state.cache
+  return Continuation(
+    {
+      "k": cache["k"][:, rows],
+      "v": cache["v"][:, rows],
+      "pos": cache["pos"][rows],
+      "index": cache["index"],
+    },
+    state.valid_BxS[rows],
+    state.gen_start,
+    state.gen_pos_B[rows],
+    state.tokens_BxN[rows],
+    state.written,
+  )

@@ -42,10 +42,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from rlpost import errors
-from rlpost import sampling
-from rlpost.envs import protocol
-from rlpost.envs import scaffold
+from rlpost import errors, sampling
+from rlpost.envs import protocol, scaffold
 from rlpost.rl import batch as batch_lib
 from rlpost.train import shares
 
@@ -269,46 +267,78 @@ def step_rows(
   return list(pool.map(functools.partial(checked_step, env), states, texts, where))
 
 
-def _sample_alive(
-  params, contexts, turn, G, N, window, key, limit, turns, model_config, sc, ids, longest
-):
-  """The sampled (tokens, logprobs) of each alive row this turn, up to its stop token.
+class _Turns(NamedTuple):
+  """The sampler's state between turns: `cont` holds the KV cache of the rows `rows`
+  (global row indices, in the cache's row order; padding rows repeat one)."""
 
-  Turn 0: `contexts` are the B first prompts, sampled G times each from one shared
-  prefill (the single-turn sampler call; `limit` None when the cap is the turn cap).
-  Later turns: one context per alive row, rows and widths padded per
-  `turns.fixed_shapes` (module doc); padding rows copy the first and are dropped.
-  ids: the global row id of each alive row (turn 0: of all N rows), which alone
-  picks a row's random numbers; longest: turn 0 pads its prompts as if one were this
-  long (the widest over processes).
-  """
-  if turn == 0:
-    tokens, lengths = sampling.pad_prompts(contexts, sc, longest)
-    limit, num_samples, n = (None if limit == sc.max_new_tokens else limit), G, N
-  else:
-    n, num_samples = len(contexts), 1
-    rows = N if turns.fixed_shapes else 1 << (n - 1).bit_length()
-    padded = contexts + [contexts[0]] * (rows - n)
-    ids = list(ids) + [ids[0]] * (rows - n)
-    if turns.fixed_shapes:
-      tokens = np.asarray([[sc.pad_id] * (window - len(c)) + c for c in padded], np.int32)
-      lengths = np.asarray([len(c) for c in padded], np.int32)
-    else:
-      tokens, lengths = sampling.pad_prompts(padded, sc)
-  out = jax.device_get(
-    sampling.sample(
-      params,
-      tokens,
-      lengths,
-      key,
-      limit,
-      np.asarray(ids, np.int32),
-      model_config=model_config,
-      config=sc,
-      num_samples=num_samples,
-    )
+  cont: sampling.Continuation
+  rows: list[int]
+
+
+def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest, extra_slots):
+  """Turn 0: the B first prompts, sampled G times each from one shared prefill (the
+  single-turn sampler call; `limit` None when the cap is the turn cap). Returns
+  (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
+  tokens, lengths = sampling.pad_prompts(prompts, sc, longest)
+  out, cont = sampling.sample_to_continue(
+    params,
+    tokens,
+    lengths,
+    key,
+    limit,
+    np.asarray(ids, np.int32),
+    model_config=model_config,
+    config=sc,
+    num_samples=G,
+    extra_slots=extra_slots,
   )
-  return [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
+  out = jax.device_get(out)
+  n = len(ids)
+  rows = [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
+  return rows, _Turns(cont, list(range(n)))
+
+
+def _next_turn(
+  params, state: _Turns, alive, kept, new, N, chunk, key, limit, turns, model_config, sc, ids
+):
+  """A later turn: each alive row keeps `kept[r]` tokens of its last turn, then its
+  `new[r]` observation tokens are prefilled into its cache and it samples on. The rows
+  sampled are all N (`turns.fixed_shapes`: finished ones keep nothing and add nothing)
+  or the alive ones padded to a power of two; `chunk`: the width the new tokens are
+  padded to. Returns (per alive row: (tokens, logprobs)), the new _Turns)."""
+  live = set(alive)
+  if turns.fixed_shapes:
+    pick = list(range(N))
+  else:
+    pick = alive + [alive[0]] * ((1 << (len(alive) - 1).bit_length()) - len(alive))
+  where = {r: i for i, r in reversed(list(enumerate(state.rows)))}
+  idx = [where[r] for r in pick]
+  cont = state.cont if idx == list(range(len(state.rows))) else sampling.take_rows(state.cont, idx)
+  kept_ = np.asarray([kept[r] if r in live else 0 for r in pick], np.int32)
+  new_ = [new[r] if r in live else [] for r in pick]
+  tokens = np.full((len(pick), chunk), sc.pad_id, np.int32)
+  for i, t in enumerate(new_):
+    if t:
+      tokens[i, chunk - len(t) :] = t
+  out, cont = sampling.continue_sample(
+    params,
+    cont,
+    kept_,
+    tokens,
+    np.asarray([len(t) for t in new_], np.int32),
+    key,
+    limit,
+    np.asarray([ids[r] for r in pick], np.int32),
+    model_config=model_config,
+    config=sc,
+  )
+  out = jax.device_get(out)
+  first = {r: i for i, r in reversed(list(enumerate(pick)))}
+  rows = [
+    (out.tokens[first[r], : out.lengths[first[r]]], out.logprobs[first[r], : out.lengths[first[r]]])
+    for r in alive
+  ]
+  return rows, _Turns(cont, pick)
 
 
 def rollout(
@@ -363,7 +393,6 @@ def rollout(
   longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
-  window = -(-(longest + T) // sc.prompt_bucket) * sc.prompt_bucket
   states = [firsts[r // G][0] for r in range(N)]
   stream = [[] for _ in range(N)]  # completion-slot token ids
   sampled = [[] for _ in range(N)]  # 1: sampled by the model, 0: observation
@@ -372,19 +401,32 @@ def rollout(
   log = [{"rewards": [], "texts": [], "observations": [], "infos": []} for _ in range(N)]
   done, truncated = [False] * N, [False] * N
   alive, turn = list(range(N)), 0
+  ids = [first_row + r for r in range(N)]
+  # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else the
+  # bucket multiple of the longest); the cache holds the longest history plus one turn.
+  chunk = -(-T // sc.prompt_bucket) * sc.prompt_bucket
+  kept, new = [0] * N, [[] for _ in range(N)]
   while alive:
     turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
-    contexts = prompts if turn == 0 else [prompts[r // G] + stream[r] for r in alive]
     limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
-    ids = [first_row + r for r in alive]
-    turn_out = _sample_alive(
-      params, contexts, turn, G, N, window, turn_key, limit, turns, model_config, sc, ids, longest
-    )
+    if turn == 0:
+      cap = None if limit == sc.max_new_tokens else limit
+      turn_out, sampler = _first_turn(
+        params, prompts, G, turn_key, cap, model_config, sc, ids, longest, T + chunk + 1
+      )
+    else:
+      width = chunk
+      if not turns.fixed_shapes:
+        width = -(-max(len(new[r]) for r in alive) // sc.prompt_bucket) * sc.prompt_bucket
+      turn_out, sampler = _next_turn(
+        params, sampler, alive, kept, new, N, width, turn_key, limit, turns, model_config, sc, ids
+      )
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
       toks = [int(t) for t in toks]
       end = batch_lib.stop_length(toks, tokenizer, stops)
       n = min(len(toks) if end is None else end, T - len(stream[r]))
+      kept[r] = n
       stream[r] += toks[:n]
       sampled[r] += [1] * n
       logps[r] += [float(x) for x in lps[:n]]
@@ -412,6 +454,7 @@ def rollout(
         truncated[r] = True
         continue
       stream[r] += obs
+      new[r] = obs
       sampled[r] += [0] * len(obs)
       logps[r] += [0.0] * len(obs)
       turn_of[r] += [turn] * len(obs)
