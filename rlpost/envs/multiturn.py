@@ -48,6 +48,11 @@ from rlpost.rl import batch as batch_lib
 from rlpost.train import shares
 
 
+# A later turn's new tokens (observations) are padded to a multiple of this: they are
+# few, and padding them to the prompt bucket multiplied a turn's prefill work.
+_NEW_BUCKET = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class TurnConfig:
   """Budgets and layout of a multi-turn rollout.
@@ -417,7 +422,7 @@ def rollout(
     else:
       width = chunk
       if not turns.fixed_shapes:
-        width = -(-max(len(new[r]) for r in alive) // sc.prompt_bucket) * sc.prompt_bucket
+        width = min(chunk, -(-max(len(new[r]) for r in alive) // _NEW_BUCKET) * _NEW_BUCKET)
       turn_out, sampler = _next_turn(
         params, sampler, alive, kept, new, N, width, turn_key, limit, turns, model_config, sc, ids
       )
