@@ -3,6 +3,7 @@
 import dataclasses
 import threading
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,23 +147,46 @@ def test_tight_budgets_truncate_and_mask_truncated_episodes():
 
 @pytest.mark.slow
 def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
-  """Each turn's sampler input is a prefix of the final stream, and the sampled ids
-  are in it unchanged (no decode -> encode of the model's tokens).
+  """Each turn's sampler context (the first prompt; later, the last context plus the
+  tokens kept of its turn and the new ones) is a prefix of the final stream, and the
+  sampled ids are in it unchanged (no decode -> encode of the model's tokens).
 
   Mutation caught: re-encoding the decoded turn text into the stream (byte
   tokenizer: invalid UTF-8 bytes come back as U+FFFD's three bytes).
   """
-  recorded = []
-  real_sample = sampling.sample
+  recorded = []  # per call: (each row's context, the output)
+  shadow = {}  # the sampler state's rows: their contexts and last tokens
+  real = sampling.sample_to_continue, sampling.continue_sample, sampling.take_rows
 
-  def spy(params, tokens, lengths, key, max_new_tokens=None, row_ids=None, **kw):
-    out = real_sample(params, tokens, lengths, key, max_new_tokens, row_ids, **kw)
-    recorded.append(
-      (np.asarray(tokens), np.asarray(lengths), jax.device_get(out), kw["num_samples"])
-    )
-    return out
+  def record(contexts, out):
+    out = jax.device_get(out)
+    shadow.update(contexts=contexts, last=np.asarray(out.tokens))
+    recorded.append((contexts, out))
 
-  monkeypatch.setattr(multiturn.sampling, "sample", spy)
+  def first(params, tokens, lengths, key, limit=None, row_ids=None, **kw):
+    out, state = real[0](params, tokens, lengths, key, limit, row_ids, **kw)
+    G, P = kw["num_samples"], np.shape(tokens)[1]
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    record([tokens[i // G, P - lengths[i // G] :].tolist() for i in range(len(out.tokens))], out)
+    return out, state
+
+  def later(params, state, kept, new, new_lengths, key, limit=None, row_ids=None, **kw):
+    out, state_ = real[1](params, state, kept, new, new_lengths, key, limit, row_ids, **kw)
+    new, M, last = np.asarray(new), np.shape(new)[1], shadow["last"]
+    contexts = [
+      c + last[i, : kept[i]].tolist() + new[i, M - new_lengths[i] :].tolist()
+      for i, c in enumerate(shadow["contexts"])
+    ]
+    record(contexts, out)
+    return out, state_
+
+  def take(state, idx):
+    shadow.update(contexts=[shadow["contexts"][i] for i in idx], last=shadow["last"][list(idx)])
+    return real[2](state, idx)
+
+  monkeypatch.setattr(multiturn.sampling, "sample_to_continue", first)
+  monkeypatch.setattr(multiturn.sampling, "continue_sample", later)
+  monkeypatch.setattr(multiturn.sampling, "take_rows", take)
   out, _ = _rollout(_counting_env([]), seeds=[1, 2, 4, 5], G=2, turn_tokens=6, total=300)
   b, P = out.batch, out.batch.prompt_len
   streams = _streams(b)
@@ -171,11 +195,10 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
     for k in set(b.turn_ids[r][b.loss_mask[r] > 0].tolist())
   }
   prompt_len = [int(b.valid[r, :P].sum()) for r in range(len(streams))]
-  for turn, (tokens, lengths, sampled, G) in enumerate(recorded):
+  for turn, (contexts, sampled) in enumerate(recorded):
     rows = [r for r in range(len(streams)) if turn in starts(r)]
     for i, r in enumerate(rows):
-      src = i // G if turn == 0 else i
-      context = list(tokens[src, tokens.shape[1] - lengths[src] :])
+      context = contexts[i]
       start = prompt_len[r] + starts(r)[turn]
       assert context == streams[r][:start], (turn, r)
       k = int(((b.turn_ids[r] == turn) & (b.loss_mask[r] > 0)).sum())
@@ -500,7 +523,7 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
   def sampler(*args, **kwargs):
     raise Sampled
 
-  monkeypatch.setattr(multiturn.sampling, "sample", sampler)
+  monkeypatch.setattr(multiturn.sampling, "sample_to_continue", sampler)
   sc = _sampling_config(5)
   run = lambda cap: multiturn.rollout(
     None,
@@ -711,23 +734,58 @@ def _scripted_logp(token: int, position: int) -> float:
   return -(1 + token % 97 + 100 * (position % 101)) / 1e4
 
 
+class _History(NamedTuple):
+  """Stands in for `sampling.Continuation`: per row its whole context and last tokens."""
+
+  contexts: list
+  tokens: np.ndarray
+
+
+def _patch_sampler(patch, emit):
+  """Replaces the rollout's sampler entry points (`sample_to_continue`, `continue_sample`,
+  `take_rows`) by `emit(contexts, row_ids, config, limit) -> SampleOutput`, called with
+  each row's whole context as a token list: the first prompt, or the last context plus
+  the kept tokens and the new ones."""
+
+  def call(contexts, row_ids, config, limit):
+    out = emit(contexts, np.asarray(row_ids).tolist(), config, limit)
+    return out, _History(contexts, np.asarray(out.tokens))
+
+  def first(params, tokens, lengths, key, limit=None, row_ids=None, *, config, num_samples, **kw):
+    tokens, lengths, P = np.asarray(tokens), np.asarray(lengths), np.shape(tokens)[1]
+    rows = range(tokens.shape[0] * num_samples)
+    contexts = [tokens[i // num_samples, P - lengths[i // num_samples] :].tolist() for i in rows]
+    return call(contexts, row_ids, config, limit)
+
+  def later(params, state, kept, new, new_lengths, key, limit=None, row_ids=None, *, config, **kw):
+    new, M = np.asarray(new), np.shape(new)[1]
+    contexts = [
+      c + state.tokens[i, : kept[i]].tolist() + new[i, M - new_lengths[i] :].tolist()
+      for i, c in enumerate(state.contexts)
+    ]
+    return call(contexts, row_ids, config, limit)
+
+  take = lambda state, idx: _History([state.contexts[i] for i in idx], state.tokens[list(idx)])
+  patch.setattr(multiturn.sampling, "sample_to_continue", first)
+  patch.setattr(multiturn.sampling, "continue_sample", later)
+  patch.setattr(multiturn.sampling, "take_rows", take)
+
+
 class _ScriptedSampler:
-  """Stands in for `sampling.sample`: row id -> its scripted turns (cycled), emitted up to
+  """An `emit` for `_patch_sampler`: row id -> its scripted turns (cycled), emitted up to
   the call's limit or a stop id, as the sampler does; records (context, tokens) per
   (row id, call)."""
 
   def __init__(self, turns_of_row):
     self.turns_of_row, self.calls, self.emitted = turns_of_row, {}, {}
 
-  def __call__(self, params, tokens, lengths, key, limit=None, row_ids=None, **kw):
-    config, G = kw["config"], kw["num_samples"]
-    tokens, lengths, N = np.asarray(tokens), np.asarray(lengths), kw["config"].max_new_tokens
+  def __call__(self, contexts, row_ids, config, limit):
+    N = config.max_new_tokens
     limit = N if limit is None else min(int(limit), N)
-    rows = tokens.shape[0] * G
+    rows = len(contexts)
     out = np.full((rows, N), config.pad_id, np.int32)
     logp, counts, seen = np.zeros((rows, N), np.float32), np.zeros(rows, np.int32), set()
-    for i, row in enumerate(np.asarray(row_ids).tolist()):
-      context = tokens[i // G, tokens.shape[1] - lengths[i // G] :].tolist()
+    for i, (row, context) in enumerate(zip(row_ids, contexts)):
       k = self.calls.get(row, 0)
       script = self.turns_of_row[row % len(self.turns_of_row)]
       emitted = []
@@ -843,7 +901,7 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
   )
   seeds = list(range(10, 10 + tasks))
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(multiturn.sampling, "sample", sampler)
+    _patch_sampler(patch, sampler)
     out = multiturn.rollout(
       None,
       env,
