@@ -210,36 +210,15 @@ def _repeat_rows(tree, n: int):
   return out
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Continuation:
-  """What a later turn needs to go on from a sample without prefilling its history again.
-
-  cache: the KV cache after the last decode step (`gemma3.init_cache`: k, v
-    [L, rows, S, K, hd], pos [rows, S], index []).
-  valid_BxS: bool [rows, S], the history slots a later token may attend (prompt,
-    observations, the tokens kept of earlier turns; not the last call's tokens).
-  gen_start: [] int32, the slot of the last call's first sampled token.
-  gen_pos_B: [rows] int32, that token's position.
-  tokens_BxN: int32, the last call's sampled tokens.
-  written: [] int32, how many of them are in the cache (the last one emitted never
-    went through the model: no later token of that call needed its keys).
-  """
-
-  cache: dict
-  valid_BxS: jax.Array
-  gen_start: jax.Array
-  gen_pos_B: jax.Array
-  tokens_BxN: jax.Array
-  written: jax.Array
-
-
-def _row_keys(key, row_ids, rows: int):
+def row_keys(key, row_ids, rows: int):
+  """[rows] PRNG keys: fold_in(key, row_ids[r]) (row_ids None: 0, 1, ...)."""
   row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
   return jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
 
 
-def _decode(params, logits, cache, valid_BxS, next_pos_B, limit, row_keys, *, model_config, config):
+def decode_loop(
+  params, logits, cache, valid_BxS, next_pos_B, limit, keys_B, *, model_config, config
+):
   """The decode loop from logits [V, rows] of each row's next token.
 
   Token t of row b goes to slot cache["index"] + t at position next_pos_B[b] + t and
@@ -254,7 +233,7 @@ def _decode(params, logits, cache, valid_BxS, next_pos_B, limit, row_keys, *, mo
 
   def emit(t, done, logits, tokens, logprobs):
     """Samples token t of every row from `logits` and records it (pads after a stop)."""
-    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys_B, t)
     token, logp = select_tokens(step_keys, logits, config)
     token = jnp.where(done, config.pad_id, token)
     tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
@@ -304,24 +283,21 @@ def _decode(params, logits, cache, valid_BxS, next_pos_B, limit, row_keys, *, mo
   return out, cache, t_last
 
 
-def _limit(max_new_tokens, N: int):
+def clip_limit(max_new_tokens, N: int):
+  """The traced token cap: max_new_tokens (None: N) clipped to [0, N]."""
   limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
   return jnp.clip(limit, 0, N)
 
 
-def _sample(
-  params,
-  tokens_BxP,
-  lengths_B,
-  key,
-  max_new_tokens,
-  row_ids,
-  extra_slots: int,
-  *,
-  model_config,
-  config,
-  num_samples,
+def sample_with_cache(
+  params, tokens_BxP, lengths_B, key, max_new_tokens, row_ids, *, model_config, config, num_samples
 ):
+  """`sample`'s body (unjitted), also returning what a later turn continues from.
+
+  Returns (SampleOutput, cache after the decode loop, valid_BxS bool [rows, P + N] (the
+  prompt slots), lengths [rows] int32 (the prompt lengths: the first sampled token's
+  position), written [] int32 (how many sampled tokens the cache holds)).
+  """
   _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
@@ -335,28 +311,18 @@ def _sample(
   rows = B * num_samples
   slot_ids = jnp.arange(P + N)[None, :]
   valid = (slot_ids >= (P - lengths)[:, None]) & (slot_ids < P)
-  out, cache, written = _decode(
+  out, cache, written = decode_loop(
     params,
     logits,
     cache,
     valid,
     lengths,
-    _limit(max_new_tokens, N),
-    _row_keys(key, row_ids, rows),
+    clip_limit(max_new_tokens, N),
+    row_keys(key, row_ids, rows),
     model_config=model_config,
     config=config,
   )
-  # The later turns' slots are added after the loop: the sample itself is `sample`'s,
-  # bitwise (the attention's reductions run over the same P + N slots).
-  if extra_slots:
-    cache = {
-      "k": jnp.pad(cache["k"], ((0, 0), (0, 0), (0, extra_slots), (0, 0), (0, 0))),
-      "v": jnp.pad(cache["v"], ((0, 0), (0, 0), (0, extra_slots), (0, 0), (0, 0))),
-      "pos": jnp.pad(cache["pos"], ((0, 0), (0, extra_slots)), constant_values=-1),
-      "index": cache["index"],
-    }
-    valid = jnp.pad(valid, ((0, 0), (0, extra_slots)))
-  return out, Continuation(cache, valid, jnp.asarray(P, jnp.int32), lengths, out.tokens, written)
+  return out, cache, valid, lengths, written
 
 
 @functools.partial(
@@ -393,139 +359,17 @@ def sample(
   Returns:
     SampleOutput with B * G rows.
   """
-  out, _ = _sample(
+  return sample_with_cache(
     params,
     tokens_BxP,
     lengths_B,
     key,
     max_new_tokens,
     row_ids,
-    0,
     model_config=model_config,
     config=config,
     num_samples=num_samples,
-  )
-  return out
-
-
-@functools.partial(
-  jax.jit, static_argnames=("model_config", "config", "num_samples", "extra_slots")
-)
-def sample_to_continue(
-  params,
-  tokens_BxP,
-  lengths_B,
-  key,
-  max_new_tokens=None,
-  row_ids=None,
-  *,
-  model_config: gemma3.Config,
-  config: SamplingConfig,
-  num_samples: int = 1,
-  extra_slots: int,
-) -> tuple[SampleOutput, Continuation]:
-  """`sample`, with a cache of `extra_slots` more slots kept for later turns
-  (`continue_sample`). Returns (SampleOutput, Continuation)."""
-  return _sample(
-    params,
-    tokens_BxP,
-    lengths_B,
-    key,
-    max_new_tokens,
-    row_ids,
-    extra_slots,
-    model_config=model_config,
-    config=config,
-    num_samples=num_samples,
-  )
-
-
-@functools.partial(jax.jit, static_argnames=("model_config", "config"))
-def continue_sample(
-  params,
-  state: Continuation,
-  kept_B,
-  new_BxM,
-  new_lengths_B,
-  key,
-  max_new_tokens=None,
-  row_ids=None,
-  *,
-  model_config: gemma3.Config,
-  config: SamplingConfig,
-) -> tuple[SampleOutput, Continuation]:
-  """Samples the next turn of every row from `state`: the first `kept_B` tokens of the
-  last call's sample join the history, then the new tokens (`new_BxM`, left-padded to
-  M, `new_lengths_B` real) are prefilled after them, and sampling goes on.
-
-  The history is first moved to end at one slot for all rows, the longest row's
-  history length (the slots of dropped tokens and paddings go before it), so the cache
-  needs that many slots plus M + 1 + N. Equals sampling the whole history
-  as one prompt up to float rounding (the same keys, values and positions, attended in
-  another slot order). Returns (SampleOutput, Continuation), as `sample_to_continue`.
-  """
-  N = config.max_new_tokens
-  params = gemma3.decode_layout(params)
-  cache = state.cache
-  rows, S = state.valid_BxS.shape
-  slot = jnp.arange(S)[None, :]
-  # A kept token not in the cache (the last call's last) goes first in the new tokens.
-  in_cache = jnp.minimum(kept_B, state.written)
-  missing = kept_B > in_cache
-  last = jnp.take_along_axis(state.tokens_BxN, jnp.minimum(in_cache, N - 1)[:, None], 1)[:, 0]
-  new_BxM = jnp.pad(new_BxM, ((0, 0), (1, 0)), constant_values=config.pad_id)
-  before = (new_BxM.shape[1] - 1 - new_lengths_B)[:, None]  # the slot before the first new
-  fill = jnp.where(missing, last, config.pad_id)[:, None]
-  new_BxM = jnp.where(jnp.arange(new_BxM.shape[1])[None, :] == before, fill, new_BxM)
-  new_lengths_B = new_lengths_B + missing
-  M = new_BxM.shape[1]
-  valid = state.valid_BxS | (
-    (slot >= state.gen_start) & (slot < state.gen_start + in_cache[:, None])
-  )
-  next_pos = state.gen_pos_B + in_cache
-  # The history right-aligned before a new index, the longest row's length: a stable
-  # sort of each row's slots by validity puts its history last, a roll moves it there.
-  index = jnp.max(valid.sum(axis=1)).astype(jnp.int32)
-  perm = jnp.argsort(valid.astype(jnp.int32), axis=1, stable=True)
-  perm = jnp.take_along_axis(perm, (jnp.arange(S)[None, :] + S - index) % S, axis=1)
-  cache = {
-    "k": jnp.take_along_axis(cache["k"], perm[None, :, :, None, None], axis=2),
-    "v": jnp.take_along_axis(cache["v"], perm[None, :, :, None, None], axis=2),
-    "pos": jnp.take_along_axis(cache["pos"], perm, axis=1),
-    "index": index,
-  }
-  valid = jnp.take_along_axis(valid, perm, axis=1)
-  pad_B = M - new_lengths_B
-  j = jnp.arange(M)[None, :]
-  positions = next_pos[:, None] + jnp.maximum(j - pad_B[:, None], 0)
-  new_real = (slot >= index + pad_B[:, None]) & (slot < index + M)  # [rows, S]
-  causal = slot[:, None, :] <= (index + j)[:, :, None]  # [1, M, S]
-  mask = valid[:, None, :] | (new_real[:, None, :] & causal)
-  hidden, cache = gemma3.forward(
-    quant.float_view(params),
-    new_BxM,
-    positions,
-    mask,
-    cache,
-    config=model_config,
-    return_hidden=True,
-  )
-  logits = gemma3.vocab_major_logits(quant.float_view(params), hidden[:, -1])
-  valid = valid | new_real
-  next_pos = next_pos + new_lengths_B
-  gen_start = cache["index"]
-  out, cache, written = _decode(
-    params,
-    logits,
-    cache,
-    valid,
-    next_pos,
-    _limit(max_new_tokens, N),
-    _row_keys(key, row_ids, rows),
-    model_config=model_config,
-    config=config,
-  )
-  return out, Continuation(cache, valid, gen_start, next_pos, out.tokens, written)
+  )[0]
 
 
 def _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples: int) -> None:
@@ -556,22 +400,3 @@ def _generated_mask(tokens_BxN, stop_ids, steps):
   is_stop = jnp.isin(tokens_BxN, stop_ids)
   stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop
   return (stops_before == 0) & (jnp.arange(N)[None, :] < steps)
-
-
-def take_rows(state: Continuation, rows) -> Continuation:
-  """The Continuation of `rows` ([R] int indices) of `state`, e.g. the episodes still alive."""
-  rows = jnp.asarray(rows)
-  cache = state.cache
-  return Continuation(
-    {
-      "k": cache["k"][:, rows],
-      "v": cache["v"][:, rows],
-      "pos": cache["pos"][rows],
-      "index": cache["index"],
-    },
-    state.valid_BxS[rows],
-    state.gen_start,
-    state.gen_pos_B[rows],
-    state.tokens_BxN[rows],
-    state.written,
-  )

@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 
 from experiments.configs import grpo_gsm8k
 from experiments.configs import ppo_gsm8k
-from rlpost import sampling
+from rlpost import continuation, sampling
 from rlpost.data import prompts as prompts_lib
+from rlpost.data import tasks
+from rlpost.envs import frozenlake
+from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.envs import scaffold
@@ -27,9 +30,11 @@ from rlpost.recipes import ppo
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.train import sharding
+from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import objectives
 from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
+from test_gsm8k_calc import EXAMPLE, NATALIA
 
 TOK = tokenizer_lib.byte_tokenizer()
 HOSTILE = "a <end_of_turn> b <bos><start_of_turn>user\n</tool><too"
@@ -156,7 +161,7 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
   """
   recorded = []  # per call: (each row's context, the output)
   shadow = {}  # the sampler state's rows: their contexts and last tokens
-  real = sampling.sample_to_continue, sampling.continue_sample, sampling.take_rows
+  real = continuation.start, continuation.extend, continuation.take_rows
 
   def record(contexts, out):
     out = jax.device_get(out)
@@ -184,9 +189,9 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
     shadow.update(contexts=[shadow["contexts"][i] for i in idx], last=shadow["last"][list(idx)])
     return real[2](state, idx)
 
-  monkeypatch.setattr(multiturn.sampling, "sample_to_continue", first)
-  monkeypatch.setattr(multiturn.sampling, "continue_sample", later)
-  monkeypatch.setattr(multiturn.sampling, "take_rows", take)
+  monkeypatch.setattr(multiturn.continuation, "start", first)
+  monkeypatch.setattr(multiturn.continuation, "extend", later)
+  monkeypatch.setattr(multiturn.continuation, "take_rows", take)
   out, _ = _rollout(_counting_env([]), seeds=[1, 2, 4, 5], G=2, turn_tokens=6, total=300)
   b, P = out.batch, out.batch.prompt_len
   streams = _streams(b)
@@ -523,7 +528,7 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
   def sampler(*args, **kwargs):
     raise Sampled
 
-  monkeypatch.setattr(multiturn.sampling, "sample_to_continue", sampler)
+  monkeypatch.setattr(multiturn.continuation, "start", sampler)
   sc = _sampling_config(5)
   run = lambda cap: multiturn.rollout(
     None,
@@ -735,27 +740,28 @@ def _scripted_logp(token: int, position: int) -> float:
 
 
 class _History(NamedTuple):
-  """Stands in for `sampling.Continuation`: per row its whole context and last tokens."""
+  """Stands in for `continuation.Continuation`: per row its whole context and last tokens."""
 
   contexts: list
   tokens: np.ndarray
 
 
 def _patch_sampler(patch, emit):
-  """Replaces the rollout's sampler entry points (`sample_to_continue`, `continue_sample`,
-  `take_rows`) by `emit(contexts, row_ids, config, limit) -> SampleOutput`, called with
+  """Replaces the rollout's sampler entry points (`continuation.start`, `extend`,
+  `take_rows`) by `emit(contexts, row_ids, config, limit, key, params, model_config) ->
+  SampleOutput`, called with
   each row's whole context as a token list: the first prompt, or the last context plus
   the kept tokens and the new ones."""
 
-  def call(contexts, row_ids, config, limit):
-    out = emit(contexts, np.asarray(row_ids).tolist(), config, limit)
+  def call(contexts, row_ids, config, limit, key, params, model_config):
+    out = emit(contexts, np.asarray(row_ids).tolist(), config, limit, key, params, model_config)
     return out, _History(contexts, np.asarray(out.tokens))
 
   def first(params, tokens, lengths, key, limit=None, row_ids=None, *, config, num_samples, **kw):
     tokens, lengths, P = np.asarray(tokens), np.asarray(lengths), np.shape(tokens)[1]
     rows = range(tokens.shape[0] * num_samples)
     contexts = [tokens[i // num_samples, P - lengths[i // num_samples] :].tolist() for i in rows]
-    return call(contexts, row_ids, config, limit)
+    return call(contexts, row_ids, config, limit, key, params, kw.get("model_config"))
 
   def later(params, state, kept, new, new_lengths, key, limit=None, row_ids=None, *, config, **kw):
     new, M = np.asarray(new), np.shape(new)[1]
@@ -763,12 +769,115 @@ def _patch_sampler(patch, emit):
       c + state.tokens[i, : kept[i]].tolist() + new[i, M - new_lengths[i] :].tolist()
       for i, c in enumerate(state.contexts)
     ]
-    return call(contexts, row_ids, config, limit)
+    return call(contexts, row_ids, config, limit, key, params, kw.get("model_config"))
 
   take = lambda state, idx: _History([state.contexts[i] for i in idx], state.tokens[list(idx)])
-  patch.setattr(multiturn.sampling, "sample_to_continue", first)
-  patch.setattr(multiturn.sampling, "continue_sample", later)
-  patch.setattr(multiturn.sampling, "take_rows", take)
+  patch.setattr(multiturn.continuation, "start", first)
+  patch.setattr(multiturn.continuation, "extend", later)
+  patch.setattr(multiturn.continuation, "take_rows", take)
+  patch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
+
+
+def reprefilling(width: int):
+  """An `emit` for `_patch_sampler` that samples each row's whole context as one prompt
+  (`sampling.sample` over all rows, left-padded to `width`: one program; the same key
+  and row ids): what the rollout did before it continued the KV cache, the oracle the
+  continued rollout must equal."""
+
+  def emit(contexts, row_ids, config, limit, key, params, model_config):
+    tokens, lengths = sampling.pad_prompts(contexts, config, longest=width)
+    ids = np.asarray(row_ids, np.int32)
+    out = sampling.sample(
+      params, tokens, lengths, key, limit, ids, model_config=model_config, config=config
+    )
+    return jax.device_get(out)
+
+  return emit
+
+
+def assert_same_rollouts(got, want, atol=1e-5):
+  """Two rollouts' batches: the same tokens, masks and turns, logprobs within `atol`."""
+  for field in ("tokens", "valid", "loss_mask", "turn_ids"):
+    np.testing.assert_array_equal(getattr(got.batch, field), getattr(want.batch, field), field)
+  np.testing.assert_allclose(got.batch.sampler_logp, want.batch.sampler_logp, atol=atol)
+  assert [e.texts for e in got.episodes] == [e.texts for e in want.episodes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(temperature):
+  """FrozenLake on the tiny model (random replies are invalid moves, so episodes run their
+  3 turns; greedy with fixed shapes, sampled without): the rollout that continues the
+  KV cache gives the re-prefilling rollout's tokens, masks and texts, and
+  its logprobs within float rounding, greedy and sampled. Mutation caught: `extend`'s
+  new tokens placed one position off (`next_pos` without the kept tokens)."""
+  env = frozenlake.make_env(size=3, max_turns=3, style="char")
+  sc = dataclasses.replace(_sampling_config(6), temperature=temperature)
+  turns = multiturn.TurnConfig("chat", 6, 200, fixed_shapes=temperature == 0)
+  params = _random_params(0)
+  run = lambda: multiturn.rollout(
+    params,
+    env,
+    [None] * 2,
+    [3, 4],
+    jax.random.key(7),
+    tokenizer=TOK,
+    model_config=CONFIG,
+    sampling_config=sc,
+    turns=turns,
+    num_generations=2,
+  )
+  got = run()
+  assert max(len(e.texts) for e in got.episodes) == 3
+  with pytest.MonkeyPatch.context() as patch:
+    _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+    want = run()
+  assert_same_rollouts(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
+  """The real Gemma 3 270M, as the previous test: GSM8K with the calculator (greedy: with
+  one solved example in its ~300-token prompt the model calls the tool, so episodes run
+  two turns) and FrozenLake (sampled, temperature 1). Fixed shapes keep it to two
+  sampler programs for the rollout and one for the oracle per environment. Over 20 s:
+  six 270M sampler programs."""
+  from real_models import gemma3_270m  # pylint: disable=g-import-not-at-top
+
+  config, params, tok = gemma3_270m()
+  task = tasks.Task([NATALIA], gsm8k_rewards.REWARD_FNS, tasks.MATH_ACCURACY, [EXAMPLE])
+  cases = (
+    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), 0.0, 24, (), NATALIA),
+    (frozenlake.make_env(size=4, max_turns=3), 1.0, 4, ("\n",), None),
+  )
+  for env, temperature, turn_tokens, stops, problem in cases:
+    sc = sampling.SamplingConfig(
+      temperature=temperature,
+      stop_ids=(tok.eos_id, tok.end_of_turn_id),
+      max_new_tokens=turn_tokens,
+      pad_id=tok.pad_id,
+      prompt_bucket=64,
+    )
+    turns = multiturn.TurnConfig("plain", turn_tokens, 96, fixed_shapes=True, stop_strings=stops)
+    run = lambda: multiturn.rollout(
+      params,
+      env,
+      [problem],
+      [5],
+      jax.random.key(3),
+      tokenizer=tok,
+      model_config=config,
+      sampling_config=sc,
+      turns=turns,
+      num_generations=2,
+    )
+    got = run()
+    assert max(len(e.texts) for e in got.episodes) >= 2, [e.texts for e in got.episodes]
+    with pytest.MonkeyPatch.context() as patch:
+      _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+      want = run()
+    assert_same_rollouts(got, want, atol=1e-4)
 
 
 class _ScriptedSampler:
@@ -779,7 +888,7 @@ class _ScriptedSampler:
   def __init__(self, turns_of_row):
     self.turns_of_row, self.calls, self.emitted = turns_of_row, {}, {}
 
-  def __call__(self, contexts, row_ids, config, limit):
+  def __call__(self, contexts, row_ids, config, limit, *unused):
     N = config.max_new_tokens
     limit = N if limit is None else min(int(limit), N)
     rows = len(contexts)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import sampling
+from rlpost import continuation, sampling
 from rlpost.models import gemma3
 from test_gemma3 import CONFIG, _random_params
 from rlpost.ops.masks import causal_attention_mask
@@ -272,7 +272,7 @@ def test_bad_sample_arguments_fail_naming_the_argument():
 def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperature):
   """Three turns: a sample of G=2 per prompt, then per row the first `kept` sampled
   tokens (fewer than sampled: a stop string, a budget) plus new tokens of another length
-  per row continue the cache (`continue_sample`); each turn's tokens equal `sample`'s
+  per row continue the cache (`continuation.extend`); each turn's tokens equal `sample`'s
   on the whole history as one left-padded prompt, with the same key and row ids, and
   the logprobs within float rounding. Mutations caught: the kept tokens left out of the
   history (`kept_B` ignored), the new tokens' positions not following the history."""
@@ -283,7 +283,7 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
   prompts = [list(rng.integers(3, CONFIG.vocab_size, n)) for n in (3, 9)]
   tokens, lengths = sampling.pad_prompts(prompts, sc)
   ids = jnp.arange(4, dtype=jnp.int32) + 10
-  out, state = sampling.sample_to_continue(
+  out, state = continuation.start(
     PARAMS,
     tokens,
     lengths,
@@ -293,7 +293,6 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
     model_config=CONFIG,
     config=sc,
     num_samples=2,
-    extra_slots=40,
   )
   histories = [list(prompts[r // 2]) for r in range(4)]
   for turn in (1, 2):
@@ -303,7 +302,23 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
       histories[r] += [int(t) for t in np.asarray(out.tokens)[r, : kept[r]]] + new[r]
     new_tokens, new_lengths = sampling.pad_prompts(new, sc)
     key = jax.random.key(1 + turn)
-    out, state = sampling.continue_sample(
+    # Turn 1 sizes its cache itself (grown past turn 0's P + N); turn 2 gets exactly what
+    # it needs, and one slot less is refused.
+    need = continuation.slots_needed(state, kept, new_tokens.shape[1], sc.max_new_tokens)
+    if turn == 2:
+      with pytest.raises(ValueError, match=f"cache_size={need - 1} slots cannot hold"):
+        continuation.extend(
+          PARAMS,
+          state,
+          kept,
+          new_tokens,
+          new_lengths,
+          key,
+          model_config=CONFIG,
+          config=sc,
+          cache_size=need - 1,
+        )
+    out, state = continuation.extend(
       PARAMS,
       state,
       jnp.asarray(kept, jnp.int32),
@@ -314,6 +329,7 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
       ids,
       model_config=CONFIG,
       config=sc,
+      cache_size=need if turn == 2 else None,
     )
     h_tokens, h_lengths = sampling.pad_prompts(histories, sc)
     want = sampling.sample(

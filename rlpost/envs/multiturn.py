@@ -1,10 +1,12 @@
 """Multi-turn rollouts, token in / token out: the only data source of agentic RL.
 
 One episode per row. Each turn, every row still alive goes through ONE call
-of the jitted sampler; its input is the row's first prompt followed by
+of the jitted sampler; its context is the row's first prompt followed by
 everything since (sampled tokens and observation tokens, exactly as they were
 produced: nothing is decoded and re-encoded, no chat template is re-applied).
-The sampled text is decoded only to give it to the environment.
+Turn 0 is `continuation.start` (the single-turn sampler); a later turn continues
+the row's KV cache (`continuation.extend`): only the new observation tokens are
+prefilled. The sampled text is decoded only to give it to the environment.
 
   reset -> first prompt ids -> [sample turn -> cut at a stop string / budget
   -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
@@ -27,11 +29,13 @@ Randomness: turn 0 samples the G rows of a task from one shared prefill with
 `fold_in(key, k)`.
 
 Shapes of the later turns' sampler calls (each new shape is one compilation,
-~5 s even for a tiny model on CPU): with `fixed_shapes`, every later turn
-samples all N rows (finished ones as discarded copies) over contexts padded
-to the whole window (first prompt + T): one compilation, more compute per
-turn. Otherwise the alive rows are padded to a power of two and the
-contexts to a multiple of the prompt bucket: less compute, more compilations.
+~1-5 s for a tiny model on CPU): with `fixed_shapes`, every later turn
+samples all N rows (finished ones as discarded copies, adding no tokens) with
+the new tokens padded to the whole completion window and a cache of one size:
+one compilation, more compute per turn. Otherwise the alive rows are padded
+to a power of two (finished rows stop costing compute), the new tokens to a
+multiple of 16 and the cache to what the turn needs (`continuation.SLOT_BUCKET`):
+less compute, more compilations.
 """
 
 import dataclasses
@@ -42,8 +46,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from rlpost import errors, sampling
+from rlpost import continuation, errors, sampling
 from rlpost.envs import protocol, scaffold
+from rlpost.models import gemma3
 from rlpost.rl import batch as batch_lib
 from rlpost.train import shares
 
@@ -272,20 +277,23 @@ def step_rows(
   return list(pool.map(functools.partial(checked_step, env), states, texts, where))
 
 
+_decode_layout = jax.jit(gemma3.decode_layout)
+
+
 class _Turns(NamedTuple):
   """The sampler's state between turns: `cont` holds the KV cache of the rows `rows`
   (global row indices, in the cache's row order; padding rows repeat one)."""
 
-  cont: sampling.Continuation
+  cont: continuation.Continuation
   rows: list[int]
 
 
-def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest, extra_slots):
+def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest):
   """Turn 0: the B first prompts, sampled G times each from one shared prefill (the
   single-turn sampler call; `limit` None when the cap is the turn cap). Returns
   (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
   tokens, lengths = sampling.pad_prompts(prompts, sc, longest)
-  out, cont = sampling.sample_to_continue(
+  out, cont = continuation.start(
     params,
     tokens,
     lengths,
@@ -295,7 +303,6 @@ def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest, 
     model_config=model_config,
     config=sc,
     num_samples=G,
-    extra_slots=extra_slots,
   )
   out = jax.device_get(out)
   n = len(ids)
@@ -304,13 +311,14 @@ def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest, 
 
 
 def _next_turn(
-  params, state: _Turns, alive, kept, new, N, chunk, key, limit, turns, model_config, sc, ids
+  params, state: _Turns, alive, kept, new, N, chunk, key, limit, turns, model_config, sc, ids, size
 ):
   """A later turn: each alive row keeps `kept[r]` tokens of its last turn, then its
   `new[r]` observation tokens are prefilled into its cache and it samples on. The rows
   sampled are all N (`turns.fixed_shapes`: finished ones keep nothing and add nothing)
   or the alive ones padded to a power of two; `chunk`: the width the new tokens are
-  padded to. Returns (per alive row: (tokens, logprobs)), the new _Turns)."""
+  padded to; `size`: the cache's slots (None: as this turn needs). Returns (per alive
+  row: (tokens, logprobs)), the new _Turns)."""
   live = set(alive)
   if turns.fixed_shapes:
     pick = list(range(N))
@@ -318,14 +326,15 @@ def _next_turn(
     pick = alive + [alive[0]] * ((1 << (len(alive) - 1).bit_length()) - len(alive))
   where = {r: i for i, r in reversed(list(enumerate(state.rows)))}
   idx = [where[r] for r in pick]
-  cont = state.cont if idx == list(range(len(state.rows))) else sampling.take_rows(state.cont, idx)
+  same = idx == list(range(len(state.rows)))
+  cont = state.cont if same else continuation.take_rows(state.cont, idx)
   kept_ = np.asarray([kept[r] if r in live else 0 for r in pick], np.int32)
   new_ = [new[r] if r in live else [] for r in pick]
   tokens = np.full((len(pick), chunk), sc.pad_id, np.int32)
   for i, t in enumerate(new_):
     if t:
       tokens[i, chunk - len(t) :] = t
-  out, cont = sampling.continue_sample(
+  out, cont = continuation.extend(
     params,
     cont,
     kept_,
@@ -336,6 +345,7 @@ def _next_turn(
     np.asarray([ids[r] for r in pick], np.int32),
     model_config=model_config,
     config=sc,
+    cache_size=size,
   )
   out = jax.device_get(out)
   first = {r: i for i, r in reversed(list(enumerate(pick)))}
@@ -407,24 +417,41 @@ def rollout(
   done, truncated = [False] * N, [False] * N
   alive, turn = list(range(N)), 0
   ids = [first_row + r for r in range(N)]
-  # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else the
-  # bucket multiple of the longest); the cache holds the longest history plus one turn.
+  # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else to a
+  # multiple of _NEW_BUCKET). The cache holds what each turn needs; with fixed_shapes,
+  # what the longest history (the padded prompt + T) and one more turn need.
   chunk = -(-T // sc.prompt_bucket) * sc.prompt_bucket
+  padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
+  fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
   kept, new = [0] * N, [[] for _ in range(N)]
+  params = _decode_layout(params)  # once: each call would copy the layers again
   while alive:
     turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
     limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
     if turn == 0:
       cap = None if limit == sc.max_new_tokens else limit
       turn_out, sampler = _first_turn(
-        params, prompts, G, turn_key, cap, model_config, sc, ids, longest, T + chunk + 1
+        params, prompts, G, turn_key, cap, model_config, sc, ids, longest
       )
     else:
-      width = chunk
+      width, size = chunk, fixed_size
       if not turns.fixed_shapes:
         width = min(chunk, -(-max(len(new[r]) for r in alive) // _NEW_BUCKET) * _NEW_BUCKET)
       turn_out, sampler = _next_turn(
-        params, sampler, alive, kept, new, N, width, turn_key, limit, turns, model_config, sc, ids
+        params,
+        sampler,
+        alive,
+        kept,
+        new,
+        N,
+        width,
+        turn_key,
+        limit,
+        turns,
+        model_config,
+        sc,
+        ids,
+        size,
       )
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
