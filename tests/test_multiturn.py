@@ -529,6 +529,7 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
     raise Sampled
 
   monkeypatch.setattr(multiturn.continuation, "start", sampler)
+  monkeypatch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
   sc = _sampling_config(5)
   run = lambda cap: multiturn.rollout(
     None,
@@ -838,28 +839,29 @@ def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(tempera
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
-  """The real Gemma 3 270M, as the previous test: GSM8K with the calculator (greedy: with
-  one solved example in its ~300-token prompt the model calls the tool, so episodes run
-  two turns) and FrozenLake (sampled, temperature 1). Fixed shapes keep it to two
-  sampler programs for the rollout and one for the oracle per environment. Over 20 s:
-  six 270M sampler programs."""
+  """The real Gemma 3 270M, greedy, as the previous test: GSM8K with the calculator (with
+  one solved example in its 221-token prompt the model calls the tool: two turns) and
+  FrozenLake (three turns). One sampling config, prompt width and window for both, so
+  the two environments share three sampler programs (start, extend, the oracle's).
+  Over 20 s: 270M sampler programs and ~100 decode steps per side."""
   from real_models import gemma3_270m  # pylint: disable=g-import-not-at-top
 
   config, params, tok = gemma3_270m()
   task = tasks.Task([NATALIA], gsm8k_rewards.REWARD_FNS, tasks.MATH_ACCURACY, [EXAMPLE])
-  cases = (
-    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), 0.0, 24, (), NATALIA),
-    (frozenlake.make_env(size=4, max_turns=3), 1.0, 4, ("\n",), None),
+  newline = scaffold.text_ids(tok, "\n")
+  sc = sampling.SamplingConfig(
+    temperature=0.0,
+    stop_ids=(tok.eos_id, tok.end_of_turn_id, *newline),
+    max_new_tokens=24,
+    pad_id=tok.pad_id,
+    prompt_bucket=256,
   )
-  for env, temperature, turn_tokens, stops, problem in cases:
-    sc = sampling.SamplingConfig(
-      temperature=temperature,
-      stop_ids=(tok.eos_id, tok.end_of_turn_id),
-      max_new_tokens=turn_tokens,
-      pad_id=tok.pad_id,
-      prompt_bucket=64,
-    )
-    turns = multiturn.TurnConfig("plain", turn_tokens, 96, fixed_shapes=True, stop_strings=stops)
+  turns = multiturn.TurnConfig("plain", 24, 96, fixed_shapes=True)
+  cases = (
+    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), NATALIA, 2),
+    (frozenlake.make_env(size=4, max_turns=3), None, 3),
+  )
+  for env, problem, turns_taken in cases:
     run = lambda: multiturn.rollout(
       params,
       env,
@@ -873,7 +875,7 @@ def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
       num_generations=2,
     )
     got = run()
-    assert max(len(e.texts) for e in got.episodes) >= 2, [e.texts for e in got.episodes]
+    assert [len(e.texts) for e in got.episodes] == [turns_taken] * 2, env.name
     with pytest.MonkeyPatch.context() as patch:
       _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
       want = run()

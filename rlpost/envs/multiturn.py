@@ -420,7 +420,7 @@ def rollout(
   # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else to a
   # multiple of _NEW_BUCKET). The cache holds what each turn needs; with fixed_shapes,
   # what the longest history (the padded prompt + T) and one more turn need.
-  chunk = -(-T // sc.prompt_bucket) * sc.prompt_bucket
+  chunk = -(-T // _NEW_BUCKET) * _NEW_BUCKET
   padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
   fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
   kept, new = [0] * N, [[] for _ in range(N)]
