@@ -210,6 +210,121 @@ def _repeat_rows(tree, n: int):
   return out
 
 
+def row_keys(key, row_ids, rows: int):
+  """[rows] PRNG keys: fold_in(key, row_ids[r]) (row_ids None: 0, 1, ...)."""
+  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
+  return jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
+
+
+def decode_loop(
+  params, logits, cache, valid_BxS, next_pos_B, limit, keys_B, *, model_config, config
+):
+  """The decode loop from logits [V, rows] of each row's next token.
+
+  Token t of row b goes to slot cache["index"] + t at position next_pos_B[b] + t and
+  attends the slots `valid_BxS` plus the tokens sampled before it. Returns
+  (SampleOutput, the cache after the loop, how many tokens it holds of each row's).
+  """
+  N = config.max_new_tokens
+  rows = valid_BxS.shape[0]
+  start = cache["index"]
+  slot_ids = jnp.arange(valid_BxS.shape[1])[None, :]
+  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+
+  def emit(t, done, logits, tokens, logprobs):
+    """Samples token t of every row from `logits` and records it (pads after a stop)."""
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys_B, t)
+    token, logp = select_tokens(step_keys, logits, config)
+    token = jnp.where(done, config.pad_id, token)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
+    logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))
+    return token, done | jnp.isin(token, stop_ids), tokens, logprobs
+
+  # The loop emits tokens 0 .. limit-2, each followed by the forward that gives the
+  # next logits; the last token is emitted after it (no forward would use its logits).
+  def cond(carry):
+    t, done = carry[0], carry[1]
+    return (t + 1 < limit) & ~jnp.all(done)
+
+  def body(carry):
+    t, done, logits, cache, tokens, logprobs = carry
+    token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
+    mask = (valid_BxS | ((slot_ids >= start) & (slot_ids <= start + t)))[:, None, :]
+    hidden, cache = gemma3.forward(
+      params,
+      token[:, None],
+      (next_pos_B + t)[:, None],
+      mask,
+      cache,
+      config=model_config,
+      return_hidden=True,
+    )
+    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
+    return t + 1, done, logits, cache, tokens, logprobs
+
+  carry = (
+    jnp.zeros((), jnp.int32),
+    jnp.zeros((rows,), bool),
+    logits,
+    cache,
+    jnp.full((rows, N), config.pad_id, jnp.int32),
+    jnp.zeros((rows, N), jnp.float32),
+  )
+  t_last, done, logits, cache, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
+  t_end = t_last + 1
+  mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
+  out = SampleOutput(
+    tokens=jnp.where(mask, tokens, config.pad_id),
+    logprobs=jnp.where(mask, logprobs, 0.0),
+    mask=mask,
+    lengths=mask.sum(-1).astype(jnp.int32),
+  )
+  return out, cache, t_last
+
+
+def clip_limit(max_new_tokens, N: int):
+  """The traced token cap: max_new_tokens (None: N) clipped to [0, N]."""
+  limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
+  return jnp.clip(limit, 0, N)
+
+
+def sample_with_cache(
+  params, tokens_BxP, lengths_B, key, max_new_tokens, row_ids, *, model_config, config, num_samples
+):
+  """`sample`'s body (unjitted), also returning what a later turn continues from.
+
+  Returns (SampleOutput, cache after the decode loop, valid_BxS bool [rows, P + N] (the
+  prompt slots), lengths [rows] int32 (the prompt lengths: the first sampled token's
+  position), written [] int32 (how many sampled tokens the cache holds)).
+  """
+  _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
+  N = config.max_new_tokens
+  B, P = tokens_BxP.shape
+  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
+  logits, cache = prefill(
+    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
+  )
+  logits = jnp.repeat(logits, num_samples, axis=1)
+  cache = _repeat_rows(cache, num_samples)
+  lengths = jnp.repeat(lengths_B, num_samples)
+  rows = B * num_samples
+  slot_ids = jnp.arange(P + N)[None, :]
+  valid = (slot_ids >= (P - lengths)[:, None]) & (slot_ids < P)
+  out, cache, written = decode_loop(
+    params,
+    logits,
+    cache,
+    valid,
+    lengths,
+    clip_limit(max_new_tokens, N),
+    row_keys(key, row_ids, rows),
+    model_config=model_config,
+    config=config,
+  )
+  return out, cache, valid, lengths, written
+
+
 @functools.partial(
   jax.jit, static_argnames=("model_config", "config", "num_samples"), donate_argnames=()
 )
@@ -244,74 +359,17 @@ def sample(
   Returns:
     SampleOutput with B * G rows.
   """
-  _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
-  N = config.max_new_tokens
-  B, P = tokens_BxP.shape
-  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
-  limit = jnp.asarray(N if max_new_tokens is None else max_new_tokens, jnp.int32)
-  limit = jnp.clip(limit, 0, N)
-  logits, cache = prefill(
-    params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
-  )
-  logits = jnp.repeat(logits, num_samples, axis=1)
-  cache = _repeat_rows(cache, num_samples)
-  lengths = jnp.repeat(lengths_B, num_samples)
-  rows = B * num_samples
-  pad_start = P - lengths
-  slot_ids = jnp.arange(P + N)[None, :]
-  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
-  row_ids = jnp.arange(rows, dtype=jnp.int32) if row_ids is None else row_ids
-  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_ids)
-
-  def emit(t, done, logits, tokens, logprobs):
-    """Samples token t of every row from `logits` and records it (pads after a stop)."""
-    step_keys = jax.vmap(jax.random.fold_in, (0, None))(row_keys, t)
-    token, logp = select_tokens(step_keys, logits, config)
-    token = jnp.where(done, config.pad_id, token)
-    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
-    logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(done, 0.0, logp)[:, None], (0, t))
-    return token, done | jnp.isin(token, stop_ids), tokens, logprobs
-
-  # The loop emits tokens 0 .. limit-2, each followed by the forward that gives the
-  # next logits; the last token is emitted after it (no forward would use its logits).
-  def cond(carry):
-    t, done = carry[0], carry[1]
-    return (t + 1 < limit) & ~jnp.all(done)
-
-  def body(carry):
-    t, done, logits, cache, tokens, logprobs = carry
-    token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
-    mask = ((slot_ids >= pad_start[:, None]) & (slot_ids <= P + t))[:, None, :]
-    hidden, cache = gemma3.forward(
-      params,
-      token[:, None],
-      (lengths + t)[:, None],
-      mask,
-      cache,
-      config=model_config,
-      return_hidden=True,
-    )
-    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
-    return t + 1, done, logits, cache, tokens, logprobs
-
-  carry = (
-    jnp.zeros((), jnp.int32),
-    jnp.zeros((rows,), bool),
-    logits,
-    cache,
-    jnp.full((rows, N), config.pad_id, jnp.int32),
-    jnp.zeros((rows, N), jnp.float32),
-  )
-  t_last, done, logits, _, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
-  _, _, tokens, logprobs = emit(t_last, done, logits, tokens, logprobs)
-  t_end = t_last + 1
-  mask = _generated_mask(tokens, stop_ids, jnp.minimum(t_end, limit))
-  return SampleOutput(
-    tokens=jnp.where(mask, tokens, config.pad_id),
-    logprobs=jnp.where(mask, logprobs, 0.0),
-    mask=mask,
-    lengths=mask.sum(-1).astype(jnp.int32),
-  )
+  return sample_with_cache(
+    params,
+    tokens_BxP,
+    lengths_B,
+    key,
+    max_new_tokens,
+    row_ids,
+    model_config=model_config,
+    config=config,
+    num_samples=num_samples,
+  )[0]
 
 
 def _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples: int) -> None:

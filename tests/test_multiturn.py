@@ -3,6 +3,7 @@
 import dataclasses
 import threading
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +14,11 @@ from hypothesis import strategies as st
 
 from experiments.configs import grpo_gsm8k
 from experiments.configs import ppo_gsm8k
-from rlpost import sampling
+from rlpost import continuation, sampling
 from rlpost.data import prompts as prompts_lib
+from rlpost.data import tasks
+from rlpost.envs import frozenlake
+from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.envs import scaffold
@@ -26,9 +30,11 @@ from rlpost.recipes import ppo
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.train import sharding
+from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import objectives
 from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
+from test_gsm8k_calc import EXAMPLE, NATALIA
 
 TOK = tokenizer_lib.byte_tokenizer()
 HOSTILE = "a <end_of_turn> b <bos><start_of_turn>user\n</tool><too"
@@ -146,23 +152,46 @@ def test_tight_budgets_truncate_and_mask_truncated_episodes():
 
 @pytest.mark.slow
 def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
-  """Each turn's sampler input is a prefix of the final stream, and the sampled ids
-  are in it unchanged (no decode -> encode of the model's tokens).
+  """Each turn's sampler context (the first prompt; later, the last context plus the
+  tokens kept of its turn and the new ones) is a prefix of the final stream, and the
+  sampled ids are in it unchanged (no decode -> encode of the model's tokens).
 
   Mutation caught: re-encoding the decoded turn text into the stream (byte
   tokenizer: invalid UTF-8 bytes come back as U+FFFD's three bytes).
   """
-  recorded = []
-  real_sample = sampling.sample
+  recorded = []  # per call: (each row's context, the output)
+  shadow = {}  # the sampler state's rows: their contexts and last tokens
+  real = continuation.start, continuation.extend, continuation.take_rows
 
-  def spy(params, tokens, lengths, key, max_new_tokens=None, row_ids=None, **kw):
-    out = real_sample(params, tokens, lengths, key, max_new_tokens, row_ids, **kw)
-    recorded.append(
-      (np.asarray(tokens), np.asarray(lengths), jax.device_get(out), kw["num_samples"])
-    )
-    return out
+  def record(contexts, out):
+    out = jax.device_get(out)
+    shadow.update(contexts=contexts, last=np.asarray(out.tokens))
+    recorded.append((contexts, out))
 
-  monkeypatch.setattr(multiturn.sampling, "sample", spy)
+  def first(params, tokens, lengths, key, limit=None, row_ids=None, **kw):
+    out, state = real[0](params, tokens, lengths, key, limit, row_ids, **kw)
+    G, P = kw["num_samples"], np.shape(tokens)[1]
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    record([tokens[i // G, P - lengths[i // G] :].tolist() for i in range(len(out.tokens))], out)
+    return out, state
+
+  def later(params, state, kept, new, new_lengths, key, limit=None, row_ids=None, **kw):
+    out, state_ = real[1](params, state, kept, new, new_lengths, key, limit, row_ids, **kw)
+    new, M, last = np.asarray(new), np.shape(new)[1], shadow["last"]
+    contexts = [
+      c + last[i, : kept[i]].tolist() + new[i, M - new_lengths[i] :].tolist()
+      for i, c in enumerate(shadow["contexts"])
+    ]
+    record(contexts, out)
+    return out, state_
+
+  def take(state, idx):
+    shadow.update(contexts=[shadow["contexts"][i] for i in idx], last=shadow["last"][list(idx)])
+    return real[2](state, idx)
+
+  monkeypatch.setattr(multiturn.continuation, "start", first)
+  monkeypatch.setattr(multiturn.continuation, "extend", later)
+  monkeypatch.setattr(multiturn.continuation, "take_rows", take)
   out, _ = _rollout(_counting_env([]), seeds=[1, 2, 4, 5], G=2, turn_tokens=6, total=300)
   b, P = out.batch, out.batch.prompt_len
   streams = _streams(b)
@@ -171,11 +200,10 @@ def test_sampler_inputs_are_prefixes_of_the_training_stream(monkeypatch):
     for k in set(b.turn_ids[r][b.loss_mask[r] > 0].tolist())
   }
   prompt_len = [int(b.valid[r, :P].sum()) for r in range(len(streams))]
-  for turn, (tokens, lengths, sampled, G) in enumerate(recorded):
+  for turn, (contexts, sampled) in enumerate(recorded):
     rows = [r for r in range(len(streams)) if turn in starts(r)]
     for i, r in enumerate(rows):
-      src = i // G if turn == 0 else i
-      context = list(tokens[src, tokens.shape[1] - lengths[src] :])
+      context = contexts[i]
       start = prompt_len[r] + starts(r)[turn]
       assert context == streams[r][:start], (turn, r)
       k = int(((b.turn_ids[r] == turn) & (b.loss_mask[r] > 0)).sum())
@@ -500,7 +528,8 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
   def sampler(*args, **kwargs):
     raise Sampled
 
-  monkeypatch.setattr(multiturn.sampling, "sample", sampler)
+  monkeypatch.setattr(multiturn.continuation, "start", sampler)
+  monkeypatch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
   sc = _sampling_config(5)
   run = lambda cap: multiturn.rollout(
     None,
@@ -711,23 +740,163 @@ def _scripted_logp(token: int, position: int) -> float:
   return -(1 + token % 97 + 100 * (position % 101)) / 1e4
 
 
+class _History(NamedTuple):
+  """Stands in for `continuation.Continuation`: per row its whole context and last tokens."""
+
+  contexts: list
+  tokens: np.ndarray
+
+
+def _patch_sampler(patch, emit):
+  """Replaces the rollout's sampler entry points (`continuation.start`, `extend`,
+  `take_rows`) by `emit(contexts, row_ids, config, limit, key, params, model_config) ->
+  SampleOutput`, called with
+  each row's whole context as a token list: the first prompt, or the last context plus
+  the kept tokens and the new ones."""
+
+  def call(contexts, row_ids, config, limit, key, params, model_config):
+    out = emit(contexts, np.asarray(row_ids).tolist(), config, limit, key, params, model_config)
+    return out, _History(contexts, np.asarray(out.tokens))
+
+  def first(params, tokens, lengths, key, limit=None, row_ids=None, *, config, num_samples, **kw):
+    tokens, lengths, P = np.asarray(tokens), np.asarray(lengths), np.shape(tokens)[1]
+    rows = range(tokens.shape[0] * num_samples)
+    contexts = [tokens[i // num_samples, P - lengths[i // num_samples] :].tolist() for i in rows]
+    return call(contexts, row_ids, config, limit, key, params, kw.get("model_config"))
+
+  def later(params, state, kept, new, new_lengths, key, limit=None, row_ids=None, *, config, **kw):
+    new, M = np.asarray(new), np.shape(new)[1]
+    contexts = [
+      c + state.tokens[i, : kept[i]].tolist() + new[i, M - new_lengths[i] :].tolist()
+      for i, c in enumerate(state.contexts)
+    ]
+    return call(contexts, row_ids, config, limit, key, params, kw.get("model_config"))
+
+  take = lambda state, idx: _History([state.contexts[i] for i in idx], state.tokens[list(idx)])
+  patch.setattr(multiturn.continuation, "start", first)
+  patch.setattr(multiturn.continuation, "extend", later)
+  patch.setattr(multiturn.continuation, "take_rows", take)
+  patch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
+
+
+def reprefilling(width: int):
+  """An `emit` for `_patch_sampler` that samples each row's whole context as one prompt
+  (`sampling.sample` over all rows, left-padded to `width`: one program; the same key
+  and row ids): what the rollout did before it continued the KV cache, the oracle the
+  continued rollout must equal."""
+
+  def emit(contexts, row_ids, config, limit, key, params, model_config):
+    tokens, lengths = sampling.pad_prompts(contexts, config, longest=width)
+    ids = np.asarray(row_ids, np.int32)
+    out = sampling.sample(
+      params, tokens, lengths, key, limit, ids, model_config=model_config, config=config
+    )
+    return jax.device_get(out)
+
+  return emit
+
+
+def assert_same_rollouts(got, want, atol=1e-5):
+  """Two rollouts' batches: the same tokens, masks and turns, logprobs within `atol`."""
+  for field in ("tokens", "valid", "loss_mask", "turn_ids"):
+    np.testing.assert_array_equal(getattr(got.batch, field), getattr(want.batch, field), field)
+  np.testing.assert_allclose(got.batch.sampler_logp, want.batch.sampler_logp, atol=atol)
+  assert [e.texts for e in got.episodes] == [e.texts for e in want.episodes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(temperature):
+  """FrozenLake on the tiny model (random replies are invalid moves, so episodes run their
+  3 turns; greedy with fixed shapes, sampled without): the rollout that continues the
+  KV cache gives the re-prefilling rollout's tokens, masks and texts, and
+  its logprobs within float rounding, greedy and sampled. Mutation caught: `extend`'s
+  new tokens placed one position off (`next_pos` without the kept tokens)."""
+  env = frozenlake.make_env(size=3, max_turns=3, style="char")
+  sc = dataclasses.replace(_sampling_config(6), temperature=temperature)
+  turns = multiturn.TurnConfig("chat", 6, 200, fixed_shapes=temperature == 0)
+  params = _random_params(0)
+  run = lambda: multiturn.rollout(
+    params,
+    env,
+    [None] * 2,
+    [3, 4],
+    jax.random.key(7),
+    tokenizer=TOK,
+    model_config=CONFIG,
+    sampling_config=sc,
+    turns=turns,
+    num_generations=2,
+  )
+  got = run()
+  assert max(len(e.texts) for e in got.episodes) == 3
+  with pytest.MonkeyPatch.context() as patch:
+    _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+    want = run()
+  assert_same_rollouts(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
+  """The real Gemma 3 270M, greedy, as the previous test: GSM8K with the calculator (with
+  one solved example in its 221-token prompt the model calls the tool: two turns) and
+  FrozenLake (three turns). One sampling config, prompt width and window for both, so
+  the two environments share three sampler programs (start, extend, the oracle's).
+  Over 20 s: 270M sampler programs and ~100 decode steps per side."""
+  from real_models import gemma3_270m  # pylint: disable=g-import-not-at-top
+
+  config, params, tok = gemma3_270m()
+  task = tasks.Task([NATALIA], gsm8k_rewards.REWARD_FNS, tasks.MATH_ACCURACY, [EXAMPLE])
+  newline = scaffold.text_ids(tok, "\n")
+  sc = sampling.SamplingConfig(
+    temperature=0.0,
+    stop_ids=(tok.eos_id, tok.end_of_turn_id, *newline),
+    max_new_tokens=24,
+    pad_id=tok.pad_id,
+    prompt_bucket=256,
+  )
+  turns = multiturn.TurnConfig("plain", 24, 96, fixed_shapes=True)
+  cases = (
+    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), NATALIA, 2),
+    (frozenlake.make_env(size=4, max_turns=3), None, 3),
+  )
+  for env, problem, turns_taken in cases:
+    run = lambda: multiturn.rollout(
+      params,
+      env,
+      [problem],
+      [5],
+      jax.random.key(3),
+      tokenizer=tok,
+      model_config=config,
+      sampling_config=sc,
+      turns=turns,
+      num_generations=2,
+    )
+    got = run()
+    assert [len(e.texts) for e in got.episodes] == [turns_taken] * 2, env.name
+    with pytest.MonkeyPatch.context() as patch:
+      _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+      want = run()
+    assert_same_rollouts(got, want, atol=1e-4)
+
+
 class _ScriptedSampler:
-  """Stands in for `sampling.sample`: row id -> its scripted turns (cycled), emitted up to
+  """An `emit` for `_patch_sampler`: row id -> its scripted turns (cycled), emitted up to
   the call's limit or a stop id, as the sampler does; records (context, tokens) per
   (row id, call)."""
 
   def __init__(self, turns_of_row):
     self.turns_of_row, self.calls, self.emitted = turns_of_row, {}, {}
 
-  def __call__(self, params, tokens, lengths, key, limit=None, row_ids=None, **kw):
-    config, G = kw["config"], kw["num_samples"]
-    tokens, lengths, N = np.asarray(tokens), np.asarray(lengths), kw["config"].max_new_tokens
+  def __call__(self, contexts, row_ids, config, limit, *unused):
+    N = config.max_new_tokens
     limit = N if limit is None else min(int(limit), N)
-    rows = tokens.shape[0] * G
+    rows = len(contexts)
     out = np.full((rows, N), config.pad_id, np.int32)
     logp, counts, seen = np.zeros((rows, N), np.float32), np.zeros(rows, np.int32), set()
-    for i, row in enumerate(np.asarray(row_ids).tolist()):
-      context = tokens[i // G, tokens.shape[1] - lengths[i // G] :].tolist()
+    for i, (row, context) in enumerate(zip(row_ids, contexts)):
       k = self.calls.get(row, 0)
       script = self.turns_of_row[row % len(self.turns_of_row)]
       emitted = []
@@ -843,7 +1012,7 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
   )
   seeds = list(range(10, 10 + tasks))
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(multiturn.sampling, "sample", sampler)
+    _patch_sampler(patch, sampler)
     out = multiturn.rollout(
       None,
       env,

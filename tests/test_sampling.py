@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost import sampling
+from rlpost import continuation, sampling
 from rlpost.models import gemma3
 from test_gemma3 import CONFIG, _random_params
 from rlpost.ops.masks import causal_attention_mask
@@ -266,3 +266,74 @@ def test_bad_sample_arguments_fail_naming_the_argument():
   for field in ("top_k", "max_new_tokens", "prompt_bucket"):
     with pytest.raises(ValueError, match=f"SamplingConfig.{field}=2.5 must be a whole number"):
       sampling.SamplingConfig(**{field: 2.5})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperature):
+  """Three turns: a sample of G=2 per prompt, then per row the first `kept` sampled
+  tokens (fewer than sampled: a stop string, a budget) plus new tokens of another length
+  per row continue the cache (`continuation.extend`); each turn's tokens equal `sample`'s
+  on the whole history as one left-padded prompt, with the same key and row ids, and
+  the logprobs within float rounding. Mutations caught: the kept tokens left out of the
+  history (`kept_B` ignored), the new tokens' positions not following the history."""
+  sc = sampling.SamplingConfig(
+    temperature=temperature, max_new_tokens=6, stop_ids=(), prompt_bucket=8
+  )
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(3, CONFIG.vocab_size, n)) for n in (3, 9)]
+  tokens, lengths = sampling.pad_prompts(prompts, sc)
+  ids = jnp.arange(4, dtype=jnp.int32) + 10
+  out, state = continuation.start(
+    PARAMS,
+    tokens,
+    lengths,
+    jax.random.key(1),
+    None,
+    ids,
+    model_config=CONFIG,
+    config=sc,
+    num_samples=2,
+  )
+  histories = [list(prompts[r // 2]) for r in range(4)]
+  for turn in (1, 2):
+    kept = rng.integers(1, 7, 4)
+    new = [list(rng.integers(3, CONFIG.vocab_size, n)) for n in rng.integers(1, 5, 4)]
+    for r in range(4):
+      histories[r] += [int(t) for t in np.asarray(out.tokens)[r, : kept[r]]] + new[r]
+    new_tokens, new_lengths = sampling.pad_prompts(new, sc)
+    key = jax.random.key(1 + turn)
+    # Turn 1 sizes its cache itself (grown past turn 0's P + N); turn 2 gets exactly what
+    # it needs, and one slot less is refused.
+    need = continuation.slots_needed(state, kept, new_tokens.shape[1], sc.max_new_tokens)
+    if turn == 2:
+      with pytest.raises(ValueError, match=f"cache_size={need - 1} slots cannot hold"):
+        continuation.extend(
+          PARAMS,
+          state,
+          kept,
+          new_tokens,
+          new_lengths,
+          key,
+          model_config=CONFIG,
+          config=sc,
+          cache_size=need - 1,
+        )
+    out, state = continuation.extend(
+      PARAMS,
+      state,
+      jnp.asarray(kept, jnp.int32),
+      new_tokens,
+      new_lengths,
+      key,
+      None,
+      ids,
+      model_config=CONFIG,
+      config=sc,
+      cache_size=need if turn == 2 else None,
+    )
+    h_tokens, h_lengths = sampling.pad_prompts(histories, sc)
+    want = sampling.sample(
+      PARAMS, h_tokens, h_lengths, key, None, ids, model_config=CONFIG, config=sc
+    )
+    np.testing.assert_array_equal(out.tokens, want.tokens, err_msg=f"turn {turn}")
+    np.testing.assert_allclose(out.logprobs, want.logprobs, atol=1e-5, err_msg=f"turn {turn}")

@@ -1,10 +1,12 @@
 """Multi-turn rollouts, token in / token out: the only data source of agentic RL.
 
 One episode per row. Each turn, every row still alive goes through ONE call
-of the jitted sampler; its input is the row's first prompt followed by
+of the jitted sampler; its context is the row's first prompt followed by
 everything since (sampled tokens and observation tokens, exactly as they were
 produced: nothing is decoded and re-encoded, no chat template is re-applied).
-The sampled text is decoded only to give it to the environment.
+Turn 0 is `continuation.start` (the single-turn sampler); a later turn continues
+the row's KV cache (`continuation.extend`): only the new observation tokens are
+prefilled. The sampled text is decoded only to give it to the environment.
 
   reset -> first prompt ids -> [sample turn -> cut at a stop string / budget
   -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
@@ -27,11 +29,13 @@ Randomness: turn 0 samples the G rows of a task from one shared prefill with
 `fold_in(key, k)`.
 
 Shapes of the later turns' sampler calls (each new shape is one compilation,
-~5 s even for a tiny model on CPU): with `fixed_shapes`, every later turn
-samples all N rows (finished ones as discarded copies) over contexts padded
-to the whole window (first prompt + T): one compilation, more compute per
-turn. Otherwise the alive rows are padded to a power of two and the
-contexts to a multiple of the prompt bucket: less compute, more compilations.
+~1-5 s for a tiny model on CPU): with `fixed_shapes`, every later turn
+samples all N rows (finished ones as discarded copies, adding no tokens) with
+the new tokens padded to the whole completion window and a cache of one size:
+one compilation, more compute per turn. Otherwise the alive rows are padded
+to a power of two (finished rows stop costing compute), the new tokens to a
+multiple of 16 and the cache to what the turn needs (`continuation.SLOT_BUCKET`):
+less compute, more compilations.
 """
 
 import dataclasses
@@ -42,12 +46,16 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from rlpost import errors
-from rlpost import sampling
-from rlpost.envs import protocol
-from rlpost.envs import scaffold
+from rlpost import continuation, errors, sampling
+from rlpost.envs import protocol, scaffold
+from rlpost.models import gemma3
 from rlpost.rl import batch as batch_lib
 from rlpost.train import shares
+
+
+# A later turn's new tokens (observations) are padded to a multiple of this: they are
+# few, and padding them to the prompt bucket multiplied a turn's prefill work.
+_NEW_BUCKET = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,46 +277,83 @@ def step_rows(
   return list(pool.map(functools.partial(checked_step, env), states, texts, where))
 
 
-def _sample_alive(
-  params, contexts, turn, G, N, window, key, limit, turns, model_config, sc, ids, longest
-):
-  """The sampled (tokens, logprobs) of each alive row this turn, up to its stop token.
+_decode_layout = jax.jit(gemma3.decode_layout)
 
-  Turn 0: `contexts` are the B first prompts, sampled G times each from one shared
-  prefill (the single-turn sampler call; `limit` None when the cap is the turn cap).
-  Later turns: one context per alive row, rows and widths padded per
-  `turns.fixed_shapes` (module doc); padding rows copy the first and are dropped.
-  ids: the global row id of each alive row (turn 0: of all N rows), which alone
-  picks a row's random numbers; longest: turn 0 pads its prompts as if one were this
-  long (the widest over processes).
-  """
-  if turn == 0:
-    tokens, lengths = sampling.pad_prompts(contexts, sc, longest)
-    limit, num_samples, n = (None if limit == sc.max_new_tokens else limit), G, N
-  else:
-    n, num_samples = len(contexts), 1
-    rows = N if turns.fixed_shapes else 1 << (n - 1).bit_length()
-    padded = contexts + [contexts[0]] * (rows - n)
-    ids = list(ids) + [ids[0]] * (rows - n)
-    if turns.fixed_shapes:
-      tokens = np.asarray([[sc.pad_id] * (window - len(c)) + c for c in padded], np.int32)
-      lengths = np.asarray([len(c) for c in padded], np.int32)
-    else:
-      tokens, lengths = sampling.pad_prompts(padded, sc)
-  out = jax.device_get(
-    sampling.sample(
-      params,
-      tokens,
-      lengths,
-      key,
-      limit,
-      np.asarray(ids, np.int32),
-      model_config=model_config,
-      config=sc,
-      num_samples=num_samples,
-    )
+
+class _Turns(NamedTuple):
+  """The sampler's state between turns: `cont` holds the KV cache of the rows `rows`
+  (global row indices, in the cache's row order; padding rows repeat one)."""
+
+  cont: continuation.Continuation
+  rows: list[int]
+
+
+def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest):
+  """Turn 0: the B first prompts, sampled G times each from one shared prefill (the
+  single-turn sampler call; `limit` None when the cap is the turn cap). Returns
+  (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
+  tokens, lengths = sampling.pad_prompts(prompts, sc, longest)
+  out, cont = continuation.start(
+    params,
+    tokens,
+    lengths,
+    key,
+    limit,
+    np.asarray(ids, np.int32),
+    model_config=model_config,
+    config=sc,
+    num_samples=G,
   )
-  return [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
+  out = jax.device_get(out)
+  n = len(ids)
+  rows = [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
+  return rows, _Turns(cont, list(range(n)))
+
+
+def _next_turn(
+  params, state: _Turns, alive, kept, new, N, chunk, key, limit, turns, model_config, sc, ids, size
+):
+  """A later turn: each alive row keeps `kept[r]` tokens of its last turn, then its
+  `new[r]` observation tokens are prefilled into its cache and it samples on. The rows
+  sampled are all N (`turns.fixed_shapes`: finished ones keep nothing and add nothing)
+  or the alive ones padded to a power of two; `chunk`: the width the new tokens are
+  padded to; `size`: the cache's slots (None: as this turn needs). Returns (per alive
+  row: (tokens, logprobs)), the new _Turns)."""
+  live = set(alive)
+  if turns.fixed_shapes:
+    pick = list(range(N))
+  else:
+    pick = alive + [alive[0]] * ((1 << (len(alive) - 1).bit_length()) - len(alive))
+  where = {r: i for i, r in reversed(list(enumerate(state.rows)))}
+  idx = [where[r] for r in pick]
+  same = idx == list(range(len(state.rows)))
+  cont = state.cont if same else continuation.take_rows(state.cont, idx)
+  kept_ = np.asarray([kept[r] if r in live else 0 for r in pick], np.int32)
+  new_ = [new[r] if r in live else [] for r in pick]
+  tokens = np.full((len(pick), chunk), sc.pad_id, np.int32)
+  for i, t in enumerate(new_):
+    if t:
+      tokens[i, chunk - len(t) :] = t
+  out, cont = continuation.extend(
+    params,
+    cont,
+    kept_,
+    tokens,
+    np.asarray([len(t) for t in new_], np.int32),
+    key,
+    limit,
+    np.asarray([ids[r] for r in pick], np.int32),
+    model_config=model_config,
+    config=sc,
+    cache_size=size,
+  )
+  out = jax.device_get(out)
+  first = {r: i for i, r in reversed(list(enumerate(pick)))}
+  rows = [
+    (out.tokens[first[r], : out.lengths[first[r]]], out.logprobs[first[r], : out.lengths[first[r]]])
+    for r in alive
+  ]
+  return rows, _Turns(cont, pick)
 
 
 def rollout(
@@ -363,7 +408,6 @@ def rollout(
   longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
-  window = -(-(longest + T) // sc.prompt_bucket) * sc.prompt_bucket
   states = [firsts[r // G][0] for r in range(N)]
   stream = [[] for _ in range(N)]  # completion-slot token ids
   sampled = [[] for _ in range(N)]  # 1: sampled by the model, 0: observation
@@ -372,19 +416,49 @@ def rollout(
   log = [{"rewards": [], "texts": [], "observations": [], "infos": []} for _ in range(N)]
   done, truncated = [False] * N, [False] * N
   alive, turn = list(range(N)), 0
+  ids = [first_row + r for r in range(N)]
+  # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else to a
+  # multiple of _NEW_BUCKET). The cache holds what each turn needs; with fixed_shapes,
+  # what the longest history (the padded prompt + T) and one more turn need.
+  chunk = -(-T // _NEW_BUCKET) * _NEW_BUCKET
+  padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
+  fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
+  kept, new = [0] * N, [[] for _ in range(N)]
+  params = _decode_layout(params)  # once: each call would copy the layers again
   while alive:
     turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
-    contexts = prompts if turn == 0 else [prompts[r // G] + stream[r] for r in alive]
     limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
-    ids = [first_row + r for r in alive]
-    turn_out = _sample_alive(
-      params, contexts, turn, G, N, window, turn_key, limit, turns, model_config, sc, ids, longest
-    )
+    if turn == 0:
+      cap = None if limit == sc.max_new_tokens else limit
+      turn_out, sampler = _first_turn(
+        params, prompts, G, turn_key, cap, model_config, sc, ids, longest
+      )
+    else:
+      width, size = chunk, fixed_size
+      if not turns.fixed_shapes:
+        width = min(chunk, -(-max(len(new[r]) for r in alive) // _NEW_BUCKET) * _NEW_BUCKET)
+      turn_out, sampler = _next_turn(
+        params,
+        sampler,
+        alive,
+        kept,
+        new,
+        N,
+        width,
+        turn_key,
+        limit,
+        turns,
+        model_config,
+        sc,
+        ids,
+        size,
+      )
     texts = []
     for r, (toks, lps) in zip(alive, turn_out):
       toks = [int(t) for t in toks]
       end = batch_lib.stop_length(toks, tokenizer, stops)
       n = min(len(toks) if end is None else end, T - len(stream[r]))
+      kept[r] = n
       stream[r] += toks[:n]
       sampled[r] += [1] * n
       logps[r] += [float(x) for x in lps[:n]]
@@ -412,6 +486,7 @@ def rollout(
         truncated[r] = True
         continue
       stream[r] += obs
+      new[r] = obs
       sampled[r] += [0] * len(obs)
       logps[r] += [0.0] * len(obs)
       turn_of[r] += [turn] * len(obs)
