@@ -6,6 +6,7 @@ Where things live (one job per module):
                loading, tokenizer, weights/ (gguf, safetensors): a new model goes here
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
+  continuation.py  later turns continue the KV cache: start, extend, take_rows
   rl/          batch (the typed RLBatch), advantages (ESTIMATORS table: a new estimator goes
                here), losses (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS tables: a new loss
                goes here), objectives (GRPOConfig / PPOConfig and their loss functions)
