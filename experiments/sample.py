@@ -16,7 +16,7 @@ import jax
 
 from experiments import cli
 from rlpost import sampling
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.models import loading
 from rlpost.recipes import common
 

@@ -1,9 +1,11 @@
 """rlpost: post-training for language models as pure JAX functions over explicit pytrees.
 
-Where things live (one job per module):
+Where things live (one job per module; floors in tests/test_layering.py):
+  text/        tokenizer, scaffold (token ids around environment text), tool_syntax: how text
+               is encoded, below data/ and envs/
   models/      gemma3 (config, init, forward, cache), lora, policy (ForwardConfig, trainable vs
                frozen), critic (PPO value head and layouts), quant (the sampler's int8 copy),
-               loading, tokenizer, weights/ (gguf, safetensors): a new model goes here
+               loading, weights/ (gguf, safetensors): a new model goes here
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
   continuation.py  later turns continue the KV cache: start, extend, take_rows
@@ -11,7 +13,8 @@ Where things live (one job per module):
                here), losses (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS tables: a new loss
                goes here), objectives (GRPOConfig / PPOConfig and their loss functions)
   envs/        multi-turn environments (protocol, FrozenLake, tools, calculator, GSM8K with a
-               calculator) and the token-in/token-out rollout: a new environment goes here
+               calculator, tool traces) and the token-in/token-out rollout; table (ENVS): a
+               new environment is a module here and an entry there
   rewards/     reward functions `(prompts, completions, answers) -> list[float]`, scoring
   data/        GSM8K, synthetic tasks, chat records, packing, the resumable cursor
   supervised/  sft, dpo and their losses

@@ -1,5 +1,6 @@
 """experiments.agentic end to end on the tiny model: FrozenLake learning, exact resume, config errors."""
 
+import dataclasses
 import json
 
 import jax
@@ -9,11 +10,15 @@ import optax
 import pytest
 from absl import flags
 from conftest import GSM8K_DIR, REPO_ROOT, require_shared, run_metrics, with_overrides
+import ml_collections
 from ml_collections import config_dict, config_flags
 
 from experiments.configs import agentic as agentic_configs
 from rlpost.data import gsm8k
-from rlpost.envs import frozenlake, gsm8k_calc, scaffold
+from rlpost import errors
+from rlpost.envs import frozenlake, gsm8k_calc, protocol
+from rlpost.envs import table as env_table
+from rlpost.text import scaffold, tool_syntax
 from rlpost.models import gemma3
 from rlpost.ops import masks
 from rlpost.recipes import agentic
@@ -282,7 +287,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
   train = gsm8k.load_gsm8k("train", str(GSM8K_DIR))
   offset = cfg.eval.seed_offset
   assert env_tasks.eval_tasks([offset, offset + 2]) == [test[0], test[2]]
-  rest = train[agentic.RESERVED_EXAMPLES :]
+  rest = train[gsm8k_calc.RESERVED_EXAMPLES :]
   drawn = env_tasks.train_tasks(list(range(len(rest))))  # one pass: every problem once
   assert sorted(drawn) == sorted(rest) and drawn != rest  # shuffled, the examples skipped
   assert env_tasks.train_tasks([len(rest) + 5]) == [drawn[5]]  # then the same order again
@@ -368,10 +373,58 @@ def test_every_none_field_takes_a_command_line_value(variant, monkeypatch):
     assert str(node) in ("1", "1.0"), field
 
 
+@dataclasses.dataclass(frozen=True)
+class _EchoConfig:
+  turns: int = 2
+
+  def __post_init__(self):
+    if self.turns < 1:
+      raise ValueError(f"turns={self.turns} must be >= 1")
+
+
+def _echo_build(config: _EchoConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
+  def reset(task, seed):
+    return 0, f"say {task}"
+
+  def step(turn, text):
+    done = turn + 1 >= config.turns
+    return protocol.Step(turn + 1, "" if done else "again", float(text == "x"), done, {})
+
+  env = protocol.Env("echo", reset, step, max_turns=config.turns)
+  return protocol.EnvTasks(env, lambda s: [f"train{x}" for x in s], lambda s: [run.seed] * len(s))
+
+
+def test_an_environment_is_a_table_entry_and_a_config_block(monkeypatch):
+  """A new environment: its config dataclass and builder in `env_table.ENVS`, its block in
+  the config; `env.name` selects it, its fields are checked by its dataclass (the error
+  names the field), fields of another environment are refused naming env.name, and the
+  tools block wraps it. Mutation caught: the block's fields not passed to the dataclass."""
+  monkeypatch.setitem(env_table.ENVS, "echo", env_table.EnvSpec(_EchoConfig, _echo_build))
+  cfg = _config(seed=7)
+  with cfg.unlocked():
+    cfg.env = ml_collections.ConfigDict({"name": "echo", "turns": 3})
+  env_tasks = agentic.make_env(cfg)
+  assert env_tasks.env.max_turns == 3 and env_tasks.env.name == "echo"
+  assert env_tasks.train_tasks([4]) == ["train4"] and env_tasks.eval_tasks([1, 2]) == [7, 7]
+  with cfg.unlocked():
+    cfg.env.turns = 0
+  with pytest.raises(errors.ConfigError, match=r"config\.env \(echo\): turns=0 must be >= 1"):
+    agentic.make_env(cfg)
+  with cfg.unlocked():
+    cfg.env = ml_collections.ConfigDict({"name": "echo", "size": 4})
+  with pytest.raises(errors.ConfigError, match=r"config\.env\.name='echo': .*\['size'\]"):
+    agentic.make_env(cfg)
+  with cfg.unlocked():
+    cfg.env = ml_collections.ConfigDict({"name": "echo"})
+    cfg.tools.enabled = True
+  wrapped = agentic.make_env(cfg).env
+  assert tool_syntax.CALL_CLOSE in wrapped.stop_strings
+
+
 def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
   """The agentic config's GSM8K directory is env.data_dir (it has no data block).
 
-  Mutation caught: without the renaming in agentic._gsm8k_calc the error told the user to
+  Mutation caught: without the renaming in gsm8k_calc.build the error told the user to
   set --config.data.data_dir, a field this config does not have."""
   cfg = _config("gsm8k_calc_gemma3", **{"env.data_dir": str(tmp_path / "nope")})
   with pytest.raises(FileNotFoundError, match=r"env\.data_dir='.*nope'") as err:

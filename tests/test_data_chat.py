@@ -17,7 +17,7 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in _SPECIALS) + ")")
 
 @dataclasses.dataclass(frozen=True)
 class ByteTokenizer:
-  """Local stand-in with rlpost.models.tokenizer's interface: specials 0..4, bytes at 5..260."""
+  """Local stand-in with rlpost.text.tokenizer's interface: specials 0..4, bytes at 5..260."""
 
   pad_id: int = 0
   eos_id: int = 1

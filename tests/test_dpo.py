@@ -11,7 +11,7 @@ from experiments.configs import dpo as dpo_configs
 from rlpost.supervised import dpo
 from rlpost.supervised import sft
 from rlpost.recipes import dpo as dpo_recipe
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.models import gemma3
 from rlpost.models import policy
 from conftest import assert_adapters_trained

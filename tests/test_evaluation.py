@@ -8,7 +8,7 @@ from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
 from rlpost.models import gemma3
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from conftest import GSM8K_DIR, require_shared
 
 PROBLEMS = [

@@ -4,12 +4,12 @@ the turn limit, and agreement of the prompt's examples with rollouts and SFT str
 import pytest
 
 from rlpost.data import tasks
-from rlpost.data import tool_traces
+from rlpost.envs import tool_traces
 from rlpost.data.gsm8k import Problem
 from rlpost.envs import gsm8k_calc
-from rlpost.envs import tools
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.rewards import gsm8k as gsm8k_rewards
+from rlpost.text import tool_syntax
 
 TOK = tokenizer_lib.byte_tokenizer()
 NATALIA = Problem(
@@ -122,7 +122,7 @@ def test_the_prompt_shows_converted_examples_as_a_rollout_would_read_them():
 
 def test_stop_strings_end_calls_and_answers():
   env = _env()
-  assert tools.CALL_CLOSE in env.stop_strings and "</answer>" in env.stop_strings
+  assert tool_syntax.CALL_CLOSE in env.stop_strings and "</answer>" in env.stop_strings
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,11 @@ from rlpost.envs import frozenlake
 from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
-from rlpost.envs import scaffold
+from rlpost.text import scaffold
 from rlpost.envs import single_turn
+from rlpost.models import loading
 from rlpost.models import policy
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.recipes import grpo
 from rlpost.recipes import ppo
 from rlpost.recipes import rollout as rollout_lib
@@ -428,7 +429,7 @@ def test_gemma_tokenizer_keeps_control_strings_in_observations_as_text():
   """With the real vocabulary too: observation text holds no control id; the scaffold's own
   ids are the only ones, and the text decodes back exactly."""
   require_gemma3()
-  tok = tokenizer_lib.load_gguf_tokenizer()
+  tok = loading.load_gguf_tokenizer()
   controls = set(tok.special_tokens.values())
   obs = f"{HOSTILE} <eos><pad> <start_of_image>"
   ids = scaffold.observation_ids(tok, "chat", obs, model_closed_turn=False)

@@ -5,10 +5,11 @@ import jax
 import numpy as np
 
 from rlpost import sampling
+from rlpost.models import loading
 from rlpost.models import policy
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from conftest import require_gemma3
 from test_gemma3 import CONFIG, _random_params
 
@@ -59,7 +60,7 @@ def test_truncate_at_stop_strings_on_hand_made_batch():
 def test_truncate_at_stop_strings_with_sentencepiece_spaces():
   """Stop strings with spaces match the decoded text (a per-token decode drops them)."""
   require_gemma3()
-  tok = tokenizer_lib.load_gguf_tokenizer()
+  tok = loading.load_gguf_tokenizer()
   batch = _text_batch("Q", ["so the answer is 7. Then more text"], T=24, tokenizer=tok)
   out = batch_lib.truncate_at_stop_strings(batch, tok, (" is 7.",))
   assert batch_lib.completion_texts(out, tok) == ["so the answer is 7."]

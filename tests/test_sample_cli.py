@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT, with_overrides
 from experiments.configs import sample as sample_configs
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 
 with warnings.catch_warnings():  # ml_collections loads the --config default with the
   warnings.simplefilter("ignore", DeprecationWarning)  # deprecated load_module()

@@ -12,13 +12,13 @@ from experiments.configs import sft as sft_configs
 from rlpost.supervised import sft
 from rlpost.recipes import sft as sft_recipe
 from rlpost.train import step as train
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.data import chat
 from rlpost.models import gemma3
 from rlpost.models import policy
 from rlpost.data.cursor import Cursor
 from rlpost.data import gsm8k
-from rlpost.data import tool_traces
+from rlpost.envs import tool_traces
 from rlpost.models import lora as lora_lib
 from rlpost.recipes import common
 import real_models

@@ -1,4 +1,4 @@
-"""Tests for rlpost.models.tokenizer against the reference ids in ../shared."""
+"""Tests for rlpost.text.tokenizer against the reference ids in ../shared."""
 
 import json
 import re
@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as hst
 import numpy as np
 import pytest
 
-from rlpost.models import tokenizer as tok_lib
+from rlpost.text import tokenizer as tok_lib
+from rlpost.models import loading
 from rlpost.models.weights import gguf as gguf_loader
 from conftest import FIXTURES, require_shared, skip_or_fail
 
@@ -16,7 +17,7 @@ from conftest import FIXTURES, require_shared, skip_or_fail
 @pytest.fixture(scope="module")
 def tok():
   try:
-    return tok_lib.load_gguf_tokenizer()
+    return loading.load_gguf_tokenizer()
   except ImportError as e:
     skip_or_fail(str(e))
 
@@ -138,11 +139,11 @@ def test_gguf_tokenizer_round_trips_any_text(tok, text):
 def test_tokenizer_loads_fast_and_is_cached(tok):
   path = gguf_loader.default_gguf_path()
   start = time.perf_counter()
-  fresh = tok_lib._load_cached.__wrapped__(str(path))  # bypass the cache
+  fresh = loading._load_cached.__wrapped__(str(path))  # bypass the cache
   elapsed = time.perf_counter() - start
   assert fresh.encode("Hello world") == [2, 9259, 1902]
   assert elapsed < 8.0, f"tokenizer build took {elapsed:.1f}s (about 1.5 s expected)"
-  assert tok_lib.load_gguf_tokenizer() is tok_lib.load_gguf_tokenizer(path)
+  assert loading.load_gguf_tokenizer() is loading.load_gguf_tokenizer(path)
 
 
 def test_chat_prompt_format():

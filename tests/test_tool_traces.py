@@ -1,9 +1,9 @@
 """GSM8K calculator annotations -> tool-call traces: conversion, drops, and the token stream."""
 
-from rlpost.data import tool_traces
+from rlpost.envs import tool_traces
 from rlpost.data.gsm8k import Problem
-from rlpost.envs import scaffold
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import scaffold
+from rlpost.text import tokenizer as tokenizer_lib
 
 TOK = tokenizer_lib.byte_tokenizer()
 

@@ -16,15 +16,8 @@ from conftest import REPO_ROOT
 from rlpost.envs import tools
 from rlpost.envs.calculator import calculator
 from rlpost.envs.protocol import Env, Step
-from rlpost.envs.tools import (
-  CALL_CLOSE,
-  TRUNCATION_MARKER,
-  ToolCall,
-  format_number,
-  parse_tool_call,
-  run_tool,
-  with_tools,
-)
+from rlpost.envs.tools import format_number, run_tool, with_tools
+from rlpost.text.tool_syntax import CALL_CLOSE, TRUNCATION_MARKER, ToolCall, parse_tool_call
 
 # ---------------------------------------------------------------- calculator: good input
 

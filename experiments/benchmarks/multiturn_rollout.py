@@ -38,7 +38,7 @@ from rlpost import sampling
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.models import gemma3
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.recipes import agentic
 from rlpost.recipes import grpo
 from rlpost.rl import batch as batch_lib

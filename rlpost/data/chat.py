@@ -17,7 +17,7 @@ to the first user turn; the assistant role renders as `model`):
 
 Tokenization encodes the template pieces separately and concatenates them:
 each prompt span (everything from the end of one assistant turn up to and
-including `<start_of_turn>model\n`) is built by `rlpost.envs.scaffold`, exactly
+including `<start_of_turn>model\n`) is built by `rlpost.text.scaffold`, exactly
 as the RL recipes build their chat prompts, so SFT prompts and RL prompts
 tokenize identically; only the scaffold writes control ids, and record text
 (system, user and assistant content) is encoded with special-token parsing off,
@@ -34,7 +34,7 @@ import numpy as np
 
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
 from rlpost.data.jsonl import read_jsonl, require_str
-from rlpost.envs import scaffold
+from rlpost.text import scaffold
 
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"

@@ -7,8 +7,8 @@ reasoning at once. Rewards see `completion_prefix(template) + completion`:
 the text the answer format is defined on.
 """
 
-from rlpost.envs import scaffold
-from rlpost.models import tokenizer as tokenizer_lib
+from rlpost.text import scaffold
+from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
 
 TEMPLATES = ("chat", "fewshot", "plain")
@@ -42,7 +42,7 @@ def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str
 
 
 def prompt_observation(problem: Problem, template: str, examples: list[Problem]) -> tuple[str, str]:
-  """(scaffold, text): the prompt as environment text inside a `rlpost.envs.scaffold`.
+  """(scaffold, text): the prompt as environment text inside a `rlpost.text.scaffold`.
 
   chat: the system text and the question in one user turn; fewshot / plain: the
   whole text after BOS.

@@ -21,6 +21,7 @@ A reply that does not parse leaves the state unchanged except `turn` + 1, costs
 `invalid_penalty` and says which answers are valid.
 """
 
+import dataclasses
 import math
 import re
 from collections import deque
@@ -28,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlpost.envs.protocol import Env, Step
+from rlpost.envs.protocol import Env, EnvTasks, RunInfo, Step
 
 ACTIONS = ("left", "down", "right", "up")
 DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (row, col) change per action
@@ -296,3 +297,47 @@ def make_env(
     return step_state(state, text, style, slippery, invalid_penalty)
 
   return Env(name="frozenlake", reset=reset, step=step, max_turns=max_turns, stop_strings=())
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenLakeConfig:
+  """The `env` block of a FrozenLake run (`make_env`'s arguments; fixed_map: rows,
+  comma-separated, "" = a map drawn from each seed). Checked on construction."""
+
+  size: int = 4
+  slippery: bool = False
+  hole_prob: float = 0.2
+  max_turns: int = 8
+  style: str = "word"
+  invalid_penalty: float = 0.1
+  fixed_map: str = ""
+
+  def __post_init__(self):
+    _check_env_args(
+      self.size,
+      self.slippery,
+      self.hole_prob,
+      self.max_turns,
+      self.style,
+      self.invalid_penalty,
+      self.rows(),
+    )
+
+  def rows(self) -> tuple[str, ...] | None:
+    return tuple(r.strip() for r in self.fixed_map.split(",")) if self.fixed_map else None
+
+
+def build(config: FrozenLakeConfig, run: RunInfo) -> EnvTasks:
+  """The table's constructor (`rlpost.envs.table`): maps come from the seeds."""
+  env = make_env(
+    size=config.size,
+    slippery=config.slippery,
+    hole_prob=config.hole_prob,
+    max_turns=config.max_turns,
+    style=config.style,
+    invalid_penalty=config.invalid_penalty,
+    fixed_map=config.rows(),
+  )
+  del run  # nothing of the run changes FrozenLake
+  none = lambda seeds: [None] * len(seeds)
+  return EnvTasks(env, none, none)

@@ -1,7 +1,7 @@
 """GSM8K with a calculator: a math problem solved over turns, the calculator a tool.
 
 reset(problem, seed) shows the instructions, optional solved examples (tool
-traces of training problems, `rlpost.data.tool_traces`) and the question; the
+traces of training problems, `rlpost.envs.tool_traces`) and the question; the
 prompt ends with the opened reasoning tag. Each model turn either
 
   calls the calculator, <tool>calculator: 48/2</tool>  -> observation <result>24</result>
@@ -19,24 +19,30 @@ Results sit after the model's text as the plain scaffold shows them
 (`render_trace`), so an example reads exactly like a rollout.
 """
 
+import dataclasses
 import math
+import types
 from typing import NamedTuple
 
+import numpy as np
+
+from rlpost import errors
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks
-from rlpost.data import tool_traces
+from rlpost.envs import tool_traces
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem
 from rlpost.envs import protocol
 from rlpost.envs import single_turn
 from rlpost.envs import tools
 from rlpost.envs.calculator import MAX_EXPONENT
+from rlpost.text import tool_syntax
 
 NAME = "gsm8k_calc"
 COMPLETION_PREFIX = f"{REASONING_START}\n"  # the prompt opens the reasoning block
 INSTRUCTIONS = (
   f"{SYSTEM_PROMPT}\nFor arithmetic, call the calculator: write "
-  f"{tools.CALL_OPEN}calculator: EXPRESSION{tools.CALL_CLOSE} and its result comes back as "
-  f"{tools.RESULT_OPEN}VALUE{tools.RESULT_CLOSE}. Expressions use numbers, + - * / ** "
+  f"{tool_syntax.CALL_OPEN}calculator: EXPRESSION{tool_syntax.CALL_CLOSE} and its result comes back as "
+  f"{tool_syntax.RESULT_OPEN}VALUE{tool_syntax.RESULT_CLOSE}. Expressions use numbers, + - * / ** "
   f"(exponents up to {MAX_EXPONENT}) and parentheses."
 )
 
@@ -87,7 +93,7 @@ def make_env(
     raise ValueError(f"tool_bonus={tool_bonus}: use a finite number >= 0 (0: off)")
   if fewshot < 0:  # shots[:-1] would silently drop the last example
     raise ValueError(f"fewshot={fewshot}: use >= 0 solved examples in the prompt")
-  tools.clip("", max_result_chars)  # validates the budget now
+  tool_syntax.clip("", max_result_chars)  # validates the budget now
   shots, _ = tool_traces.tool_traces(task.examples)
   if len(shots) < fewshot:
     raise ValueError(
@@ -104,7 +110,7 @@ def make_env(
     return State(problem, "", 0, False), first_observation(problem, shots)
 
   def step(state: State, text: str) -> protocol.Step:
-    call = tools.parse_tool_call(text)
+    call = tool_syntax.parse_tool_call(text)
     turns = state.turns + 1
     if call is not None and turns < max_turns:
       observation, is_error = tools.answer_call(registry, call, max_result_chars)
@@ -121,5 +127,60 @@ def make_env(
     done = State(state.problem, state.transcript + text, turns, state.bonus_paid)
     return protocol.Step(done, "", reward, True, info)
 
-  stops = prompts_lib.STOP_STRINGS + (tools.CALL_CLOSE,)
+  stops = prompts_lib.STOP_STRINGS + (tool_syntax.CALL_CLOSE,)
   return protocol.Env(NAME, reset, step, max_turns=max_turns, stop_strings=stops)
+
+
+RESERVED_EXAMPLES = 8  # the first training problems, kept for few-shot examples
+
+
+@dataclasses.dataclass(frozen=True)
+class GSM8KCalcConfig:
+  """The `env` block of a GSM8K-with-a-calculator run.
+
+  data_dir: GSM8K jsonl dir (train.jsonl, test.jsonl); "" = the Hugging Face hub.
+  fewshot: solved tool-call examples in the prompt (of the RESERVED_EXAMPLES).
+  max_turns, tool_bonus: `make_env`'s.
+  """
+
+  data_dir: str = ""
+  fewshot: int = 2
+  max_turns: int = 6
+  tool_bonus: float = 0.0
+
+  def __post_init__(self):
+    if not 0 <= self.fewshot <= RESERVED_EXAMPLES:
+      raise ValueError(
+        f"fewshot={self.fewshot}: use 0 to {RESERVED_EXAMPLES} solved examples "
+        "(the reserved training problems)"
+      )
+
+
+def build(config: GSM8KCalcConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
+  """The table's constructor (`rlpost.envs.table`): training seed s is GSM8K train problem
+  s (mod the set, in an order shuffled by `run.seed`; the first RESERVED_EXAMPLES are the
+  few-shot examples, never trained on); held-out seed `run.eval_seed_offset + k` is test
+  problem k."""
+  data = types.SimpleNamespace(source="gsm8k", data_dir=config.data_dir, fewshot=RESERVED_EXAMPLES)
+  try:
+    train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
+  except (FileNotFoundError, ImportError) as err:  # the loader names data.data_dir
+    raise type(err)(str(err).replace("data.data_dir", "env.data_dir")) from None
+  if run.eval_tasks > len(test.problems):
+    raise errors.ConfigError(
+      f"config.eval.num_tasks={run.eval_tasks}: GSM8K test has {len(test.problems)} problems"
+    )
+  env = make_env(
+    train,
+    fewshot=config.fewshot,
+    max_turns=config.max_turns,
+    tool_bonus=config.tool_bonus,
+    max_result_chars=run.max_result_chars,
+  )
+  order = np.random.default_rng(run.seed).permutation(len(train.problems))
+  offset = run.eval_seed_offset
+  return protocol.EnvTasks(
+    env,
+    lambda seeds: [train.problems[order[s % len(order)]] for s in seeds],
+    lambda seeds: [test.problems[s - offset] for s in seeds],
+  )

@@ -15,7 +15,7 @@ The training stream of a row is [first prompt | completion slots]: the prompt
 is the context (left-padded, as in single-turn), the T = `max_total_tokens`
 completion slots hold the turns and observations. `loss_mask` is 1 exactly on
 sampled tokens; observation and scaffolding tokens are `valid` context with
-`loss_mask` 0 (see `rlpost.envs.scaffold`).
+`loss_mask` 0 (see `rlpost.text.scaffold`).
 
 A turn ends at the end-of-turn (or EOS) token, at the token that completes one
 of `env.stop_strings` or `TurnConfig.stop_strings` (kept whole, even when the tag ends inside it), at
@@ -41,16 +41,17 @@ less compute, more compilations.
 import dataclasses
 import functools
 from concurrent import futures
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from rlpost import continuation, errors, sampling
-from rlpost.envs import protocol, scaffold
+from rlpost.envs import protocol
+from rlpost.text import scaffold
 from rlpost.models import gemma3
 from rlpost.rl import batch as batch_lib
-from rlpost.train import shares
 
 
 # A later turn's new tokens (observations) are padded to a multiple of this: they are
@@ -370,6 +371,7 @@ def rollout(
   num_generations: int = 1,
   pool: futures.Executor | None = None,
   first_row: int = 0,
+  widest: Callable[[int], int] = int,
 ) -> Rollout:
   """Runs `num_generations` episodes of every (task, seed); rows are task-major.
 
@@ -386,9 +388,11 @@ def rollout(
     num_generations: G episodes per task.
     pool: runs the `env.step` calls of a turn concurrently (None: sequentially).
     first_row: the global id of row 0 when these tasks are one process's block of
-      a larger batch (`rlpost.train.shares`): each row's random numbers follow its
-      global id and the prompts are padded to the widest over processes, so the
+      a larger batch: each row's random numbers follow its global id, so the
       episodes do not depend on the process count.
+    widest: this process's longest first prompt -> the longest over the processes
+      sampling one batch (`rlpost.train.shares.max_over_processes`; one process:
+      itself): every process pads its prompts to that width.
   """
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
   if sc.max_new_tokens != turns.max_turn_tokens:
@@ -405,7 +409,7 @@ def rollout(
   firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
   prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
   N = len(tasks) * G
-  longest = int(shares.max_over_processes([max(len(p) for p in prompts)])[0])
+  longest = widest(max(len(p) for p in prompts))
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
   states = [firsts[r // G][0] for r in range(N)]

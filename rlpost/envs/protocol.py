@@ -89,3 +89,30 @@ def check_env(env: Env) -> None:
       f"environment {env.name!r}: stop_strings={stops!r} must be a tuple of non-empty "
       "strings, e.g. ('</tool>',) (a bare string would stop at each of its characters)"
     )
+
+
+class RunInfo(NamedTuple):
+  """What an environment's `build` may read besides its own config block.
+
+  seed: the run's seed (e.g. the order training tasks are drawn in).
+  eval_seed_offset: held-out seed k is eval_seed_offset + k.
+  eval_tasks: held-out tasks evaluated.
+  max_result_chars: the tools block's cap on a tool result's text.
+  """
+
+  seed: int = 0
+  eval_seed_offset: int = 1_000_000
+  eval_tasks: int = 1
+  max_result_chars: int = 200
+
+
+class EnvTasks(NamedTuple):
+  """An environment and the tasks its episodes are about.
+
+  train_tasks(seeds) / eval_tasks(seeds): one task per seed (None: the
+  environment derives it from the seed, as FrozenLake draws its map).
+  """
+
+  env: Env
+  train_tasks: Callable[[list[int]], list]
+  eval_tasks: Callable[[list[int]], list]

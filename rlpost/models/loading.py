@@ -1,5 +1,6 @@
 """Builds (model config, params, tokenizer) from the few settings an experiment names."""
 
+import functools
 import math
 import os
 
@@ -7,8 +8,9 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from rlpost.models import tokenizer as tokenizer_lib
 from rlpost.models import gemma3
+from rlpost.models.weights import gguf, gguf_file
+from rlpost.text import tokenizer as tokenizer_lib
 
 WEIGHT_SOURCES = ("gguf", "hf", "random")
 DTYPES = ("float32", "bfloat16")
@@ -42,7 +44,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
           preset,
         )
       return config, params, tokenizer_lib.byte_tokenizer()
-    return config, params, tokenizer_lib.load_gguf_tokenizer(path or None)
+    return config, params, load_gguf_tokenizer(path or None)
   if path and not os.path.exists(path):
     raise FileNotFoundError(
       f"model.path={path!r}: no such file or directory; give the GGUF file "
@@ -50,10 +52,8 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
       "directory (model.weights='hf')"
     )
   if weights == "gguf":
-    from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
-
     params, info = gguf.load_gguf(path or gguf.default_gguf_path(), dtype=jdtype)
-    tok = tokenizer_lib.load_gguf_tokenizer(path or None)
+    tok = load_gguf_tokenizer(path or None)
   else:
     from rlpost.models.weights import safetensors  # pylint: disable=g-import-not-at-top
 
@@ -62,7 +62,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
         "model.path must name a Hugging Face checkpoint directory when model.weights='hf'"
       )
     params, info = safetensors.load_hf_checkpoint(path, dtype=jdtype)
-    tok = tokenizer_lib.load_gguf_tokenizer(None)
+    tok = load_gguf_tokenizer(None)
   check_architecture(config, info, preset)
   return config, jax.tree.map(jnp.asarray, params), tok
 
@@ -82,3 +82,15 @@ def check_architecture(config: gemma3.Config, info: dict, preset: str) -> None:
       + "; ".join(diffs)
       + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)})."
     )
+
+
+def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> tokenizer_lib.Tokenizer:
+  """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
+  if path is None:
+    path = gguf.default_gguf_path()
+  return _load_cached(os.path.realpath(path))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str) -> tokenizer_lib.Tokenizer:
+  return tokenizer_lib.tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

@@ -25,21 +25,16 @@ import json
 import os
 import time
 from concurrent import futures
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 
-from rlpost import errors
 from rlpost import sampling
-from rlpost.data import tasks
-from rlpost.envs import frozenlake
-from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
-from rlpost.envs import tools
+from rlpost.envs import table as env_table
 from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.recipes import grpo
@@ -54,11 +49,10 @@ from rlpost.train import metrics as metrics_lib
 from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
+from rlpost.text import tool_syntax
 
-ENVIRONMENTS = ("frozenlake", "gsm8k_calc")
 LEARNERS = ("grpo", "ppo")
 EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
-RESERVED_EXAMPLES = 8  # gsm8k_calc: the first training problems, kept for few-shot examples
 TRANSCRIPTS = "trajectories.jsonl"  # sampled training episodes
 EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes
 
@@ -100,98 +94,28 @@ class Setup:
   per_turn_rewards: bool  # PPO: each turn's reward on its last token (else their sum on the last)
 
 
-class EnvTasks(NamedTuple):
-  """An environment and the tasks its episodes are about.
-
-  train_tasks(seeds) / eval_tasks(seeds): one task per seed (None: the
-  environment derives it from the seed, as FrozenLake draws its map).
-  """
-
-  env: protocol.Env
-  train_tasks: Callable[[list[int]], list]
-  eval_tasks: Callable[[list[int]], list]
-
-
 class Pieces(NamedTuple):
   """Everything an agentic run is built from (see `build`)."""
 
   setup: Setup
   tokenizer: Any
-  tasks: EnvTasks  # the environment and its tasks
+  tasks: protocol.EnvTasks  # the environment and its tasks
   state: Any
   learner: Learner
   sampler: rollout_lib.Sampler  # where rollouts run
 
 
-def make_env(cfg) -> EnvTasks:
-  """The `env` block's environment (with the `tools` block's tools when enabled) and tasks.
-
-  frozenlake: maps from the seeds. gsm8k_calc: training seed s is GSM8K train
-  problem s (mod the set, in an order shuffled by `cfg.seed`; the first
-  RESERVED_EXAMPLES are the few-shot examples, never trained on); held-out seed
-  `eval.seed_offset + k` is test problem k.
-  """
-  e = cfg.env
-  if e.name not in ENVIRONMENTS:
-    common.fail("env.name", e.name, f"use one of {ENVIRONMENTS}")
-  none = lambda seeds: [None] * len(seeds)
-  try:
-    if e.name == "gsm8k_calc":
-      return _gsm8k_calc(cfg)
-    fixed = tuple(r.strip() for r in e.fixed_map.split(",")) if e.fixed_map else None
-    env = frozenlake.make_env(
-      size=e.size,
-      slippery=e.slippery,
-      hole_prob=e.hole_prob,
-      max_turns=e.max_turns,
-      style=e.style,
-      invalid_penalty=e.invalid_penalty,
-      fixed_map=fixed,
-    )
-  except ValueError as err:
-    raise errors.ConfigError(f"config.env: {err}") from None
-  if cfg.tools.enabled:
-    env = tools.with_tools(env, tools.REGISTRY, cfg.tools.max_result_chars)
-  return EnvTasks(env, none, none)
-
-
-def _gsm8k_calc(cfg) -> EnvTasks:
-  e = cfg.env
-  missing = [f for f in ("data_dir", "fewshot", "tool_bonus") if f not in e]
-  if missing:
-    common.fail(
-      "env.name",
-      e.name,
-      f"this config's env block has no {missing} (it was made for {cfg.name.split(',')[0]}): "
-      "start from --config=experiments/configs/agentic.py:gsm8k_calc_gemma3 instead",
-    )
-  if cfg.tools.enabled:
-    common.fail("tools.enabled", True, "gsm8k_calc answers calculator calls itself; use False")
-  data = ml_collections.ConfigDict(
-    {"source": "gsm8k", "data_dir": e.data_dir, "fewshot": RESERVED_EXAMPLES}
-  )
-  try:
-    train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
-  except (FileNotFoundError, ImportError) as err:  # the loader names data.data_dir
-    raise type(err)(str(err).replace("data.data_dir", "env.data_dir")) from None
-  if cfg.eval.num_tasks > len(test.problems):
-    common.fail(
-      "eval.num_tasks", cfg.eval.num_tasks, f"GSM8K test has {len(test.problems)} problems"
-    )
-  env = gsm8k_calc.make_env(
-    train,
-    fewshot=e.fewshot,
-    max_turns=e.max_turns,
-    tool_bonus=e.tool_bonus,
+def make_env(cfg) -> protocol.EnvTasks:
+  """The `env` block's environment from the table (`rlpost.envs.table`), with the `tools`
+  block's tools when enabled, and its tasks."""
+  config = env_table.env_config(cfg.env)
+  run = protocol.RunInfo(
+    seed=cfg.seed,
+    eval_seed_offset=cfg.eval.seed_offset,
+    eval_tasks=cfg.eval.num_tasks,
     max_result_chars=cfg.tools.max_result_chars,
   )
-  order = np.random.default_rng(cfg.seed).permutation(len(train.problems))
-  offset = cfg.eval.seed_offset
-  return EnvTasks(
-    env,
-    lambda seeds: [train.problems[order[s % len(order)]] for s in seeds],
-    lambda seeds: [test.problems[s - offset] for s in seeds],
-  )
+  return env_table.make(cfg.env.name, config, run, cfg.tools.enabled)
 
 
 def check_config(cfg):
@@ -221,11 +145,11 @@ def check_config(cfg):
     common.fail("log.trajectories_every", cfg.log.trajectories_every, "must be >= 0 (0: never)")
   if cfg.log.trajectories_logged < 0:  # -1 would keep all but the last
     common.fail("log.trajectories_logged", cfg.log.trajectories_logged, "must be >= 0 episodes")
-  if cfg.tools.max_result_chars < len(tools.TRUNCATION_MARKER):
+  if cfg.tools.max_result_chars < len(tool_syntax.TRUNCATION_MARKER):
     common.fail(
       "tools.max_result_chars",
       cfg.tools.max_result_chars,
-      f"must be >= {len(tools.TRUNCATION_MARKER)} (the truncation marker's length)",
+      f"must be >= {len(tool_syntax.TRUNCATION_MARKER)} (the truncation marker's length)",
     )
   if t.batch_tasks < 1:
     common.fail("train.batch_tasks", t.batch_tasks, "must be >= 1")
@@ -391,6 +315,7 @@ def _play(p: Pieces, pool, params_s, tasks_, seeds, key, sc, num_generations, fi
     num_generations=num_generations,
     pool=pool,
     first_row=first_row,
+    widest=lambda n: int(shares.max_over_processes([n])[0]),
   )
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step

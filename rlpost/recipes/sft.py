@@ -17,7 +17,7 @@ import logging
 from rlpost import errors
 from rlpost.data import chat
 from rlpost.data import gsm8k
-from rlpost.data import tool_traces
+from rlpost.envs import tool_traces
 from rlpost.envs import gsm8k_calc
 from rlpost.models import policy
 from rlpost.recipes import common

@@ -31,6 +31,14 @@ MUTATIONS = [
     why="nucleus cut one token too early (the mass before a token includes it)",
   ),
   dict(
+    name="continued_turn_positions_skip_kept_tokens",
+    path="rlpost/continuation.py",
+    old="  next_pos = state.gen_pos_B + in_cache\n",
+    new="  next_pos = state.gen_pos_B\n",
+    tests=["tests/test_sampling.py", "tests/test_multiturn.py"],
+    why="a later turn's new tokens placed as if the kept tokens of the last were not there",
+  ),
+  dict(
     name="sampler_stop_token_not_kept",
     path="rlpost/sampling.py",
     old="  stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop\n",

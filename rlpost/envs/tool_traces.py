@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, Problem
 from rlpost.envs import calculator
-from rlpost.envs import scaffold
+from rlpost.text import scaffold
 from rlpost.envs import tools
+from rlpost.text import tool_syntax
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 _FINAL_MARK = "####"
@@ -50,7 +51,7 @@ def _annotation_call(body: str) -> tuple[str, str] | str:
   except ValueError:
     return "malformed annotation"
   result = calculator.calculator(expression)
-  if result.startswith(tools.ERROR_PREFIX):
+  if result.startswith(tool_syntax.ERROR_PREFIX):
     return "calculator error"
   if result != expected:
     return "result disagrees"
@@ -70,9 +71,11 @@ def tool_trace(problem: Problem) -> list[Segment] | str:
     expression, result = call
     text += reasoning[pos : match.start()]
     segments.append(
-      Segment("model", f"{text}{tools.CALL_OPEN}calculator: {expression}{tools.CALL_CLOSE}")
+      Segment(
+        "model", f"{text}{tool_syntax.CALL_OPEN}calculator: {expression}{tool_syntax.CALL_CLOSE}"
+      )
     )
-    segments.append(Segment("tool", tools.result_observation(result)))
+    segments.append(Segment("tool", tool_syntax.result_observation(result)))
     text, pos = "", match.end()
   if "<<" in reasoning[pos:] or ">>" in reasoning[pos:]:
     return "malformed annotation"

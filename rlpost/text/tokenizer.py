@@ -23,7 +23,6 @@ Where this differs from Hugging Face transformers' Gemma tokenizer (transformers
 
 import dataclasses
 import functools
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -146,7 +145,7 @@ def chat_messages(messages: Sequence[Mapping[str, str]], add_generation_prompt: 
   `<start_of_turn>{role}\\n{content}<end_of_turn>\\n`; `add_generation_prompt`
   appends `<start_of_turn>model\\n`.
 
-  Contents are used verbatim, as `rlpost.envs.scaffold` and `rlpost.data.chat`
+  Contents are used verbatim, as `rlpost.text.scaffold` and `rlpost.data.chat`
   encode them, so prompts built here and there tokenize identically. HF's
   Gemma 3 chat template instead strips each user and model content (Jinja
   `trim`; the system text is not stripped): a content with leading or
@@ -249,19 +248,3 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "GGU
     vocab_size=processor.get_piece_size(),
     special_tokens=specials,
   )
-
-
-def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
-  """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
-  if path is None:
-    from rlpost.models.weights import gguf  # pylint: disable=g-import-not-at-top
-
-    path = gguf.default_gguf_path()
-  return _load_cached(os.path.realpath(path))
-
-
-@functools.lru_cache(maxsize=4)
-def _load_cached(path: str) -> Tokenizer:
-  from rlpost.models.weights import gguf_file  # pylint: disable=g-import-not-at-top
-
-  return tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

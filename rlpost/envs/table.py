@@ -1,0 +1,67 @@
+"""The environment table: a config's `env.name` -> the environment's config and builder.
+
+Adding an environment takes one module under `rlpost/envs/` with a frozen config
+dataclass (its `env` block's fields, checked on construction) and `build(config,
+run: protocol.RunInfo) -> protocol.EnvTasks`, one entry in ENVS, and its config block
+(`experiments/configs/agentic.py`); `--config.env.name=NAME` selects it.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+from rlpost import errors
+from rlpost.envs import frozenlake
+from rlpost.envs import gsm8k_calc
+from rlpost.envs import protocol
+from rlpost.envs import tools
+
+
+class EnvSpec(NamedTuple):
+  """config: the `env` block's dataclass; build: (config, RunInfo) -> EnvTasks;
+  takes_tools: whether the `tools` block may wrap it (an environment that answers
+  calls itself says False)."""
+
+  config: type
+  build: Callable[[Any, protocol.RunInfo], protocol.EnvTasks]
+  takes_tools: bool = True
+
+
+ENVS: dict[str, EnvSpec] = {
+  "frozenlake": EnvSpec(frozenlake.FrozenLakeConfig, frozenlake.build),
+  gsm8k_calc.NAME: EnvSpec(gsm8k_calc.GSM8KCalcConfig, gsm8k_calc.build, takes_tools=False),
+}
+
+
+def env_config(block: dict) -> Any:
+  """The typed config of an `env` block {"name": ..., fields...}; errors name the field."""
+  block = dict(block)
+  name = block.pop("name", None)
+  spec = ENVS.get(name)
+  if spec is None:
+    raise errors.ConfigError(f"config.env.name={name!r}: use one of {sorted(ENVS)}")
+  fields = list(spec.config.__dataclass_fields__)
+  unknown = sorted(set(block) - set(fields))
+  if unknown:
+    raise errors.ConfigError(
+      f"config.env.name={name!r}: this env block has {unknown}, which {name} does not "
+      f"take (its fields: {fields}); start from an agentic config made for {name} "
+      "(experiments/configs/agentic.py) or set these fields to its own"
+    )
+  try:
+    return spec.config(**block)
+  except (TypeError, ValueError) as err:
+    raise errors.ConfigError(f"config.env ({name}): {err}") from None
+
+
+def make(name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool) -> protocol.EnvTasks:
+  """The environment `name` built from its typed config, wrapped with the calculator tool
+  when `tools_enabled` (its results clipped to `run.max_result_chars`)."""
+  spec = ENVS[name]
+  if tools_enabled and not spec.takes_tools:
+    raise errors.ConfigError(
+      f"config.tools.enabled=True: {name} answers tool calls itself; use False"
+    )
+  env_tasks = spec.build(config, run)
+  if tools_enabled:
+    env = tools.with_tools(env_tasks.env, tools.REGISTRY, run.max_result_chars)
+    env_tasks = env_tasks._replace(env=env)
+  return env_tasks
