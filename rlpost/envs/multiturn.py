@@ -289,72 +289,110 @@ class _Turns(NamedTuple):
   rows: list[int]
 
 
-def _first_turn(params, prompts, G, key, limit, model_config, sc, ids, longest):
+class _Calls(NamedTuple):
+  """What every sampler call of one rollout shares: the params (decode layout), static
+  settings, each row's global id, and the widths of its shapes (module doc)."""
+
+  params: Any
+  model_config: Any
+  sc: sampling.SamplingConfig
+  turns: TurnConfig
+  ids: list[int]  # row r's global id: its random numbers
+  G: int
+  longest: int  # the first prompts' width (the widest over processes)
+  chunk: int  # later turns' new tokens are padded to at most this
+  fixed_size: int | None  # the cache's slots with `fixed_shapes`
+
+
+@dataclasses.dataclass
+class _Row:
+  """One episode in flight: its environment state and its completion slots so far."""
+
+  state: Any
+  stream: list = dataclasses.field(default_factory=list)  # completion-slot token ids
+  sampled: list = dataclasses.field(default_factory=list)  # 1 sampled by the model, 0 not
+  logps: list = dataclasses.field(default_factory=list)
+  turn_of: list = dataclasses.field(default_factory=list)  # the turn each token belongs to
+  rewards: list = dataclasses.field(default_factory=list)  # per turn, as `env.step` gave them
+  texts: list = dataclasses.field(default_factory=list)
+  observations: list = dataclasses.field(default_factory=list)
+  infos: list = dataclasses.field(default_factory=list)
+  done: bool = False  # the environment ended the episode
+  truncated: bool = False  # the driver did
+  kept: int = 0  # tokens of its last turn in the stream
+  new: list = dataclasses.field(default_factory=list)  # its last observation's ids
+
+  def append(self, ids, sampled: int, logps, turn: int) -> None:
+    self.stream += ids
+    self.sampled += [sampled] * len(ids)
+    self.logps += logps
+    self.turn_of += [turn] * len(ids)
+
+
+def _first_turn(calls: _Calls, prompts, key, limit):
   """Turn 0: the B first prompts, sampled G times each from one shared prefill (the
   single-turn sampler call; `limit` None when the cap is the turn cap). Returns
   (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
-  tokens, lengths = sampling.pad_prompts(prompts, sc, longest)
+  tokens, lengths = sampling.pad_prompts(prompts, calls.sc, calls.longest)
   out, cont = continuation.start(
-    params,
+    calls.params,
     tokens,
     lengths,
     key,
     limit,
-    np.asarray(ids, np.int32),
-    model_config=model_config,
-    config=sc,
-    num_samples=G,
+    np.asarray(calls.ids, np.int32),
+    model_config=calls.model_config,
+    config=calls.sc,
+    num_samples=calls.G,
   )
   out = jax.device_get(out)
-  n = len(ids)
+  n = len(calls.ids)
   rows = [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
   return rows, _Turns(cont, list(range(n)))
 
 
-def _next_turn(
-  params, state: _Turns, alive, kept, new, N, chunk, key, limit, turns, model_config, sc, ids, size
-):
-  """A later turn: each alive row keeps `kept[r]` tokens of its last turn, then its
-  `new[r]` observation tokens are prefilled into its cache and it samples on. The rows
-  sampled are all N (`turns.fixed_shapes`: finished ones keep nothing and add nothing)
-  or the alive ones padded to a power of two; `chunk`: the width the new tokens are
-  padded to; `size`: the cache's slots (None: as this turn needs). Returns (per alive
-  row: (tokens, logprobs)), the new _Turns)."""
-  live = set(alive)
-  if turns.fixed_shapes:
-    pick = list(range(N))
+def _next_turn(calls: _Calls, state: _Turns, rows: list[_Row], alive, key, limit):
+  """A later turn: each alive row keeps `kept` tokens of its last turn, then its `new`
+  observation tokens are prefilled into its cache and it samples on. The rows sampled
+  are all N (`turns.fixed_shapes`: finished ones keep nothing and add nothing) or the
+  alive ones padded to a power of two. Returns (per alive row: (tokens, logprobs)), the
+  new _Turns)."""
+  sc, live = calls.sc, set(alive)
+  if calls.turns.fixed_shapes:
+    pick, width, size = list(range(len(rows))), calls.chunk, calls.fixed_size
   else:
     pick = alive + [alive[0]] * ((1 << (len(alive) - 1).bit_length()) - len(alive))
+    longest_new = max(len(rows[r].new) for r in alive)
+    width, size = min(calls.chunk, -(-longest_new // _NEW_BUCKET) * _NEW_BUCKET), None
   where = {r: i for i, r in reversed(list(enumerate(state.rows)))}
   idx = [where[r] for r in pick]
   same = idx == list(range(len(state.rows)))
   cont = state.cont if same else continuation.take_rows(state.cont, idx)
-  kept_ = np.asarray([kept[r] if r in live else 0 for r in pick], np.int32)
-  new_ = [new[r] if r in live else [] for r in pick]
-  tokens = np.full((len(pick), chunk), sc.pad_id, np.int32)
-  for i, t in enumerate(new_):
+  new = [rows[r].new if r in live else [] for r in pick]
+  tokens = np.full((len(pick), width), sc.pad_id, np.int32)
+  for i, t in enumerate(new):
     if t:
-      tokens[i, chunk - len(t) :] = t
+      tokens[i, width - len(t) :] = t
   out, cont = continuation.extend(
-    params,
+    calls.params,
     cont,
-    kept_,
+    np.asarray([rows[r].kept if r in live else 0 for r in pick], np.int32),
     tokens,
-    np.asarray([len(t) for t in new_], np.int32),
+    np.asarray([len(t) for t in new], np.int32),
     key,
     limit,
-    np.asarray([ids[r] for r in pick], np.int32),
-    model_config=model_config,
+    np.asarray([calls.ids[r] for r in pick], np.int32),
+    model_config=calls.model_config,
     config=sc,
     cache_size=size,
   )
   out = jax.device_get(out)
   first = {r: i for i, r in reversed(list(enumerate(pick)))}
-  rows = [
+  sampled = [
     (out.tokens[first[r], : out.lengths[first[r]]], out.logprobs[first[r], : out.lengths[first[r]]])
     for r in alive
   ]
-  return rows, _Turns(cont, pick)
+  return sampled, _Turns(cont, pick)
 
 
 def rollout(
@@ -395,6 +433,55 @@ def rollout(
       itself): every process pads its prompts to that width.
   """
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
+  _check_rollout_args(sc, turns, tasks, seeds, env)
+  firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
+  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
+  longest = widest(max(len(p) for p in prompts))
+  if longest > turns.max_prompt_tokens:
+    _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
+  rows = [_Row(firsts[r // G][0]) for r in range(len(tasks) * G)]
+  calls = _make_calls(params, model_config, sc, turns, G, longest, first_row, len(rows))
+  stops = tuple(env.stop_strings) + turns.stop_strings
+  alive, turn, sampler = list(range(len(rows))), 0, None
+  while alive:
+    turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
+    limit = min(sc.max_new_tokens, max(T - len(rows[r].stream) for r in alive))
+    if turn == 0:
+      cap = None if limit == sc.max_new_tokens else limit
+      sampled, sampler = _first_turn(calls, prompts, turn_key, cap)
+    else:
+      sampled, sampler = _next_turn(calls, sampler, rows, alive, turn_key, limit)
+    texts = [
+      _keep_turn(rows[r], toks, lps, turn, tokenizer, stops, T)
+      for r, (toks, lps) in zip(alive, sampled)
+    ]
+    where = [
+      f"seed {seeds[r // G]}, row {first_row + r}, turn {turn + 1} of at most {env.max_turns}"
+      for r in alive
+    ]
+    steps = step_rows(env, [rows[r].state for r in alive], texts, pool, where)
+    alive = [
+      r
+      for r, text, step in zip(alive, texts, steps)
+      if _take_step(rows[r], text, step, turn, env.max_turns, tokenizer, turns)
+    ]
+    turn += 1
+  return _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row)
+
+
+def _make_calls(params, model_config, sc, turns: TurnConfig, G, longest, first_row, N) -> _Calls:
+  # New tokens of a later turn are padded to at most `chunk`; with fixed_shapes the
+  # cache holds what the longest history (the padded prompt + T) and one more turn need.
+  T = turns.max_total_tokens
+  chunk = -(-T // _NEW_BUCKET) * _NEW_BUCKET
+  padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
+  fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
+  params = _decode_layout(params)  # once: each call would copy the layers again
+  ids = [first_row + r for r in range(N)]
+  return _Calls(params, model_config, sc, turns, ids, G, longest, chunk, fixed_size)
+
+
+def _check_rollout_args(sc, turns: TurnConfig, tasks, seeds, env) -> None:
   if sc.max_new_tokens != turns.max_turn_tokens:
     raise ValueError(
       f"sampling_config.max_new_tokens={sc.max_new_tokens} must equal "
@@ -405,115 +492,63 @@ def rollout(
       f"need one seed per task and at least one task: {len(tasks)} tasks, {len(seeds)} seeds"
     )
   protocol.check_env(env)
-  stops = tuple(env.stop_strings) + turns.stop_strings
-  firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
-  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
-  N = len(tasks) * G
-  longest = widest(max(len(p) for p in prompts))
-  if longest > turns.max_prompt_tokens:
-    _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
-  states = [firsts[r // G][0] for r in range(N)]
-  stream = [[] for _ in range(N)]  # completion-slot token ids
-  sampled = [[] for _ in range(N)]  # 1: sampled by the model, 0: observation
-  logps = [[] for _ in range(N)]
-  turn_of = [[] for _ in range(N)]
-  log = [{"rewards": [], "texts": [], "observations": [], "infos": []} for _ in range(N)]
-  done, truncated = [False] * N, [False] * N
-  alive, turn = list(range(N)), 0
-  ids = [first_row + r for r in range(N)]
-  # New tokens of a later turn are padded to `chunk` (fixed_shapes: always; else to a
-  # multiple of _NEW_BUCKET). The cache holds what each turn needs; with fixed_shapes,
-  # what the longest history (the padded prompt + T) and one more turn need.
-  chunk = -(-T // _NEW_BUCKET) * _NEW_BUCKET
-  padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
-  fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
-  kept, new = [0] * N, [[] for _ in range(N)]
-  params = _decode_layout(params)  # once: each call would copy the layers again
-  while alive:
-    turn_key = key if turn == 0 else jax.random.fold_in(key, turn)
-    limit = min(sc.max_new_tokens, max(T - len(stream[r]) for r in alive))
-    if turn == 0:
-      cap = None if limit == sc.max_new_tokens else limit
-      turn_out, sampler = _first_turn(
-        params, prompts, G, turn_key, cap, model_config, sc, ids, longest
-      )
-    else:
-      width, size = chunk, fixed_size
-      if not turns.fixed_shapes:
-        width = min(chunk, -(-max(len(new[r]) for r in alive) // _NEW_BUCKET) * _NEW_BUCKET)
-      turn_out, sampler = _next_turn(
-        params,
-        sampler,
-        alive,
-        kept,
-        new,
-        N,
-        width,
-        turn_key,
-        limit,
-        turns,
-        model_config,
-        sc,
-        ids,
-        size,
-      )
-    texts = []
-    for r, (toks, lps) in zip(alive, turn_out):
-      toks = [int(t) for t in toks]
-      end = batch_lib.stop_length(toks, tokenizer, stops)
-      n = min(len(toks) if end is None else end, T - len(stream[r]))
-      kept[r] = n
-      stream[r] += toks[:n]
-      sampled[r] += [1] * n
-      logps[r] += [float(x) for x in lps[:n]]
-      turn_of[r] += [turn] * n
-      texts.append(tokenizer.decode(toks[:n]))
-    where = [
-      f"seed {seeds[r // G]}, row {first_row + r}, turn {turn + 1} of at most {env.max_turns}"
-      for r in alive
-    ]
-    steps = step_rows(env, [states[r] for r in alive], texts, pool, where)
-    still = []
-    for r, text, step in zip(alive, texts, steps):
-      states[r] = step.state
-      entry = log[r]
-      entry["rewards"].append(float(step.reward))
-      entry["texts"].append(text)
-      entry["observations"].append(step.observation)
-      entry["infos"].append(dict(step.info))
-      if step.done:
-        done[r] = True
-        continue
-      closed = bool(stream[r]) and sampled[r][-1] == 1 and stream[r][-1] == tokenizer.end_of_turn_id
-      obs = scaffold.observation_ids(tokenizer, turns.template, step.observation, closed)
-      if turn + 1 >= env.max_turns or len(stream[r]) + len(obs) + 1 > T:
-        truncated[r] = True
-        continue
-      stream[r] += obs
-      new[r] = obs
-      sampled[r] += [0] * len(obs)
-      logps[r] += [0.0] * len(obs)
-      turn_of[r] += [turn] * len(obs)
-      still.append(r)
-    alive, turn = still, turn + 1
-  batch = _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest)
+
+
+def _keep_turn(row: _Row, toks, lps, turn: int, tokenizer, stops, T: int) -> str:
+  """Appends a turn's sampled tokens to `row` up to its stop (string or token) and the
+  row's remaining slots; returns their text (what the environment is shown)."""
+  toks = [int(t) for t in toks]
+  end = batch_lib.stop_length(toks, tokenizer, stops)
+  n = min(len(toks) if end is None else end, T - len(row.stream))
+  row.kept = n
+  row.append(toks[:n], 1, [float(x) for x in lps[:n]], turn)
+  return tokenizer.decode(toks[:n])
+
+
+def _take_step(row: _Row, text: str, step, turn: int, max_turns: int, tokenizer, turns) -> bool:
+  """Records `env.step`'s answer to `text` in `row` and appends the observation's ids;
+  False when the episode is over (done, out of turns, or no room for the observation
+  and one sampled token)."""
+  row.state = step.state
+  row.rewards.append(float(step.reward))
+  row.texts.append(text)
+  row.observations.append(step.observation)
+  row.infos.append(dict(step.info))
+  if step.done:
+    row.done = True
+    return False
+  closed = bool(row.stream) and row.sampled[-1] == 1 and row.stream[-1] == tokenizer.end_of_turn_id
+  obs = scaffold.observation_ids(tokenizer, turns.template, step.observation, closed)
+  if turn + 1 >= max_turns or len(row.stream) + len(obs) + 1 > turns.max_total_tokens:
+    row.truncated = True
+    return False
+  row.append(obs, 0, [0.0] * len(obs), turn)
+  row.new = obs
+  return True
+
+
+def _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row) -> Rollout:
+  """The Rollout of the finished rows: the RLBatch, rewards (checked finite in float32),
+  turn rewards on their tokens, and the Episodes."""
+  T = turns.max_total_tokens
+  batch = _stream_batch(prompts, G, rows, T, sc, longest)
   if turns.mask_truncated:
-    keep = ~np.asarray(truncated)[:, None]
+    keep = ~np.asarray([row.truncated for row in rows])[:, None]
     batch = dataclasses.replace(batch, loss_mask=batch.loss_mask * keep)
   episodes = [
     Episode(
       task=tasks[r // G],
       seed=seeds[r // G],
       first_observation=firsts[r // G][1],
-      reward=float(sum(log[r]["rewards"])),
-      turn_rewards=log[r]["rewards"],
-      texts=log[r]["texts"],
-      observations=log[r]["observations"],
-      infos=log[r]["infos"],
-      done=done[r],
-      truncated=truncated[r],
+      reward=float(sum(row.rewards)),
+      turn_rewards=row.rewards,
+      texts=row.texts,
+      observations=row.observations,
+      infos=row.infos,
+      done=row.done,
+      truncated=row.truncated,
     )
-    for r in range(N)
+    for r, row in enumerate(rows)
   ]
   with np.errstate(over="ignore"):  # an overflow is reported below
     rewards = np.asarray([e.reward for e in episodes], np.float32)
@@ -543,14 +578,14 @@ def _refuse_long_prompt(env, prompts, seeds, cap: int, longest: int):
   )
 
 
-def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest) -> batch_lib.RLBatch:
+def _stream_batch(prompts, G, rows: list[_Row], T, sc, longest) -> batch_lib.RLBatch:
   """The RLBatch of the rows: first prompts left-padded to the bucket of `longest`
   tokens, then T completion slots.
 
   turn_ids: the turn a slot's token belongs to (observations: the turn they
   answer), -1 on empty slots.
   """
-  N = len(stream)
+  N = len(rows)
   P = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
   tokens = np.full((N, P + T), sc.pad_id, np.int32)
   valid = np.zeros((N, P + T), bool)
@@ -558,17 +593,17 @@ def _stream_batch(prompts, G, stream, sampled, logps, turn_of, T, sc, longest) -
   loss_mask = np.zeros((N, T), np.float32)
   logp = np.zeros((N, T), np.float32)
   turn_ids = np.full((N, T), -1, np.int32)
-  for r in range(N):
-    prompt, n = prompts[r // G], len(stream[r])
+  for r, row in enumerate(rows):
+    prompt, n = prompts[r // G], len(row.stream)
     tokens[r, P - len(prompt) : P] = prompt
     valid[r, P - len(prompt) : P] = True
     positions[r, P - len(prompt) : P] = np.arange(len(prompt))
     positions[r, P:] = len(prompt) + np.arange(T)
-    tokens[r, P : P + n] = stream[r]
+    tokens[r, P : P + n] = row.stream
     valid[r, P : P + n] = True
-    loss_mask[r, :n] = sampled[r]
-    logp[r, :n] = logps[r]
-    turn_ids[r, :n] = turn_of[r]
+    loss_mask[r, :n] = row.sampled
+    logp[r, :n] = row.logps
+    turn_ids[r, :n] = row.turn_of
   return batch_lib.RLBatch(
     tokens=tokens,
     positions=positions,
