@@ -518,69 +518,60 @@ def forward(
   is_global = jnp.asarray(c.global_layers)
   lora_layers = None if adapters is None else adapters["layers"]
 
-  if cache is None:
-
-    def body(x, inputs):
-      layer, lora, glob = inputs
-      if gather is not None:
-        layer, lora = gather((layer, lora))
-      x, _ = _block(
-        x, layer, lora, glob, lambda k, v: (k, v, None), masks, ropes, c, lora_scale, compute_dtype
-      )
-      return x, None
-
-    if remat is not None:
-      body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
-    x, _ = jax.lax.scan(body, x, (params["layers"], lora_layers, is_global))
-    new_cache = None
-  elif isinstance(params["layers"], (list, tuple)):  # unrolled: see unstack_layers
-    idx, ck, cv = cache["index"], cache["k"], cache["v"]
-    for l, layer in enumerate(params["layers"]):
-      lora = None if lora_layers is None else jax.tree.map(lambda a, l=l: a[l], lora_layers)
-      x, (ck, cv) = _block(
-        x,
-        layer,
-        lora,
-        c.global_layers[l],
-        _cache_writer(ck, cv, l, idx),
-        masks,
-        ropes,
-        c,
-        lora_scale,
-        compute_dtype,
-      )
-  else:
-    idx = cache["index"]
-
-    def body(carry, inputs):
-      x, ck, cv = carry
-      layer, lora, glob, l = inputs
-      x, (ck, cv) = _block(
-        x,
-        layer,
-        lora,
-        glob,
-        _cache_writer(ck, cv, l, idx),
-        masks,
-        ropes,
-        c,
-        lora_scale,
-        compute_dtype,
-      )
-      return (x, ck, cv), None
-
-    (x, ck, cv), _ = jax.lax.scan(
-      body,
-      (x, cache["k"], cache["v"]),
-      (params["layers"], lora_layers, is_global, jnp.arange(c.num_layers)),
+  def block(x, layer, lora, is_global_layer, keys_fn):
+    return _block(
+      x, layer, lora, is_global_layer, keys_fn, masks, ropes, c, lora_scale, compute_dtype
     )
-  if cache is not None:
-    new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": idx + T}
 
+  new_cache = None
+  if cache is None:
+    x = _layers(x, params["layers"], lora_layers, is_global, block, remat, gather)
+  else:
+    x, ck, cv = _cached_layers(x, params["layers"], lora_layers, is_global, cache, block, c)
+    new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": cache["index"] + T}
   hidden = rms_norm(x, params["final_norm"], c.rms_eps)
   if return_hidden:
     return hidden, new_cache
   return logits_from_hidden(params, hidden), new_cache
+
+
+def _layers(x, layers, lora_layers, is_global_L, block, remat, gather):
+  """The training path: the stacked layers under `lax.scan`, no cache (`remat`, `gather`:
+  `forward`'s). Returns x [B, T, D]."""
+
+  def body(x, inputs):
+    layer, lora, glob = inputs
+    if gather is not None:
+      layer, lora = gather((layer, lora))
+    x, _ = block(x, layer, lora, glob, lambda k, v: (k, v, None))
+    return x, None
+
+  if remat is not None:
+    body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
+  x, _ = jax.lax.scan(body, x, (layers, lora_layers, is_global_L))
+  return x
+
+
+def _cached_layers(x, layers, lora_layers, is_global_L, cache, block, config: Config):
+  """The decode path: the layers in the sampler's layout (`decode_layout`) over a KV
+  cache, each writing its keys and values at slot `cache["index"]`: a tuple of
+  per-layer dicts is unrolled, stacks are scanned. Returns (x, k, v)."""
+  idx, ck, cv = cache["index"], cache["k"], cache["v"]
+  if isinstance(layers, (list, tuple)):  # unrolled: see unstack_layers
+    for l, layer in enumerate(layers):
+      lora = None if lora_layers is None else jax.tree.map(lambda a, l=l: a[l], lora_layers)
+      x, (ck, cv) = block(x, layer, lora, config.global_layers[l], _cache_writer(ck, cv, l, idx))
+    return x, ck, cv
+
+  def body(carry, inputs):
+    x, ck, cv = carry
+    layer, lora, glob, l = inputs
+    x, (ck, cv) = block(x, layer, lora, glob, _cache_writer(ck, cv, l, idx))
+    return (x, ck, cv), None
+
+  steps = (layers, lora_layers, is_global_L, jnp.arange(config.num_layers))
+  (x, ck, cv), _ = jax.lax.scan(body, (x, ck, cv), steps)
+  return x, ck, cv
 
 
 def logits_from_hidden(params: Params, hidden_BxTxD: jax.Array) -> jax.Array:
