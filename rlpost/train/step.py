@@ -162,96 +162,26 @@ def make_train_step(
   norm was not finite: the update was skipped and `state.bad_steps` counts it;
   see TrainState).
   """
-  data, fsdp = mesh.shape[sharding.DATA], mesh.shape[sharding.FSDP]
-
-  def mean_over(x, axis, size):
-    # On a size-1 axis the mean is the identity; XLA:CPU would still copy every
-    # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
-    return x if size == 1 else jax.lax.pmean(x, axis)
-
-  def per_device(trainable, frozen, batch, trainable_specs, frozen_specs):
-    """This device's rows -> (gradients of its weight shards, loss, metrics), all averaged."""
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    if rows % micro_batch_size:
-      raise ValueError(
-        f"{rows} rows per device are not divisible by micro_batch_size={micro_batch_size}"
-      )
-    # Layer weights stay split (the forward gathers them inside the layer scan); the
-    # others are gathered whole: frozen ones once, trainable ones inside the gradient
-    # so that their gradients come back reduce-scattered.
-    outer = lambda specs: jax.tree_util.tree_map_with_path(
-      lambda path, s: P() if sharding.is_layer_leaf(sharding.path_str(path)) else s, specs
-    )
-    if frozen is not None:
-      frozen = sharding.gather(frozen, outer(frozen_specs), sharding.FSDP)
-    trainable_outer = outer(trainable_specs)
-    local_grad = jax.value_and_grad(
-      lambda t, mb: loss_fn(sharding.gather(t, trainable_outer, sharding.FSDP), frozen, mb),
-      has_aux=True,
-    )
-    n = rows // micro_batch_size
-    micro = _micro_batches(batch, n)
-    first = jax.tree.map(lambda x: x[0], micro)
-    if n == 1:  # no accumulator: saves a zeroed gradient-sized buffer and an add
-      (loss, metrics), grads = local_grad(trainable, first)
-    else:
-
-      def accumulate(carry, mb):
-        (loss, metrics), grads = local_grad(trainable, mb)
-        return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
-
-      metric_shapes = jax.eval_shape(lambda: local_grad(trainable, first)[0][1])
-      zeros = (
-        jax.tree.map(jnp.zeros_like, trainable),
-        jnp.zeros(()),
-        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
-      )
-      (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-    # A split leaf's gradient arrives summed over the fsdp group (the gather's
-    # transpose); a replicated leaf's is this device's own.
-    grads = jax.tree.map(
-      lambda g, s: g / fsdp if sharding.FSDP in s else mean_over(g, sharding.FSDP, fsdp),
-      grads,
-      trainable_specs,
-    )
-    both = lambda x: mean_over(mean_over(x / n, sharding.FSDP, fsdp), sharding.DATA, data)
-    grads = jax.tree.map(lambda g: mean_over(g / n, sharding.DATA, data), grads)
-    return grads, both(loss), jax.tree.map(both, metrics)
+  device_grads = functools.partial(
+    _device_gradients,
+    loss_fn,
+    micro_batch_size,
+    mesh.shape[sharding.DATA],
+    mesh.shape[sharding.FSDP],
+  )
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def jitted_step(state, frozen, batch, opt_args=None):
     trainable_specs = sharding.tree_specs(state.trainable, mesh)
     frozen_specs = P() if frozen is None else sharding.tree_specs(frozen, mesh)
     grads, loss, metrics = jax.shard_map(
-      functools.partial(per_device, trainable_specs=trainable_specs, frozen_specs=frozen_specs),
+      functools.partial(device_grads, trainable_specs=trainable_specs, frozen_specs=frozen_specs),
       mesh=mesh,
       in_specs=(trainable_specs, frozen_specs, sharding.BATCH),
       out_specs=(trainable_specs, P(), P()),
       check_vma=False,
     )(state.trainable, frozen, batch)
-    grad_norm = optax.tree.norm(grads)
-    # A non-finite loss or gradient norm must not reach the weights: the update runs in
-    # the taken branch of a cond, so a bad step keeps the old trainable and optimizer
-    # state (a jnp.where over the two states would hold both at once: +1.1 GiB for a
-    # full-parameter 270M step).
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-    def update(trainable_and_opt):
-      trainable, opt_state = trainable_and_opt
-      updates, opt_state = optimizer.update(grads, opt_state, trainable, **(opt_args or {}))
-      return optax.apply_updates(trainable, updates), opt_state
-
-    trainable, opt_state = jax.lax.cond(
-      finite, update, lambda old: old, (state.trainable, state.opt_state)
-    )
-    new_state = TrainState(
-      step=state.step + finite.astype(jnp.int32),
-      trainable=trainable,
-      opt_state=opt_state,
-      key=state.key,
-      bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
-      total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
-    )
+    new_state, finite, grad_norm = _apply_if_finite(optimizer, state, grads, loss, opt_args)
     # Keep the state where `place` put it, so the next call reuses this compilation.
     new_state = jax.lax.with_sharding_constraint(
       new_state,
@@ -271,6 +201,100 @@ def make_train_step(
     return jitted_step(state, frozen, batch, opt_args)
 
   return train_step
+
+
+def _mean_over(x, axis: str, size: int):
+  # On a size-1 axis the mean is the identity; XLA:CPU would still copy every
+  # gradient through an all-reduce (~0.5 s per step for 268M float32 grads).
+  return x if size == 1 else jax.lax.pmean(x, axis)
+
+
+def _device_gradients(
+  loss_fn, micro_batch_size, data, fsdp, trainable, frozen, batch, trainable_specs, frozen_specs
+):
+  """Inside shard_map: this device's rows -> (gradients of its weight shards, loss,
+  metrics), averaged over micro-batches and devices."""
+  rows = jax.tree.leaves(batch)[0].shape[0]
+  if rows % micro_batch_size:
+    raise ValueError(
+      f"{rows} rows per device are not divisible by micro_batch_size={micro_batch_size}"
+    )
+  # Layer weights stay split (the forward gathers them inside the layer scan); the
+  # others are gathered whole: frozen ones once, trainable ones inside the gradient
+  # so that their gradients come back reduce-scattered.
+  outer = lambda specs: jax.tree_util.tree_map_with_path(
+    lambda path, s: P() if sharding.is_layer_leaf(sharding.path_str(path)) else s, specs
+  )
+  if frozen is not None:
+    frozen = sharding.gather(frozen, outer(frozen_specs), sharding.FSDP)
+  trainable_outer = outer(trainable_specs)
+  local_grad = jax.value_and_grad(
+    lambda t, mb: loss_fn(sharding.gather(t, trainable_outer, sharding.FSDP), frozen, mb),
+    has_aux=True,
+  )
+  n = rows // micro_batch_size
+  grads, loss, metrics = _summed_over_micro_batches(local_grad, trainable, batch, n)
+  # A split leaf's gradient arrives summed over the fsdp group (the gather's
+  # transpose); a replicated leaf's is this device's own.
+  grads = jax.tree.map(
+    lambda g, s: g / fsdp if sharding.FSDP in s else _mean_over(g, sharding.FSDP, fsdp),
+    grads,
+    trainable_specs,
+  )
+  both = lambda x: _mean_over(_mean_over(x / n, sharding.FSDP, fsdp), sharding.DATA, data)
+  grads = jax.tree.map(lambda g: _mean_over(g / n, sharding.DATA, data), grads)
+  return grads, both(loss), jax.tree.map(both, metrics)
+
+
+def _summed_over_micro_batches(local_grad, trainable, batch, n: int):
+  """(gradients, loss, metrics) of `local_grad` summed over the n micro-batches of `batch`."""
+  micro = _micro_batches(batch, n)
+  first = jax.tree.map(lambda x: x[0], micro)
+  if n == 1:  # no accumulator: saves a zeroed gradient-sized buffer and an add
+    (loss, metrics), grads = local_grad(trainable, first)
+    return grads, loss, metrics
+
+  def accumulate(carry, mb):
+    (loss, metrics), grads = local_grad(trainable, mb)
+    return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
+
+  metric_shapes = jax.eval_shape(lambda: local_grad(trainable, first)[0][1])
+  zeros = (
+    jax.tree.map(jnp.zeros_like, trainable),
+    jnp.zeros(()),
+    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+  )
+  (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
+  return grads, loss, metrics
+
+
+def _apply_if_finite(optimizer, state: TrainState, grads, loss, opt_args):
+  """The optimizer's update of `state`, or `state` kept when the loss or gradient norm
+  is not finite (counted in bad_steps). Returns (new state, finite, gradient norm)."""
+  grad_norm = optax.tree.norm(grads)
+  # A non-finite loss or gradient norm must not reach the weights: the update runs in
+  # the taken branch of a cond, so a bad step keeps the old trainable and optimizer
+  # state (a jnp.where over the two states would hold both at once: +1.1 GiB for a
+  # full-parameter 270M step).
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+  def update(trainable_and_opt):
+    trainable, opt_state = trainable_and_opt
+    updates, opt_state = optimizer.update(grads, opt_state, trainable, **(opt_args or {}))
+    return optax.apply_updates(trainable, updates), opt_state
+
+  trainable, opt_state = jax.lax.cond(
+    finite, update, lambda old: old, (state.trainable, state.opt_state)
+  )
+  new_state = TrainState(
+    step=state.step + finite.astype(jnp.int32),
+    trainable=trainable,
+    opt_state=opt_state,
+    key=state.key,
+    bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
+    total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
+  )
+  return new_state, finite, grad_norm
 
 
 def global_batch(batch, mesh: jax.sharding.Mesh, pad: bool = False):
