@@ -482,10 +482,9 @@ def forward(
       projection outputs the backward reads (_SAVED_BY_DOTS) and recomputes
       the elementwise work and attention (norms, RoPE, softmax, GELU);
       "full" keeps only each layer's input and recomputes the layer.
-    compute_dtype: None runs the layer matmuls in the weights' dtype; e.g.
-      "bfloat16" rounds the inputs of every layer matmul (forward and
-      backward) to it and accumulates in float32 (mixed-precision training:
-      weights, gradients and the residual stream stay in their own dtypes).
+    compute_dtype: None runs the layer matmuls in the weights' dtype; e.g. "bfloat16"
+      rounds the inputs of every layer matmul (forward and backward) to it and accumulates
+      in float32 (weights, gradients and the residual stream keep their own dtypes).
     gather: None, or (no cache only) a function applied to each layer's
       (weights, adapters) at the top of the layer scan: FSDP gathers the layer's
       shards there (`policy.ForwardConfig.fsdp_axis`), so one layer is whole at a time.
@@ -495,13 +494,7 @@ def forward(
   """
   c = config
   B, T = tokens_BxT.shape
-  if remat not in _REMAT_POLICIES:
-    raise ValueError(f"remat={remat!r} is not one of {sorted(map(str, _REMAT_POLICIES))}")
-  if cache is not None and T > cache["k"].shape[2]:
-    raise ValueError(
-      f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
-      "allocate a larger cache with init_cache(..., size=...)"
-    )
+  _check_forward_args(T, cache, remat)
   x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32) * math.sqrt(c.embed_dim)
   if cache is None:
     key_pos_BxS = positions_BxT
@@ -518,10 +511,9 @@ def forward(
   is_global = jnp.asarray(c.global_layers)
   lora_layers = None if adapters is None else adapters["layers"]
 
-  def block(x, layer, lora, is_global_layer, keys_fn):
-    return _block(
-      x, layer, lora, is_global_layer, keys_fn, masks, ropes, c, lora_scale, compute_dtype
-    )
+  block = functools.partial(
+    _block, masks=masks, ropes=ropes, config=c, lora_scale=lora_scale, compute_dtype=compute_dtype
+  )
 
   new_cache = None
   if cache is None:
@@ -533,6 +525,16 @@ def forward(
   if return_hidden:
     return hidden, new_cache
   return logits_from_hidden(params, hidden), new_cache
+
+
+def _check_forward_args(T: int, cache, remat) -> None:
+  if remat not in _REMAT_POLICIES:
+    raise ValueError(f"remat={remat!r} is not one of {sorted(map(str, _REMAT_POLICIES))}")
+  if cache is not None and T > cache["k"].shape[2]:
+    raise ValueError(
+      f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
+      "allocate a larger cache with init_cache(..., size=...)"
+    )
 
 
 def _layers(x, layers, lora_layers, is_global_L, block, remat, gather):

@@ -100,6 +100,27 @@ def _chunk_logprobs_bwd(return_entropy, compute_dtype, residuals, g):
 _chunk_logprobs.defvjp(_chunk_logprobs_fwd, _chunk_logprobs_bwd)
 
 
+def _check_logprob_args(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, temperature, chunk):
+  batch, seq, dim = hidden_BxTxD.shape
+  vocab = embed_VxD.shape[0]
+  if embed_VxD.shape != (vocab, dim):
+    raise ValueError(
+      f"embed shape {embed_VxD.shape} does not match hidden dim {dim}: expected [vocab, {dim}]"
+    )
+  if targets_BxT.shape != (batch, seq) or mask_BxT.shape != (batch, seq):
+    raise ValueError(
+      f"targets {targets_BxT.shape} and mask {mask_BxT.shape} "
+      f"must both be [batch, seq] = {(batch, seq)}"
+    )
+  if chunk < 1:
+    raise ValueError(f"chunk must be >= 1, got {chunk}")
+  if isinstance(temperature, (int, float)) and not temperature > 0:
+    raise ValueError(
+      f"temperature={temperature}: logits are divided by it, so it must be > 0 (greedy "
+      "sampling has no logprobs to recompute; use the sampler's temperature)"
+    )
+
+
 def token_logprobs(
   hidden_BxTxD,
   embed_VxD,
@@ -138,24 +159,9 @@ def token_logprobs(
   Returns:
     `logp_BxT` float32, or `(logp_BxT, entropy_BxT)` when `return_entropy`.
   """
+  _check_logprob_args(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, temperature, chunk)
   batch, seq, dim = hidden_BxTxD.shape
   vocab = embed_VxD.shape[0]
-  if embed_VxD.shape != (vocab, dim):
-    raise ValueError(
-      f"embed shape {embed_VxD.shape} does not match hidden dim {dim}: expected [vocab, {dim}]"
-    )
-  if targets_BxT.shape != (batch, seq) or mask_BxT.shape != (batch, seq):
-    raise ValueError(
-      f"targets {targets_BxT.shape} and mask {mask_BxT.shape} "
-      f"must both be [batch, seq] = {(batch, seq)}"
-    )
-  if chunk < 1:
-    raise ValueError(f"chunk must be >= 1, got {chunk}")
-  if isinstance(temperature, (int, float)) and not temperature > 0:
-    raise ValueError(
-      f"temperature={temperature}: logits are divided by it, so it must be > 0 (greedy "
-      "sampling has no logprobs to recompute; use the sampler's temperature)"
-    )
   num_tokens = batch * seq
   if num_tokens == 0:  # an empty batch (no rows or no positions): nothing to project
     zeros_BxT = jnp.zeros((batch, seq), jnp.float32)

@@ -103,30 +103,10 @@ def step_fn(
   started: dict = {}
   seeded: dict = {}  # the Held a resumed run starts with, until its first step
 
-  def start(state, cursor, index: int):
-    first, weights = seeded.pop("held", Held(index, {}))
-    needed = lagged_versions(index, first, max_staleness)
-    missing = [v for v in needed if v not in weights]
-    if first > index or missing:  # the producer would wait for them forever
-      raise ValueError(
-        f"pipeline: a run resumed at step {index} with max_staleness={max_staleness} and its "
-        f"lag counted from step {first} samples its first batches with the versions "
-        f"{list(needed)}; the seed holds {sorted(weights)}"
-      )
-    published = Published({**{v: weights[v] for v in needed}, index: weights_of(state)})
-    out = queue.Queue(maxsize=max_staleness + 1)
-    thread = threading.Thread(
-      target=_producer,
-      args=(produce, published, out, cursor, first, index, last, max_staleness),
-      daemon=True,
-      name="rollout-producer",
-    )
-    started.update(published=published, out=out, thread=thread, first=first, next=index)
-    thread.start()
-
   def step(state, cursor, index: int):
     if not started:  # the first step of this call: the loop's start or resume point
-      start(state, cursor, index)
+      held = seeded.pop("held", None)
+      started.update(_start(produce, weights_of(state), cursor, index, held, last, max_staleness))
     published, out = started["published"], started["out"]
     item = out.get()
     if isinstance(item, BaseException):
@@ -158,16 +138,46 @@ def step_fn(
     seeded["held"] = resumed
 
   def close():
-    if started:
-      with started["published"].changed:
-        started["published"].stop = True
-        started["published"].changed.notify_all()
-      while started["thread"].is_alive():  # unblock a producer waiting on a full queue
-        try:
-          started["out"].get_nowait()
-        except queue.Empty:
-          pass
-        started["thread"].join(timeout=0.1)
-      started.clear()
+    _stop(started)
 
   return Pipeline(step, close, held, seed)
+
+
+def _start(produce, weights, cursor, index: int, seed, last: int, max_staleness: int) -> dict:
+  """Starts the producer thread at step `index` (`weights`: the sampler's weights of the
+  state there; `seed`: a resumed run's Held, or None). Returns what `step_fn` tracks."""
+  first, seeded = seed if seed is not None else Held(index, {})
+  needed = lagged_versions(index, first, max_staleness)
+  missing = [v for v in needed if v not in seeded]
+  if first > index or missing:  # the producer would wait for them forever
+    raise ValueError(
+      f"pipeline: a run resumed at step {index} with max_staleness={max_staleness} and its "
+      f"lag counted from step {first} samples its first batches with the versions "
+      f"{list(needed)}; the seed holds {sorted(seeded)}"
+    )
+  published = Published({**{v: seeded[v] for v in needed}, index: weights})
+  out = queue.Queue(maxsize=max_staleness + 1)
+  thread = threading.Thread(
+    target=_producer,
+    args=(produce, published, out, cursor, first, index, last, max_staleness),
+    daemon=True,
+    name="rollout-producer",
+  )
+  thread.start()
+  return dict(published=published, out=out, thread=thread, first=first, next=index)
+
+
+def _stop(started: dict) -> None:
+  """Stops a started producer (its queued batch, if any, is dropped) and forgets it."""
+  if not started:
+    return
+  with started["published"].changed:
+    started["published"].stop = True
+    started["published"].changed.notify_all()
+  while started["thread"].is_alive():  # unblock a producer waiting on a full queue
+    try:
+      started["out"].get_nowait()
+    except queue.Empty:
+      pass
+    started["thread"].join(timeout=0.1)
+  started.clear()
