@@ -95,18 +95,18 @@ def test_an_auto_run_records_its_choice_and_keeps_it_when_resumed(tmp_path, monk
     sft_configs.get_config("tiny"),
     {"train.compute_dtype": "auto", "train.steps": 2, "checkpoint.every": 1},
   )
-  recorded = lambda: json.loads((tmp_path / "config.json").read_text())["train"]["compute_dtype"]
+  recorded = lambda d: json.loads((d / "config.json").read_text())["train"]["compute_dtype"]
   monkeypatch.setattr(compute_paths, "resolve", lambda: ("bfloat16", "mocked calibration"))
   sft.run(cfg(), str(tmp_path), stop_after=1)
-  assert recorded() == "bfloat16"
+  assert recorded(tmp_path) == "bfloat16"
   monkeypatch.setattr(compute_paths, "resolve", lambda: ("float32", "another machine"))
   resumed = cfg()
   sft.run(resumed, str(tmp_path))
-  assert resumed.train.compute_dtype == recorded() == "bfloat16"
+  assert recorded(tmp_path) == "bfloat16"
+  assert resumed.train.compute_dtype == "auto"  # the caller's config is never written
   # A fresh run on that machine takes its choice.
-  fresh = cfg()
-  sft.run(fresh, str(tmp_path / "fresh"), stop_after=1)
-  assert fresh.train.compute_dtype == "float32"
+  sft.run(cfg(), str(tmp_path / "fresh"), stop_after=1)
+  assert recorded(tmp_path / "fresh") == "float32"
 
 
 @pytest.mark.slow

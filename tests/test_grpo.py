@@ -549,7 +549,7 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
   # float32 sampler and trainer agree on the real model; the reference is the policy at step 1.
-  assert cfg.train.compute_dtype == "float32" and record["sampler_logp_gap"] < 1e-3, record
+  assert record["sampler_logp_gap"] < 1e-3, record
   assert abs(record["kl/first_pass"]) < 1e-6, record
   assert checkpoint.manager(str(tmp_path)).latest_step() == 1
   assert (tmp_path / "curves.png").exists()

@@ -237,8 +237,8 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
-  common.resolve_compute_dtype(cfg, workdir)
-  common.resolve_int8_paths(cfg, workdir)
+  cfg = common.with_compute_dtype(cfg, workdir)
+  cfg = common.with_int8_paths(cfg, workdir)
   p = build(cfg, loaded)
   curves = ("reward/mean", "success", "greedy/success", "turns/mean", "invalid_action_rate")
   loop = loop_lib.loop_config(

@@ -6,6 +6,7 @@ ones, a renamed field names its new place, and a dataclass's own validation
 error names the config field (`block.field`), not the class.
 """
 
+import copy
 import dataclasses
 import json
 import math
@@ -92,40 +93,50 @@ def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
     raise errors.ConfigError(f"config.{e}") from None
 
 
-def resolve_compute_dtype(cfg, workdir: str) -> None:
-  """Replaces `train.compute_dtype="auto"` in `cfg` by this machine's choice (or, on
-  resume, the one in the run's config.json; `compute_paths`), and logs it. Every process
-  takes process 0's choice."""
+def compute_dtype(cfg, workdir: str) -> str:
+  """`train.compute_dtype`, with "auto" resolved to this machine's choice (or, on resume,
+  the one in the run's config.json; `compute_paths`), logged. Every process takes
+  process 0's choice."""
   setting = cfg.train.compute_dtype
   if setting != "auto":
-    return
+    return setting
   dtype, why = compute_paths.resolve_for_run(setting, workdir, compute_paths.resolve)
-  index = shares.from_first_process(compute_paths.CHOICES.index(dtype))
-  dtype = compute_paths.CHOICES[index]
+  dtype = compute_paths.CHOICES[shares.from_first_process(compute_paths.CHOICES.index(dtype))]
   absl_logging.info("train.compute_dtype=auto -> %s (%s)", dtype, why)
-  cfg.train.compute_dtype = dtype
+  return dtype
 
 
-def resolve_int8_paths(cfg, workdir: str) -> None:
-  """Replaces `sampling.int8_paths="auto"` in `cfg` by this machine's choice (or, on
-  resume, the one in the run's config.json), as "LAYOUT:ROWS", and logs it; only when the
-  sampler reads int8 weights. Every process takes process 0's choice."""
+def with_compute_dtype(cfg, workdir: str):
+  """The run's resolved config: a copy of `cfg` with `compute_dtype(cfg, workdir)` in
+  place of "auto" (what config.json records); `cfg` itself is never written."""
+  if cfg.train.compute_dtype != "auto":
+    return cfg
+  resolved = copy.deepcopy(cfg)
+  resolved.train.compute_dtype = compute_dtype(cfg, workdir)
+  return resolved
+
+
+def with_int8_paths(cfg, workdir: str):
+  """A copy of `cfg` with `sampling.int8_paths="auto"` replaced by this machine's choice
+  (or, on resume, the one in the run's config.json), as "LAYOUT:ROWS", logged; only when
+  the sampler reads int8 weights. Every process takes process 0's choice."""
   s = cfg.get("sampling", {})
   if s.get("weights") != "int8" or s.get("int8_paths", "auto") != "auto":
-    return
+    return cfg
   paths, why = compute_paths.int8_paths_for_run("auto", workdir)
   layout = quant.LAYER_LAYOUTS[
     shares.from_first_process(quant.LAYER_LAYOUTS.index(paths.layer_layout))
   ]
   rows = shares.from_first_process(paths.activations_left_max_rows)
-  cfg.sampling.int8_paths = quant.paths_text(quant.Int8Paths(layout, rows))
-  absl_logging.info("sampling.int8_paths=auto -> %s (%s)", cfg.sampling.int8_paths, why)
+  resolved = copy.deepcopy(cfg)
+  resolved.sampling.int8_paths = quant.paths_text(quant.Int8Paths(layout, rows))
+  absl_logging.info("sampling.int8_paths=auto -> %s (%s)", resolved.sampling.int8_paths, why)
+  return resolved
 
 
 def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
   """The trainer's forward: model preset, `lora`, `train.{compute_dtype, remat, logprob_chunk}`
   (compute_dtype "auto" not yet resolved by the recipe's run: this machine's choice)."""
-  resolve_compute_dtype(cfg, "")
   t = cfg.train
   where = {
     "compute_dtype": "train",
@@ -138,7 +149,7 @@ def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
     where,
     model=model_preset(cfg),
     lora=lora_config(cfg),
-    compute_dtype=t.compute_dtype,
+    compute_dtype=compute_dtype(cfg, ""),
     remat=t.remat,
     logprob_chunk=t.logprob_chunk,
     temperature=temperature,

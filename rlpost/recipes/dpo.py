@@ -61,7 +61,7 @@ def records(cfg) -> list[dict]:
 
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs DPO from a configs/dpo.py ConfigDict; returns (state, last metrics record)."""
-  common.resolve_compute_dtype(cfg, workdir)
+  cfg = common.with_compute_dtype(cfg, workdir)
   fwd, dpo_config = check_config(cfg)
   pair_records = records(cfg)  # a bad data file fails before the model is loaded
   _, params, tokenizer, state, frozen, optimizer = sft_recipe.setup(cfg, fwd)

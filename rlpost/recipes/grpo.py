@@ -158,9 +158,9 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
 
   Resumes from the newest checkpoint in `workdir`. Returns the final TrainState.
   """
-  common.resolve_compute_dtype(cfg, workdir)
+  cfg = common.with_compute_dtype(cfg, workdir)
   check_config(cfg)  # a bad config fails before the int8 calibration below (seconds)
-  common.resolve_int8_paths(cfg, workdir)
+  cfg = common.with_int8_paths(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,

@@ -234,8 +234,8 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   Resumes from the newest checkpoint in `workdir` (actor, critic and both
   optimizer states). Returns the final TrainState.
   """
-  common.resolve_compute_dtype(cfg, workdir)
-  common.resolve_int8_paths(cfg, workdir)
+  cfg = common.with_compute_dtype(cfg, workdir)
+  cfg = common.with_int8_paths(cfg, workdir)
   p = build(cfg, loaded)
   loop = loop_lib.loop_config(
     cfg,

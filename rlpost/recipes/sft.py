@@ -240,7 +240,7 @@ def local_batch(t, pack: bool, examples, batch_args) -> tuple[sft.Batch, dict]:
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None):
   """Runs SFT from a configs/sft.py ConfigDict; returns (state, last metrics record).
   `loaded` as in `setup`."""
-  common.resolve_compute_dtype(cfg, workdir)
+  cfg = common.with_compute_dtype(cfg, workdir)
   fwd = check_config(cfg)
   _, _, tokenizer, state, frozen, optimizer = setup(cfg, fwd, loaded)
   d, t = cfg.data, cfg.train
