@@ -408,7 +408,7 @@ def test_an_environment_is_a_table_entry_and_a_config_block(monkeypatch):
   assert env_tasks.train_tasks([4]) == ["train4"] and env_tasks.eval_tasks([1, 2]) == [7, 7]
   with cfg.unlocked():
     cfg.env.turns = 0
-  with pytest.raises(errors.ConfigError, match=r"config\.env \(echo\): turns=0 must be >= 1"):
+  with pytest.raises(errors.ConfigError, match=r"config\.env\.turns=0 must be >= 1"):
     agentic.make_env(cfg)
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo", "size": 4})

@@ -72,6 +72,15 @@ def first_observation(problem: Problem, shots: list[tuple[Problem, list]]) -> st
   return f"{INSTRUCTIONS}\n\n{examples}Question: {problem.question}\nAnswer: {COMPLETION_PREFIX}"
 
 
+def _check_args(fewshot, max_turns, tool_bonus) -> None:
+  if max_turns < 1:
+    raise ValueError(f"max_turns={max_turns}: use >= 1 (the answer's turn included)")
+  if not (math.isfinite(tool_bonus) and tool_bonus >= 0):  # inf: every advantage NaN
+    raise ValueError(f"tool_bonus={tool_bonus}: use a finite number >= 0 (0: off)")
+  if fewshot < 0:  # shots[:-1] would silently drop the last example
+    raise ValueError(f"fewshot={fewshot}: use >= 0 solved examples in the prompt")
+
+
 def make_env(
   task: tasks.Task,
   *,
@@ -87,12 +96,7 @@ def make_env(
     convert to tool traces (ValueError when fewer do).
   max_turns: model turns per episode, the answer included (>= 1).
   """
-  if max_turns < 1:
-    raise ValueError(f"max_turns={max_turns}: use >= 1 (the answer's turn included)")
-  if not (math.isfinite(tool_bonus) and tool_bonus >= 0):  # inf: every advantage NaN
-    raise ValueError(f"tool_bonus={tool_bonus}: use a finite number >= 0 (0: off)")
-  if fewshot < 0:  # shots[:-1] would silently drop the last example
-    raise ValueError(f"fewshot={fewshot}: use >= 0 solved examples in the prompt")
+  _check_args(fewshot, max_turns, tool_bonus)
   tool_syntax.clip("", max_result_chars)  # validates the budget now
   shots, _ = tool_traces.tool_traces(task.examples)
   if len(shots) < fewshot:
@@ -149,9 +153,10 @@ class GSM8KCalcConfig:
   tool_bonus: float = 0.0
 
   def __post_init__(self):
-    if not 0 <= self.fewshot <= RESERVED_EXAMPLES:
+    _check_args(self.fewshot, self.max_turns, self.tool_bonus)
+    if self.fewshot > RESERVED_EXAMPLES:
       raise ValueError(
-        f"fewshot={self.fewshot}: use 0 to {RESERVED_EXAMPLES} solved examples "
+        f"fewshot={self.fewshot}: use at most {RESERVED_EXAMPLES} solved examples "
         "(the reserved training problems)"
       )
 

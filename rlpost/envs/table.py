@@ -49,7 +49,10 @@ def env_config(block: dict) -> Any:
   try:
     return spec.config(**block)
   except (TypeError, ValueError) as err:
-    raise errors.ConfigError(f"config.env ({name}): {err}") from None
+    message = str(err)
+    if message.split("=", 1)[0] in fields:  # "field=value ...": name it in the config
+      raise errors.ConfigError(f"config.env.{message} (env.name={name!r})") from None
+    raise errors.ConfigError(f"config.env ({name}): {message}") from None
 
 
 def make(name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool) -> protocol.EnvTasks:
