@@ -11,7 +11,7 @@ only evaluates (greedy, held-out tasks) and logs it as step 0.
 from absl import flags
 
 from experiments import cli
-from rlpost.recipes import agentic
+from rlpost.recipes import rl
 
 _CONFIG = cli.define_config(
   "experiments/configs/agentic.py:frozenlake_tiny", "Agentic RL config (path.py:variant)."
@@ -21,7 +21,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints, metrics and transcri
 
 def main(argv):
   del argv
-  agentic.run(_CONFIG.value, _WORKDIR.value)
+  rl.run(_CONFIG.value, _WORKDIR.value)  # config.learner picks the learner
 
 
 if __name__ == "__main__":

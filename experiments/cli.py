@@ -23,7 +23,7 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from rlpost import errors
-from rlpost.recipes import grpo as grpo_recipe
+from rlpost.recipes import learners
 from rlpost.train import distributed
 from rlpost.train import runtime
 
@@ -206,8 +206,8 @@ def unknown_override(argv) -> str | None:
 
 def _renamed_hint(config, path: str) -> str:
   """'; it was renamed: use config.NEW ...' when `path` is an old field name
-  (`grpo.RENAMED`) whose new place exists in this config, else ''."""
-  new = grpo_recipe.RENAMED.get(path)
+  (`learners.RENAMED`) whose new place exists in this config, else ''."""
+  new = learners.RENAMED.get(path)
   if new is None or _parent(config, new.split(" ")[0])[1]:
     return ""
   return f"; config.{path} was renamed: use config.{new}"

@@ -9,7 +9,7 @@ Resumes automatically from the newest checkpoint in --workdir.
 from absl import flags
 
 from experiments import cli
-from rlpost.recipes import ppo
+from rlpost.recipes import rl
 
 _CONFIG = cli.define_config(
   "experiments/configs/ppo_gsm8k.py:tiny", "PPO config (path.py:variant)."
@@ -19,7 +19,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here."
 
 def main(argv):
   del argv
-  ppo.run(_CONFIG.value, _WORKDIR.value)
+  rl.run(_CONFIG.value, _WORKDIR.value, learner="ppo")
 
 
 if __name__ == "__main__":

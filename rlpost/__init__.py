@@ -21,8 +21,12 @@ Where things live (one job per module; floors in tests/test_layering.py):
   train/       step (TrainState, the one jitted train step), loop (the one run loop),
                checkpoint, metrics, host_memory, sharding / shares / distributed (devices and
                processes), pipeline (off-policy rollouts), compute_paths / runtime (per machine)
-  recipes/     grpo, ppo, agentic (and the rollout pieces they share), sft, dpo, eval: the
-               only modules that read ConfigDicts
+  recipes/     the only modules that read ConfigDicts. Recipes: rl (every RL run: a prompt
+               dataset or an environment, a learner from learners.LEARNERS), sft, dpo, eval;
+               their helpers: learners (grpo, ppo: a new learner is an entry there), rollout
+               (sampler weights, off-policy schedule), reports (metrics, transcripts),
+               supervised_run (what sft and dpo share), common (config blocks, model,
+               optimizer). No recipe imports another.
   errors.py    UsageError and its kinds: what the mains print as one FATAL line
 
 Shape suffixes on names at public boundaries (`tokens_BxS`, `logp_BxT`):

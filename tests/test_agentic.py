@@ -21,7 +21,7 @@ from rlpost.envs import table as env_table
 from rlpost.text import scaffold, tool_syntax
 from rlpost.models import gemma3
 from rlpost.ops import masks
-from rlpost.recipes import agentic
+from rlpost.recipes import rl
 
 
 def _config(variant="frozenlake_tiny", **overrides):
@@ -39,7 +39,7 @@ def answering_model():
   from rlpost.models import loading
 
   config, params, tok = loading.load_model("tiny", "random", "", "float32", 0)
-  env = agentic.make_env(_config()).env
+  env = rl.make_env(_config()).env
   letters = [scaffold.text_ids(tok, c)[0] for c in frozenlake.CHARS]
   contexts = []
 
@@ -92,10 +92,10 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   The fixed 2x2 map "SF,HG" needs right, then down: "always right" stays stuck, "down"
   first falls into the hole, so the greedy policy has to read its position. Measured
   (seeds 0, 2, 3, 4): greedy success 1.0 from iteration 10-14 on. Mutations caught: zero
-  advantages (grpo.process_advantages returning zeros), a flipped policy-loss sign.
+  advantages (learners._grpo_advantages returning zeros), a flipped policy-loss sign.
   """
   cfg = _config(**{"checkpoint.every": 1000, "train.steps": 25})
-  agentic.run(cfg, str(tmp_path), loaded=answering_model())
+  rl.run(cfg, str(tmp_path), loaded=answering_model())
   records = run_metrics(tmp_path)
   greedy = [r["greedy/success"] for r in records]
   start, end = greedy[0], float(np.mean(greedy[-5:]))
@@ -123,7 +123,7 @@ def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path, answering_model)
     "frozenlake_tiny,ppo",
     **{"checkpoint.every": 1000, "log.trajectories_every": 0, "train.steps": 35},
   )
-  agentic.run(cfg, str(tmp_path), loaded=answering_model())
+  rl.run(cfg, str(tmp_path), loaded=answering_model())
   records = run_metrics(tmp_path)
   greedy = [r["greedy/success"] for r in records]
   start, end = greedy[0], float(np.mean(greedy[-5:]))
@@ -139,14 +139,14 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
   Over 20 s: the int8 copy's sampler is a program of its own beside the float evaluation
   sampler, each compiled for the tiny model."""
   reads = []
-  inner = agentic.rollout_lib.sampler_weights
+  inner = rl.rollout_lib.sampler_weights
 
   def spy(sampler, *args):
     weights = inner(sampler, *args)
     reads.append("int8" if "unembed" in weights[0] else "float")
     return weights
 
-  monkeypatch.setattr(agentic.rollout_lib, "sampler_weights", spy)
+  monkeypatch.setattr(rl.rollout_lib, "sampler_weights", spy)
   gaps = {}
   for name, weights in (("float", "model"), ("int8", "int8")):
     reads.clear()
@@ -161,7 +161,7 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
         "sampling.int8_paths": "io:8",
       }
     )
-    agentic.run(cfg, str(tmp_path / name))
+    rl.run(cfg, str(tmp_path / name))
     gaps[name] = run_metrics(tmp_path / name)[1]["sampler_logp_gap_mean"]
     # Evaluation at steps 0 and 1 (float), one training rollout in between.
     assert reads == ["float", "int8" if weights == "int8" else "float", "float"], reads
@@ -173,12 +173,12 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
 def test_resume_continues_exactly(tmp_path):
   """Stopped after 2 iterations and resumed, the run logs what an uninterrupted one does."""
   cfg = _config(**{"train.steps": 4, "checkpoint.every": 2, "log.trajectories_every": 1})
-  agentic.run(cfg, str(tmp_path / "straight"))
-  agentic.run(cfg, str(tmp_path / "resumed"), stop_after=3)
+  rl.run(cfg, str(tmp_path / "straight"))
+  rl.run(cfg, str(tmp_path / "resumed"), stop_after=3)
   # as if killed after writing step 4's transcripts but before its checkpoint
   with open(tmp_path / "resumed" / "trajectories.jsonl", "a") as f:
     f.write(json.dumps({"step": 4, "left": "by a killed run"}) + "\n")
-  agentic.run(cfg, str(tmp_path / "resumed"))
+  rl.run(cfg, str(tmp_path / "resumed"))
   assert run_metrics(tmp_path / "straight") == run_metrics(tmp_path / "resumed")
   read = lambda d, name="trajectories.jsonl": (tmp_path / d / name).read_text()
   assert read("straight") == read("resumed")
@@ -199,8 +199,8 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
   Over 20 s: five tiny runs (synchronous, pipelined, stale, stopped, resumed), each with
   its greedy evaluations."""
   cfg = lambda **o: _config(variant, **{"train.steps": 3, "log.trajectories_every": 1, **o})
-  agentic.run(cfg(), str(tmp_path / "sync"))
-  agentic.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
+  rl.run(cfg(), str(tmp_path / "sync"))
+  rl.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
   records = run_metrics(tmp_path / "pipe")
   assert [r.pop("staleness") for r in records if r["step"]] == [0.0] * 3
   assert run_metrics(tmp_path / "sync") == records
@@ -208,11 +208,11 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
     assert (tmp_path / "sync" / name).read_text() == (tmp_path / "pipe" / name).read_text()
   no_warmup = {"algo.critic_warmup_steps": 0} if variant.endswith("ppo") else {}
   stale = cfg(max_staleness=1, **{"algo.tis_cap": 2.0, **no_warmup})
-  agentic.run(stale, str(tmp_path / "stale"))
+  rl.run(stale, str(tmp_path / "stale"))
   records = run_metrics(tmp_path / "stale")
   assert [r["staleness"] for r in records if r["step"]] == [0.0, 1.0, 1.0]
-  agentic.run(stale, str(tmp_path / "resumed"), stop_after=2)
-  agentic.run(stale, str(tmp_path / "resumed"))
+  rl.run(stale, str(tmp_path / "resumed"), stop_after=2)
+  rl.run(stale, str(tmp_path / "resumed"))
   assert run_metrics(tmp_path / "resumed") == records
   for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
     assert (tmp_path / "stale" / name).read_text() == (tmp_path / "resumed" / name).read_text()
@@ -256,7 +256,7 @@ def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_tu
   its sampler and train step are the module's largest tiny-model programs (compiled
   fast: with XLA's default code generation the test took 21-24 s alone)."""
   cfg = _gsm8k_calc_tiny(algo, per_turn_rewards=per_turn)
-  agentic.run(cfg, str(tmp_path), loaded=_loaded())
+  rl.run(cfg, str(tmp_path), loaded=_loaded())
   records = run_metrics(tmp_path)
   assert [r["step"] for r in records] == [0, 1, 2]
   for key in ("answer_accuracy", "format_accuracy", "tool_episode_rate", "tool_call_rate"):
@@ -274,7 +274,7 @@ def test_gsm8k_calc_runs_and_logs_answer_and_tool_metrics(tmp_path, algo, per_tu
 
 def test_zero_steps_evaluates_only(tmp_path):
   """train.steps=0: the greedy held-out evaluation of the starting weights, as step 0."""
-  agentic.run(_config(**{"train.steps": 0}), str(tmp_path), loaded=_loaded())
+  rl.run(_config(**{"train.steps": 0}), str(tmp_path), loaded=_loaded())
   (record,) = run_metrics(tmp_path)
   assert record["step"] == 0 and "greedy/success" in record and "reward/mean" not in record
   assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
@@ -282,7 +282,7 @@ def test_zero_steps_evaluates_only(tmp_path):
 
 def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_examples():
   cfg = _gsm8k_calc_tiny()
-  env_tasks = agentic.make_env(cfg)
+  env_tasks = rl.make_env(cfg)
   test = gsm8k.load_gsm8k("test", str(GSM8K_DIR))
   train = gsm8k.load_gsm8k("train", str(GSM8K_DIR))
   offset = cfg.eval.seed_offset
@@ -321,7 +321,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
       r"rollout\.max_total_tokens=2: .*first",
     ),
     ("frozenlake_tiny", {"rollout_threads": 0}, r"config\.rollout_threads=0"),
-    # Mutation caught: without the log checks in agentic.check_config, -1 wrote transcripts
+    # Mutation caught: without the log checks in rl.check_config, -1 wrote transcripts
     # every iteration (`% -1 == 0`) and kept all episodes but the last (`[:-1]`).
     ("frozenlake_tiny", {"log.trajectories_every": -1}, r"config\.log\.trajectories_every=-1"),
     ("frozenlake_tiny", {"log.trajectories_logged": -1}, r"config\.log\.trajectories_logged=-1"),
@@ -334,7 +334,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
 )
 def test_bad_configs_name_the_field(variant, overrides, match):
   with pytest.raises(ValueError, match=match):
-    agentic.build(_config(variant, **overrides), loaded=_loaded())
+    rl.build(_config(variant, **overrides), loaded=_loaded())
 
 
 def _loaded():
@@ -403,21 +403,21 @@ def test_an_environment_is_a_table_entry_and_a_config_block(monkeypatch):
   cfg = _config(seed=7)
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo", "turns": 3})
-  env_tasks = agentic.make_env(cfg)
+  env_tasks = rl.make_env(cfg)
   assert env_tasks.env.max_turns == 3 and env_tasks.env.name == "echo"
   assert env_tasks.train_tasks([4]) == ["train4"] and env_tasks.eval_tasks([1, 2]) == [7, 7]
   with cfg.unlocked():
     cfg.env.turns = 0
   with pytest.raises(errors.ConfigError, match=r"config\.env\.turns=0 must be >= 1"):
-    agentic.make_env(cfg)
+    rl.make_env(cfg)
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo", "size": 4})
   with pytest.raises(errors.ConfigError, match=r"config\.env\.name='echo': .*\['size'\]"):
-    agentic.make_env(cfg)
+    rl.make_env(cfg)
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo"})
     cfg.tools.enabled = True
-  wrapped = agentic.make_env(cfg).env
+  wrapped = rl.make_env(cfg).env
   assert tool_syntax.CALL_CLOSE in wrapped.stop_strings
 
 
@@ -428,5 +428,5 @@ def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
   set --config.data.data_dir, a field this config does not have."""
   cfg = _config("gsm8k_calc_gemma3", **{"env.data_dir": str(tmp_path / "nope")})
   with pytest.raises(FileNotFoundError, match=r"env\.data_dir='.*nope'") as err:
-    agentic.make_env(cfg)
+    rl.make_env(cfg)
   assert "data.data_dir" not in str(err.value).replace("env.data_dir", "")

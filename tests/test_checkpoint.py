@@ -15,7 +15,7 @@ from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from experiments.configs import grpo_gsm8k
 from rlpost.recipes import common
-from rlpost.recipes import grpo
+from rlpost.recipes import rl
 from rlpost.train import checkpoint
 
 _TIMING = ("time/", "tokens_per_s", "step_seconds")
@@ -40,7 +40,7 @@ def _metrics(workdir):
 def finished_run(tmp_path_factory):
   """A finished 6-step tiny GRPO run with checkpoints 2, 4 and 6, and its final state."""
   workdir = tmp_path_factory.mktemp("finished")
-  return workdir, grpo.run(_config(), str(workdir))
+  return workdir, rl.run(_config(), str(workdir))
 
 
 def _assert_same_weights(state, other):
@@ -106,7 +106,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(corrupt, finis
   and checkpoint 6 is moved to workdir/quarantine, not deleted."""
   workdir = _copy(finished_run, tmp_path)
   corrupt(workdir / "checkpoints" / "6")
-  state = grpo.run(_config(), str(workdir))
+  state = rl.run(_config(), str(workdir))
   assert _metrics(workdir) == _metrics(finished_run[0])
   _assert_same_weights(state, finished_run[1])
   (kept,) = list((workdir / "quarantine").iterdir())
@@ -164,7 +164,7 @@ def test_no_intact_checkpoint_stops_naming_the_directory_and_choices(finished_ru
   for step in (2, 4, 6):
     _corrupt_meta(workdir / "checkpoints" / str(step))
   with pytest.raises(checkpoint.NoIntactCheckpointError, match="new --workdir") as err:
-    grpo.run(_config(), str(workdir))
+    rl.run(_config(), str(workdir))
   assert str(workdir / "checkpoints") in str(err.value)
   assert len(list((workdir / "quarantine").iterdir())) == 3
 
@@ -178,9 +178,9 @@ def test_rerun_after_no_intact_checkpoint_stops_again(finished_run, tmp_path):
   for step in (2, 4, 6):
     _corrupt_meta(workdir / "checkpoints" / str(step))
   with pytest.raises(checkpoint.NoIntactCheckpointError):
-    grpo.run(_config(), str(workdir))
+    rl.run(_config(), str(workdir))
   with pytest.raises(checkpoint.NoIntactCheckpointError, match="new --workdir"):
-    grpo.run(_config(), str(workdir))
+    rl.run(_config(), str(workdir))
   assert _metrics(workdir) == _metrics(finished_run[0])
   assert len(list((workdir / "quarantine").iterdir())) == 3
   shutil.rmtree(workdir / "checkpoints")
@@ -206,7 +206,7 @@ def test_reading_a_run_leaves_its_unfinished_save_alone(finished_run, tmp_path):
 def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   with pytest.raises(checkpoint.StateMismatchError, match="config changed"):
-    grpo.run(_config(**{"lora.enabled": True}), str(workdir))
+    rl.run(_config(**{"lora.enabled": True}), str(workdir))
   assert not (workdir / "quarantine").exists()
 
 
@@ -215,7 +215,7 @@ def test_failed_write_stops_the_run_and_the_previous_checkpoint_restores(tmp_pat
   """ENOSPC raised inside the save of checkpoint 4: a clear error; checkpoint 2 restores
   bitwise and the same command resumes from it."""
   workdir = str(tmp_path / "run")
-  at_two = grpo.run(_config(), workdir, stop_after=2)
+  at_two = rl.run(_config(), workdir, stop_after=2)
 
   async def disk_full(self, item, directory):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -223,14 +223,14 @@ def test_failed_write_stops_the_run_and_the_previous_checkpoint_restores(tmp_pat
   with monkeypatch.context() as patch:
     patch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
     with pytest.raises(checkpoint.CheckpointWriteError, match="checkpoint 2 is intact"):
-      grpo.run(_config(), workdir, stop_after=2)
+      rl.run(_config(), workdir, stop_after=2)
   mngr = checkpoint.manager(workdir)
   assert mngr.all_steps() == [2]
   state, meta = checkpoint.restore_latest(mngr, at_two)
   assert meta["iteration"] == 2
   _assert_same_weights(state, at_two)
   mngr.close()
-  grpo.run(_config(), workdir)
+  rl.run(_config(), workdir)
   assert [r["step"] for r in _metrics(workdir)] == [1, 2, 3, 4, 5, 6]
 
 

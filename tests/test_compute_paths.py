@@ -116,7 +116,7 @@ def test_an_auto_int8_run_records_its_dots_and_keeps_them_when_resumed(tmp_path,
   Mutation caught: a resumed run that calibrates again (it took io:8)."""
   from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
   from rlpost.models import quant  # pylint: disable=g-import-not-at-top
-  from rlpost.recipes import grpo  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
 
   cfg = lambda: with_overrides(
     grpo_gsm8k.get_config("tiny"),
@@ -131,15 +131,15 @@ def test_an_auto_int8_run_records_its_dots_and_keeps_them_when_resumed(tmp_path,
   recorded = lambda d: json.loads((d / "config.json").read_text())["sampling"]["int8_paths"]
   choose = lambda paths: lambda: (quant.parse_paths(paths), "mocked calibration")
   monkeypatch.setattr(compute_paths, "resolve_int8", choose("oik:3"))
-  grpo.run(cfg(), str(tmp_path), stop_after=1)
+  rl.run(cfg(), str(tmp_path), stop_after=1)
   assert recorded(tmp_path) == "oik:3"
   monkeypatch.setattr(compute_paths, "resolve_int8", choose("io:8"))
   resumed = cfg()
-  grpo.run(resumed, str(tmp_path))  # a resume rewrites config.json with what it resolved
+  rl.run(resumed, str(tmp_path))  # a resume rewrites config.json with what it resolved
   assert recorded(tmp_path) == "oik:3"
   assert resumed.sampling.int8_paths == "auto"  # the caller's config is never written
   model_weights = with_overrides(cfg(), {"sampling.weights": "model"})
-  grpo.run(model_weights, str(tmp_path / "float"), stop_after=1)  # no calibration needed
+  rl.run(model_weights, str(tmp_path / "float"), stop_after=1)  # no calibration needed
   assert recorded(tmp_path / "float") == "auto"
 
 

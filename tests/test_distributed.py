@@ -79,11 +79,12 @@ from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
 from experiments.configs import grpo_gsm8k, ppo_gsm8k, sft as sft_configs
 from rlpost.envs import multiturn
 from rlpost.models import gemma3
-from rlpost.recipes import agentic, dpo, grpo, ppo, rollout, sft
+from rlpost.recipes import dpo, rl, sft
 from rlpost.supervised import sft as sft_lib
 from rlpost.train import checkpoint, step as train
 
-# What this process reads, per call: examples (SFT, DPO), prompts (GRPO, PPO), seeds.
+# What this process reads, per call: examples (SFT, DPO), task seeds (the RL recipe: for
+# GRPO and PPO the prompts' dataset indices).
 read = []
 def recording(module, name, rows):
   inner = getattr(module, name)
@@ -92,15 +93,14 @@ def recording(module, name, rows):
     return inner(*a, **k)
   setattr(module, name, wrapper)
 recording(sft_lib, "make_batch", lambda examples, **k: [str(e[0].tolist()) for e in examples])
-recording(rollout, "sample_groups", lambda p, w, problems, *a: [q.question for q in problems])
 recording(multiturn, "rollout", lambda w, env, tasks, seeds, *a, **k: list(seeds))
 
 RECIPES = {
   "sft": (sft, lambda: sft_configs.get_config("tiny"), {"eval.every": 0}),
   "dpo": (dpo, lambda: dpo_configs.get_config("tiny"), {}),
-  "grpo": (grpo, lambda: grpo_gsm8k.get_config("tiny"), {}),
-  "ppo": (ppo, lambda: ppo_gsm8k.get_config("tiny"), {}),
-  "agentic": (agentic, lambda: agentic_configs.get_config("frozenlake_tiny"),
+  "grpo": (rl, lambda: grpo_gsm8k.get_config("tiny"), {}),
+  "ppo": (rl, lambda: ppo_gsm8k.get_config("tiny"), {}),
+  "agentic": (rl, lambda: agentic_configs.get_config("frozenlake_tiny"),
               {"eval.every": 0, "train.batch_tasks": 2, "algo.num_generations": 4}),
 }
 

@@ -98,24 +98,24 @@ def test_fewshot_prompt_text():
 def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_path):
   """A run's checkpoint is evaluated with the recipe that wrote it (PPO: the actor only).
 
-  Mutation caught: evaluating a PPO run through the GRPO recipe (its state does not
+  Mutation caught: evaluating a PPO run with the GRPO learner (its state does not
   match the checkpoint).
   """
   from experiments.configs import grpo_gsm8k, ppo_gsm8k
-  from rlpost.recipes import grpo, ppo
+  from rlpost.recipes import learners, rl
 
-  module, config = (grpo, grpo_gsm8k) if recipe == "grpo" else (ppo, ppo_gsm8k)
+  config = grpo_gsm8k if recipe == "grpo" else ppo_gsm8k
   cfg = config.get_config("tiny")
   with cfg.unlocked():
     cfg.data.data_dir = str(require_shared(GSM8K_DIR))
     cfg.train.steps, cfg.checkpoint.every = 3, 3
     if recipe == "ppo":
       cfg.algo.critic_warmup_steps = 1
-  module.run(cfg, str(tmp_path))
+  rl.run(cfg, str(tmp_path))
   report = evaluation.evaluate_run(cfg, str(tmp_path), num_problems=2, pass_k=0)
   assert report["trained"]["iteration"] == 3 and report["trained"]["num_problems"] == 2
   assert "base" in report
-  assert evaluation.recipe_of(cfg) is module
+  assert learners.name_of(cfg) == recipe
   no_base = evaluation.evaluate_run(cfg, str(tmp_path), num_problems=2, pass_k=0, base=False)
   assert "base" not in no_base and no_base["trained"] == report["trained"]
 
@@ -125,19 +125,19 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   [
     ({"num_problems": 0}, r"config\.eval\.num_problems=0: must be >= 1"),
     ({"pass_k": -1}, r"config\.eval\.pass_k=-1: must be >= 0"),
-    # Mutation caught: loading the problems after recipe.build (as before) built the model
+    # Mutation caught: loading the problems after the model (as before) built the model
     # first, then refused the --split flag.
     ({"split": "validation"}, r"GSM8K split 'validation' does not exist; use one of"),
   ],
 )
 def test_evaluate_run_rejects_bad_counts_and_splits_before_loading(kwargs, match, monkeypatch):
   from experiments.configs import grpo_gsm8k
-  from rlpost.recipes import grpo
+  from rlpost.recipes import common
 
   def no_build(cfg):
     raise AssertionError("the model was built before the counts and split were checked")
 
-  monkeypatch.setattr(grpo, "build", no_build)
+  monkeypatch.setattr(common, "load_model", no_build)
   with pytest.raises(ValueError, match=match):
     evaluation.evaluate_run(grpo_gsm8k.get_config("tiny"), **kwargs)
 
@@ -154,7 +154,7 @@ def test_pass_at_k_samples_at_the_configs_temperature(bad, monkeypatch):
   """
   from conftest import with_overrides
   from experiments.configs import grpo_gsm8k
-  from rlpost.recipes import grpo
+  from rlpost.recipes import common
 
   data = {"data.data_dir": str(require_shared(GSM8K_DIR))}
   used = []
@@ -172,7 +172,7 @@ def test_pass_at_k_samples_at_the_configs_temperature(bad, monkeypatch):
   def no_build(cfg):
     raise AssertionError("the model was built before eval.pass_temperature was checked")
 
-  monkeypatch.setattr(grpo, "build", no_build)
+  monkeypatch.setattr(common, "load_model", no_build)
   bad_cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**data, "eval.pass_temperature": bad})
   with pytest.raises(ValueError, match=r"config\.eval\.pass_temperature=.*finite number > 0"):
     evaluation.evaluate_run(bad_cfg, num_problems=1)

@@ -13,7 +13,8 @@ import pytest
 from experiments import cli
 from experiments.configs import grpo_gsm8k
 from rlpost.models import policy
-from rlpost.recipes import grpo
+from rlpost.data import tasks as tasks_lib
+from rlpost.recipes import rl
 from rlpost.train import checkpoint
 import real_models
 from conftest import (
@@ -48,7 +49,7 @@ def straight_run(tmp_path_factory):
     key = tuple(sorted(overrides.items()))
     if key not in done:
       workdir = tmp_path_factory.mktemp("straight")
-      done[key] = grpo.run(_config("tiny", **{**SHORT, **overrides}), str(workdir)), workdir
+      done[key] = rl.run(_config("tiny", **{**SHORT, **overrides}), str(workdir)), workdir
     return done[key]
 
   return run
@@ -67,7 +68,7 @@ def straight_run(tmp_path_factory):
 )
 def test_tiny_grpo_variants_learn(algo, overrides, tmp_path):
   cfg = _config(f"tiny,{algo}", **{"train.steps": 22, "checkpoint.every": 100, **overrides})
-  grpo.run(cfg, str(tmp_path))
+  rl.run(cfg, str(tmp_path))
   rewards = [r["reward/mean"] for r in _metrics(tmp_path)]
   start, end = np.mean(rewards[:3]), np.mean(rewards[-4:])
   assert end > 3.0 and end > start + 2.5, f"{algo}: reward {start:.2f} -> {end:.2f}: {rewards}"
@@ -95,7 +96,7 @@ def test_first_step_ratio_is_one_and_kl_zero(straight_run, tmp_path):
   }
   bf16 = {**MU2, "lora.enabled": True, "train.compute_dtype": "bfloat16"}
   workdir = tmp_path / "bf16"
-  runs[True, "bfloat16"] = grpo.run(_config("tiny", **SHORT, **bf16), str(workdir)), workdir
+  runs[True, "bfloat16"] = rl.run(_config("tiny", **SHORT, **bf16), str(workdir)), workdir
   for (lora, compute), (state, workdir) in runs.items():
     records = _metrics(workdir)
     assert len(records) == 4
@@ -119,8 +120,8 @@ def test_resume_is_exact(overrides, straight_run, tmp_path):
   are shared with the first-step and pipelined tests)."""
   straight, straight_dir = straight_run(overrides)
   cfg = _config("tiny", **SHORT, **overrides)
-  grpo.run(cfg, str(tmp_path / "split"), stop_after=2)
-  resumed = grpo.run(cfg, str(tmp_path / "split"))
+  rl.run(cfg, str(tmp_path / "split"), stop_after=2)
+  resumed = rl.run(cfg, str(tmp_path / "split"))
   for a, b in zip(jax.tree.leaves(straight.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert _metrics(straight_dir) == _metrics(tmp_path / "split")
@@ -141,8 +142,8 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(straight_run, t
   """
   sync, sync_dir = straight_run({})
   cfg = _config("tiny", **SHORT, **{"rollout.max_staleness": 0})
-  grpo.run(cfg, str(tmp_path / "pipe"), stop_after=2)
-  pipe = grpo.run(cfg, str(tmp_path / "pipe"))
+  rl.run(cfg, str(tmp_path / "pipe"), stop_after=2)
+  pipe = rl.run(cfg, str(tmp_path / "pipe"))
   for a, b in zip(jax.tree.leaves(sync.trainable), jax.tree.leaves(pipe.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   records = _metrics(tmp_path / "pipe")
@@ -173,10 +174,10 @@ def test_a_resumed_stale_pipeline_is_the_uninterrupted_run(s, stops, lora, tmp_p
   the resume step, and the seeded sampler weights made from the restored policy instead
   of the saved older ones."""
   cfg = _stale_config(s, lora)
-  whole = grpo.run(cfg, str(tmp_path / "whole"))
+  whole = rl.run(cfg, str(tmp_path / "whole"))
   for stop in stops:
-    grpo.run(cfg, str(tmp_path / "resumed"), stop_after=stop)
-  resumed = grpo.run(cfg, str(tmp_path / "resumed"))
+    rl.run(cfg, str(tmp_path / "resumed"), stop_after=stop)
+  resumed = rl.run(cfg, str(tmp_path / "resumed"))
   records = _metrics(tmp_path / "whole")
   assert [r["staleness"] for r in records] == [min(i, s) for i in range(4)]
   assert _metrics(tmp_path / "resumed") == records
@@ -191,8 +192,8 @@ def test_resuming_without_the_lagged_policies_restarts_the_lag_and_warns(tmp_pat
   resume point, and says so. Mutation caught: the loop handing a carry back only to a
   checkpoint that holds one (the resume went on silently)."""
   workdir = str(tmp_path / "run")
-  grpo.run(_stale_config(None), workdir, stop_after=2)
-  grpo.run(_stale_config(1), workdir)
+  rl.run(_stale_config(None), workdir, stop_after=2)
+  rl.run(_stale_config(1), workdir)
   assert [r.get("staleness") for r in _metrics(workdir)] == [None, None, 0, 1]
   assert "holds no older policies" in capsys.readouterr().out
 
@@ -226,7 +227,7 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
       **{"train.steps": 32, "checkpoint.every": 100, "algo.tis_cap": 2.0, "seed": seed},
       **overrides,
     )
-    grpo.run(cfg, str(tmp_path / f"{name}{seed}"))
+    rl.run(cfg, str(tmp_path / f"{name}{seed}"))
     records = _metrics(tmp_path / f"{name}{seed}")
     ends[name, seed] = np.mean([r["reward/mean"] for r in records[-4:]])
     gaps[name, seed] = records[0]["sampler_logp_gap_mean"]
@@ -274,9 +275,9 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monk
   def no_calibration(*args, **kwargs):
     raise AssertionError("int8 dots calibrated before the config was checked")
 
-  monkeypatch.setattr(grpo.common.compute_paths, "int8_paths_for_run", no_calibration)
+  monkeypatch.setattr(rl.common.compute_paths, "int8_paths_for_run", no_calibration)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    grpo.run(_config("tiny", **overrides), str(tmp_path))
+    rl.run(_config("tiny", **overrides), str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -324,9 +325,9 @@ def test_degenerate_settings_fail_before_any_model_is_loaded(
   def no_loading(cfg):
     raise AssertionError("the model was loaded before the config was checked")
 
-  monkeypatch.setattr(grpo.common, "load_model", no_loading)
+  monkeypatch.setattr(rl.common, "load_model", no_loading)
   with pytest.raises(ValueError, match=match):
-    grpo.run(_config("tiny", **overrides), str(tmp_path))
+    rl.run(_config("tiny", **overrides), str(tmp_path))
   assert not (tmp_path / "checkpoints").exists()
 
 
@@ -467,7 +468,7 @@ def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):
     **{"data.source": "gsm8k", "data.data_dir": str(tmp_path / "nope"), "data.template": "fewshot"},
   )
   with pytest.raises((ValueError, FileNotFoundError), match=r"data\.data_dir"):
-    grpo.run(cfg, str(tmp_path / "run"))
+    rl.run(cfg, str(tmp_path / "run"))
 
 
 @pytest.mark.slow
@@ -545,7 +546,7 @@ def test_real_model_one_grpo_step_writes_metrics_and_checkpoint(tmp_path):
       "train.compute_dtype": "float32",  # pinned: the checks below are float32 agreement
     },
   )
-  grpo.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
+  rl.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
   (record,) = _metrics(tmp_path)
   assert np.isfinite(record["loss"]) and record["ratio_mean/first_pass"] == 1.0
   # float32 sampler and trainer agree on the real model; the reference is the policy at step 1.
@@ -573,7 +574,7 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
       "sampling.prompt_bucket": 64,
     },
   )
-  grpo.run(cfg, str(tmp_path))
+  rl.run(cfg, str(tmp_path))
   (record,) = _metrics(tmp_path)
   for name in (
     "answer_accuracy",
@@ -588,31 +589,51 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
 
 @pytest.fixture(scope="module")
 def dapo_pieces():
-  """The `:tiny,dapo` run's pieces as built (4 prompts a step, up to 3 resample rounds),
-  shared by the dynamic-sampling tests (each replaces the task, never the model)."""
-  return grpo.build(_config("tiny,dapo"))
+  """The `:tiny,dapo` run's pieces as built (4 prompts a step, up to 3 resample rounds)
+  and its task, shared by the dynamic-sampling tests (each replaces the task, never the
+  model)."""
+  cfg = _config("tiny,dapo")
+  return rl.build(cfg), tasks_lib.load_task(cfg.data, "train", cfg.seed)
+
+
+def _collect(pieces, task):
+  """`rl._collect_prompts` of `pieces` over `task` from the stream's start."""
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+
+  tasks, _ = rl.prompt_tasks(task, pieces.setup.template)
+  pieces = pieces._replace(tasks=tasks)
+  params = policy.sampling_params(
+    pieces.state.trainable, pieces.learner.frozen, pieces.setup.forward
+  )
+  return rl._collect_prompts(pieces, None, params, Cursor(0, 0, 0), jax.random.key(0))
 
 
 @pytest.mark.slow
 def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples(dapo_pieces):
-  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+  """Groups whose rewards tie are dropped and more prompts drawn until the batch is full;
+  the kept groups' rows stay whole (a group's rows hold one prompt).
 
-  pieces = dapo_pieces
-  assert pieces.setup.batch_prompts == 4
-  problems = pieces.task.problems[:8]
+  Mutations caught: keeping the tied groups, selecting rows across group boundaries."""
+  pieces, task = dapo_pieces
+  assert pieces.setup.batch_tasks == 4
+  problems = task.problems[:8]
   signal_prompts = {p.question for p in problems[::2]}  # half of the prompts carry signal
 
   def reward(prompts, completions, answers):
     del answers
     return [float(len(c)) if p in signal_prompts else 1.0 for p, c in zip(prompts, completions)]
 
-  pieces = pieces._replace(task=pieces.task._replace(problems=problems, reward_fns={"r": reward}))
-  params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
-  groups, metrics, cursor = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
-  assert len(groups) == 4 and metrics["dynamic/filled"] == 0
+  out, metrics, cursor = _collect(
+    pieces, task._replace(problems=problems, reward_fns={"r": reward})
+  )
+  assert len(out.episodes) == 16 and metrics["dynamic/filled"] == 0
   assert metrics["dynamic/rounds"] >= 2  # the first 4 prompts held only 2 with signal
-  assert all(np.ptp(g["rewards"]) > 0 for g in groups)
+  assert all(np.ptp(g) > 0 for g in out.rewards.reshape(4, 4))
   assert cursor.position + cursor.epoch * len(problems) == 4 * metrics["dynamic/rounds"]
+  questions = [e.task.question for e in out.episodes]
+  assert all(len(set(questions[g * 4 : g * 4 + 4])) == 1 for g in range(4))
+  assert set(questions) <= signal_prompts
+  assert out.batch.tokens.shape[0] == out.turn_rewards.shape[0] == 16
 
 
 @pytest.mark.slow
@@ -620,17 +641,12 @@ def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(d
   """Rewards that never differ: 1 + max_resample_rounds rounds, then the batch is filled
   with signal-less groups; every round from the third is logged as it happens. (4 prompts
   a step, the other dynamic-sampling test's pieces; was 2, a second sampler program.)"""
-  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
-
-  pieces = dapo_pieces
-  assert pieces.setup.rollout.max_resample_rounds == 3 and pieces.setup.batch_prompts == 4
-  pieces = pieces._replace(
-    task=pieces.task._replace(reward_fns={"r": lambda prompts, c, a: [1.0] * len(prompts)})
-  )
-  params = policy.sampling_params(pieces.state.trainable, pieces.frozen, pieces.setup.forward)
+  pieces, task = dapo_pieces
+  assert pieces.setup.rollout.max_resample_rounds == 3 and pieces.setup.batch_tasks == 4
+  task = task._replace(reward_fns={"r": lambda prompts, c, a: [1.0] * len(prompts)})
   with caplog.at_level("INFO"):
-    groups, metrics, _ = grpo.collect(pieces, params, Cursor(0, 0, 0), jax.random.key(0))
-  assert len(groups) == 4
+    out, metrics, _ = _collect(pieces, task)
+  assert len(out.episodes) == 16
   assert metrics["dynamic/rounds"] == 4 and metrics["dynamic/filled"] == 4
   lines = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
   assert [line.split(" after ")[1].split(" ")[0] for line in lines] == ["3", "4"], lines

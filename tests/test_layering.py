@@ -12,7 +12,8 @@
   errors
 
 `text` is the floor below `data` and `envs`: neither reaches into the other for how text
-is encoded, and nothing below the recipes imports `train`.
+is encoded, and nothing below the recipes imports `train`. Within `recipes`, no module
+imports a recipe (RECIPES): what recipes share lives in helper modules.
 """
 
 import ast
@@ -30,6 +31,7 @@ FLOORS = (
   ("train",),
   ("recipes",),
 )
+RECIPES = ("rl", "sft", "dpo", "eval")  # the rest of rlpost/recipes/ are their helpers
 _FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
 _ROOT = pathlib.Path(__file__).resolve().parents[1] / "rlpost"
 
@@ -93,4 +95,43 @@ def test_an_upward_import_is_caught(tmp_path):
     "rlpost/data/chat.py -> rlpost.train.shares",
     "rlpost/data/prompts.py -> rlpost.envs",
     "rlpost/newpkg/m.py: not in FLOORS; place its package in the table",
+  ]
+
+
+def recipe_imports(root: pathlib.Path = _ROOT) -> list[str]:
+  """Every import of a recipe module (RECIPES) by a library module, as 'file -> recipe'."""
+  bad = []
+  for path in sorted(root.rglob("*.py")):
+    rel = path.relative_to(root.parent)
+    for node in ast.walk(ast.parse(path.read_text(), str(rel))):
+      names = []
+      if isinstance(node, ast.ImportFrom) and node.module == "rlpost.recipes":
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlpost.recipes."):
+        names = [node.module.split(".")[2]]
+      elif isinstance(node, ast.Import):
+        names = [a.name.split(".")[2] for a in node.names if a.name.startswith("rlpost.recipes.")]
+      bad += [f"{rel} -> {name}" for name in names if name in RECIPES]
+  return bad
+
+
+def test_no_recipe_imports_another_recipe():
+  bad = recipe_imports()
+  assert not bad, "recipe imports (share a helper module instead):\n" + "\n".join(bad)
+
+
+def test_a_recipe_import_is_caught(tmp_path):
+  """Mutation the check must catch: the DPO recipe importing SFT's (as before the one RL
+  recipe), in each import form; a helper module import passes."""
+  pkg = tmp_path / "rlpost" / "recipes"
+  pkg.mkdir(parents=True)
+  (pkg / "dpo.py").write_text(
+    "from rlpost.recipes import sft as s, common\nimport rlpost.recipes.rl\n"
+    "def f():\n  from rlpost.recipes.eval import evaluate\n"
+  )
+  (pkg / "sft.py").write_text("from rlpost.recipes import supervised_run\n")
+  assert recipe_imports(tmp_path / "rlpost") == [
+    "rlpost/recipes/dpo.py -> sft",
+    "rlpost/recipes/dpo.py -> rl",
+    "rlpost/recipes/dpo.py -> eval",
   ]

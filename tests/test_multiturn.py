@@ -22,15 +22,12 @@ from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.text import scaffold
-from rlpost.envs import single_turn
 from rlpost.models import loading
 from rlpost.models import policy
 from rlpost.text import tokenizer as tokenizer_lib
-from rlpost.recipes import grpo
-from rlpost.recipes import ppo
-from rlpost.recipes import rollout as rollout_lib
+from rlpost.recipes import rl
+from rlpost.recipes import learners
 from rlpost.rl import batch as batch_lib
-from rlpost.train import sharding
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import objectives
 from conftest import require_gemma3, with_overrides
@@ -280,10 +277,72 @@ def test_env_steps_of_a_turn_overlap_and_keep_row_order():
   assert [s.info["text"] for s in steps] == texts
 
 
+def _single_turn_oracle(p, task, params, problems, key, G: int):
+  """The single-turn batch as the recipes built it before environments: one sampler call
+  over the padded prompts (G samples each), the completions cut at the template's stop
+  strings, scored with the task's reward functions. Returns (RLBatch, rewards [N])."""
+  from rlpost import rewards as rewards_lib  # pylint: disable=g-import-not-at-top
+
+  setup, tok = p.setup, p.tokenizer
+  texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
+  ids = [prompts_lib.prompt_ids(q, setup.template, task.examples, tok) for q in problems]
+  tokens, lengths = sampling.pad_prompts(ids, setup.sampling)
+  rows = np.arange(len(problems) * G, dtype=np.int32)
+  out = jax.device_get(
+    sampling.sample(
+      params,
+      tokens,
+      lengths,
+      key,
+      None,
+      rows,
+      model_config=setup.forward.model,
+      config=setup.sampling,
+      num_samples=G,
+    )
+  )
+  batch = batch_lib.from_samples(tokens, lengths, out, G)
+  if setup.template != "plain":
+    batch = batch_lib.truncate_at_stop_strings(batch, tok, prompts_lib.STOP_STRINGS)
+  prefix = prompts_lib.completion_prefix(setup.template)
+  completions = [prefix + c for c in batch_lib.completion_texts(batch, tok)]
+  per_fn, _ = rewards_lib.score(
+    task.reward_fns,
+    [t for t in texts for _ in range(G)],
+    completions,
+    [q.final for q in problems for _ in range(G)],
+  )
+  return batch, sum(per_fn.values())
+
+
+def _one_turn_rollout(p, problems, params, key, G: int):
+  """The RL recipe's rollout of `problems` as one-turn episodes (its own environment)."""
+  out = multiturn.rollout(
+    params,
+    p.tasks.env_tasks.env,
+    problems,
+    list(range(len(problems))),
+    key,
+    tokenizer=p.tokenizer,
+    model_config=p.setup.forward.model,
+    sampling_config=p.setup.sampling,
+    turns=p.setup.turns,
+    num_generations=G,
+  )
+  return out, dataclasses.replace(jax.tree.map(jnp.asarray, out.batch), turn_ids=None)
+
+
+def _all_equal(a, b) -> None:
+  equal = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+  assert all(jax.tree.leaves(equal)), equal
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("template,stops", [("plain", None), ("fewshot", ("a", "e", "o", " "))])
-def test_one_turn_wrapper_equals_the_single_turn_batch(template, stops, monkeypatch):
-  """The one-turn environment's RL batch equals `sample_groups`' bit for bit.
+def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monkeypatch):
+  """The RL recipe's prompt dataset, rolled out as one-turn episodes, gives the RL batch
+  and rewards of the single-turn path (one sampler call, stop strings cut on the host,
+  the task's rewards: `_single_turn_oracle`) bit for bit.
 
   Mutations caught: a different key at turn 0, a prompt bucket applied to the
   completion, dropping the stop-string cut.
@@ -299,38 +358,18 @@ def test_one_turn_wrapper_equals_the_single_turn_batch(template, stops, monkeypa
       "train.micro_batch_size": 4,
     },
   )
-  p = grpo.build(cfg)
-  params = policy.sampling_params(p.state.trainable, p.frozen, p.setup.forward)
-  problems = p.task.problems[:3]
+  p = rl.build(cfg)
+  task = tasks.load_task(cfg.data, "train", cfg.seed)
+  params = policy.sampling_params(p.state.trainable, p.learner.frozen, p.setup.forward)
+  problems = task.problems[:3]
   key = jax.random.key(7)
-  groups, _ = rollout_lib.sample_groups(p, params, problems, key, 4)
-  single = grpo.train_batch(p.setup, groups, sharding.mesh_of(p.state))
-  env, kind = single_turn.make_env(p.task, template)
-  sc = p.setup.sampling
-  turns = multiturn.TurnConfig(kind, sc.max_new_tokens, sc.max_new_tokens)
-  out = multiturn.rollout(
-    params,
-    env,
-    problems,
-    [0, 1, 2],
-    key,
-    tokenizer=p.tokenizer,
-    model_config=p.setup.forward.model,
-    sampling_config=sc,
-    turns=turns,
-    num_generations=4,
-  )
-  multi = dataclasses.replace(jax.tree.map(jnp.asarray, out.batch), turn_ids=None)
-  multi = dataclasses.replace(
-    multi, advantages=objectives.grpo_advantages(jnp.asarray(out.rewards), p.setup.algo)
-  )
-  chex_equal = jax.tree.map(
-    lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), multi, single
-  )
-  assert all(jax.tree.leaves(chex_equal)), chex_equal
-  np.testing.assert_array_equal(out.rewards, np.concatenate([g["rewards"] for g in groups]))
+  single, rewards = _single_turn_oracle(p, task, params, problems, key, 4)
+  out, multi = _one_turn_rollout(p, problems, params, key, 4)
+  _all_equal(multi, batch_lib.to_device(single))
+  np.testing.assert_array_equal(out.rewards, rewards)
   if stops is not None:  # the cut happened somewhere, so the test covers it
     lengths = out.batch.loss_mask.sum(1)
+    sc = p.setup.sampling
     assert (lengths < sc.max_new_tokens).any() and not (
       out.batch.tokens[:, -sc.max_new_tokens :][out.batch.loss_mask == 0] != sc.pad_id
     ).any()
@@ -630,35 +669,22 @@ def test_unusable_env_limits_are_refused_before_any_turn(fields, match):
 @pytest.mark.slow
 def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
   """PPO over the one-turn environment: after the critic pass and GAE (values,
-  returns, advantages, token rewards, with KL in the reward) the batch equals
-  single-turn PPO's bit for bit."""
+  returns, advantages, token rewards, with KL in the reward) the batch equals the one
+  the PPO learner makes of the single-turn oracle's batch bit for bit."""
   cfg = with_overrides(ppo_gsm8k.get_config("tiny"), {"train.batch_prompts": 16, "algo.beta": 0.05})
-  p = ppo.build(cfg)
-  params = policy.sampling_params(p.state.trainable["actor"], p.frozen, p.setup.forward)
-  problems, key, sc = p.task.problems[:16], jax.random.key(11), p.setup.sampling
-  groups, _ = rollout_lib.sample_groups(p, params, problems, key, 1)
-  single = batch_lib.to_device(batch_lib.concatenate([g["batch"] for g in groups], sc.pad_id))
-  scores = jnp.asarray(np.concatenate([g["rewards"] for g in groups]))
-  env, kind = single_turn.make_env(p.task, cfg.data.template)
-  out = multiturn.rollout(
-    params,
-    env,
-    problems,
-    list(range(16)),
-    key,
-    tokenizer=p.tokenizer,
-    model_config=p.setup.forward.model,
-    sampling_config=sc,
-    turns=multiturn.TurnConfig(kind, sc.max_new_tokens, sc.max_new_tokens),
-    num_generations=1,
-  )
-  multi = dataclasses.replace(jax.tree.map(jnp.asarray, out.batch), turn_ids=None)
+  p = rl.build(cfg)
+  task = tasks.load_task(cfg.data, "train", cfg.seed)
+  params = policy.sampling_params(p.state.trainable["actor"], p.learner.frozen, p.setup.forward)
+  problems, key = task.problems[:16], jax.random.key(11)
+  single, scores = _single_turn_oracle(p, task, params, problems, key, 1)
+  out, multi = _one_turn_rollout(p, problems, params, key, 1)
   np.testing.assert_array_equal(out.rewards, scores)
-  assert not p.setup.gae_in_step  # the separate critic pass and GAE run here
-  a, _ = ppo.score_tokens(p, p.state, single, scores)
-  b, _ = ppo.score_tokens(p, p.state, multi, jnp.asarray(out.rewards))
-  equal = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
-  assert all(jax.tree.leaves(equal)), equal
+  assert not p.learner.settings.gae_in_step  # the separate critic pass and GAE run here
+  single = dataclasses.replace(batch_lib.to_device(single), scores=jnp.asarray(scores))
+  multi = dataclasses.replace(multi, scores=jnp.asarray(out.rewards))
+  a, _ = learners.score_tokens(p.learner, p.state, single)
+  b, _ = learners.score_tokens(p.learner, p.state, multi)
+  _all_equal(a, b)
   assert a.values is not None and a.advantages is not None and a.ref_logp is not None
 
 

@@ -130,13 +130,14 @@ def test_a_producer_ahead_of_the_trainer_is_refused_on_several_processes(
   import jax  # pylint: disable=g-import-not-at-top
 
   from conftest import with_overrides  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
 
   configs = importlib.import_module(
     {"grpo": "experiments.configs.grpo_gsm8k", "ppo": "experiments.configs.ppo_gsm8k"}.get(
       recipe, "experiments.configs.agentic"
     )
   )
-  check = importlib.import_module(f"rlpost.recipes.{recipe}").check_config
+  check = rl.check_config
   config = lambda s: with_overrides(configs.get_config(variant), {field: s, "algo.tis_cap": 2.0})
   check(config(1))  # one process
   monkeypatch.setattr(jax, "process_count", lambda: 2)

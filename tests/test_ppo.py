@@ -11,7 +11,7 @@ import pytest
 
 from experiments.configs import ppo_gsm8k
 from rlpost.data.cursor import Cursor
-from rlpost.recipes import ppo
+from rlpost.recipes import rl
 from rlpost.train import checkpoint
 import real_models
 from conftest import (
@@ -45,7 +45,7 @@ def straight_run(tmp_path_factory):
     key = tuple(sorted(overrides.items()))
     if key not in done:
       workdir = tmp_path_factory.mktemp("straight")
-      done[key] = ppo.run(_config(**overrides), str(workdir)), workdir
+      done[key] = rl.run(_config(**overrides), str(workdir)), workdir
     return done[key]
 
   return run
@@ -58,7 +58,7 @@ def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
   Over 20 s (26 s cold): every iteration of the shipped variant runs, at LLVM's default
   level (`optimized_codegen`: its programs run long enough to pay for it)."""
   cfg = _config(**{"checkpoint.every": 100})
-  ppo.run(cfg, str(tmp_path))
+  rl.run(cfg, str(tmp_path))
   records = _metrics(tmp_path)
   rewards = [r["reward/mean"] for r in records]
   start, end = np.mean(rewards[:3]), np.mean(rewards[-4:])
@@ -102,18 +102,18 @@ def test_critic_warmup_freezes_the_actor_and_its_optimizer_state(mode, lora):
       "train.steps": 4,
     }
   )
-  p = ppo.build(cfg)
+  p = rl.build(cfg)
   state, cursor = p.state, Cursor(0, 0, 0)
   actor0 = jax.device_get(state.trainable["actor"])
   actor_opt0 = jax.device_get(state.opt_state.inner_states["actor"])
   critic0 = jax.device_get(state.trainable["critic"])
   for index in range(2):
-    state, cursor, metrics = ppo.iteration(p, state, cursor, index)
+    state, cursor, metrics = rl.iteration(p, state, cursor, index)
     assert metrics["actor_on"] == 0.0
   assert _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
   assert _bytes_equal(actor_opt0, jax.device_get(state.opt_state.inner_states["actor"]))
   assert not _bytes_equal(critic0, jax.device_get(state.trainable["critic"]))
-  state, cursor, metrics = ppo.iteration(p, state, cursor, 2)
+  state, cursor, metrics = rl.iteration(p, state, cursor, 2)
   assert metrics["actor_on"] == 1.0
   assert not _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
 
@@ -136,16 +136,17 @@ def test_gae_in_the_train_step_equals_the_separate_value_pass(micro, whiten):
       "train.micro_batch_size": micro,
     }
   )
-  p = ppo.build(cfg)
-  assert p.setup.gae_in_step
+  p = rl.build(cfg)
+  assert p.learner.settings.gae_in_step
   state, cursor = p.state, Cursor(0, 0, 0)
   index = cfg.algo.critic_warmup_steps + 2  # critic and actor have both moved (lr 0 at step 0)
   for i in range(index):
-    state, cursor, _ = ppo.iteration(p, state, cursor, i)
-  separate = p._replace(setup=dataclasses.replace(p.setup, gae_in_step=False))
+    state, cursor, _ = rl.iteration(p, state, cursor, i)
+  settings = dataclasses.replace(p.learner.settings, gae_in_step=False)
+  separate = p._replace(learner=p.learner._replace(settings=settings))
   copy = jax.tree.map(jnp.copy, state)
-  _, _, fused = ppo.iteration(p, state, cursor, index)
-  _, _, apart = ppo.iteration(separate, copy, cursor, index)
+  _, _, fused = rl.iteration(p, state, cursor, index)
+  _, _, apart = rl.iteration(separate, copy, cursor, index)
   assert not any(k.startswith("moments/") for k in fused)
   keys = (
     "explained_variance", "returns/mean", "returns/std", "values/mean", "values/std",
@@ -187,8 +188,8 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(straig
   the first-pass test; was a warm-up of 3 over a separate run)."""
   straight, straight_dir = straight_run({**MU2, "lora.enabled": False})
   cfg = _config(**MU2)
-  ppo.run(cfg, str(tmp_path / "split"), stop_after=2)
-  resumed = ppo.run(cfg, str(tmp_path / "split"))
+  rl.run(cfg, str(tmp_path / "split"), stop_after=2)
+  resumed = rl.run(cfg, str(tmp_path / "split"))
   assert _bytes_equal(straight, resumed)  # the whole TrainState
   assert _metrics(straight_dir) == _metrics(tmp_path / "split")
   assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 1.0, 1.0]
@@ -203,21 +204,21 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
   seeded actor made from the restored state's instead of the saved older one. Over 20 s:
   six PPO runs (synchronous; pipelined and stale, each also stopped and resumed)."""
   cfg = lambda **o: _config(**{"train.steps": 4, "checkpoint.every": 2, **o})
-  sync = ppo.run(cfg(), str(tmp_path / "sync"))
-  ppo.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"), stop_after=2)
-  pipe = ppo.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"))
+  sync = rl.run(cfg(), str(tmp_path / "sync"))
+  rl.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"), stop_after=2)
+  pipe = rl.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"))
   assert _bytes_equal(sync, pipe)
   records = _metrics(tmp_path / "pipe")
   assert [r.pop("staleness") for r in records] == [0.0] * 4
   assert _metrics(tmp_path / "sync") == records
   # No critic warm-up: the actor moves from step 1 on, so the lagged one differs.
   stale = cfg(**{"rollout.max_staleness": 1, "algo.tis_cap": 2.0, "algo.critic_warmup_steps": 0})
-  whole = ppo.run(stale, str(tmp_path / "stale"))
+  whole = rl.run(stale, str(tmp_path / "stale"))
   records = _metrics(tmp_path / "stale")
   assert [r["staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
   assert all(0.0 <= r["tis_clip_frac"] <= 1.0 for r in records)
-  ppo.run(stale, str(tmp_path / "stale_resumed"), stop_after=2)
-  assert _bytes_equal(whole, ppo.run(stale, str(tmp_path / "stale_resumed")))
+  rl.run(stale, str(tmp_path / "stale_resumed"), stop_after=2)
+  assert _bytes_equal(whole, rl.run(stale, str(tmp_path / "stale_resumed")))
   assert _metrics(tmp_path / "stale_resumed") == records
 
 
@@ -249,11 +250,11 @@ def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
 def test_bad_config_fails_at_start_naming_field_value_and_choices(overrides, expected, tmp_path):
   cfg = _config(**overrides)
   with pytest.raises(ValueError) as err:
-    ppo.check_config(cfg)
+    rl.check_config(cfg)
   for text in expected:
     assert text in str(err.value), str(err.value)
   with pytest.raises(ValueError):
-    ppo.run(cfg, str(tmp_path))
+    rl.run(cfg, str(tmp_path))
   assert not os.path.exists(tmp_path / "metrics.jsonl")
 
 
@@ -283,7 +284,7 @@ def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
       "train.compute_dtype": "float32",  # pinned: the checks below are float32 agreement
     },
   )
-  ppo.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
+  rl.run(cfg, str(tmp_path), loaded=real_models.loaded_for(cfg))
   records = _metrics(tmp_path)
   assert [r["actor_on"] for r in records] == [0.0, 1.0]
   for r in records:

@@ -48,7 +48,7 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
   """Run in the 8-device subprocess (see the test below)."""
   from conftest import run_metrics, with_overrides
   from experiments.configs import grpo_gsm8k
-  from rlpost.recipes import grpo
+  from rlpost.recipes import rl
 
   synced = []
   inner = sharding.sync
@@ -58,27 +58,27 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
     return inner(tree, target)
 
   sampled_on = []
-  sample_groups = grpo.rollout.sample_groups
+  play = rl._play
 
-  def sampling(p, params, *args):
+  def sampling(p, pool, params, *args):
     sampled_on.append({d.id for d in jax.tree.leaves(params)[0].sharding.device_set})
     assert ("unembed" in params) == int8  # the int8 copy, or the weights themselves
-    return sample_groups(p, params, *args)
+    return play(p, pool, params, *args)
 
   base = {"train.steps": 3, "lora.enabled": True, "mesh.data": 4, "train.micro_batch_size": 4}
   if int8:
     base |= {"sampling.weights": "int8", "sampling.int8_paths": "oik:0", "algo.tis_cap": 2.0}
   states = {}
-  sharding.sync, grpo.rollout.sample_groups = recording, sampling
+  sharding.sync, rl._play = recording, sampling
   try:
     for name, rollout in (("shared", 0), ("split", 4)):
       cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**base, "mesh.rollout": rollout})
-      states[name] = grpo.run(cfg, f"{tmp}/{name}")
+      states[name] = rl.run(cfg, f"{tmp}/{name}")
       devices = {4, 5, 6, 7} if rollout else {0, 1, 2, 3}
       assert len(sampled_on) == 3 and all(ids == devices for ids in sampled_on), sampled_on
       sampled_on.clear()
   finally:
-    sharding.sync, grpo.rollout.sample_groups = inner, sample_groups
+    sharding.sync, rl._play = inner, play
   shared, split = run_metrics(f"{tmp}/shared"), run_metrics(f"{tmp}/split")
   assert len(shared) == len(split) == 3
   for a, b in zip(shared, split):

@@ -167,7 +167,7 @@ def check_recipes_run_on_fsdp(tmp: str):
   from experiments.configs import dpo as dpo_configs
   from experiments.configs import grpo_gsm8k, ppo_gsm8k
   from experiments.configs import sft as sft_configs
-  from rlpost.recipes import agentic, dpo, grpo, ppo
+  from rlpost.recipes import dpo, rl
   from rlpost.recipes import sft as sft_recipe
 
   assert jax.device_count() == 2
@@ -176,9 +176,9 @@ def check_recipes_run_on_fsdp(tmp: str):
   runs = [
     (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": True}),
     (dpo, dpo_configs.get_config("tiny"), {}),
-    (grpo, grpo_gsm8k.get_config("tiny"), {}),
-    (ppo, ppo_gsm8k.get_config("tiny"), ppo_small),
-    (agentic, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
+    (rl, grpo_gsm8k.get_config("tiny"), {}),
+    (rl, ppo_gsm8k.get_config("tiny"), ppo_small),
+    (rl, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
   ]
   for k, (recipe, cfg, extra) in enumerate(runs):
     recipe.run(with_overrides(cfg, {"train.steps": 2, **fsdp, **extra}), f"{tmp}/run{k}")
@@ -224,28 +224,28 @@ def check_rows_must_split_over_the_trainer_devices():
   from experiments.configs import agentic as agentic_configs
   from experiments.configs import grpo_gsm8k, ppo_gsm8k
   from experiments.configs import sft as sft_configs
-  from rlpost.recipes import agentic, grpo, ppo
+  from rlpost.recipes import rl
   from rlpost.recipes import sft as sft_recipe
 
   assert jax.device_count() == 4
   cases = [
     # (check, config, overrides, message): each passes on one device.
     (
-      grpo,
+      rl,
       grpo_gsm8k,
       "tiny",
       {"train.batch_prompts": 1, "algo.num_generations": 2, "train.micro_batch_size": 1},
       "mesh=",
     ),
     (
-      grpo,
+      rl,
       grpo_gsm8k,
       "tiny",
       {"train.batch_prompts": 1, "algo.num_generations": 8, "train.micro_batch_size": 4},
       "give 2 rows on each of the 4 devices",
     ),
     (
-      ppo,
+      rl,
       ppo_gsm8k,
       "tiny",
       {"train.batch_prompts": 8, "algo.mini_batch_size": 8, "train.micro_batch_size": 4},
@@ -259,7 +259,7 @@ def check_rows_must_split_over_the_trainer_devices():
       "give 2 rows on each of the 4 devices",
     ),
     (
-      agentic,
+      rl,
       agentic_configs,
       "frozenlake_tiny",
       {"train.batch_tasks": 1, "algo.num_generations": 2, "train.micro_batch_size": 1},

@@ -46,7 +46,7 @@ def _run(mode: str, seed: int, workdir: str) -> dict:
   sys.path.insert(0, "tests")
   from conftest import run_metrics, with_overrides
   from experiments.configs import grpo_gsm8k
-  from rlpost.recipes import grpo, rollout
+  from rlpost.recipes import rl, rollout
 
   overrides = {
     "seed": seed,
@@ -73,7 +73,7 @@ def _run(mode: str, seed: int, workdir: str) -> dict:
 
   rollout.loop_step = timed_loop_step
   try:
-    grpo.run(with_overrides(grpo_gsm8k.get_config("tiny"), overrides), workdir)
+    rl.run(with_overrides(grpo_gsm8k.get_config("tiny"), overrides), workdir)
   finally:
     rollout.loop_step = inner
   records = run_metrics(workdir)

@@ -24,9 +24,10 @@ import numpy as np
 from experiments.benchmarks import device_memory
 from experiments.configs import grpo_gsm8k
 from rlpost.data.cursor import Cursor
+from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
-from rlpost.recipes import grpo
+from rlpost.recipes import rl
 
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
@@ -80,24 +81,18 @@ def _run_mode(mode: str) -> dict:
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   jax.block_until_ready(loaded[1])
-  pieces = grpo.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
+  pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
   tok = pieces.tokenizer
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
-  problems = [Problem(f"{question}", "", "0")] * 8
-  setup = dataclasses.replace(
-    pieces.setup, template="plain", sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=())
-  )
-  pieces = pieces._replace(
-    setup=setup,
-    task=pieces.task._replace(
-      problems=problems, reward_fns={"random": _random_reward}, accuracy_fns={}, examples=[]
-    ),
-  )
+  task = Task([Problem(question, "", "0")] * 8, {"random": _random_reward}, {}, [])
+  pieces = rl.with_task(pieces, task, "plain")
+  sampling = dataclasses.replace(pieces.setup.sampling, stop_ids=())  # every token sampled
+  pieces = pieces._replace(setup=dataclasses.replace(pieces.setup, sampling=sampling))
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()
-    state, cursor, metrics = grpo.iteration(pieces, state, cursor, index)
+    state, cursor, metrics = rl.iteration(pieces, state, cursor, index)
     jax.block_until_ready(state)
     times.append(
       {

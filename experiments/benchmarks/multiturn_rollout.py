@@ -39,8 +39,8 @@ from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.models import gemma3
 from rlpost.text import tokenizer as tokenizer_lib
-from rlpost.recipes import agentic
-from rlpost.recipes import grpo
+from rlpost.recipes import learners
+from rlpost.recipes import rl
 from rlpost.rl import batch as batch_lib
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
@@ -181,25 +181,27 @@ def _timed(fn, repeats: int):
 
 
 def _train_steps(config, params, tok, batches: dict, repeats: int) -> dict:
-  """The GRPO update on each batch (random advantages); the state is donated, so each
-  update continues from the previous one's (same shapes, same cost)."""
+  """The GRPO learner's update on each batch (random rewards: random group advantages);
+  the state is donated, so each update continues from the previous one's (same shapes,
+  same cost)."""
   cfg = agentic_configs.get_config("frozenlake_gemma3")
   with cfg.unlocked():
     cfg.model.weights = "random"
     cfg.model.preset = _PRESET.value
     cfg.train.micro_batch_size = _ROWS.value
-  p = agentic.build(cfg, loaded=(config, params, tok))
+    cfg.train.batch_tasks, cfg.algo.num_generations = 1, _ROWS.value  # one group: the batch
+  p = rl.build(cfg, loaded=(config, params, tok))
   report, state = {}, [p.state]
 
   def update(batch):
-    state[0], metrics = grpo.update(p.learner, state[0], batch)
+    state[0], metrics = learners.grpo_update(p.learner, state[0], batch, 0)
     return metrics
 
   for name, batch in batches.items():
     batch = batch_lib.to_device(batch)
     rows = batch.loss_mask.shape[0]
     batch = dataclasses.replace(
-      batch, advantages=jax.random.normal(jax.random.key(2), (rows,)), turn_ids=None
+      batch, scores=jax.random.normal(jax.random.key(2), (rows,)), turn_ids=None
     )
     times, _ = _timed(lambda: update(batch), repeats)
     median = statistics.median(times)

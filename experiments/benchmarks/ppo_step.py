@@ -28,9 +28,10 @@ import numpy as np
 
 from experiments.configs import ppo_gsm8k
 from rlpost.data.cursor import Cursor
+from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
-from rlpost.recipes import ppo
+from rlpost.recipes import rl
 
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _MODES = flags.DEFINE_list("modes", ["lora", "full"], "Modes to run, each in its own process.")
@@ -64,28 +65,20 @@ def _run_mode(mode: str) -> dict:
     cfg.algo.critic_warmup_steps = 0  # time the actor's update too
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
-  pieces = ppo.build(cfg, loaded)
+  pieces = rl.build(cfg, loaded)
   question = " ".join(["hello"] * 31)
   assert len(pieces.tokenizer.encode(question)) == 32
-  setup = dataclasses.replace(
-    pieces.setup,
-    template="plain",
-    sampling=dataclasses.replace(pieces.setup.sampling, stop_ids=()),
-    gae_in_step=pieces.setup.gae_in_step and not _SEPARATE.value,
-  )
-  pieces = pieces._replace(
-    setup=setup,
-    task=pieces.task._replace(
-      problems=[Problem(question, "", "0")] * 8,
-      reward_fns={"random": _random_reward},
-      accuracy_fns={},
-      examples=[],
-    ),
-  )
+  task = Task([Problem(question, "", "0")] * 8, {"random": _random_reward}, {}, [])
+  pieces = rl.with_task(pieces, task, "plain")
+  sampling = dataclasses.replace(pieces.setup.sampling, stop_ids=())  # every token sampled
+  pieces = pieces._replace(setup=dataclasses.replace(pieces.setup, sampling=sampling))
+  settings = pieces.learner.settings
+  settings = dataclasses.replace(settings, gae_in_step=settings.gae_in_step and not _SEPARATE.value)
+  pieces = pieces._replace(learner=pieces.learner._replace(settings=settings))
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()
-    state, cursor, metrics = ppo.iteration(pieces, state, cursor, index)
+    state, cursor, metrics = rl.iteration(pieces, state, cursor, index)
     jax.block_until_ready(state)
     times.append(
       {
@@ -98,8 +91,8 @@ def _run_mode(mode: str) -> dict:
   median = lambda k: round(float(np.median([t[k] for t in steady])), 2)
   return {
     "mode": mode,
-    "critic_mode": setup.critic.mode,
-    "gae_in_step": setup.gae_in_step,
+    "critic_mode": settings.critic.mode,
+    "gae_in_step": settings.gae_in_step,
     "param_dtype": cfg.model.dtype,
     "compute_dtype": cfg.train.compute_dtype,
     "remat": cfg.train.remat,

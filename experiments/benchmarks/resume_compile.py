@@ -43,7 +43,7 @@ def _child(base: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
   from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
-  from rlpost.recipes import grpo  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
   from rlpost.train import runtime  # pylint: disable=g-import-not-at-top
 
   seconds = collections.defaultdict(float)
@@ -63,7 +63,7 @@ def _child(base: str) -> dict:
   cfg.train.steps, cfg.checkpoint.every = 2, 1
   cfg.train.compute_dtype = _COMPUTE.value
   imported = time.perf_counter() - start
-  grpo.run(cfg, os.path.join(base, "run"), stop_after=1)
+  rl.run(cfg, os.path.join(base, "run"), stop_after=1)
   return {
     "phase": _PHASE.value,
     "compute_dtype": cfg.train.compute_dtype,

@@ -52,7 +52,7 @@ def algorithm(name: str) -> ml_collections.ConfigDict:
 
 
 def _rollout(name: str) -> ml_collections.ConfigDict:
-  """The `rollout` block (rlpost.recipes.grpo.RolloutConfig): how groups are collected."""
+  """The `rollout` block (rlpost.recipes.rollout.RolloutConfig): how groups are collected."""
   return ml_collections.ConfigDict(
     {
       "dynamic_sampling": name == "dapo",  # DAPO: drop zero-signal groups, resample

@@ -3,7 +3,7 @@
 VARIANT is `gemma3_270m` (real weights, GSM8K; LoRA actor, `lora` critic) or
 `tiny` (random tiny model, "answer 7" task; full-parameter actor and critic).
 The `algo` block is exactly the fields of rlpost.rl.objectives.PPOConfig (Tunix's
-PPOConfig names), the `critic` block those of rlpost.recipes.ppo.CriticConfig.
+PPOConfig names), the `critic` block those of rlpost.recipes.learners.CriticConfig.
 """
 
 import ml_collections
@@ -43,7 +43,7 @@ def algorithm(tiny: bool) -> ml_collections.ConfigDict:
 
 
 def critic(tiny: bool) -> ml_collections.ConfigDict:
-  """The `critic` block: the fields of rlpost.recipes.ppo.CriticConfig."""
+  """The `critic` block: the fields of rlpost.recipes.learners.CriticConfig."""
   return ml_collections.ConfigDict(
     {
       "mode": placeholder(str),  # lora | full | shared; None: lora with a LoRA actor, else full

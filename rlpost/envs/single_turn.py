@@ -1,10 +1,10 @@
-"""A single-turn RL task as a one-turn environment (the bridge to `rollout.sample_groups`).
+"""A prompt dataset's task as a one-turn environment: how the RL recipe trains on prompts.
 
 reset(problem, seed) shows the task's prompt; the first assistant turn is
-scored with the task's reward functions (on `completion_prefix + text`, as the
-single-turn path scores it) and ends the episode. Rolled out with the scaffold
-`make_env` returns, the RL batch equals the single-turn sampler's bit for bit
-(tested in tests/test_multiturn.py).
+scored with the task's reward functions (on `completion_prefix + text`, as a
+single-turn sampler's completion is scored) and ends the episode. Rolled out with
+the scaffold `make_env` returns, the RL batch equals one single-turn sampler call's
+bit for bit (tested in tests/test_multiturn.py against that path).
 """
 
 from rlpost import rewards as rewards_lib
@@ -32,8 +32,13 @@ def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
 
 
 def score(task: tasks.Task, prompt: str, completion: str, truth: str) -> tuple[float, dict]:
-  """(sum of the task's rewards, info: its accuracy flags and reward-function error counts)."""
+  """(sum of the task's rewards, info: its accuracy flags, each reward function's value
+  `reward/<name>` and its error count `reward/<name>/errors`).
+
+  The sum is taken in float32, in the reward functions' order, as the single-turn
+  batch's rewards always were."""
   per_fn, errors = rewards_lib.score(task.reward_fns, [prompt], [completion], [truth])
   info = {name: fn(completion, truth) for name, fn in task.accuracy_fns.items()}
+  info.update({f"reward/{name}": float(v[0]) for name, v in per_fn.items()})
   info.update({f"reward/{name}/errors": n for name, n in errors.items()})
-  return float(sum(float(v[0]) for v in per_fn.values())), info
+  return float(sum(v[0] for v in per_fn.values())), info

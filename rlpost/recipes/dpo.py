@@ -14,7 +14,7 @@ import math
 from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
 from rlpost.recipes import common
-from rlpost.recipes import sft as sft_recipe
+from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
 from rlpost.train import loop as loop_lib
 from rlpost.train import shares
@@ -40,7 +40,7 @@ class DPOConfig:
 
 def check_config(cfg):
   """The SFT checks with DPO's sources, then the `dpo` block. Returns (forward, DPOConfig)."""
-  fwd = sft_recipe.check_config(cfg, SOURCES)
+  fwd = supervised_run.check_config(cfg, SOURCES)
   return fwd, common.from_block(DPOConfig, cfg.dpo, "dpo")
 
 
@@ -64,9 +64,9 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   cfg = common.with_compute_dtype(cfg, workdir)
   fwd, dpo_config = check_config(cfg)
   pair_records = records(cfg)  # a bad data file fails before the model is loaded
-  _, params, tokenizer, state, frozen, optimizer = sft_recipe.setup(cfg, fwd)
+  _, params, tokenizer, state, frozen, optimizer = supervised_run.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
-  pairs = sft_recipe.tokenize_records(
+  pairs = supervised_run.tokenize_records(
     pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg
   )
   reference = params if fwd.lora else dpo.initial_reference(params)
@@ -91,6 +91,8 @@ def run(cfg, workdir: str, stop_after: int | None = None):
     stats = {k: shares.sum_over_processes(v) for k, v in dpo.pair_stats(batch).items()}
     return ref_fn(reference, step_lib.global_batch(batch, mesh, pad=True)), cursor, stats
 
-  step_fn = functools.partial(sft_recipe.supervised_step, train_step, frozen, next_batch, None, cfg)
+  step_fn = functools.partial(
+    supervised_run.supervised_step, train_step, frozen, next_batch, None, cfg
+  )
   loop = loop_lib.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)

@@ -16,7 +16,9 @@ from rlpost import sampling
 from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
 from rlpost.models import policy
-from rlpost.recipes import common, grpo, ppo
+from rlpost.data import tasks as tasks_lib
+from rlpost.recipes import common
+from rlpost.recipes import learners as learners_lib
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
@@ -125,11 +127,6 @@ def evaluate(
   return report
 
 
-def recipe_of(cfg):
-  """The recipe module a run's ConfigDict belongs to (PPO configs have a `critic` block)."""
-  return ppo if "critic" in cfg else grpo
-
-
 def evaluate_run(
   cfg,
   workdir: str = "",
@@ -167,36 +164,45 @@ def evaluate_run(
     )
   # Before the model: an unknown split or a missing data_dir fails at once.
   problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
-  recipe = recipe_of(cfg)
-  p = recipe.build(cfg)
-  setup = p.setup
+  spec = learners_lib.spec(learners_lib.name_of(cfg))
+  settings = spec.settings(cfg, "train.batch_prompts")
+  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  _, params, tokenizer = common.load_model(cfg)
+  learner, state = spec.build(cfg, params, settings)
+  forward = settings.forward
+  sc = sampling.SamplingConfig(
+    temperature=cfg.sampling.temperature,
+    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+    max_new_tokens=cfg.sampling.max_new_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=cfg.sampling.prompt_bucket,
+  )
   settings = {
-    "template": setup.template,
-    "examples": p.task.examples,
-    "sampling_config": setup.sampling,
+    "template": cfg.data.template,
+    "examples": task.examples,
+    "sampling_config": sc,
     "pass_k": pass_k,
     "temperature": temperature,
     "seed": cfg.seed,
   }
-  actor = lambda trainable: trainable["actor"] if recipe is ppo else trainable
+  part = spec.policy_part
+  actor = lambda trainable: trainable if part is None else trainable[part]
   report = {"split": split}
   if base:
-    if setup.forward.lora or recipe is ppo:
-      weights = p.frozen if p.frozen is not None else actor(p.state.trainable)
+    if forward.lora or part is not None:
+      weights = learner.frozen if learner.frozen is not None else actor(state.trainable)
     else:
-      weights = p.ref_params or p.state.trainable
-    report["base"] = evaluate(
-      weights, setup.forward.model, p.tokenizer, problems, desc="base", **settings
-    )
+      weights = learner.ref_params or state.trainable
+    report["base"] = evaluate(weights, forward.model, tokenizer, problems, desc="base", **settings)
   if workdir:
     with checkpoint.manager(workdir, read_only=True) as mngr:
-      restored = checkpoint.restore_latest(mngr, p.state)
+      restored = checkpoint.restore_latest(mngr, state)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
-    state, meta = restored
-    params = policy.sampling_params(actor(state.trainable), p.frozen, setup.forward)
+    trained, meta = restored
+    params = policy.sampling_params(actor(trained.trainable), learner.frozen, forward)
     report["trained"] = evaluate(
-      params, setup.forward.model, p.tokenizer, problems, desc="trained", **settings
+      params, forward.model, tokenizer, problems, desc="trained", **settings
     )
     report["trained"]["iteration"] = meta["iteration"]
   return report

@@ -1,8 +1,7 @@
-"""Rollout pieces the RL recipes share: settings checks, sampling, scoring, rollout metrics.
-
-A recipe's `Pieces` (GRPO, PPO) carries `setup` (with `template`, `sampling`,
-`forward`, `rollout`), `tokenizer` and `task`; `sample_groups` turns prompts
-into scored `RLBatch` rows with it.
+"""Where and from which weights an RL run samples, and its loop schedule (a helper module
+of the RL recipe, `rlpost.recipes.rl`): the `rollout` block of a prompt dataset, the
+training-sampling and off-policy checks, the sampler's devices and weights, and the
+run loop's step (in turn, or pipelined with the older policies carried in checkpoints).
 """
 
 import dataclasses
@@ -13,21 +12,13 @@ from typing import Any, NamedTuple
 from absl import logging as absl_logging
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from rlpost import rewards as rewards_lib
-from rlpost import sampling
-from rlpost.data import prompts as prompts_lib
-from rlpost.data import tasks
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.recipes import common
-from rlpost.rl import advantages as adv_lib
-from rlpost.rl import batch as batch_lib
 from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
 from rlpost.train import pipeline
-from rlpost.train import shares
 from rlpost.train import sharding
 
 
@@ -80,38 +71,6 @@ def check_training_sampling(s, greedy_why: str, greedy_elsewhere: str) -> None:
     common.fail("sampling.temperature", s.temperature, "must be a finite number (e.g. 1.0)")
   if s.prompt_bucket < 1:
     common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
-
-
-def check_settings(cfg, rollout: RolloutConfig, rows: int, rows_text: str, greedy_why: str):
-  """The sampling, data, train and loop fields every RL recipe reads (before any loading).
-
-  rows: rows of one batch (`rows_text` says how they are counted);
-  greedy_why: why this recipe cannot train on greedy samples.
-  """
-  t, d, s = cfg.train, cfg.data, cfg.sampling
-  check_training_sampling(
-    s, greedy_why, "use e.g. 1.0. Greedy evaluation is experiments.eval_gsm8k's job."
-  )
-  if s.max_new_tokens < 1:
-    common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
-  if t.batch_prompts < 1:
-    common.fail("train.batch_prompts", t.batch_prompts, "must be >= 1")
-  common.check_rows_per_device(cfg, rows, rows_text)
-  if d.source not in tasks.SOURCES:
-    common.fail("data.source", d.source, f"use one of {tasks.SOURCES}")
-  if d.source == "digit":
-    tasks.check_digit(d.get("digit"))
-  if d.get("fewshot", 0) < 0:
-    common.fail("data.fewshot", d.fewshot, "must be >= 0 worked examples in the prompt")
-  if d.template not in prompts_lib.TEMPLATES:
-    common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
-  common.check_loop_settings(cfg)
-  if rollout.overlong_buffer and rollout.overlong_buffer > s.max_new_tokens:
-    common.fail(
-      "rollout.overlong_buffer",
-      rollout.overlong_buffer,
-      f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
-    )
 
 
 SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
@@ -304,114 +263,3 @@ def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "roll
       f"{field}={max_staleness} trains on batches sampled by an older policy: set a "
       "truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
     )
-
-
-def sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
-  """The sampler's settings: the `sampling` block and the tokenizer's stop and pad ids."""
-  return sampling.SamplingConfig(
-    temperature=cfg.sampling.temperature,
-    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-    max_new_tokens=cfg.sampling.max_new_tokens,
-    pad_id=tokenizer.pad_id,
-    prompt_bucket=cfg.sampling.prompt_bucket,
-  )
-
-
-def sample_groups(p, params_s, problems, key, num_generations: int, first: int = 0):
-  """One sampling round: G completions for each problem, scored.
-
-  problems: this process's block of the round's prompts, the first of which is
-  prompt `first` of the round (`rlpost.train.shares`): the rows' sampling keys
-  follow their global row ids, and the prompts are padded to the width of the
-  longest over all processes, so the samples do not depend on the process count.
-  Returns a list of per-group dicts {batch (the group's RLBatch rows), rewards
-  [G] (total), per_fn {name: [G]}, completions, answers}, and the error counts.
-  """
-  setup, tokenizer, task = p.setup, p.tokenizer, p.task
-  G = num_generations
-  texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
-  ids = [prompts_lib.prompt_ids(q, setup.template, task.examples, tokenizer) for q in problems]
-  longest = int(shares.max_over_processes([max(len(i) for i in ids)])[0])
-  tokens, lengths = sampling.pad_prompts(ids, setup.sampling, longest)
-  out = jax.device_get(
-    sampling.sample(
-      params_s,
-      tokens,
-      lengths,
-      key,
-      None,
-      first * G + np.arange(len(problems) * G, dtype=np.int32),
-      model_config=setup.forward.model,
-      config=setup.sampling,
-      num_samples=G,
-    )
-  )
-  batch = batch_lib.from_samples(tokens, lengths, out, G)
-  if setup.template != "plain":
-    batch = batch_lib.truncate_at_stop_strings(batch, tokenizer, prompts_lib.STOP_STRINGS)
-  prefix = prompts_lib.completion_prefix(setup.template)
-  completions = [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
-  answers = [q.final for q in problems for _ in range(G)]
-  per_fn, errors = rewards_lib.score(
-    task.reward_fns, [t for t in texts for _ in range(G)], completions, answers
-  )
-  r = setup.rollout
-  if r.overlong_buffer:
-    per_fn["overlong_penalty"] = np.asarray(
-      adv_lib.overlong_penalty(
-        jnp.asarray(batch.loss_mask.sum(1)),
-        max_len=setup.sampling.max_new_tokens,
-        buffer_len=r.overlong_buffer,
-        penalty_factor=r.overlong_penalty,
-      ),
-      np.float32,
-    )
-  total = sum(per_fn.values())
-  groups = []
-  for g in range(len(problems)):
-    rows = slice(g * G, (g + 1) * G)
-    groups.append(
-      {
-        "batch": batch_lib.select_rows(batch, rows),
-        "rewards": total[rows],
-        "per_fn": {k: v[rows] for k, v in per_fn.items()},
-        "completions": completions[rows],
-        "answers": answers[rows],
-      }
-    )
-  return groups, errors
-
-
-def metrics(groups, num_generations: int, accuracy_fns) -> dict:
-  """Reward mean/std (total and per function), accuracies, lengths, zero-signal fraction,
-  over every process's groups (`groups` are this process's).
-
-  The zero-signal fraction (groups whose G rewards tie) is left out for G = 1.
-  """
-  comps = [c for g in groups for c in g["completions"]]
-  answers = [a for g in groups for a in g["answers"]]
-  per_row = {
-    "reward": np.concatenate([g["rewards"] for g in groups]),
-    "length": np.concatenate([g["batch"].loss_mask.sum(1) for g in groups]),
-    **{
-      f"reward/{name}": np.concatenate([g["per_fn"][name] for g in groups])
-      for name in groups[0]["per_fn"]
-    },
-    **{
-      name: np.asarray([fn(c, a) for c, a in zip(comps, answers)], np.float64)
-      for name, fn in accuracy_fns.items()
-    },
-  }
-  per_row = {k: shares.all_rows(v) for k, v in per_row.items()}
-  rewards, lengths = per_row.pop("reward"), per_row.pop("length")
-  metrics = {
-    "reward/mean": rewards.mean(),
-    "reward/std": rewards.std(),
-    "completion_len/mean": lengths.mean(),
-    "completion_len/max": lengths.max(),
-  }
-  if num_generations > 1:
-    tied = adv_lib.zero_signal_groups(rewards, num_generations)
-    metrics["zero_signal_groups"] = np.mean(np.asarray(tied))
-  metrics.update({k: v.mean() for k, v in per_row.items()})
-  return metrics

@@ -1,0 +1,128 @@
+"""What an RL iteration reports about its rollouts: metrics over every process's rows and
+episode transcripts (a helper module of the RL recipe, `rlpost.recipes.rl`).
+
+Prompt datasets (one-turn episodes) report the single-turn names (reward per reward
+function, accuracies, completion lengths); environments report per-episode and per-turn
+rates (success, turns, tool use, invalid actions, truncation).
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from rlpost.envs import multiturn
+from rlpost.train import metrics as metrics_lib
+from rlpost.train import shares
+
+EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
+TRANSCRIPTS = "trajectories.jsonl"  # sampled training episodes
+EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes
+
+
+def single_turn_metrics(out: multiturn.Rollout, reward_names, accuracy_names, extra) -> dict:
+  """Reward mean/std (total and per reward function), accuracies and completion lengths
+  of one-turn episodes, over every process's rows (`out`: this process's).
+
+  reward_names: the reward functions, whose values each episode's info holds as
+  `reward/<name>`; accuracy_names: the info's accuracy flags; extra: further per-row
+  reward terms {name: [N] float32} (e.g. the overlong penalty), already in `out.rewards`.
+  """
+  infos = [e.infos[0] for e in out.episodes]
+  per_row = {
+    "reward": out.rewards,
+    "length": out.batch.loss_mask.sum(1),
+    **{
+      f"reward/{name}": np.asarray([i[f"reward/{name}"] for i in infos], np.float32)
+      for name in reward_names
+    },
+    **{f"reward/{name}": values for name, values in extra.items()},
+    **{name: np.asarray([i[name] for i in infos], np.float64) for name in accuracy_names},
+  }
+  per_row = {k: shares.all_rows(v) for k, v in per_row.items()}
+  rewards, lengths = per_row.pop("reward"), per_row.pop("length")
+  metrics = {
+    "reward/mean": rewards.mean(),
+    "reward/std": rewards.std(),
+    "completion_len/mean": lengths.mean(),
+    "completion_len/max": lengths.max(),
+  }
+  metrics.update({k: v.mean() for k, v in per_row.items()})
+  return metrics
+
+
+def reward_errors(out: multiturn.Rollout, reward_names) -> dict:
+  """{reward/<name>/errors: failed examples of that reward function} summed over every
+  process's one-turn episodes."""
+  infos = [e.infos[0] for e in out.episodes]
+  return {
+    f"reward/{name}/errors": sum(int(i[f"reward/{name}/errors"]) for i in infos)
+    for name in reward_names
+  }
+
+
+def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
+  """Reward, success, turns, tool use, invalid actions and truncation over every
+  process's episodes (`episodes`: this process's).
+
+  Rates per turn: tool_call_rate, tool_error_rate, invalid_action_rate; per
+  episode: success and EPISODE_ACCURACY keys (the last turn's info, when the
+  environment reports them), tool_episode_rate (episodes with a tool call),
+  truncation_rate.
+  """
+  last = [e.infos[-1] if e.infos else {} for e in episodes]
+  count = lambda key: [sum(bool(i.get(key)) for i in e.infos) for e in episodes]
+  per_episode = {
+    "reward": [e.reward for e in episodes],
+    "success": [bool(i.get("success")) for i in last],
+    "turns": [len(e.infos) for e in episodes],
+    "tool_call": count("tool_call"),
+    "tool_error": count("tool_error"),
+    "invalid_action": count("invalid_action"),
+    "tool_episode": [any(i.get("tool_call") for i in e.infos) for e in episodes],
+    "truncated": [e.truncated for e in episodes],
+    **{key: [bool(i.get(key)) for i in last] for key in EPISODE_ACCURACY},
+    **{f"has/{key}": [key in i for i in last] for key in EPISODE_ACCURACY},
+  }
+  v = {k: shares.all_rows(np.asarray(x, np.float64)) for k, x in per_episode.items()}
+  turns = v["turns"].sum()
+  out = {
+    "reward/mean": float(v["reward"].mean()),
+    "reward/std": float(v["reward"].std()),
+    "success": float(v["success"].mean()),
+    "turns/mean": float(v["turns"].mean()),
+    "tool_call_rate": float(v["tool_call"].sum() / turns),
+    "tool_error_rate": float(v["tool_error"].sum() / turns),
+    "tool_episode_rate": float(v["tool_episode"].mean()),
+    "invalid_action_rate": float(v["invalid_action"].sum() / turns),
+    "truncation_rate": float(v["truncated"].mean()),
+  }
+  for key in EPISODE_ACCURACY:
+    if v[f"has/{key}"].any():
+      out[key] = float(v[key].mean())
+  return out
+
+
+def write_trajectories(workdir: str, step: int, episodes, name: str = TRANSCRIPTS) -> None:
+  """Appends readable transcripts to workdir/`name` (records after a resume point dropped);
+  process 0 writes, the others do nothing."""
+  if jax.process_index():
+    return
+  path = os.path.join(workdir, name)
+  metrics_lib.truncate_jsonl(path, step - 1)
+  for e in episodes:
+    turns = [
+      {"assistant": a, "observation": o, "reward": r, "info": i}
+      for a, o, r, i in zip(e.texts, e.observations, e.turn_rewards, e.infos)
+    ]
+    record = {
+      "step": step,
+      "seed": e.seed,
+      "first_observation": e.first_observation,
+      "reward": e.reward,
+      "done": e.done,
+      "truncated": e.truncated,
+      "turns": turns,
+    }
+    metrics_lib.append_jsonl(path, json.loads(json.dumps(record, default=str)))

@@ -1,0 +1,106 @@
+"""What the supervised recipes (SFT, DPO) share: the config check, the model and train
+state, record tokenization and the run loop's step (a helper module, not a recipe)."""
+
+import os
+import time
+
+import jax
+
+from rlpost.models import policy
+from rlpost.recipes import common
+from rlpost.train import step as step_lib
+
+
+def check_config(cfg, sources: tuple[str, ...]) -> policy.ForwardConfig:
+  """Raises ValueError naming the first invalid field, its value and the fix.
+
+  Returns the trainer's forward config (temperature 1).
+  """
+  fail, t = common.fail, cfg.train
+  common.check_loop_settings(cfg)
+  if t.micro_batch_size < 1 or t.batch_size < 1 or t.batch_size % t.micro_batch_size:
+    fail(
+      "train.batch_size",
+      t.batch_size,
+      f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}",
+    )
+  if common.mesh_config(cfg).rollout:
+    fail(
+      "mesh.rollout",
+      cfg.mesh.rollout,
+      "SFT and DPO do not sample: every device trains; set it to 0",
+    )
+  common.check_rows_per_device(cfg, t.batch_size, "train.batch_size")
+  if t.gather_bucket < 1:
+    fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
+  d = cfg.data
+  if d.path and d.source != "jsonl":
+    fail(
+      "data.source",
+      d.source,
+      f"data.path={d.path!r} is set: use data.source='jsonl' (or clear data.path)",
+    )
+  if d.source not in sources:
+    fail("data.source", d.source, f"unknown; valid sources: {sources}")
+  if d.source == "jsonl" and not d.path:
+    fail(
+      "data.path", d.path, "data.source='jsonl' needs a JSONL file: --config.data.path=FILE.jsonl"
+    )
+  for field in ("path", "eval_path"):
+    if d.get(field) and not os.path.isfile(d[field]):
+      fail(f"data.{field}", d[field], "no such file")
+  if d.seq_len < 2:
+    fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
+  if cfg.get("eval") is not None and cfg.eval.every < 0:
+    fail("eval.every", cfg.eval.every, "must be >= 0 (0: never)")
+  if cfg.get("eval") is not None and cfg.eval.num_examples < 0:
+    fail("eval.num_examples", cfg.eval.num_examples, "must be >= 0 records")
+  if d.get("num_examples", 0) < 0:
+    fail("data.num_examples", d.num_examples, "must be >= 0 (0: every record)")
+  if d.source == "synthetic" and d.get("num_synthetic", 1) < 1:
+    fail("data.num_synthetic", d.num_synthetic, "must be >= 1 record")
+  return common.forward_config(cfg, temperature=1.0)
+
+
+def setup(cfg, fwd: policy.ForwardConfig, loaded=None):
+  """(model config, params, tokenizer, state, frozen): LoRA adapters or all params train.
+
+  `loaded`: (config, params, tokenizer) already loaded for `cfg.model` (None: load it).
+  """
+  model_config, params, tokenizer = loaded or common.load_model(cfg)
+  trainable, frozen = common.trainable_and_frozen(params, fwd, jax.random.key(cfg.seed + 1))
+  optimizer = common.make_optimizer(cfg, cfg.train.steps)
+  # Replicated on the mesh up front: the step's output state has that sharding, so the
+  # second step reuses the first step's compilation.
+  mesh = common.make_mesh(cfg)
+  state = step_lib.place(
+    step_lib.init_train_state(trainable, optimizer, jax.random.key(cfg.seed)), mesh
+  )
+  return model_config, params, tokenizer, state, step_lib.place(frozen, mesh), optimizer
+
+
+def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor, index):
+  """The loop's step_fn for SFT and DPO: host batch, train step, metrics, due evaluation.
+
+  next_batch(cursor) -> (batch, cursor, host metrics); evaluate(state) -> metrics or None.
+  """
+  started = time.perf_counter()
+  batch, cursor, host = next_batch(cursor)
+  state, metrics = train_step(state, frozen, batch)
+  record = {**jax.device_get(metrics), **host, "step_seconds": time.perf_counter() - started}
+  done, every = index + 1, cfg.eval.every if evaluate else 0
+  if every and (done % every == 0 or done == cfg.train.steps):
+    record.update(evaluate(state))
+  return state, cursor, record
+
+
+def tokenize_records(records, tokenize, cfg) -> list:
+  """`tokenize(record)` of each record; a record whose prompt leaves no room for a response
+  in data.seq_len tokens fails naming that setting."""
+  out = []
+  for record in records:
+    try:
+      out.append(tokenize(record))
+    except ValueError as e:
+      common.fail("data.seq_len", cfg.data.seq_len, str(e))
+  return out
