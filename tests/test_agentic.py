@@ -188,34 +188,54 @@ def test_resume_continues_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["frozenlake_tiny", "frozenlake_tiny,ppo"])
 @pytest.mark.optimized_codegen
-def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path, variant):
-  """max_staleness=0 (a producer thread plays each iteration once the policy before it is
-  out) logs what the synchronous run logs, held-out evaluations and transcripts included;
-  staleness 1 with TIS plays every iteration but the first with the policy one update old,
-  and resumed at step 2 logs what the uninterrupted run logs. Mutation caught: the seeded
-  policy made from the restored state's weights instead of the saved older ones.
+def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
+  """PPO over an environment: max_staleness=0 (a producer thread plays each iteration once
+  the policy before it is out) gives the synchronous run's whole TrainState (critic
+  included) and logs what it logs, held-out evaluations and transcripts included;
+  staleness 1 with TIS plays every iteration but the first with the policy one update
+  old, and resumed at step 2 it is the uninterrupted run (TrainState, metrics,
+  transcripts). Mutation caught: the seeded policy made from the restored state's weights
+  instead of the saved older ones.
+
+  One recipe schedules every RL run (`rl.loop_step`), so this test and test_grpo's
+  pipelined tests (a prompt dataset, the GRPO learner: the whole trainable tree is the
+  policy) cover both task sources and both learners' policy parts; PPO over a prompt
+  dataset and GRPO over an environment had tests of their own before the one recipe.
   Over 20 s: five tiny runs (synchronous, pipelined, stale, stopped, resumed), each with
   its greedy evaluations."""
-  cfg = lambda **o: _config(variant, **{"train.steps": 3, "log.trajectories_every": 1, **o})
-  rl.run(cfg(), str(tmp_path / "sync"))
-  rl.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
+  cfg = lambda **o: _config(
+    "frozenlake_tiny,ppo", **{"train.steps": 3, "log.trajectories_every": 1, **o}
+  )
+  sync = rl.run(cfg(), str(tmp_path / "sync"))
+  pipe = rl.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
+  assert _bytes_equal(sync, pipe)
   records = run_metrics(tmp_path / "pipe")
   assert [r.pop("staleness") for r in records if r["step"]] == [0.0] * 3
   assert run_metrics(tmp_path / "sync") == records
   for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
     assert (tmp_path / "sync" / name).read_text() == (tmp_path / "pipe" / name).read_text()
-  no_warmup = {"algo.critic_warmup_steps": 0} if variant.endswith("ppo") else {}
-  stale = cfg(max_staleness=1, **{"algo.tis_cap": 2.0, **no_warmup})
-  rl.run(stale, str(tmp_path / "stale"))
+  stale = cfg(max_staleness=1, **{"algo.tis_cap": 2.0, "algo.critic_warmup_steps": 0})
+  whole = rl.run(stale, str(tmp_path / "stale"))
   records = run_metrics(tmp_path / "stale")
   assert [r["staleness"] for r in records if r["step"]] == [0.0, 1.0, 1.0]
   rl.run(stale, str(tmp_path / "resumed"), stop_after=2)
-  rl.run(stale, str(tmp_path / "resumed"))
+  assert _bytes_equal(whole, rl.run(stale, str(tmp_path / "resumed")))
   assert run_metrics(tmp_path / "resumed") == records
   for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
     assert (tmp_path / "stale" / name).read_text() == (tmp_path / "resumed" / name).read_text()
+
+
+def _bytes_equal(a, b) -> bool:
+  """Every array of two pytrees (PRNG keys as their key data) equal byte for byte."""
+
+  def host(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    return np.asarray(jax.device_get(x)).tobytes()
+
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(host(x) == host(y) for x, y in zip(la, lb))
 
 
 def _gsm8k_calc_tiny(algo: str = "grpo", **overrides):

@@ -354,7 +354,9 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
     losses and gradient norms, and the same final weights within 1e-5. Each process reads
     only its share: per call, the two processes' rows (examples, prompts, task seeds) are
     disjoint and together exactly the single process's rows. grpo_int8: the sampler's
-    logprobs differ from the trainer's (gap > 1e-4), i.e. int8 was sampled.
+    logprobs differ from the trainer's (gap > 1e-4), i.e. int8 was sampled. grpo without
+    dynamic sampling reports dynamic/filled 0 on 2 processes (it read 2: each process
+    compared its own groups with the global prompt count).
   - checkpoints move between process counts: SFT with fsdp=4 (weights split across both
     processes), 2 steps on 2 processes then the third on 1, and 1 then 2, equal 3 steps on 1.
   - a checkpoint's carry (a pipelined run's older policies) of weights split over fsdp
@@ -377,6 +379,9 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
     one, two = tmp_path / "one" / name, tmp_path / "two" / name
     _check(failures, f"{name} agreement", _assert_same_run, one, two)
     _check(failures, f"{name} shares", _shares_split, one, two)
+  filled = [r["dynamic/filled"] for r in _records(tmp_path / "two" / "grpo")]
+  if filled != [0] * len(filled):  # no dynamic sampling: nothing filled, on any process count
+    failures.append(f"grpo on 2 processes: dynamic/filled {filled}, not all 0")
   gaps = [r["sampler_logp_gap_mean"] for r in _records(tmp_path / "two" / "grpo_int8")]
   if not all(gap > 1e-4 for gap in gaps):
     failures.append(f"grpo_int8: sampler_logp_gap_mean {gaps}, not all > 1e-4")

@@ -288,7 +288,7 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monk
       {"sampling.temperature": 0.0, "algo.advantage_estimator": "reinforce_pp"},
       r"config\.sampling\.temperature=0\.0: training needs a temperature > 0",
     ),
-    # Mutation caught: without the finite check in rollout.check_training_sampling, inf
+    # Mutation caught: without the finite check in blocks.SamplingBlock, inf
     # passes and the model loads before SamplingConfig refuses it (naming no config field).
     ({"sampling.temperature": float("inf")}, r"config\.sampling\.temperature=inf: .*finite"),
     ({"algo.num_generations": 1}, r"config\.algo\.num_generations=1: grpo compares"),

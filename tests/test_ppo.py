@@ -195,33 +195,6 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(straig
   assert [r["actor_on"] for r in _metrics(tmp_path / "split")] == [0.0, 0.0, 1.0, 1.0]
 
 
-@pytest.mark.slow
-def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(tmp_path):
-  """rollout.max_staleness=0 (the producer thread waits for each new actor) gives the
-  synchronous run's whole TrainState and metrics, across a resume; staleness 1 with TIS
-  samples every batch from the actor one update old, and resumed at step 2 it is the
-  uninterrupted run, whole TrainState (critic included) and metrics. Mutation caught: the
-  seeded actor made from the restored state's instead of the saved older one. Over 20 s:
-  six PPO runs (synchronous; pipelined and stale, each also stopped and resumed)."""
-  cfg = lambda **o: _config(**{"train.steps": 4, "checkpoint.every": 2, **o})
-  sync = rl.run(cfg(), str(tmp_path / "sync"))
-  rl.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"), stop_after=2)
-  pipe = rl.run(cfg(**{"rollout.max_staleness": 0}), str(tmp_path / "pipe"))
-  assert _bytes_equal(sync, pipe)
-  records = _metrics(tmp_path / "pipe")
-  assert [r.pop("staleness") for r in records] == [0.0] * 4
-  assert _metrics(tmp_path / "sync") == records
-  # No critic warm-up: the actor moves from step 1 on, so the lagged one differs.
-  stale = cfg(**{"rollout.max_staleness": 1, "algo.tis_cap": 2.0, "algo.critic_warmup_steps": 0})
-  whole = rl.run(stale, str(tmp_path / "stale"))
-  records = _metrics(tmp_path / "stale")
-  assert [r["staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
-  assert all(0.0 <= r["tis_clip_frac"] <= 1.0 for r in records)
-  rl.run(stale, str(tmp_path / "stale_resumed"), stop_after=2)
-  assert _bytes_equal(whole, rl.run(stale, str(tmp_path / "stale_resumed")))
-  assert _metrics(tmp_path / "stale_resumed") == records
-
-
 @pytest.mark.parametrize(
   "overrides,expected",
   [

@@ -4,9 +4,10 @@ One episode per row. Each turn, every row still alive goes through ONE call
 of the jitted sampler; its context is the row's first prompt followed by
 everything since (sampled tokens and observation tokens, exactly as they were
 produced: nothing is decoded and re-encoded, no chat template is re-applied).
-Turn 0 is `continuation.start` (the single-turn sampler); a later turn continues
-the row's KV cache (`continuation.extend`): only the new observation tokens are
-prefilled. The sampled text is decoded only to give it to the environment.
+Turn 0 is `continuation.start` (the single-turn sampler that also returns its
+cache; one-turn episodes, a prompt dataset's, take `sampling.sample` itself); a later
+turn continues the row's KV cache (`continuation.extend`): only the new observation
+tokens are prefilled. The sampled text is decoded only to give it to the environment.
 
   reset -> first prompt ids -> [sample turn -> cut at a stop string / budget
   -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
@@ -302,6 +303,7 @@ class _Calls(NamedTuple):
   longest: int  # the first prompts' width (the widest over processes)
   chunk: int  # later turns' new tokens are padded to at most this
   fixed_size: int | None  # the cache's slots with `fixed_shapes`
+  one_call: bool  # one turn per episode: a single sampler call, no cache kept
 
 
 @dataclasses.dataclass
@@ -334,7 +336,10 @@ def _first_turn(calls: _Calls, prompts, key, limit):
   single-turn sampler call; `limit` None when the cap is the turn cap). Returns
   (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
   tokens, lengths = sampling.pad_prompts(prompts, calls.sc, calls.longest)
-  out, cont = continuation.start(
+  # One-turn episodes (a prompt dataset) need no cache: the plain sampler, bitwise the
+  # same tokens and logprobs as `continuation.start`'s.
+  sample = sampling.sample if calls.one_call else continuation.start
+  out = sample(
     calls.params,
     tokens,
     lengths,
@@ -345,6 +350,7 @@ def _first_turn(calls: _Calls, prompts, key, limit):
     config=calls.sc,
     num_samples=calls.G,
   )
+  out, cont = (out, None) if calls.one_call else out
   out = jax.device_get(out)
   n = len(calls.ids)
   rows = [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
@@ -440,7 +446,8 @@ def rollout(
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
   rows = [_Row(firsts[r // G][0]) for r in range(len(tasks) * G)]
-  calls = _make_calls(params, model_config, sc, turns, G, longest, first_row, len(rows))
+  one_call = env.max_turns == 1
+  calls = _make_calls(params, model_config, sc, turns, G, longest, first_row, len(rows), one_call)
   stops = tuple(env.stop_strings) + turns.stop_strings
   alive, turn, sampler = list(range(len(rows))), 0, None
   while alive:
@@ -469,16 +476,19 @@ def rollout(
   return _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row)
 
 
-def _make_calls(params, model_config, sc, turns: TurnConfig, G, longest, first_row, N) -> _Calls:
+def _make_calls(
+  params, model_config, sc, turns: TurnConfig, G, longest, first_row, N, one_call: bool
+) -> _Calls:
   # New tokens of a later turn are padded to at most `chunk`; with fixed_shapes the
   # cache holds what the longest history (the padded prompt + T) and one more turn need.
   T = turns.max_total_tokens
   chunk = -(-T // _NEW_BUCKET) * _NEW_BUCKET
   padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
   fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
-  params = _decode_layout(params)  # once: each call would copy the layers again
+  if not one_call:  # once: each call would copy the layers again (one call lays them out itself)
+    params = _decode_layout(params)
   ids = [first_row + r for r in range(N)]
-  return _Calls(params, model_config, sc, turns, ids, G, longest, chunk, fixed_size)
+  return _Calls(params, model_config, sc, turns, ids, G, longest, chunk, fixed_size, one_call)
 
 
 def _check_rollout_args(sc, turns: TurnConfig, tasks, seeds, env) -> None:

@@ -186,7 +186,7 @@ def evaluate_run(
     "seed": cfg.seed,
   }
   part = spec.policy_part
-  actor = lambda trainable: trainable if part is None else trainable[part]
+  actor = lambda trainable: learners_lib.policy_of(part, trainable)
   report = {"split": split}
   if base:
     if forward.lora or part is not None:

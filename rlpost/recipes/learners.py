@@ -89,6 +89,16 @@ class CriticConfig:
   mode: str | None = None
   learning_rate: float | None = None
 
+  def __post_init__(self):
+    if self.mode is not None and self.mode not in critic_lib.MODES:
+      raise ValueError(f"CriticConfig.mode={self.mode!r}: use one of {', '.join(critic_lib.MODES)}")
+    rate = self.learning_rate
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+      raise ValueError(
+        f"CriticConfig.learning_rate={rate!r}: must be a finite number > 0 "
+        "(None: 10x train.learning_rate)"
+      )
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOSettings:
@@ -238,20 +248,10 @@ def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
       algo.critic_warmup_steps,
       f"must be < train.steps={t.steps} (the actor trains only after the warm-up)",
     )
-  mode = critic_cfg.mode
-  if mode is None:
-    mode = "lora" if cfg.lora.enabled else "full"
-  if mode not in critic_lib.MODES:
-    common.fail("critic.mode", mode, f"use one of {', '.join(critic_lib.MODES)}")
+  mode = critic_cfg.mode or ("lora" if cfg.lora.enabled else "full")
   critic_lr = critic_cfg.learning_rate
-  if critic_lr is None:
+  if critic_lr is None:  # train.learning_rate is checked finite and > 0 with the optimizer
     critic_lr = 10 * t.learning_rate
-  if not (math.isfinite(critic_lr) and critic_lr > 0):
-    common.fail(
-      "critic.learning_rate",
-      critic_lr,
-      "must be a finite number > 0 (None: 10x train.learning_rate)",
-    )
   layout = critic_lib.CriticLayout(
     mode, common.lora_config(cfg, always=True) if mode == "lora" else None
   )
@@ -407,6 +407,17 @@ LEARNERS: dict[str, LearnerSpec] = {
     ppo_settings, build_ppo, ppo_update, lambda s: 1, policy_part="actor", groups=False
   ),
 }
+
+
+def policy_of(part: str | None, trainable):
+  """The policy's weights in a learner's trainable tree (`LearnerSpec.policy_part`): the
+  whole tree (None) or its `part` entry (PPO: "actor"; the critic beside it)."""
+  return trainable if part is None else trainable[part]
+
+
+def with_policy(part: str | None, trainable, policy_weights):
+  """`trainable` with its policy's weights (`policy_of`) replaced by `policy_weights`."""
+  return policy_weights if part is None else {**trainable, part: policy_weights}
 
 
 def name_of(cfg, default: str | None = None) -> str:

@@ -37,7 +37,6 @@ import numpy as np
 import tqdm
 
 from rlpost import sampling as sampling_lib
-from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.data.cursor import Cursor, next_indices
 from rlpost.envs import multiturn
@@ -45,13 +44,13 @@ from rlpost.envs import protocol
 from rlpost.envs import single_turn
 from rlpost.envs import table as env_table
 from rlpost.models import policy
+from rlpost.recipes import blocks
 from rlpost.recipes import common
 from rlpost.recipes import learners as learners_lib
 from rlpost.recipes import reports
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
-from rlpost.text import tool_syntax
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
 from rlpost.train import shares
@@ -102,6 +101,7 @@ class Setup:
   max_staleness: int | None
   temperature: float
   prompt_bucket: int
+  max_new_tokens: int  # a turn's cap (a prompt's completion)
   turns: multiturn.TurnConfig | None = None  # env: from the rollout block; data: `build`
   sampling: sampling_lib.SamplingConfig | None = None
   greedy: sampling_lib.SamplingConfig | None = None
@@ -163,23 +163,16 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
       f"{name} samples one completion per prompt and its critic gives every sample a "
       "baseline: there are no tied groups to drop; use False",
     )
-  s, d = cfg.sampling, cfg.data
+  s = common.from_block(blocks.SamplingBlock, cfg.sampling, "sampling")
   rollout_lib.check_training_sampling(
     s,
     _greedy_why(name, cfg.algo),
     "use e.g. 1.0. Greedy evaluation is experiments.eval_gsm8k's job.",
   )
+  if s.max_new_tokens is None:
+    common.fail("sampling.max_new_tokens", None, "must be >= 1 token")
   settings = spec.settings(cfg, "train.batch_prompts")
-  if s.max_new_tokens < 1:
-    common.fail("sampling.max_new_tokens", s.max_new_tokens, "must be >= 1 token")
-  if d.source not in tasks_lib.SOURCES:
-    common.fail("data.source", d.source, f"use one of {tasks_lib.SOURCES}")
-  if d.source == "digit":
-    tasks_lib.check_digit(d.get("digit"))
-  if d.get("fewshot", 0) < 0:
-    common.fail("data.fewshot", d.fewshot, "must be >= 0 worked examples in the prompt")
-  if d.template not in prompts_lib.TEMPLATES:
-    common.fail("data.template", d.template, f"use one of {prompts_lib.TEMPLATES}")
+  d = common.from_block(blocks.DataConfig, cfg.data, "data")
   common.check_loop_settings(cfg)
   if r.overlong_buffer and r.overlong_buffer > s.max_new_tokens:
     common.fail(
@@ -187,7 +180,7 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
       r.overlong_buffer,
       f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
     )
-  rollout_lib.check_off_policy(cfg, r.max_staleness, settings.algo.tis_cap)
+  rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
   if r.dynamic_sampling and jax.process_count() > 1:
     common.fail(
       "rollout.dynamic_sampling",
@@ -208,6 +201,7 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     max_staleness=r.max_staleness,
     temperature=s.temperature,
     prompt_bucket=s.prompt_bucket,
+    max_new_tokens=s.max_new_tokens,
     template=d.template,
     shuffle=d.shuffle,
   )
@@ -228,7 +222,7 @@ def _greedy_why(name: str, algo) -> str:
 def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   """An environment's checks (configs/agentic.py)."""
   turns = common.from_block(multiturn.TurnConfig, cfg.rollout, "rollout")
-  t, s, ev = cfg.train, cfg.sampling, cfg.eval
+  s = common.from_block(blocks.SamplingBlock, cfg.sampling, "sampling")
   rollout_lib.check_training_sampling(
     s,
     "the trainer's logprobs divide the logits by it, and greedy episodes of a task are identical",
@@ -243,24 +237,11 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     )
   if cfg.rollout_threads < 1:
     common.fail("rollout_threads", cfg.rollout_threads, "must be >= 1 thread")
-  if cfg.log.trajectories_every < 0:  # -1 would write them every iteration
-    common.fail("log.trajectories_every", cfg.log.trajectories_every, "must be >= 0 (0: never)")
-  if cfg.log.trajectories_logged < 0:  # -1 would keep all but the last
-    common.fail("log.trajectories_logged", cfg.log.trajectories_logged, "must be >= 0 episodes")
-  if cfg.tools.max_result_chars < len(tool_syntax.TRUNCATION_MARKER):
-    common.fail(
-      "tools.max_result_chars",
-      cfg.tools.max_result_chars,
-      f"must be >= {len(tool_syntax.TRUNCATION_MARKER)} (the truncation marker's length)",
-    )
+  log = common.from_block(blocks.LogConfig, cfg.log, "log")
+  common.from_block(blocks.ToolsConfig, cfg.tools, "tools")
   settings = spec.settings(cfg, "train.batch_tasks")
-  if ev.every < 0 or ev.num_tasks < 1 or ev.batch_tasks < 0:
-    common.fail(
-      "eval",
-      f"every={ev.every}, num_tasks={ev.num_tasks}, batch_tasks={ev.batch_tasks}",
-      "use every >= 0, num_tasks >= 1, batch_tasks >= 0 (0: all tasks in one rollout)",
-    )
-  rollout_lib.check_off_policy(cfg, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
+  ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
+  rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
   if cfg.per_turn_rewards and name != "ppo":
     common.fail(
       "per_turn_rewards",
@@ -268,6 +249,7 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
       "only PPO places rewards per token; GRPO's advantage is per episode (of the summed "
       "reward): use False, or learner ppo (the ',ppo' variant)",
     )
+  t = cfg.train
   if t.steps * t.batch_tasks > ev.seed_offset:
     common.fail(
       "eval.seed_offset",
@@ -292,13 +274,14 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     max_staleness=cfg.max_staleness,
     temperature=s.temperature,
     prompt_bucket=s.prompt_bucket,
+    max_new_tokens=turns.max_turn_tokens,
     turns=turns,
     eval_every=ev.every,
     eval_tasks=ev.num_tasks,
     eval_batch_tasks=ev.batch_tasks,
     eval_seed_offset=ev.seed_offset,
-    trajectories_every=cfg.log.trajectories_every,
-    trajectories_logged=cfg.log.trajectories_logged,
+    trajectories_every=log.trajectories_every,
+    trajectories_logged=log.trajectories_logged,
     step_threads=cfg.rollout_threads,
     per_turn_rewards=cfg.per_turn_rewards,
   )
@@ -336,16 +319,17 @@ def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
   return p._replace(setup=dataclasses.replace(p.setup, template=template, turns=turns), tasks=tasks)
 
 
-def build(cfg, loaded=None, learner: str | None = None) -> Pieces:
-  """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run."""
-  setup = check_config(cfg, learner)
+def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = None) -> Pieces:
+  """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run
+  (`setup`: `check_config`'s, when the caller has it; else checked here)."""
+  setup = setup or check_config(cfg, learner)
   if setup.source == ENV:
     tasks = Tasks(make_env(cfg))
     turns = setup.turns
   else:
     task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
     tasks, kind = prompt_tasks(task, setup.template)
-    cap = cfg.sampling.max_new_tokens
+    cap = setup.max_new_tokens
     turns = multiturn.TurnConfig(kind, cap, cap, max_prompt_tokens=_NO_PROMPT_CAP)
   _, params, tokenizer = loaded or common.load_model(cfg)
   sc = sampling_lib.SamplingConfig(
@@ -371,9 +355,9 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
   config names none (`learners.name_of`). Returns the final TrainState.
   """
   cfg = common.with_compute_dtype(cfg, workdir)
-  check_config(cfg, learner)  # a bad config fails before the int8 calibration below (seconds)
+  setup = check_config(cfg, learner)  # a bad config fails before the int8 calibration (seconds)
   cfg = common.with_int8_paths(cfg, workdir)
-  p = build(cfg, loaded, learner)
+  p = build(cfg, loaded, setup=setup)
   setup = p.setup
   curves, postfix = _CURVES[ENV if setup.source == ENV else (PROMPTS, setup.learner)]
   title = "agentic" if setup.source == ENV else setup.learner
@@ -487,10 +471,11 @@ def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
         rounds,
         r.max_resample_rounds,
       )
-    if not r.dynamic_sampling or len(kept) >= B or rounds > r.max_resample_rounds:
+    mine_count = mine.stop - mine.start  # this process's groups (all of B on one process)
+    if not r.dynamic_sampling or len(kept) >= mine_count or rounds > r.max_resample_rounds:
       break
-  filled = max(0, B - len(kept))
-  chosen = (kept + dropped[:filled])[:B]
+  filled = max(0, mine_count - len(kept))  # 0 without dynamic sampling, on any process count
+  chosen = (kept + dropped[:filled])[:mine_count]
   out, penalty = _groups_of(chosen, G, setup.sampling.pad_id, rounds == 1 and not dropped)
   extra = {} if penalty is None else {"overlong_penalty": penalty}
   metrics = {
@@ -615,8 +600,7 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 def _greedy_rollout(p: Pieces, pool, state, tasks, seeds) -> multiturn.Rollout:
   """Greedy episodes of `tasks` by `state`'s policy, sampled by this process alone, from
   the policy's own weights (even when training rollouts read an int8 copy)."""
-  part = p.setup.spec.policy_part
-  actor = state.trainable if part is None else state.trainable[part]
+  actor = learners_lib.policy_of(p.setup.spec.policy_part, state.trainable)
   mesh = sharding.mesh_of(state)
   sampler = p.sampler._replace(int8=None)
   key = jax.random.key(0)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.recipes import common
+from rlpost.recipes import learners
 from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
 from rlpost.train import pipeline
@@ -58,22 +59,15 @@ class RolloutConfig:
 
 
 def check_training_sampling(s, greedy_why: str, greedy_elsewhere: str) -> None:
-  """The `sampling` block of a training rollout: a finite temperature > 0 (`greedy_why`:
-  why this recipe cannot train on greedy samples; `greedy_elsewhere`: where greedy
-  decoding belongs) and a prompt bucket of at least one token."""
+  """A training rollout's `sampling` block (`blocks.SamplingBlock`, its own fields already
+  checked) samples: a temperature > 0 (`greedy_why`: why this recipe cannot train on
+  greedy samples; `greedy_elsewhere`: where greedy decoding belongs)."""
   if not s.temperature > 0:
     common.fail(
       "sampling.temperature",
       s.temperature,
       f"training needs a temperature > 0 ({greedy_why}); {greedy_elsewhere}",
     )
-  if not math.isfinite(s.temperature):  # the sampler refuses it, after the model loads
-    common.fail("sampling.temperature", s.temperature, "must be a finite number (e.g. 1.0)")
-  if s.prompt_bucket < 1:
-    common.fail("sampling.prompt_bucket", s.prompt_bucket, "must be >= 1 token")
-
-
-SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
 
 
 class Sampler(NamedTuple):
@@ -138,7 +132,7 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
   state_key: the part of `state.trainable` the sampler reads ("actor" for PPO; None:
   all of it).
   """
-  part = lambda state: state.trainable if state_key is None else state.trainable[state_key]
+  part = lambda state: learners.policy_of(state_key, state.trainable)
 
   def weights_of(state):
     mesh = sharding.mesh_of(state)
@@ -159,7 +153,7 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
     an older `trainable` part under `state`'s key; no array of `state` among them (the
     next train step donates it)."""
     if trainable is not None:
-      whole = trainable if state_key is None else {**state.trainable, state_key: trainable}
+      whole = learners.with_policy(state_key, state.trainable, trainable)
       policy_state = state._replace(trainable=whole)
     else:
       policy_state = state
@@ -230,14 +224,11 @@ def _lagged_carry(pipe: pipeline.Pipeline, publish, part, max_staleness: int) ->
   return loop_lib.Carry(save, like, resume)
 
 
-def check_off_policy(cfg, max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
+def check_off_policy(s, max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
   """Samples from another policy than the trainer's need a truncated IS cap to correct
-  them: an older one (max_staleness s > 0) or an int8 copy (`sampling.weights`)."""
-  weights = cfg.sampling.weights
-  if weights not in SAMPLER_WEIGHTS:
-    common.fail("sampling.weights", weights, f"use one of {SAMPLER_WEIGHTS}")
-  if cfg.sampling.get("int8_paths", "auto") != "auto":  # a typo fails even before it is used
-    quant.parse_paths(cfg.sampling.int8_paths)
+  them: an older one (max_staleness s > 0) or an int8 copy (`s.weights`, of the
+  `blocks.SamplingBlock`)."""
+  weights = s.weights
   if weights == "int8" and tis_cap is None:
     common.fail(
       "algo.tis_cap",

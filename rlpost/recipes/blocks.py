@@ -1,0 +1,129 @@
+"""Typed, frozen values of the RL recipe's config blocks that no library module owns
+(`data`, `sampling`, `eval`, `log`, `tools`): each checks its own fields once, on
+construction (`common.from_block` turns a `ValueError` "Cls.field=value: fix" into
+"config.block.field=value: fix"). Blocks owned by the library are built the same way
+from their own dataclasses: `algo` (`rl.objectives`), `rollout` (`rollout.RolloutConfig`,
+`envs.multiturn.TurnConfig`), `env` (`envs.table`), `critic` (`learners.CriticConfig`),
+`mesh` (`train.sharding.MeshConfig`), `lora` (`models.lora.LoraConfig`).
+"""
+
+import dataclasses
+import math
+
+from rlpost.data import prompts as prompts_lib
+from rlpost.data import tasks as tasks_lib
+from rlpost.models import quant
+from rlpost.text import tool_syntax
+
+SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
+
+
+def _fail(cls, field: str, value, fix: str):
+  raise ValueError(f"{cls.__name__}.{field}={value!r}: {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """A prompt dataset (`data` block of the GRPO and PPO configs): `source` (one of
+  `data.tasks.SOURCES`), `data_dir` (GSM8K jsonl dir; "": the hub), `template` (one of
+  `data.prompts.TEMPLATES`), `fewshot` solved examples, `shuffle` each epoch, `digit`
+  (the digit task's target)."""
+
+  source: str = "gsm8k"
+  data_dir: str = ""
+  template: str = "fewshot"
+  fewshot: int = 2
+  shuffle: bool = True
+  digit: str = "7"
+
+  def __post_init__(self):
+    if self.source not in tasks_lib.SOURCES:
+      _fail(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
+    if self.source == "digit":
+      tasks_lib.check_digit(self.digit)
+    if self.fewshot < 0:
+      _fail(DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt")
+    if self.template not in prompts_lib.TEMPLATES:
+      _fail(DataConfig, "template", self.template, f"use one of {prompts_lib.TEMPLATES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingBlock:
+  """The `sampling` block of an RL run: `temperature` (finite, >= 0; training needs > 0,
+  checked by the recipe, which knows why), `max_new_tokens` (a prompt dataset's cap;
+  None: an environment's turns set it), `prompt_bucket` (>= 1 token), `weights` (one of
+  SAMPLER_WEIGHTS), `int8_paths` ("auto" or LAYOUT:ROWS)."""
+
+  temperature: float = 1.0
+  max_new_tokens: int | None = None
+  prompt_bucket: int = 64
+  weights: str = "model"
+  int8_paths: str = "auto"
+
+  def __post_init__(self):
+    if not math.isfinite(self.temperature):  # the sampler refuses it, after the model loads
+      _fail(SamplingBlock, "temperature", self.temperature, "must be a finite number (e.g. 1.0)")
+    if self.prompt_bucket < 1:
+      _fail(SamplingBlock, "prompt_bucket", self.prompt_bucket, "must be >= 1")
+    if self.max_new_tokens is not None and self.max_new_tokens < 1:
+      _fail(SamplingBlock, "max_new_tokens", self.max_new_tokens, "must be >= 1 token")
+    if self.weights not in SAMPLER_WEIGHTS:
+      _fail(SamplingBlock, "weights", self.weights, f"use one of {SAMPLER_WEIGHTS}")
+    if self.int8_paths != "auto":  # a typo fails even before it is used
+      quant.parse_paths(self.int8_paths)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """An environment run's `eval` block: greedy episodes on held-out seeds every `every`
+  iterations (0: off), `num_tasks` of them, `batch_tasks` per rollout call (0: all),
+  held-out seed k = `seed_offset` + k."""
+
+  every: int = 10
+  num_tasks: int = 100
+  batch_tasks: int = 0
+  seed_offset: int = 1_000_000
+
+  def __post_init__(self):
+    if self.every < 0:
+      _fail(EvalConfig, "every", self.every, "must be >= 0 iterations (0: no evaluation)")
+    if self.num_tasks < 1:
+      _fail(EvalConfig, "num_tasks", self.num_tasks, "must be >= 1 held-out task")
+    if self.batch_tasks < 0:
+      _fail(
+        EvalConfig, "batch_tasks", self.batch_tasks, "must be >= 0 (0: all tasks in one rollout)"
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+  """An environment run's `log` block: transcripts of the first `trajectories_logged`
+  episodes to trajectories.jsonl every `trajectories_every` iterations (0: never)."""
+
+  trajectories_every: int = 5
+  trajectories_logged: int = 4
+
+  def __post_init__(self):
+    if self.trajectories_every < 0:  # -1 would write them every iteration
+      _fail(LogConfig, "trajectories_every", self.trajectories_every, "must be >= 0 (0: never)")
+    if self.trajectories_logged < 0:  # -1 would keep all but the last
+      _fail(LogConfig, "trajectories_logged", self.trajectories_logged, "must be >= 0 episodes")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolsConfig:
+  """An environment run's `tools` block: `enabled` wraps the environment with the tool
+  registry; a tool result's text is clipped to `max_result_chars`."""
+
+  enabled: bool = False
+  max_result_chars: int = 200
+
+  def __post_init__(self):
+    marker = len(tool_syntax.TRUNCATION_MARKER)
+    if self.max_result_chars < marker:
+      _fail(
+        ToolsConfig,
+        "max_result_chars",
+        self.max_result_chars,
+        f"must be >= {marker} (the truncation marker's length)",
+      )
