@@ -300,6 +300,8 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monk
     ({"train.learning_rate": 0.0}, r"config\.train\.learning_rate=0\.0"),
     ({"train.learning_rate": -1e-3}, r"config\.train\.learning_rate=-0\.001"),
     ({"train.max_bad_steps": 0}, r"config\.train\.max_bad_steps=0"),
+    ({"checkpoint.every": 0}, r"config\.checkpoint\.every=0: must be >= 1 step"),
+    ({"checkpoint.keep": 0}, r"config\.checkpoint\.keep=0: must be >= 1 checkpoint"),
     ({"train.learning_rate": float("inf")}, r"config\.train\.learning_rate=inf: .*finite"),
     # A negative clip norm would flip every gradient (ascent), a warm-up fraction above 1
     # never reaches the peak rate.

@@ -66,20 +66,86 @@ def renaming_errors(cls, where: dict[str, str], **kwargs):
     raise errors.ConfigError(message) from None
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The `train` block of every recipe: the run's length, its batch, the optimizer and the
+  trainer's forward settings (`compute_dtype`, `remat`, `logprob_chunk`: checked by
+  `policy.ForwardConfig`). The batch field is the recipe's: `batch_size` (SFT, DPO, with
+  `gather_bucket`), `batch_prompts` (a prompt dataset), `batch_tasks` (an environment).
+  `optimizer` is one of step.OPTIMIZERS; `max_grad_norm` None or 0: no clipping."""
+
+  steps: int = 1
+  micro_batch_size: int = 1
+  learning_rate: float = 1e-5
+  warmup_fraction: float = 0.0
+  weight_decay: float = 0.0
+  adam_b1: float = 0.9
+  adam_b2: float = 0.999
+  optimizer: str = "adamw"
+  max_grad_norm: float | None = None
+  max_bad_steps: int = 3
+  logprob_chunk: int = 256
+  compute_dtype: str = "float32"
+  remat: str = "dots"
+  batch_size: int | None = None
+  batch_prompts: int | None = None
+  batch_tasks: int | None = None
+  gather_bucket: int | None = None
+
+  def __post_init__(self):
+    """Finite and in range: a negative clip norm would flip every gradient; a warm-up
+    fraction above 1 would never reach the peak rate."""
+    bad = lambda field, fix: _bad(TrainConfig, field, getattr(self, field), fix)
+    if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+      bad("learning_rate", "must be a finite number > 0")
+    if self.optimizer not in step_lib.OPTIMIZERS:
+      bad("optimizer", f"use one of {step_lib.OPTIMIZERS}")
+    if not 0 <= self.warmup_fraction <= 1:
+      bad("warmup_fraction", "must be in [0, 1] (a share of the steps)")
+    if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+      bad("weight_decay", "must be a finite number >= 0")
+    for field in ("adam_b1", "adam_b2"):
+      if not 0 <= getattr(self, field) < 1:
+        bad(field, "must be in [0, 1) (e.g. 0.9 and 0.999)")
+    norm = self.max_grad_norm
+    if norm is not None and not (math.isfinite(norm) and norm >= 0):
+      bad("max_grad_norm", "must be a finite norm > 0, or 0 for no clipping")
+    if self.max_bad_steps < 1:
+      bad("max_bad_steps", "must be >= 1 (3 is a good default)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """The `checkpoint` block: save every `every` steps, keep the newest `keep`."""
+
+  every: int = 10
+  keep: int = 3
+
+  def __post_init__(self):
+    if self.every < 1:
+      _bad(CheckpointConfig, "every", self.every, "must be >= 1 step")
+    if self.keep < 1:
+      _bad(CheckpointConfig, "keep", self.keep, "must be >= 1 checkpoint")
+
+
+def _bad(cls, field: str, value, fix: str):
+  raise ValueError(f"{cls.__name__}.{field}={value!r}: {fix}")
+
+
+def train_config(cfg) -> TrainConfig:
+  """The `train` block as a TrainConfig (errors name `config.train.<field>`)."""
+  return from_block(TrainConfig, cfg.train, "train")
+
+
 def check_loop_settings(cfg, min_steps: int = 1, steps_fix: str = "") -> None:
-  """Steps, checkpointing, the non-finite-step limit and the optimizer fields every
+  """The `train` and `checkpoint` blocks (their own checks) and the steps and seed every
   recipe's loop needs."""
-  if cfg.train.steps < min_steps:
-    fail("train.steps", cfg.train.steps, steps_fix or f"must be >= {min_steps}")
+  train = train_config(cfg)
+  if train.steps < min_steps:
+    fail("train.steps", train.steps, steps_fix or f"must be >= {min_steps}")
   if cfg.get("seed") is not None and cfg.seed < 0:
     fail("seed", cfg.seed, "must be >= 0")
-  if cfg.train.max_bad_steps < 1:
-    fail("train.max_bad_steps", cfg.train.max_bad_steps, "must be >= 1 (3 is a good default)")
-  if cfg.checkpoint.every < 1:
-    fail("checkpoint.every", cfg.checkpoint.every, "must be >= 1 step")
-  if cfg.checkpoint.keep < 1:
-    fail("checkpoint.keep", cfg.checkpoint.keep, "must be >= 1 checkpoint")
-  check_optimizer_settings(cfg)
+  from_block(CheckpointConfig, cfg.checkpoint, "checkpoint")
 
 
 def lora_config(cfg, always: bool = False) -> lora_lib.LoraConfig | None:
@@ -255,42 +321,21 @@ def weights_from_run(workdir: str, params, cfg):
   return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
 
 
-def check_optimizer_settings(cfg) -> None:
-  """The `train` block's optimizer fields: finite and in range (a negative clip norm would
-  flip every gradient; a warm-up fraction above 1 would never reach the peak rate)."""
-  t = cfg.train
-  if not (math.isfinite(t.learning_rate) and t.learning_rate > 0):
-    fail("train.learning_rate", t.learning_rate, "must be a finite number > 0")
-  if t.get("optimizer", "adamw") not in step_lib.OPTIMIZERS:
-    fail("train.optimizer", t.optimizer, f"use one of {step_lib.OPTIMIZERS}")
-  if not 0 <= t.warmup_fraction <= 1:
-    fail("train.warmup_fraction", t.warmup_fraction, "must be in [0, 1] (a share of the steps)")
-  if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
-    fail("train.weight_decay", t.weight_decay, "must be a finite number >= 0")
-  for field in ("adam_b1", "adam_b2"):
-    if not 0 <= t[field] < 1:
-      fail(f"train.{field}", t[field], "must be in [0, 1) (e.g. 0.9 and 0.999)")
-  if t.max_grad_norm is not None and not (math.isfinite(t.max_grad_norm) and t.max_grad_norm >= 0):
-    fail("train.max_grad_norm", t.max_grad_norm, "must be a finite norm > 0, or 0 for no clipping")
-
-
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):
   """AdamW of the `train` block, its schedule over `total_steps` optimizer steps.
 
   `learning_rate` overrides train.learning_rate (a PPO critic's own rate).
   """
-  t = cfg.train
-  rate = t.learning_rate if learning_rate is None else learning_rate
-  check_optimizer_settings(cfg)
+  t = train_config(cfg)
   return step_lib.make_optimizer(
-    learning_rate=rate,
+    learning_rate=t.learning_rate if learning_rate is None else learning_rate,
     total_steps=total_steps,
     warmup_fraction=t.warmup_fraction,
     weight_decay=t.weight_decay,
     b1=t.adam_b1,
     b2=t.adam_b2,
     max_grad_norm=t.max_grad_norm or None,
-    optimizer=t.get("optimizer", "adamw"),
+    optimizer=t.optimizer,
   )
 
 
