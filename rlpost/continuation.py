@@ -58,7 +58,7 @@ class Continuation:
   written: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config", "num_samples"))
+@functools.partial(jax.jit, static_argnames=("model_config", "config", "num_samples", "keep_cache"))
 def start(
   params,
   tokens_BxP,
@@ -70,9 +70,25 @@ def start(
   model_config: gemma3.Config,
   config: sampling.SamplingConfig,
   num_samples: int = 1,
-) -> tuple[sampling.SampleOutput, Continuation]:
+  keep_cache: bool = True,
+) -> tuple[sampling.SampleOutput, Continuation | None]:
   """`sampling.sample` (same arguments, the same SampleOutput bitwise), also returning the
-  Continuation a later turn extends. Returns (SampleOutput [B * G rows], Continuation)."""
+  Continuation a later turn extends. Returns (SampleOutput [B * G rows], Continuation);
+  with `keep_cache=False` (no later turn) the plain sampler's program runs and the
+  Continuation is None."""
+  if not keep_cache:
+    out = sampling.sample(
+      params,
+      tokens_BxP,
+      lengths_B,
+      key,
+      max_new_tokens,
+      row_ids,
+      model_config=model_config,
+      config=config,
+      num_samples=num_samples,
+    )
+    return out, None
   out, cache, valid, lengths, written = sampling.sample_with_cache(
     params,
     tokens_BxP,

@@ -776,7 +776,7 @@ class _History(NamedTuple):
 
 def _patch_sampler(patch, emit):
   """Replaces the rollout's sampler entry points (`continuation.start`, `extend`,
-  `take_rows`; `sampling.sample` for one-turn episodes) by `emit(contexts, row_ids, config, limit, key, params, model_config) ->
+  `take_rows`) by `emit(contexts, row_ids, config, limit, key, params, model_config) ->
   SampleOutput`, called with
   each row's whole context as a token list: the first prompt, or the last context plus
   the kept tokens and the new ones."""
@@ -804,8 +804,6 @@ def _patch_sampler(patch, emit):
   patch.setattr(multiturn.continuation, "extend", later)
   patch.setattr(multiturn.continuation, "take_rows", take)
   patch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
-  # one-turn episodes call the plain sampler: the same stand-in, without its cache
-  patch.setattr(multiturn.sampling, "sample", lambda *a, **k: first(*a, **k)[0])
 
 
 def reprefilling(width: int):

@@ -294,6 +294,20 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
     config=sc,
     num_samples=2,
   )
+  plain, none = continuation.start(
+    PARAMS,
+    tokens,
+    lengths,
+    jax.random.key(1),
+    None,
+    ids,
+    model_config=CONFIG,
+    config=sc,
+    num_samples=2,
+    keep_cache=False,
+  )
+  assert none is None  # no later turn: the plain sampler, bitwise the same turn
+  chex.assert_trees_all_equal(plain, out)
   histories = [list(prompts[r // 2]) for r in range(4)]
   for turn in (1, 2):
     kept = rng.integers(1, 7, 4)

@@ -5,9 +5,9 @@ of the jitted sampler; its context is the row's first prompt followed by
 everything since (sampled tokens and observation tokens, exactly as they were
 produced: nothing is decoded and re-encoded, no chat template is re-applied).
 Turn 0 is `continuation.start` (the single-turn sampler that also returns its
-cache; one-turn episodes, a prompt dataset's, take `sampling.sample` itself); a later
-turn continues the row's KV cache (`continuation.extend`): only the new observation
-tokens are prefilled. The sampled text is decoded only to give it to the environment.
+cache; for one-turn episodes, a prompt dataset's, the plain sampler without one); a
+later turn continues the row's KV cache (`continuation.extend`): only the new
+observation tokens are prefilled. The sampled text is decoded only to give it to the environment.
 
   reset -> first prompt ids -> [sample turn -> cut at a stop string / budget
   -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
@@ -336,10 +336,7 @@ def _first_turn(calls: _Calls, prompts, key, limit):
   single-turn sampler call; `limit` None when the cap is the turn cap). Returns
   (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
   tokens, lengths = sampling.pad_prompts(prompts, calls.sc, calls.longest)
-  # One-turn episodes (a prompt dataset) need no cache: the plain sampler, bitwise the
-  # same tokens and logprobs as `continuation.start`'s.
-  sample = sampling.sample if calls.one_call else continuation.start
-  out = sample(
+  out, cont = continuation.start(
     calls.params,
     tokens,
     lengths,
@@ -349,8 +346,8 @@ def _first_turn(calls: _Calls, prompts, key, limit):
     model_config=calls.model_config,
     config=calls.sc,
     num_samples=calls.G,
+    keep_cache=not calls.one_call,  # one-turn episodes (a prompt dataset): no later turn
   )
-  out, cont = (out, None) if calls.one_call else out
   out = jax.device_get(out)
   n = len(calls.ids)
   rows = [(out.tokens[i, : out.lengths[i]], out.logprobs[i, : out.lengths[i]]) for i in range(n)]
