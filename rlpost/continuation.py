@@ -76,30 +76,11 @@ def start(
   Continuation a later turn extends. Returns (SampleOutput [B * G rows], Continuation);
   with `keep_cache=False` (no later turn) the plain sampler's program runs and the
   Continuation is None."""
+  args = (params, tokens_BxP, lengths_B, key, max_new_tokens, row_ids)
+  settings = {"model_config": model_config, "config": config, "num_samples": num_samples}
   if not keep_cache:
-    out = sampling.sample(
-      params,
-      tokens_BxP,
-      lengths_B,
-      key,
-      max_new_tokens,
-      row_ids,
-      model_config=model_config,
-      config=config,
-      num_samples=num_samples,
-    )
-    return out, None
-  out, cache, valid, lengths, written = sampling.sample_with_cache(
-    params,
-    tokens_BxP,
-    lengths_B,
-    key,
-    max_new_tokens,
-    row_ids,
-    model_config=model_config,
-    config=config,
-    num_samples=num_samples,
-  )
+    return sampling.sample(*args, **settings), None
+  out, cache, valid, lengths, written = sampling.sample_with_cache(*args, **settings)
   P = tokens_BxP.shape[1]
   return out, Continuation(cache, valid, jnp.asarray(P, jnp.int32), lengths, out.tokens, written)
 

@@ -283,7 +283,7 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
   prompts = [list(rng.integers(3, CONFIG.vocab_size, n)) for n in (3, 9)]
   tokens, lengths = sampling.pad_prompts(prompts, sc)
   ids = jnp.arange(4, dtype=jnp.int32) + 10
-  out, state = continuation.start(
+  start = lambda keep: continuation.start(
     PARAMS,
     tokens,
     lengths,
@@ -293,19 +293,10 @@ def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperatur
     model_config=CONFIG,
     config=sc,
     num_samples=2,
+    keep_cache=keep,
   )
-  plain, none = continuation.start(
-    PARAMS,
-    tokens,
-    lengths,
-    jax.random.key(1),
-    None,
-    ids,
-    model_config=CONFIG,
-    config=sc,
-    num_samples=2,
-    keep_cache=False,
-  )
+  out, state = start(True)
+  plain, none = start(False)
   assert none is None  # no later turn: the plain sampler, bitwise the same turn
   chex.assert_trees_all_equal(plain, out)
   histories = [list(prompts[r // 2]) for r in range(4)]
