@@ -25,8 +25,9 @@ Where things live (one job per module; floors in tests/test_layering.py):
                dataset or an environment, a learner from learners.LEARNERS), sft, dpo, eval;
                their helpers: learners (grpo, ppo: a new learner is an entry there), rollout
                (sampler weights, off-policy schedule), reports (metrics, transcripts),
-               supervised_run (what sft and dpo share), common (config blocks, model,
-               optimizer). No recipe imports another.
+               blocks (typed config blocks), supervised_run (what sft and dpo share),
+               common (from_block, train / checkpoint blocks, model, optimizer). No
+               recipe imports another.
   errors.py    UsageError and its kinds: what the mains print as one FATAL line
 
 Shape suffixes on names at public boundaries (`tokens_BxS`, `logp_BxT`):
