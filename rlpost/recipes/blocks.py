@@ -13,13 +13,10 @@ import math
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.models import quant
+from rlpost.recipes import common
 from rlpost.text import tool_syntax
 
 SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
-
-
-def _fail(cls, field: str, value, fix: str):
-  raise ValueError(f"{cls.__name__}.{field}={value!r}: {fix}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +35,17 @@ class DataConfig:
 
   def __post_init__(self):
     if self.source not in tasks_lib.SOURCES:
-      _fail(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
+      common.field_error(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
     if self.source == "digit":
       tasks_lib.check_digit(self.digit)
     if self.fewshot < 0:
-      _fail(DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt")
+      common.field_error(
+        DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt"
+      )
     if self.template not in prompts_lib.TEMPLATES:
-      _fail(DataConfig, "template", self.template, f"use one of {prompts_lib.TEMPLATES}")
+      common.field_error(
+        DataConfig, "template", self.template, f"use one of {prompts_lib.TEMPLATES}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +63,15 @@ class SamplingBlock:
 
   def __post_init__(self):
     if not math.isfinite(self.temperature):  # the sampler refuses it, after the model loads
-      _fail(SamplingBlock, "temperature", self.temperature, "must be a finite number (e.g. 1.0)")
+      common.field_error(
+        SamplingBlock, "temperature", self.temperature, "must be a finite number (e.g. 1.0)"
+      )
     if self.prompt_bucket < 1:
-      _fail(SamplingBlock, "prompt_bucket", self.prompt_bucket, "must be >= 1")
+      common.field_error(SamplingBlock, "prompt_bucket", self.prompt_bucket, "must be >= 1 token")
     if self.max_new_tokens is not None and self.max_new_tokens < 1:
-      _fail(SamplingBlock, "max_new_tokens", self.max_new_tokens, "must be >= 1 token")
+      common.field_error(SamplingBlock, "max_new_tokens", self.max_new_tokens, "must be >= 1 token")
     if self.weights not in SAMPLER_WEIGHTS:
-      _fail(SamplingBlock, "weights", self.weights, f"use one of {SAMPLER_WEIGHTS}")
+      common.field_error(SamplingBlock, "weights", self.weights, f"use one of {SAMPLER_WEIGHTS}")
     if self.int8_paths != "auto":  # a typo fails even before it is used
       quant.parse_paths(self.int8_paths)
 
@@ -86,11 +89,13 @@ class EvalConfig:
 
   def __post_init__(self):
     if self.every < 0:
-      _fail(EvalConfig, "every", self.every, "must be >= 0 iterations (0: no evaluation)")
+      common.field_error(
+        EvalConfig, "every", self.every, "must be >= 0 iterations (0: no evaluation)"
+      )
     if self.num_tasks < 1:
-      _fail(EvalConfig, "num_tasks", self.num_tasks, "must be >= 1 held-out task")
+      common.field_error(EvalConfig, "num_tasks", self.num_tasks, "must be >= 1 held-out task")
     if self.batch_tasks < 0:
-      _fail(
+      common.field_error(
         EvalConfig, "batch_tasks", self.batch_tasks, "must be >= 0 (0: all tasks in one rollout)"
       )
 
@@ -105,9 +110,13 @@ class LogConfig:
 
   def __post_init__(self):
     if self.trajectories_every < 0:  # -1 would write them every iteration
-      _fail(LogConfig, "trajectories_every", self.trajectories_every, "must be >= 0 (0: never)")
+      common.field_error(
+        LogConfig, "trajectories_every", self.trajectories_every, "must be >= 0 (0: never)"
+      )
     if self.trajectories_logged < 0:  # -1 would keep all but the last
-      _fail(LogConfig, "trajectories_logged", self.trajectories_logged, "must be >= 0 episodes")
+      common.field_error(
+        LogConfig, "trajectories_logged", self.trajectories_logged, "must be >= 0 episodes"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +130,7 @@ class ToolsConfig:
   def __post_init__(self):
     marker = len(tool_syntax.TRUNCATION_MARKER)
     if self.max_result_chars < marker:
-      _fail(
+      common.field_error(
         ToolsConfig,
         "max_result_chars",
         self.max_result_chars,

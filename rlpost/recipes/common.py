@@ -95,7 +95,7 @@ class TrainConfig:
   def __post_init__(self):
     """Finite and in range: a negative clip norm would flip every gradient; a warm-up
     fraction above 1 would never reach the peak rate."""
-    bad = lambda field, fix: _bad(TrainConfig, field, getattr(self, field), fix)
+    bad = lambda field, fix: field_error(TrainConfig, field, getattr(self, field), fix)
     if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
       bad("learning_rate", "must be a finite number > 0")
     if self.optimizer not in step_lib.OPTIMIZERS:
@@ -123,12 +123,14 @@ class CheckpointConfig:
 
   def __post_init__(self):
     if self.every < 1:
-      _bad(CheckpointConfig, "every", self.every, "must be >= 1 step")
+      field_error(CheckpointConfig, "every", self.every, "must be >= 1 step")
     if self.keep < 1:
-      _bad(CheckpointConfig, "keep", self.keep, "must be >= 1 checkpoint")
+      field_error(CheckpointConfig, "keep", self.keep, "must be >= 1 checkpoint")
 
 
-def _bad(cls, field: str, value, fix: str):
+def field_error(cls, field: str, value, fix: str):
+  """Raises the ValueError a config dataclass's `__post_init__` gives for a bad field,
+  "Cls.field=value: fix" (`from_block` turns it into "config.block.field=value: fix")."""
   raise ValueError(f"{cls.__name__}.{field}={value!r}: {fix}")
 
 

@@ -83,10 +83,10 @@ class Setup:
   """Everything static about a run, from the ConfigDict (`check_config`; `build` adds the
   parts that need the tokenizer or the data: `turns`, `sampling`, `greedy`).
 
-  learner / settings: the LEARNERS name and its settings. source: PROMPTS | ENV;
-  tasks_field: the `train` field counting a batch's tasks; num_generations: episodes
-  per task. rollout: the data source's rollout block (dynamic sampling, overlong
-  penalty; an environment's: the defaults). template, shuffle: the data source's
+  learner / settings: the LEARNERS name and its settings (`forward` and
+  `num_generations`, episodes per task, derive from them). source: PROMPTS | ENV;
+  tasks_field: the `train` field counting a batch's tasks. rollout: the data source's
+  rollout block (dynamic sampling, overlong penalty; an environment's: the defaults). template, shuffle: the data source's
   prompt template and order. eval_*: greedy held-out episodes (an environment's).
   """
 
@@ -95,8 +95,6 @@ class Setup:
   source: str
   tasks_field: str
   batch_tasks: int
-  num_generations: int
-  forward: policy.ForwardConfig
   rollout: rollout_lib.RolloutConfig
   max_staleness: int | None
   temperature: float
@@ -119,6 +117,16 @@ class Setup:
   @property
   def spec(self) -> learners_lib.LearnerSpec:
     return learners_lib.LEARNERS[self.learner]
+
+  @property
+  def forward(self) -> policy.ForwardConfig:
+    """The trainer's forward (the learner's); the sampler's model config is its `model`."""
+    return self.settings.forward
+
+  @property
+  def num_generations(self) -> int:
+    """Episodes per task: the learner's samples per task (G; PPO: 1)."""
+    return self.spec.samples_per_task(self.settings)
 
 
 class Tasks(NamedTuple):
@@ -195,8 +203,6 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     source=PROMPTS,
     tasks_field="train.batch_prompts",
     batch_tasks=cfg.train.batch_prompts,
-    num_generations=spec.samples_per_task(settings),
-    forward=settings.forward,
     rollout=r,
     max_staleness=r.max_staleness,
     temperature=s.temperature,
@@ -268,8 +274,6 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     source=ENV,
     tasks_field="train.batch_tasks",
     batch_tasks=t.batch_tasks,
-    num_generations=spec.samples_per_task(settings),
-    forward=settings.forward,
     rollout=rollout_lib.RolloutConfig(),
     max_staleness=cfg.max_staleness,
     temperature=s.temperature,
