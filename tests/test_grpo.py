@@ -1,5 +1,6 @@
 """GRPO end to end on the tiny model: learning, first-step invariants, exact resume, config errors."""
 
+import json
 import os
 import signal
 import subprocess
@@ -9,13 +10,6 @@ import time
 import jax
 import numpy as np
 import pytest
-
-from experiments import cli
-from experiments.configs import grpo_gsm8k
-from rlpost.models import policy
-from rlpost.data import tasks as tasks_lib
-from rlpost.recipes import rl
-from rlpost.train import checkpoint
 import real_models
 from conftest import (
   GSM8K_DIR,
@@ -26,6 +20,15 @@ from conftest import (
   run_metrics,
   with_overrides,
 )
+
+from experiments import cli
+from experiments.configs import grpo_gsm8k
+from rlpost import errors
+from rlpost.data import tasks as tasks_lib
+from rlpost.envs import single_turn
+from rlpost.models import policy
+from rlpost.recipes import rl
+from rlpost.train import checkpoint
 
 
 def _config(variant="tiny", **overrides):
@@ -378,8 +381,10 @@ def test_an_old_field_name_on_the_command_line_names_its_new_place(variant, old,
     (["--config.train.steps=abc"], "flag --config.train.steps=abc: invalid literal for int()"),
     (
       ["--config=experiments/configs/grpo_gsm8k.py:tiny,nosuch"],
-      "flag --config=experiments/configs/grpo_gsm8k.py:tiny,nosuch: Unknown variant part(s) "
-      "['nosuch']; models:",
+      (
+        "flag --config=experiments/configs/grpo_gsm8k.py:tiny,nosuch: Unknown variant part(s) "
+        "['nosuch']; models:"
+      ),
     ),
     (
       ["--config=experiments/configs/nosuch.py:tiny"],
@@ -587,6 +592,114 @@ def test_tiny_model_runs_the_math_pipeline(tmp_path):
     assert np.isfinite(record[name]), name
   # A random model never closes the tags: the approximate-format reward is negative.
   assert record["reward/match_format_approximately"] < 0
+
+
+@pytest.mark.slow
+def test_a_prompt_file_with_its_reward_function_trains_as_the_built_in_task(straight_run, tmp_path):
+  """The digit task written as a JSONL prompt file (its prompts, answers as numbers) and
+  its reward named as MODULE:FUNCTION: the first two steps of the SHORT run give the
+  built-in digit task's metrics exactly (the shared straight run), bar the accuracy
+  flags a prompt file does not have. Mutations caught: the file's answers not passed to
+  the reward function (digit_count counts "" instead of "7"), and the chat template's
+  system text put around a plain prompt."""
+  digit = _config("tiny").data.digit
+  path = tmp_path / "prompts.jsonl"
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(
+      json.dumps({"prompt": problem.question, "answer": int(digit)}) + "\n"
+      for problem in tasks_lib.load_task(_config("tiny").data).problems
+    )
+  file_run = {
+    "data.source": "jsonl",
+    "data.path": str(path),
+    "data.rewards": "rlpost.rewards.digit:digit_count",
+  }
+  cfg = _config("tiny", **SHORT, **file_run)
+  rl.run(cfg, str(tmp_path / "run"), stop_after=2)
+  _, straight_dir = straight_run({})
+  want = _without(_metrics(straight_dir)[:2], "answer_accuracy")
+  assert _metrics(tmp_path / "run") == want
+
+
+@pytest.mark.parametrize(
+  "overrides,match",
+  [
+    (
+      {"data.path": "x.jsonl"},
+      r"config\.data\.path='x\.jsonl': is read only with data\.source='jsonl'",
+    ),
+    ({"data.source": "jsonl"}, r"config\.data\.path='': data\.source='jsonl' needs a prompt file"),
+    (
+      {"data.source": "jsonl", "data.path": "/no/such.jsonl"},
+      r"config\.data\.path='/no/such\.jsonl': no such file",
+    ),
+    (
+      {"data.source": "jsonl", "data.path": __file__},
+      r"config\.data\.rewards='': name at least one",
+    ),
+    (
+      {"data.source": "jsonl", "data.path": __file__, "data.rewards": "rlpost.rewards.digit"},
+      r"config\.data\.rewards='rlpost\.rewards\.digit': 'rlpost\.rewards\.digit' is not MODULE:FUNCTION",
+    ),
+    (
+      {"data.source": "jsonl", "data.path": __file__, "data.rewards": "no_such_mod:f"},
+      r"module 'no_such_mod' does not import",
+    ),
+    (
+      {"data.source": "jsonl", "data.path": __file__, "data.rewards": "rlpost.rewards.digit:nope"},
+      r"rlpost\.rewards\.digit has no function 'nope'",
+    ),
+    (
+      {
+        "data.source": "jsonl",
+        "data.path": __file__,
+        "data.rewards": "rlpost.rewards.digit:digit_count",
+        "data.template": "fewshot",
+      },
+      r"config\.data\.template='fewshot': shows GSM8K's solved examples",
+    ),
+  ],
+)
+def test_prompt_file_settings_fail_naming_the_field(overrides, match):
+  with pytest.raises(errors.ConfigError, match=match):
+    rl.check_config(_config("tiny", **overrides))
+
+
+def test_a_prompt_files_chat_prompt_is_its_text_alone_in_a_user_turn(tmp_path):
+  """The chat template shows a prompt file's text without GSM8K's system text, and the
+  reward functions see the record's answer. Mutation caught: the task keeping the
+  GSM8K system text."""
+  path = tmp_path / "prompts.jsonl"
+  path.write_text('{"prompt": "Name a prime.", "answer": 7}\n')
+  data = _config("tiny", **{"data.source": "jsonl", "data.path": str(path)}).data
+  with data.unlocked():
+    data.rewards = "rlpost.rewards.digit:digit_count"
+  task = tasks_lib.load_task(data)
+  env, kind = single_turn.make_env(task, "chat")
+  state, observation = env.reset(task.problems[0], 0)
+  assert (kind, observation) == ("chat", "Name a prime.")
+  assert env.step(state, "7 or 77").reward == 3.0  # digit_count of the answer "7"
+
+
+@pytest.mark.parametrize(
+  "lines,match",
+  [
+    (['{"prompt": "a"}', '{"answer": "1"}'], r"prompts\.jsonl:2: missing field 'prompt'"),
+    (
+      ['{"prompt": "a", "answer": [1]}'],
+      r"prompts\.jsonl:1: field 'answer' must be a string or a number",
+    ),
+    (["", "  "], r"prompts\.jsonl: holds no prompts"),
+  ],
+)
+def test_prompt_file_errors_name_the_line(lines, match, tmp_path):
+  path = tmp_path / "prompts.jsonl"
+  path.write_text("\n".join(lines))
+  with pytest.raises(ValueError, match=match):
+    tasks_lib.load_prompts(str(path))
+  if len(lines) == 2 and "prompt" in lines[0]:  # the good line alone loads, answer ""
+    path.write_text(lines[0])
+    assert tasks_lib.load_prompts(str(path))[0].final == ""
 
 
 @pytest.fixture(scope="module")

@@ -59,3 +59,21 @@ def gsm8k_eval_config() -> ml_collections.ConfigDict:
       "pass_temperature": 0.8,  # their sampling temperature
     }
   )
+
+
+def prompt_data(tiny: bool) -> ml_collections.ConfigDict:
+  """The `data` block of the GRPO and PPO configs (rlpost.recipes.blocks.DataConfig)."""
+  return ml_collections.ConfigDict(
+    {
+      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit | jsonl
+      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
+      "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
+      "fewshot": 2,  # solved examples in the fewshot prompt
+      "shuffle": True,
+      "digit": "7",  # the "digit" task's target answer
+      # source jsonl: a file of {"prompt": ..., "answer": ...} lines, scored by the
+      # comma-separated MODULE:FUNCTION reward functions (e.g. rlpost.rewards.digit:digit_count)
+      "path": "",
+      "rewards": "",
+    }
+  )

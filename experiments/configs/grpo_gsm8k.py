@@ -84,16 +84,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.lora = common.lora_config(enabled=not tiny, rank=32)
   c.algo = algorithm(algo)
   c.rollout = _rollout(algo)
-  c.data = ml_collections.ConfigDict(
-    {
-      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit
-      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
-      "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
-      "fewshot": 2,  # solved examples in the fewshot prompt
-      "shuffle": True,
-      "digit": "7",  # the "digit" task's target answer
-    }
-  )
+  c.data = common.prompt_data(tiny)
   c.sampling = ml_collections.ConfigDict(
     {
       "temperature": 1.0 if tiny else 0.9,

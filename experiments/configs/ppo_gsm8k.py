@@ -73,16 +73,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "max_staleness": placeholder(int),
     }
   )
-  c.data = ml_collections.ConfigDict(
-    {
-      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit
-      "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
-      "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
-      "fewshot": 2,
-      "shuffle": True,
-      "digit": "7",
-    }
-  )
+  c.data = common.prompt_data(tiny)
   c.sampling = ml_collections.ConfigDict(
     {
       "temperature": 1.0 if tiny else 0.9,

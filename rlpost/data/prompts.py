@@ -30,10 +30,13 @@ def completion_prefix(template: str) -> str:
   return f"{REASONING_START}\n" if template == "fewshot" else ""
 
 
-def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str:
-  """The text fed to the tokenizer (BOS is added by encode)."""
+def prompt_text(
+  problem: Problem, template: str, examples: list[Problem], system: str = SYSTEM_PROMPT
+) -> str:
+  """The text fed to the tokenizer (BOS is added by encode); `system`: the chat template's
+  system text ("": none)."""
   if template == "chat":
-    return tokenizer_lib.chat_prompt(problem.question, system=SYSTEM_PROMPT)
+    return tokenizer_lib.chat_prompt(problem.question, system=system or None)
   if template == "fewshot":
     return fewshot_prompt(problem, examples)
   if template == "plain":
@@ -41,15 +44,17 @@ def prompt_text(problem: Problem, template: str, examples: list[Problem]) -> str
   raise ValueError(f"data.template={template!r} is not one of {TEMPLATES}")
 
 
-def prompt_observation(problem: Problem, template: str, examples: list[Problem]) -> tuple[str, str]:
+def prompt_observation(
+  problem: Problem, template: str, examples: list[Problem], system: str = SYSTEM_PROMPT
+) -> tuple[str, str]:
   """(scaffold, text): the prompt as environment text inside a `rlpost.text.scaffold`.
 
-  chat: the system text and the question in one user turn; fewshot / plain: the
-  whole text after BOS.
+  chat: the system text (if any) and the question in one user turn; fewshot / plain:
+  the whole text after BOS.
   """
   if template == "chat":
-    return "chat", f"{SYSTEM_PROMPT}\n\n{problem.question}"
-  return "plain", prompt_text(problem, template, examples)
+    return "chat", f"{system}\n\n{problem.question}" if system else problem.question
+  return "plain", prompt_text(problem, template, examples, system)
 
 
 def prompt_ids(problem: Problem, template: str, examples: list[Problem], tokenizer) -> list[int]:

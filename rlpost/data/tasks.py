@@ -3,12 +3,14 @@
 from typing import NamedTuple
 
 from rlpost import errors
+from rlpost import rewards
 from rlpost.data import arithmetic
 from rlpost.data import gsm8k
+from rlpost.data import jsonl
 from rlpost.rewards import digit as digit_rewards
 from rlpost.rewards import gsm8k as gsm8k_rewards
 
-SOURCES = ("gsm8k", "arithmetic", "digit")
+SOURCES = ("gsm8k", "arithmetic", "digit", "jsonl")
 
 
 class Task(NamedTuple):
@@ -16,6 +18,7 @@ class Task(NamedTuple):
   reward_fns: dict  # name -> (prompts, completions, answers) -> list[float]
   accuracy_fns: dict  # metric name -> (completion, answer) -> bool
   examples: list  # few-shot exemplars (never trained on)
+  system: str = gsm8k.SYSTEM_PROMPT  # the chat template's system text ("": none)
 
 
 MATH_ACCURACY = {
@@ -33,9 +36,33 @@ def check_digit(digit) -> None:
     )
 
 
+def load_prompts(path: str) -> list[gsm8k.Problem]:
+  """The prompts of a JSONL file, one `{"prompt": str, "answer": str | number}` object per
+  line ("answer" optional, default ""; it is what reward functions get as the answer):
+  Problem(question=prompt, answer=answer, final=answer). Errors name `path:line`."""
+  problems = []
+  for where, record in jsonl.read_jsonl(path):
+    prompt = jsonl.require_str(record, "prompt", where)
+    answer = record.get("answer", "")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+      answer = str(answer)
+    if not isinstance(answer, str):
+      raise ValueError(
+        f"{where}: field 'answer' must be a string or a number, got "
+        f"{type(answer).__name__} {str(answer)[:60]!r}"
+      )
+    problems.append(gsm8k.Problem(question=prompt, answer=answer, final=answer))
+  if not problems:
+    raise ValueError(f"{path}: holds no prompts; write one JSON object per line")
+  return problems
+
+
 def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
-  """Builds the task named by `data_cfg.source` (see configs/grpo_gsm8k.py)."""
+  """Builds the task named by `data_cfg.source` (see configs/grpo_gsm8k.py): a JSONL
+  file's prompts (`data.path`) are scored by `data.rewards` and have no accuracy flags."""
   source = data_cfg.source
+  if source == "jsonl":
+    return Task(load_prompts(data_cfg.path), rewards.load_reward_fns(data_cfg.rewards), {}, [], "")
   if source == "digit":
     check_digit(data_cfg.digit)
     return Task(

@@ -15,15 +15,15 @@ from rlpost.envs import protocol
 
 def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
   """(env, scaffold template) of `task` under a data template (fewshot | chat | plain)."""
-  kind, _ = prompts_lib.prompt_observation(task.problems[0], template, task.examples)
+  kind, _ = prompts_lib.prompt_observation(task.problems[0], template, task.examples, task.system)
   prefix = prompts_lib.completion_prefix(template)
 
   def reset(problem, seed: int):
     del seed  # nothing random in a fixed prompt
-    return problem, prompts_lib.prompt_observation(problem, template, task.examples)[1]
+    return problem, prompts_lib.prompt_observation(problem, template, task.examples, task.system)[1]
 
   def step(problem, text: str) -> protocol.Step:
-    prompt = prompts_lib.prompt_text(problem, template, task.examples)
+    prompt = prompts_lib.prompt_text(problem, template, task.examples, task.system)
     reward, info = score(task, prompt, prefix + text, problem.final)
     return protocol.Step(problem, "", reward, True, info)
 

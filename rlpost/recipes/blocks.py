@@ -9,7 +9,9 @@ from their own dataclasses: `algo` (`rl.objectives`), `rollout` (`rollout.Rollou
 
 import dataclasses
 import math
+import os
 
+from rlpost import rewards as rewards_lib
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.models import quant
@@ -24,7 +26,8 @@ class DataConfig:
   """A prompt dataset (`data` block of the GRPO and PPO configs): `source` (one of
   `data.tasks.SOURCES`), `data_dir` (GSM8K jsonl dir; "": the hub), `template` (one of
   `data.prompts.TEMPLATES`), `fewshot` solved examples, `shuffle` each epoch, `digit`
-  (the digit task's target)."""
+  (the digit task's target), `path` (the jsonl source's prompt file) and `rewards` (its
+  reward functions, comma-separated MODULE:FUNCTION)."""
 
   source: str = "gsm8k"
   data_dir: str = ""
@@ -32,12 +35,26 @@ class DataConfig:
   fewshot: int = 2
   shuffle: bool = True
   digit: str = "7"
+  path: str = ""
+  rewards: str = ""
 
   def __post_init__(self):
     if self.source not in tasks_lib.SOURCES:
       common.field_error(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
     if self.source == "digit":
       tasks_lib.check_digit(self.digit)
+    if self.source == "jsonl":
+      self._check_prompt_file()
+    else:
+      for field in ("path", "rewards"):
+        if getattr(self, field):
+          common.field_error(
+            DataConfig,
+            field,
+            getattr(self, field),
+            f"is read only with data.source='jsonl' (source is {self.source!r}): set "
+            f"source to 'jsonl' or clear {field}",
+          )
     if self.fewshot < 0:
       common.field_error(
         DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt"
@@ -45,6 +62,27 @@ class DataConfig:
     if self.template not in prompts_lib.TEMPLATES:
       common.field_error(
         DataConfig, "template", self.template, f"use one of {prompts_lib.TEMPLATES}"
+      )
+
+  def _check_prompt_file(self):
+    """The jsonl source's prompt file and reward functions, before any model loads."""
+    if not self.path:
+      common.field_error(
+        DataConfig, "path", "", "data.source='jsonl' needs a prompt file: --config.data.path=FILE"
+      )
+    if not os.path.isfile(self.path):
+      common.field_error(DataConfig, "path", self.path, "no such file; check the path")
+    try:
+      rewards_lib.load_reward_fns(self.rewards)
+    except ValueError as err:
+      common.field_error(DataConfig, "rewards", self.rewards, str(err))
+    if self.template == "fewshot":
+      common.field_error(
+        DataConfig,
+        "template",
+        self.template,
+        "shows GSM8K's solved examples and instructions, which a prompt file does not "
+        "have: use 'plain' (the prompt as written) or 'chat' (the prompt as a user turn)",
       )
 
 

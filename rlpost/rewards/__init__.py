@@ -12,6 +12,7 @@ a broken reward function stops training loudly instead of silently feeding
 zeros to the policy. Non-finite values and wrong lengths are errors too.
 """
 
+import importlib
 import math
 from typing import Callable, Sequence
 
@@ -70,3 +71,37 @@ def score(
     values, errors[name] = _score_one(fn, name, prompts, completions, answers, max_error_fraction)
     per_fn[name] = np.asarray(values, np.float32)
   return per_fn, errors
+
+
+def load_reward_fns(spec: str) -> dict[str, RewardFn]:
+  """The reward functions named by `spec`: comma-separated `MODULE:FUNCTION` references
+  (e.g. "rlpost.rewards.digit:digit_count,mypkg.rewards:length"), each imported and
+  keyed by its FUNCTION name (metrics `reward/<name>`), in the order given.
+
+  ValueError names the reference that does not resolve and how to write one.
+  """
+  example = "e.g. 'rlpost.rewards.digit:digit_count' (several: comma-separated)"
+  refs = [ref.strip() for ref in spec.split(",")]
+  if not spec.strip() or not all(refs):
+    raise ValueError(f"name at least one reward function as MODULE:FUNCTION, {example}")
+  fns = {}
+  for ref in refs:
+    module_name, colon, name = ref.partition(":")
+    if not (colon and module_name and name.isidentifier()):
+      raise ValueError(f"{ref!r} is not MODULE:FUNCTION; write {example}")
+    try:
+      module = importlib.import_module(module_name)
+    except ImportError as e:
+      raise ValueError(
+        f"{ref!r}: module {module_name!r} does not import ({e}); put it on PYTHONPATH"
+      ) from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+      raise ValueError(
+        f"{ref!r}: {module_name} has no function {name!r}; a reward function is "
+        "(prompts, completions, answers) -> list[float]"
+      )
+    if name in fns:
+      raise ValueError(f"{ref!r}: a second reward function named {name!r} (metrics key on it)")
+    fns[name] = fn
+  return fns
