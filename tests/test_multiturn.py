@@ -21,7 +21,7 @@ from rlpost.envs import frozenlake
 from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
-from rlpost.text import scaffold
+from rlpost.text import scaffold, tool_syntax
 from rlpost.models import loading
 from rlpost.models import policy
 from rlpost.text import tokenizer as tokenizer_lib
@@ -857,6 +857,90 @@ def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(tempera
   )
   got = run()
   assert max(len(e.texts) for e in got.episodes) == 3
+  with pytest.MonkeyPatch.context() as patch:
+    _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+    want = run()
+  assert_same_rollouts(got, want)
+
+
+CALL = "<tool>calculator: 48/2</tool>"  # 29 bytes; the turns sample 32
+
+
+CALC_TASK = tasks.Task([NATALIA], gsm8k_rewards.REWARD_FNS, tasks.MATH_ACCURACY, [])
+
+
+@pytest.fixture(scope="module")
+def calling_params():
+  """The tiny model after 60 Adam steps teaching it to write CALL after the calculator
+  environment's prompt for NATALIA (teacher-forced next-token loss on CALL's bytes): a
+  random tiny model never calls the tool, so its episodes would end after one turn."""
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from rlpost.models import gemma3  # pylint: disable=g-import-not-at-top
+  from rlpost.ops import masks  # pylint: disable=g-import-not-at-top
+
+  env = gsm8k_calc.make_env(CALC_TASK, fewshot=0, max_turns=3)
+  prompt_ids = scaffold.prompt_ids(TOK, "plain", env.reset(NATALIA, 0)[1])
+  call = scaffold.text_ids(TOK, CALL)
+  ids = np.asarray([prompt_ids + call], np.int32)
+  positions = np.arange(ids.shape[1])[None]
+  mask = masks.causal_attention_mask(np.ones_like(ids))
+  targets = np.arange(len(prompt_ids) - 1, ids.shape[1] - 1)  # positions predicting CALL
+
+  def loss(p):
+    logits, _ = gemma3.forward(p, ids, positions, mask, config=CONFIG)
+    logp = jax.nn.log_softmax(logits[0, targets])
+    return -logp[np.arange(len(call)), np.asarray(call)].mean()
+
+  opt = optax.adam(1e-2)
+
+  @jax.jit
+  def train(p):
+    def step(carry, _):
+      p, s = carry
+      updates, s = opt.update(jax.grad(loss)(p), s, p)
+      return (optax.apply_updates(p, updates), s), None
+
+    return jax.lax.scan(step, (p, opt.init(p)), length=60)[0][0]
+
+  params = train(gemma3.init_params(jax.random.key(0), CONFIG))
+  return params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_calculator_rollouts_continuing_the_cache_equal_reprefilled_ones(
+  temperature, calling_params
+):
+  """GSM8K with the calculator on the tiny model taught to call it (`calling_params`):
+  the first turn calls the tool and stops at its closing tag, two bytes before the turn's
+  cap (the cache holds sampled tokens the stream drops), the result is the next
+  observation; the continued rollout equals the re-prefilling one as in the FrozenLake
+  test. Over 20 s: the teaching steps and the tiny sampler's programs for a 571-token
+  prompt. Mutation caught (the FrozenLake test keeps every sampled token, so it cannot):
+  `continuation._with_last_token` counting every written token as kept
+  (`in_cache = state.written`: the tokens after the stop string stay in the cache)."""
+  env = gsm8k_calc.make_env(CALC_TASK, fewshot=0, max_turns=3)
+  sc = dataclasses.replace(_sampling_config(32), temperature=temperature)
+  turns = multiturn.TurnConfig("plain", 32, 160, fixed_shapes=temperature == 0)
+  run = lambda: multiturn.rollout(
+    calling_params,
+    env,
+    [NATALIA] * 2,
+    [3, 4],
+    jax.random.key(7),
+    tokenizer=TOK,
+    model_config=CONFIG,
+    sampling_config=sc,
+    turns=turns,
+    num_generations=2,
+  )
+  got = run()
+  texts = [e.texts for e in got.episodes]
+  if temperature == 0:
+    assert all(t[0] == CALL and len(t) >= 2 for t in texts), texts
+  assert any(t[0].endswith(tool_syntax.CALL_CLOSE) for t in texts), texts  # cut at the stop
+  assert sum(len(t) for t in texts) >= len(texts) + 2, texts  # later turns continue the cache
   with pytest.MonkeyPatch.context() as patch:
     _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
     want = run()
