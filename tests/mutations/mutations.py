@@ -39,6 +39,14 @@ MUTATIONS = [
     why="a later turn's new tokens placed as if the kept tokens of the last were not there",
   ),
   dict(
+    name="continued_turn_keeps_tokens_after_the_stop",
+    path="rlpost/continuation.py",
+    old="  in_cache = jnp.minimum(kept_B, state.written)\n",
+    new="  in_cache = jnp.broadcast_to(state.written, kept_B.shape)\n",
+    tests=["tests/test_multiturn.py"],
+    why="the tokens a stop string cut from a turn stay in the cache the next turn reads",
+  ),
+  dict(
     name="sampler_stop_token_not_kept",
     path="rlpost/sampling.py",
     old="  stops_before = jnp.cumsum(is_stop, axis=-1) - is_stop\n",
