@@ -428,21 +428,23 @@ def unstack_layers(params: Params) -> Params:
   the sampler's decode loop a scan slices every weight out of its stack (a
   copy) at every step, ~25% of a batch-8 decode step on XLA:CPU; and at decode
   batch sizes one [D, 2F] matmul streams its weights faster than two [D, F]
-  ones. Call it once, outside the loop (it copies the layer weights once).
+  ones. Call it once, outside the loop (it copies the layer weights once). The stacks
+  are fused before they are sliced: one concatenation per stack runs 2-2.5x faster on
+  XLA:CPU than one per layer (Gemma 3 270M: 0.13 s against 0.27-0.31 s, Zen 4).
   """
-  layers = params["layers"]
-  out = []
-  for i in range(jax.tree.leaves(layers)[0].shape[0]):
-    layer = {name: jax.tree.map(lambda w, i=i: w[i], w) for name, w in layers.items()}
-    for names in _FUSED:
-      parts = [layer.pop(n) for n in names]
-      layer["+".join(names)] = (
-        quant.concatenate_outputs(parts)
-        if isinstance(parts[0], quant.Int8Weight)
-        else jnp.concatenate(parts, axis=-1)
-      )
-    out.append(layer)
-  return {**params, "layers": tuple(out)}
+  layers = dict(params["layers"])
+  for names in _FUSED:
+    parts = [layers.pop(n) for n in names]
+    layers["+".join(names)] = (
+      quant.concatenate_outputs(parts)
+      if isinstance(parts[0], quant.Int8Weight)
+      else jnp.concatenate(parts, axis=-1)
+    )
+  count = jax.tree.leaves(layers)[0].shape[0]
+  return {
+    **params,
+    "layers": tuple(jax.tree.map(lambda w, i=i: w[i], layers) for i in range(count)),
+  }
 
 
 def forward(

@@ -59,12 +59,21 @@ def init_adapters(key: jax.Array, params, config: LoraConfig, dtype=jnp.float32)
 
 def merge(params, adapters, config: LoraConfig):
   """params with W <- W + scale * A @ B for every adapted projection (same dtypes)."""
-  layers = dict(params["layers"])
+  adapted = {name: params["layers"][name] for name in adapters["layers"]}
+  merged = merged_weights(adapted, adapters, config)
+  return {**params, "layers": {**params["layers"], **merged}}
+
+
+def merged_weights(weights: dict, adapters, config: LoraConfig) -> dict:
+  """{name: W + scale * A @ B} for the adapted stacks `weights` ({name: [L, in, out]}, the
+  keys of adapters["layers"]) in their dtypes: `merge` without the weights it keeps, so
+  a program computing it outputs (copies) only the merged ones."""
+  out = {}
   for name, ab in adapters["layers"].items():
-    w = layers[name]
+    w = weights[name]
     delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
-    layers[name] = (w.astype(jnp.float32) + config.scale * delta).astype(w.dtype)
-  return {**params, "layers": layers}
+    out[name] = (w.astype(jnp.float32) + config.scale * delta).astype(w.dtype)
+  return out
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))

@@ -225,12 +225,25 @@ def vocab_major(w: Int8Weight, h_BxD: jax.Array) -> jax.Array:
 def quantize_for_sampling(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
   """The sampler's int8 copy of a Gemma params pytree (see the module docstring), its
   dots formed as `paths` says."""
-  layers = {
-    name: quantize_blocks(w, group, paths.layer_layout) if w.ndim == 3 else w
+  return with_int8_parts(params, int8_parts(params, group, paths))
+
+
+def with_int8_parts(params, parts):
+  """`params` with `int8_parts`'s (unembed, quantized layer matrices) put in."""
+  unembed, quantized = parts
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **quantized}}
+
+
+def int8_parts(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
+  """(unembed, {name: Int8Weight} of the layer matrices): what `quantize_for_sampling`
+  adds, alone, so a program making it outputs no copy of the weights it keeps (the
+  embedding, the norms)."""
+  quantized = {
+    name: quantize_blocks(w, group, paths.layer_layout)
     for name, w in params["layers"].items()
+    if w.ndim == 3
   }
-  unembed = quantize_rows(params["embed"], paths.activations_left_max_rows)
-  return {**params, "unembed": unembed, "layers": layers}
+  return quantize_rows(params["embed"], paths.activations_left_max_rows), quantized
 
 
 def float_view(params):

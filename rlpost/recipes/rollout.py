@@ -114,7 +114,13 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
   return finish(policy.sampling_params(trainable, sampler.frozen, forward)), key
 
 
-_quantized_for_sampling = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
+_int8_parts = jax.jit(quant.int8_parts, static_argnames=("group", "paths"))
+
+
+def _quantized_for_sampling(params, paths):
+  """`quant.quantize_for_sampling(params, paths=paths)`: one program makes the int8 parts,
+  the weights kept are passed through (a program's output would be a copy)."""
+  return quant.with_int8_parts(params, _int8_parts(params, paths=paths))
 
 
 def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
