@@ -1,6 +1,7 @@
 """Errors the user fixes by changing the command, not the code.
 
-The experiment mains (`experiments/cli.py`) print a `UsageError` as one `FATAL` line and
+The experiment mains (`experiments/cli.py`) print a `UsageError` (a config value, a flag,
+a data or model file) as one `FATAL` line and
 exit with status 2, as absl does for a bad flag; any other exception is a traceback and
 status 1. The message carries everything needed: the setting (config field, flag or
 path), the value given and the fix.
@@ -18,3 +19,8 @@ class ConfigError(UsageError, ValueError):
 
 class FlagError(UsageError, ValueError):
   """A command-line flag's value is refused: `--<flag>=<value>: <fix>`."""
+
+
+class DataError(UsageError, ValueError):
+  """A data or model file cannot be used: `<path>[:<line>]: <what is wrong>; <fix>` (a
+  ValueError, as the loaders raised before it had a name of its own)."""

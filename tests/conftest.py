@@ -334,3 +334,23 @@ def pytest_runtest_protocol(item, nextitem):
   os.makedirs(_PROFILE_DIR, exist_ok=True)
   with open(os.path.join(_PROFILE_DIR, f"{worker}.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\n")
+
+
+def run_clis(cases: list, timeout: int = 300) -> list:
+  """[(exit status, output)] of each (module, args) in `cases`, run as `python -m module
+  args` in one process start (tests/cli_batch.py: each case a forked child)."""
+  import json
+  import subprocess
+  import sys
+
+  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run(
+    [sys.executable, str(REPO_ROOT / "tests" / "cli_batch.py"), json.dumps(cases)],
+    cwd=REPO_ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert out.returncode == 0, out.stderr[-4000:]
+  return [tuple(r) for r in json.loads(out.stdout.splitlines()[-1])]

@@ -203,6 +203,43 @@ def test_reading_a_run_leaves_its_unfinished_save_alone(finished_run, tmp_path):
   assert not (workdir / "quarantine").exists()
 
 
+def _snapshot(directory: pathlib.Path) -> dict:
+  """{relative path: (size, mtime_ns)} of every file and directory under `directory`."""
+  return {
+    str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+    for p in sorted(directory.rglob("*"))
+  }
+
+
+def test_init_from_reads_a_corrupt_source_without_changing_it(finished_run, tmp_path, capsys):
+  """model.init_from = a run whose newest checkpoint is corrupt: reported, skipped, and
+  the previous one's weights used; with none intact, a NoIntactCheckpointError naming the
+  directory. Every file of the source keeps its name, size and mtime (nothing moved to a
+  quarantine, no marker written). Mutation caught: `restore_latest` ignoring read_only
+  (checkpoint 6 moved into the source's quarantine/)."""
+  workdir = _copy(finished_run, tmp_path)
+  _corrupt_array_bytes(workdir / "checkpoints" / "6")
+  before = _snapshot(workdir)
+  cfg = _config()
+  cfg.model.init_from = str(workdir)
+  _, params, _ = common.load_model(cfg)
+  with checkpoint.manager(str(finished_run[0]), read_only=True) as mngr:
+    at_four, _ = checkpoint.restore(mngr, 4, finished_run[1])
+  jax.tree.map(
+    np.testing.assert_array_equal, jax.device_get(params), jax.device_get(at_four.trainable)
+  )
+  assert "CHECKPOINT 6 IS CORRUPT and was left where it is" in capsys.readouterr().out
+  assert _snapshot(workdir) == before
+  for step in (2, 4):
+    _corrupt_array_bytes(workdir / "checkpoints" / str(step))
+  before = _snapshot(workdir)
+  with pytest.raises(
+    checkpoint.NoIntactCheckpointError, match=r"checkpoints \(another run's, read only"
+  ):
+    common.load_model(cfg)
+  assert _snapshot(workdir) == before
+
+
 def test_changed_config_is_not_taken_for_corruption(finished_run, tmp_path):
   workdir = _copy(finished_run, tmp_path)
   with pytest.raises(checkpoint.StateMismatchError, match="config changed"):

@@ -8,6 +8,7 @@ import types
 import pytest
 
 from conftest import GSM8K_DIR, require_shared
+from rlpost import errors
 from rlpost.data import gsm8k
 
 # Independent statement of the target format (what the GRPO format reward accepts).
@@ -95,7 +96,7 @@ def test_missing_file_and_bad_split(tmp_path):
 
 def test_hub_without_datasets_names_data_dir(monkeypatch):
   monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-  with pytest.raises(ImportError, match="data_dir"):
+  with pytest.raises(errors.DataError, match="needs the `datasets` package.*data_dir"):
     gsm8k.load_gsm8k("test")
 
 
@@ -104,7 +105,7 @@ def test_hub_unreachable_names_data_dir(monkeypatch):
     raise ConnectionError(f"cannot reach hub for {args}")
 
   monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-  with pytest.raises(RuntimeError, match="data_dir") as err:
+  with pytest.raises(errors.DataError, match="data_dir") as err:
     gsm8k.load_gsm8k("test")
   assert "ConnectionError" in str(err.value)
 

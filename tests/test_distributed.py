@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
+from rlpost import errors
 from rlpost.train import distributed
 
 # Plain SGD without clipping: the update is the gradient, so a reduction that differs
@@ -44,9 +45,40 @@ def test_cluster_detection_and_what_initialize_calls(monkeypatch):
   )
   assert distributed.initialize(distributed.DistConfig(), environ={}) == "single"
   assert distributed.initialize(distributed.DistConfig(), environ=slurm) == "slurm"
-  explicit = distributed.DistConfig("host:123", 2, 1)
-  assert distributed.initialize(explicit, environ={}) == "explicit"
-  assert calls == [(), ("host:123", 2, 1)]
+  with socket.socket() as coordinator:  # something listening where process 0 would be
+    coordinator.bind(("localhost", 0))
+    coordinator.listen()
+    address = f"localhost:{coordinator.getsockname()[1]}"
+    explicit = distributed.DistConfig(address, 2, 1)
+    assert distributed.initialize(explicit, environ={}) == "explicit"
+  assert calls == [(), (address, 2, 1)]
+
+
+@pytest.mark.parametrize(
+  "settings,match",
+  [
+    (("localhost", 2, 1), r"coordinator_address='localhost': give HOST:PORT"),
+    (("localhost:http", 2, 1), r"the port 'http' must be a number"),
+    (("localhost:1", 0, 0), r"--dist\.num_processes=0: must be >= 1"),
+    (("nosuch-host.invalid:1234", 2, 1), r"the host 'nosuch-host\.invalid' does not resolve"),
+    (("nosuch-host.invalid:1234", 2, 0), r"the host 'nosuch-host\.invalid' does not resolve"),
+  ],
+)
+def test_bad_coordinator_settings_fail_before_jax_starts(settings, match, monkeypatch):
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", pytest.fail)
+  with pytest.raises(errors.FlagError, match=match):
+    distributed.initialize(distributed.DistConfig(*settings))
+
+
+def test_an_unanswered_coordinator_fails_within_the_connect_timeout(monkeypatch):
+  """Nothing listens on the port: process 1 gives up after connect_timeout_s (1 s here),
+  naming the address and the setting, instead of waiting initialization_timeout_s."""
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", pytest.fail)
+  address = f"localhost:{_free_port()}"
+  start = time.monotonic()
+  with pytest.raises(errors.FlagError, match=rf"'{address}': nothing accepted .* within 1 s"):
+    distributed.initialize(distributed.DistConfig(address, 2, 1, connect_timeout_s=1))
+  assert time.monotonic() - start < 5
 
 
 def _free_port() -> int:

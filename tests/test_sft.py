@@ -303,6 +303,31 @@ def test_init_from_starts_from_the_earlier_runs_weights(sft_run, tmp_path, lora)
   follow.model.dtype, follow.model.init_from = "float32", str(tmp_path / "nothing")
   with pytest.raises(ValueError, match="model.init_from.*config.json"):
     common.load_model(follow)
+  follow.model.init_from, follow.seed = str(workdir), follow.seed + 1
+  if lora:  # adapters fit the random base of their seed only; full weights replace it
+    with pytest.raises(ValueError, match=r"model.init_from.*seed 0, this run's .* seed 1"):
+      common.load_model(follow)
+  else:
+    common.load_model(follow)
+
+
+@pytest.mark.slow
+def test_init_from_a_lora_run_that_started_from_another_merges_both(sft_run, tmp_path):
+  """A LoRA run B that itself started from LoRA run A trained its adapters over A's merged
+  weights: a run from B gets base + A's adapters + B's, in that order. Mutation caught:
+  `weights_from_run` merging B's adapters into the raw base (A's training lost)."""
+  state_a, _, dir_a = sft_run(**LORA_RUN)
+  cfg_b = _tiny_config(**{**LORA_RUN, "train__steps": 1})
+  cfg_b.model.init_from = str(dir_a)
+  state_b, _ = sft_recipe.run(cfg_b, str(tmp_path / "b"))
+  follow = _tiny_config()
+  follow.model.init_from = str(tmp_path / "b")
+  _, params, _ = common.load_model(follow)
+  lora_cfg = common.lora_config(cfg_b)
+  base = common.load_model(_tiny_config())[1]
+  after_a = lora_lib.merge(base, jax.device_get(state_a.trainable), lora_cfg)
+  expected = lora_lib.merge(after_a, jax.device_get(state_b.trainable), lora_cfg)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(expected))
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlpost import errors
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
 from rlpost.data.jsonl import read_jsonl, require_str
 from rlpost.text import scaffold
@@ -47,14 +48,14 @@ _ORDER_RULE = (
 
 def _check_message(msg: Any, i: int, where: str) -> dict[str, str]:
   if not isinstance(msg, dict):
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: messages[{i}] must be an object with 'role' and 'content', "
       f"got {type(msg).__name__}"
     )
   role = require_str(msg, "role", f"{where}: messages[{i}]")
   content = require_str(msg, "content", f"{where}: messages[{i}]")
   if role not in ROLES:
-    raise ValueError(f"{where}: messages[{i}] has role {role!r}; valid roles are {ROLES}")
+    raise errors.DataError(f"{where}: messages[{i}] has role {role!r}; valid roles are {ROLES}")
   return {"role": role, "content": content}
 
 
@@ -63,7 +64,7 @@ def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str,
   if "messages" in record:
     raw = record["messages"]
     if not isinstance(raw, list) or not raw:
-      raise ValueError(f"{where}: field 'messages' must be a non-empty list, got {raw!r:.60}")
+      raise errors.DataError(f"{where}: field 'messages' must be a non-empty list, got {raw!r:.60}")
     messages = [_check_message(m, i, where) for i, m in enumerate(raw)]
   elif "prompt" in record and "completion" in record:
     messages = [
@@ -73,7 +74,7 @@ def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str,
     if "system" in record:
       messages.insert(0, {"role": "system", "content": require_str(record, "system", where)})
   else:
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: an SFT record needs a 'messages' list or 'prompt' and "
       f"'completion' strings; got fields {sorted(record)}"
     )
@@ -81,12 +82,12 @@ def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str,
   for i in range(first, len(messages)):
     expected = "user" if (i - first) % 2 == 0 else "assistant"
     if messages[i]["role"] != expected:
-      raise ValueError(
+      raise errors.DataError(
         f"{where}: messages[{i}] has role {messages[i]['role']!r}, expected "
         f"{expected!r} ({_ORDER_RULE})"
       )
   if messages[-1]["role"] != "assistant":
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: the last message has role {messages[-1]['role']!r}, expected "
       f"'assistant' ({_ORDER_RULE})"
     )

@@ -17,6 +17,7 @@ import os
 import re
 from typing import Any, NamedTuple
 
+from rlpost import errors
 from rlpost.data.jsonl import read_jsonl, require_str
 
 REASONING_START = "<reasoning>"
@@ -55,20 +56,20 @@ def problem_from_record(record: dict[str, Any], where: str) -> Problem:
   question = require_str(record, "question", where)
   answer = require_str(record, "answer", where)
   if _FINAL_MARK not in answer:
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: field 'answer' has no '{_FINAL_MARK} <number>' final line "
       f"(answer ends {answer[-60:]!r}); GSM8K answers end with '#### 72'"
     )
   final = answer.rsplit(_FINAL_MARK, 1)[1].strip().replace(",", "")
   if not final:
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: nothing after '{_FINAL_MARK}' in field 'answer' "
       f"(answer ends {answer[-60:]!r}); expected e.g. '#### 72'"
     )
   try:
     float(final)
   except ValueError:
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: field 'answer' ends '{_FINAL_MARK} {final[:40]}', not a number; the "
       f"answer rewards and accuracy compare numbers, so write only the number after "
       f"'{_FINAL_MARK}' (e.g. '#### 72', '#### -3.5', '#### 1,234')"
@@ -111,14 +112,14 @@ def load_gsm8k(split: str, data_dir: str = "") -> list[Problem]:
   try:
     import datasets  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise ImportError(
+    raise errors.DataError(
       "Loading GSM8K from the Hugging Face hub needs the `datasets` package: "
       f"pip install datasets, {fix}"
     ) from e
   try:
     rows = datasets.load_dataset(*HF_DATASET)[split]
   except Exception as e:  # network, hub and cache errors all surface here
-    raise RuntimeError(
+    raise errors.DataError(
       f"Could not load {HF_DATASET[0]!r} ({HF_DATASET[1]!r}) from the Hugging "
       f"Face hub ({type(e).__name__}: {e}); check the connection, {fix}"
     ) from e

@@ -4,6 +4,8 @@ import json
 import os
 from typing import Any, Iterator
 
+from rlpost import errors
+
 
 def _undecodable_line(path: str) -> str:
   """`path:line` and the bytes of the first line that is not UTF-8 (the error's where)."""
@@ -38,7 +40,7 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
       except StopIteration:
         return
       except UnicodeDecodeError as e:
-        raise ValueError(
+        raise errors.DataError(
           f"{_undecodable_line(path)} is not UTF-8 text ({e.reason}); save the file as "
           "UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
         ) from None
@@ -48,11 +50,11 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
       try:
         obj = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(
+        raise errors.DataError(
           f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
         ) from e
       if not isinstance(obj, dict):
-        raise ValueError(
+        raise errors.DataError(
           f"{where}: expected a JSON object, got {type(obj).__name__} {line.strip()[:60]!r}"
         )
       yield where, obj
@@ -61,10 +63,10 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
 def require_str(obj: dict[str, Any], field: str, where: str) -> str:
   """obj[field] when it is a string, else ValueError naming `where`, the field and the fix."""
   if field not in obj:
-    raise ValueError(f"{where}: missing field {field!r} (fields present: {sorted(obj)})")
+    raise errors.DataError(f"{where}: missing field {field!r} (fields present: {sorted(obj)})")
   value = obj[field]
   if not isinstance(value, str):
-    raise ValueError(
+    raise errors.DataError(
       f"{where}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:60]!r}"
     )
   return value

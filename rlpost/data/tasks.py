@@ -47,13 +47,13 @@ def load_prompts(path: str) -> list[gsm8k.Problem]:
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
       answer = str(answer)
     if not isinstance(answer, str):
-      raise ValueError(
+      raise errors.DataError(
         f"{where}: field 'answer' must be a string or a number, got "
         f"{type(answer).__name__} {str(answer)[:60]!r}"
       )
     problems.append(gsm8k.Problem(question=prompt, answer=answer, final=answer))
   if not problems:
-    raise ValueError(f"{path}: holds no prompts; write one JSON object per line")
+    raise errors.DataError(f"{path}: holds no prompts; write one JSON object per line")
   return problems
 
 

@@ -169,7 +169,7 @@ def build(config: GSM8KCalcConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
   data = types.SimpleNamespace(source="gsm8k", data_dir=config.data_dir, fewshot=RESERVED_EXAMPLES)
   try:
     train, test = tasks.load_task(data, "train"), tasks.load_task(data, "test")
-  except (FileNotFoundError, ImportError) as err:  # the loader names data.data_dir
+  except (FileNotFoundError, errors.DataError) as err:  # the loader names data.data_dir
     raise type(err)(str(err).replace("data.data_dir", "env.data_dir")) from None
   if run.eval_tasks > len(test.problems):
     raise errors.ConfigError(

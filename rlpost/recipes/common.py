@@ -309,12 +309,22 @@ def weights_from_run(workdir: str, params, cfg):
         f"{cfg.model.get(name)!r}: its weights fit another base; use the same model block",
       )
   fwd = forward_config(source, 1.0)
+  if fwd.lora and source.model.weights == "random" and source.get("seed") != cfg.get("seed"):
+    fail(
+      "model.init_from",
+      workdir,
+      f"that run's LoRA adapters were trained over random weights drawn with seed "
+      f"{source.get('seed')!r}, this run's base is drawn with seed {cfg.get('seed')!r}: use "
+      f"--config.seed={source.get('seed')} (or a run over the same base)",
+    )
+  if fwd.lora and source.model.get("init_from"):  # its base was an earlier run's weights
+    params = weights_from_run(source.model.init_from, params, source)
   trainable, _ = trainable_and_frozen(params, fwd, jax.random.key(0))
   optimizer = make_optimizer(source, source.train.steps)
   like = step_lib.init_train_state(trainable, optimizer, jax.random.key(0))
   try:
     with checkpoint.manager(workdir, read_only=True) as mngr:
-      restored = checkpoint.restore_latest(mngr, like)
+      restored = checkpoint.restore_latest(mngr, like, read_only=True)
   except checkpoint.StateMismatchError as e:
     fail("model.init_from", workdir, f"its checkpoint is not an SFT/DPO/GRPO train state: {e}")
   if restored is None:

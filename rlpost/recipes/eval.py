@@ -196,7 +196,7 @@ def evaluate_run(
     report["base"] = evaluate(weights, forward.model, tokenizer, problems, desc="base", **settings)
   if workdir:
     with checkpoint.manager(workdir, read_only=True) as mngr:
-      restored = checkpoint.restore_latest(mngr, state)
+      restored = checkpoint.restore_latest(mngr, state, read_only=True)
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     trained, meta = restored

@@ -248,12 +248,17 @@ def quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
   return target
 
 
-def restore_latest(mngr: ocp.CheckpointManager, like: TrainState, carry_like=None):
+def restore_latest(
+  mngr: ocp.CheckpointManager, like: TrainState, carry_like=None, read_only: bool = False
+):
   """(state, meta) of the newest intact checkpoint, or None when there is none at all.
 
   `like` is a TrainState of the right structure (e.g. freshly initialised);
   it gives shapes, dtypes and shardings; `carry_like` the carry's (`restore`). Corrupt
   checkpoints (the carry included) are reported and quarantined (module docstring).
+  `read_only` (another run's checkpoints: an `init_from` source, an evaluation): a
+  corrupt one is reported and skipped, nothing in that run's directory is moved or
+  written, and none intact is a NoIntactCheckpointError naming the directory.
   """
   marker = os.path.join(str(mngr.directory), NO_INTACT_MARKER)
   if os.path.isfile(marker):  # an earlier start found none intact: never start over silently
@@ -266,14 +271,21 @@ def restore_latest(mngr: ocp.CheckpointManager, like: TrainState, carry_like=Non
     except StateMismatchError:
       raise  # a changed config, not a corrupt file: leave the checkpoints where they are
     except Exception as e:  # any failure to read or verify: fall back to an older one
-      where = quarantine(mngr, step)
+      where = os.path.join(str(mngr.directory), str(step)) if read_only else quarantine(mngr, step)
       quarantined.append(where)
+      fate = "was left where it is (another run's)" if read_only else f"was moved to {where}"
       message = (
-        f"CHECKPOINT {step} IS CORRUPT and was moved to {where}: {type(e).__name__}: {e}. "
+        f"CHECKPOINT {step} IS CORRUPT and {fate}: {type(e).__name__}: {e}. "
         "Trying the previous checkpoint."
       )
       logging.error(message)
       print(message, flush=True)
+  if quarantined and read_only:
+    raise NoIntactCheckpointError(
+      f"no intact checkpoint in {mngr.directory} (another run's, read only: nothing there "
+      f"was changed): steps {[os.path.basename(q) for q in quarantined]} failed to restore "
+      "or verify. Point at a run with an intact checkpoint."
+    )
   if quarantined:
     message = (
       f"no intact checkpoint in {mngr.directory}: every one failed to restore or verify and "

@@ -18,6 +18,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from rlpost import errors
+
 INFO_FIELDS = (
   "vocab_size",
   "embed_dim",
@@ -99,12 +101,12 @@ def check_info(info: dict[str, Any], source: str) -> dict[str, Any]:
   """Validates an info dict (exact field set, positive sizes, divisibility)."""
   missing = [k for k in INFO_FIELDS if k not in info]
   if missing:
-    raise ValueError(f"{source}: info lacks fields {missing}")
+    raise errors.DataError(f"{source}: info lacks fields {missing}")
   for k in INFO_FIELDS[:9]:
     if not isinstance(info[k], (int, np.integer)) or info[k] <= 0:
-      raise ValueError(f"{source}: {k}={info[k]!r} must be a positive integer")
+      raise errors.DataError(f"{source}: {k}={info[k]!r} must be a positive integer")
   if info["num_heads"] % info["num_kv_heads"]:
-    raise ValueError(
+    raise errors.DataError(
       f"{source}: num_heads={info['num_heads']} is not a multiple of "
       f"num_kv_heads={info['num_kv_heads']}"
     )
@@ -135,7 +137,7 @@ def global_every_from_flags(is_global: list[bool], source: str) -> int:
   flags = [bool(x) for x in is_global]
   period = flags.index(True) + 1 if True in flags else max(6, len(flags) + 1)
   if flags != [i % period == period - 1 for i in range(len(flags))]:
-    raise ValueError(
+    raise errors.DataError(
       f"{source}: per-layer attention pattern {flags} (True = global) is "
       f"not 'one global layer every {period}'; other patterns are not "
       "supported"

@@ -15,8 +15,8 @@ from typing import Any
 import gguf as gguf_lib
 import numpy as np
 
-from rlpost.models.weights import common
-from rlpost.models.weights import gguf_file
+from rlpost import errors
+from rlpost.models.weights import common, gguf_file
 
 ARCHITECTURE = "gemma3"
 _LAYER_TENSORS = {  # GGUF name inside "blk.N." -> params["layers"] leaf
@@ -61,7 +61,7 @@ def gguf_info(gf: gguf_file.GGUFFile) -> dict[str, Any]:
   md = gf.metadata
   arch = md.get("general.architecture")
   if arch != ARCHITECTURE:
-    raise ValueError(
+    raise errors.DataError(
       f"{gf.path}: GGUF architecture is {arch!r}; load_gguf supports only "
       f"{ARCHITECTURE!r} (Gemma 3 text models)"
     )
@@ -69,7 +69,7 @@ def gguf_info(gf: gguf_file.GGUFFile) -> dict[str, Any]:
   def get(key, default=_REQUIRED):
     full = f"{ARCHITECTURE}.{key}"
     if full not in md and default is _REQUIRED:
-      raise ValueError(
+      raise errors.DataError(
         f"{gf.path}: metadata key {full!r} is missing; re-convert the model "
         "with a current llama.cpp convert_hf_to_gguf.py"
       )
@@ -77,7 +77,7 @@ def gguf_info(gf: gguf_file.GGUFFile) -> dict[str, Any]:
 
   head_dim = int(get("attention.key_length"))
   if int(get("attention.value_length", head_dim)) != head_dim:
-    raise ValueError(f"{gf.path}: value_length != key_length is not supported")
+    raise errors.DataError(f"{gf.path}: value_length != key_length is not supported")
   pattern = get("attention.sliding_window_pattern", 6)
   if not isinstance(pattern, int):  # per-layer flags, True = sliding (local)
     pattern = common.global_every_from_flags([not f for f in pattern], gf.path)
@@ -119,7 +119,7 @@ def _targets(gf: gguf_file.GGUFFile, info, params) -> list[tuple[str, np.ndarray
   missing = [n for n in names if n not in gf.tensors]
   unexpected = [n for n in gf.tensors if n not in names]
   if missing or unexpected:
-    raise ValueError(
+    raise errors.DataError(
       f"{gf.path}: tensors do not match a {info['num_layers']}-layer Gemma 3 "
       f"text model: missing {sorted(missing)[:20]}, unexpected "
       f"{sorted(unexpected)[:20]} (lists cut at 20)"
@@ -127,7 +127,7 @@ def _targets(gf: gguf_file.GGUFFile, info, params) -> list[tuple[str, np.ndarray
   for name, dest, linear in targets:
     want = dest.shape[::-1] if linear else dest.shape
     if gf.tensors[name].shape != want:
-      raise ValueError(
+      raise errors.DataError(
         f"{gf.path}: tensor {name} has shape {gf.tensors[name].shape} "
         f"(numpy order), expected {want} from the metadata"
       )

@@ -17,6 +17,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from rlpost import errors
+
 _VT = gguf.GGUFValueType
 _SCALARS = {  # value type -> (struct format, python type)
   _VT.UINT8: ("<B", int),
@@ -139,9 +141,9 @@ def _metadata(cur: _Cursor, count: int) -> dict[str, Any]:
 def _check_magic(cur: _Cursor, path: str) -> None:
   magic, version = cur.unpack("<4sI")
   if magic != b"GGUF":
-    raise ValueError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    raise errors.DataError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')")
   if version not in (2, 3):
-    raise ValueError(
+    raise errors.DataError(
       f"{path}: GGUF version {version} is not supported (only little-endian "
       "v2/v3; big-endian files show a byte-swapped version)"
     )
@@ -154,7 +156,7 @@ def _tensor_index(cur: _Cursor, count: int, data_start_fn, size: int, path: str)
     name = cur.string()
     ndim = cur.unpack("<I")
     if not 1 <= ndim <= 4:
-      raise ValueError(f"{path}: tensor {name} has {ndim} dimensions; GGUF allows 1 to 4")
+      raise errors.DataError(f"{path}: tensor {name} has {ndim} dimensions; GGUF allows 1 to 4")
     ggml_shape = cur.unpack_tuple(f"<{ndim}Q")
     qtype, rel = cur.unpack("<IQ")
     raw.append((name, ggml_shape, gguf.GGMLQuantizationType(qtype), rel))
@@ -163,14 +165,14 @@ def _tensor_index(cur: _Cursor, count: int, data_start_fn, size: int, path: str)
   for name, ggml_shape, qtype, rel in raw:
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
     if ggml_shape[0] % block:
-      raise ValueError(
+      raise errors.DataError(
         f"{path}: tensor {name} has row length {ggml_shape[0]}, not a "
         f"multiple of the {qtype.name} block size {block}"
       )
     nbytes = ggml_shape[0] // block * type_size * math.prod(ggml_shape[1:])
     offset = data_start + rel
     if offset + nbytes > size:
-      raise ValueError(
+      raise errors.DataError(
         f"{path}: tensor {name} ends at byte {offset + nbytes} but the file "
         f"has {size} bytes (truncated download?)"
       )
@@ -186,7 +188,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
   """
   path = os.fspath(path)
   if os.path.isfile(path) and os.path.getsize(path) == 0:
-    raise ValueError(f"{path} is empty (0 bytes), not a GGUF file; download it again")
+    raise errors.DataError(f"{path} is empty (0 bytes), not a GGUF file; download it again")
   with open(path, "rb") as f:
     buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
   cur = _Cursor(buf)
@@ -199,7 +201,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
   except (struct.error, UnicodeDecodeError, ValueError) as e:
     if str(e).startswith(path):  # this module's own errors already say what is wrong
       raise
-    raise ValueError(
+    raise errors.DataError(
       f"{path}: unreadable GGUF header at byte {cur.off} of {len(buf)} "
       f"({type(e).__name__}: {e}); the file is truncated or corrupt: download it again"
     ) from e

@@ -18,6 +18,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from rlpost import errors
 from rlpost.models.weights import common
 
 _LAYER_NAMES = {  # params["layers"] leaf -> HF module inside "layers.N."
@@ -65,7 +66,7 @@ def _global_every(cfg: Mapping[str, Any], num_layers: int, source: str) -> int:
     period is not None
     and any((i % period == period - 1) != (t == "full_attention") for i, t in enumerate(types))
   ):
-    raise ValueError(
+    raise errors.DataError(
       f"{source}: layer_types {types} disagrees with num_hidden_layers="
       f"{num_layers} / sliding_window_pattern={period}"
     )
@@ -82,7 +83,7 @@ def _rope_bases(cfg: Mapping[str, Any]) -> tuple[float, float]:
     if p and p.get("rope_type", p.get("type", "default")) != "default"
   ]
   if scaled:
-    raise ValueError(
+    raise errors.DataError(
       f"config uses RoPE scaling {scaled}; only unscaled RoPE is supported (Gemma 3 270M / 1B)"
     )
   return (
@@ -96,7 +97,7 @@ def hf_config_to_info(config: Mapping[str, Any], source: str = "config.json") ->
   cfg = config.get("text_config", config)
   for key in ("final_logit_softcapping", "attn_logit_softcapping"):
     if cfg.get(key) is not None:
-      raise ValueError(f"{source}: {key}={cfg[key]} is not supported (Gemma 3 has none)")
+      raise errors.DataError(f"{source}: {key}={cfg[key]} is not supported (Gemma 3 has none)")
   required = (
     "vocab_size",
     "hidden_size",
@@ -107,7 +108,7 @@ def hf_config_to_info(config: Mapping[str, Any], source: str = "config.json") ->
   )
   missing = [k for k in required if k not in cfg]
   if missing:
-    raise ValueError(f"{source}: missing keys {missing} (is this a Gemma 3 config?)")
+    raise errors.DataError(f"{source}: missing keys {missing} (is this a Gemma 3 config?)")
   num_layers = int(cfg["num_hidden_layers"])
   local_base, global_base = _rope_bases(cfg)
   info = {
@@ -182,9 +183,11 @@ def _json_object(path: pathlib.Path, what: str) -> dict[str, Any]:
   try:
     value = json.loads(path.read_text(encoding="utf-8"))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}: not valid JSON ({e}); it must be the checkpoint's {what}") from e
+    raise errors.DataError(
+      f"{path}: not valid JSON ({e}); it must be the checkpoint's {what}"
+    ) from e
   if not isinstance(value, dict):
-    raise ValueError(
+    raise errors.DataError(
       f"{path}: expected a JSON object (the checkpoint's {what}), got {type(value).__name__}"
     )
   return value
@@ -197,7 +200,7 @@ def _open_shard(path: pathlib.Path):
   except OSError:  # missing, unreadable: the OS error names the file and the cause
     raise
   except Exception as e:  # SafetensorError is not importable from one stable place
-    raise ValueError(
+    raise errors.DataError(
       f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); the file is "
       "truncated or corrupt: download or export it again"
     ) from e
@@ -209,7 +212,7 @@ def _shards(ckpt_dir: pathlib.Path) -> list[pathlib.Path]:
   if index.exists():
     weight_map = _json_object(index, "shard index").get("weight_map")
     if not isinstance(weight_map, dict):
-      raise ValueError(f"{index}: no 'weight_map' object (tensor name -> shard file)")
+      raise errors.DataError(f"{index}: no 'weight_map' object (tensor name -> shard file)")
     files = [ckpt_dir / f for f in sorted(set(weight_map.values()))]
     absent = [str(f) for f in files if not f.exists()]
     if absent:
@@ -233,7 +236,7 @@ def _text_prefix(names: Mapping[str, Any], ckpt_dir: pathlib.Path) -> str:
   for prefix in _PREFIXES:
     if f"{prefix}embed_tokens.weight" in names:
       return prefix
-  raise ValueError(
+  raise errors.DataError(
     f"{ckpt_dir}: no embed_tokens.weight under any of the prefixes "
     f"{_PREFIXES}; tensors start with {sorted(names)[:5]}"
   )
@@ -244,7 +247,7 @@ def _check_names(where, names, prefix: str, ckpt_dir: pathlib.Path) -> None:
   missing = sorted(n for n in names if n not in where)
   unknown = sorted(n for n in where if n.startswith(prefix) and n not in names)
   if missing or unknown:
-    raise ValueError(
+    raise errors.DataError(
       f"{ckpt_dir}: tensors do not match config.json: missing "
       f"{missing[:20]}, unexpected {unknown[:20]} (lists cut at 20)"
     )
@@ -280,7 +283,7 @@ def load_hf_checkpoint(
     arr, dest = where[name].get_tensor(name), _leaf(params, path)
     want = dest.shape[::-1] if linear else dest.shape
     if arr.shape != want:
-      raise ValueError(
+      raise errors.DataError(
         f"{ckpt_dir}: tensor {name} has shape {arr.shape}, config.json implies {want}"
       )
     if len(path) == 1:  # embed / final_norm: keep the freshly read array
@@ -289,7 +292,7 @@ def load_hf_checkpoint(
       dest[...] = arr.T if linear else arr
   for name in (n for n in where if n.endswith("lm_head.weight")):
     if not np.array_equal(where[name].get_tensor(name), params["embed"]):
-      raise ValueError(
+      raise errors.DataError(
         f"{ckpt_dir}: {name} differs from the embedding; untied output "
         "projections are not supported by the params layout"
       )
