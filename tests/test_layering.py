@@ -135,3 +135,26 @@ def test_a_recipe_import_is_caught(tmp_path):
     "rlpost/recipes/dpo.py -> rl",
     "rlpost/recipes/dpo.py -> eval",
   ]
+
+
+MAX_FUNCTION_LINES = 80  # issue 35: a function a reader follows in one screen or two
+
+
+def long_functions(root: pathlib.Path) -> list[str]:
+  """`path:name (lines)` of every function under `root` longer than MAX_FUNCTION_LINES
+  (decorators excluded, docstring included)."""
+  found = []
+  for path in sorted(root.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          found.append(f"{path.relative_to(root.parent)}:{node.name} ({lines})")
+  return found
+
+
+def test_no_library_function_is_longer_than_80_lines(tmp_path):
+  """Mutation caught: an 81-line function (the check run on a file holding one)."""
+  assert not long_functions(_ROOT), "split these:\n" + "\n".join(long_functions(_ROOT))
+  (tmp_path / "m.py").write_text("def f():\n" + "  x = 1\n" * 80)
+  assert long_functions(tmp_path) == [f"{tmp_path.name}/m.py:f (81)"]
