@@ -90,23 +90,52 @@ def _corrupt_checkpoint_metadata(step_dir):
   (step_dir / "_CHECKPOINT_METADATA").write_bytes(b"\x00\x01garbage")
 
 
+def _binary_meta(step_dir):
+  (step_dir / "meta" / "metadata").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+
+
+def _corrupt_tree_metadata(step_dir):
+  _flip_bytes(step_dir / "state" / "_METADATA", count=16)
+
+
+def _corrupt_manifest(step_dir):  # the OCDBT index of the array data
+  _flip_bytes(step_dir / "state" / "manifest.ocdbt", count=16)
+
+
+def _empty_tree_metadata(step_dir):  # valid JSON, no tree
+  (step_dir / "state" / "_METADATA").write_text("{}")
+
+
+# Each corruption and what its report says: the file (under checkpoints/6/) and the reason.
+CORRUPTIONS = {
+  _corrupt_array_bytes: ("6/state: array bytes differ", "digests"),
+  _corrupt_state_file: ("6/state/d/", "DATA_LOSS"),
+  _corrupt_meta: ("6/meta/metadata: not valid JSON", "line 1"),
+  _binary_meta: ("6/meta/metadata: not UTF-8 text", "b'\\x89'"),
+  _remove_commit_marker: ("6/commit_success.txt is missing", "never committed"),
+  _corrupt_checkpoint_metadata: ("6/_CHECKPOINT_METADATA is unreadable", ""),
+  _corrupt_tree_metadata: ("6/state/_METADATA: not ", ""),
+  _corrupt_manifest: ("6/state/manifest.ocdbt: unreadable", "DATA_LOSS"),
+  _empty_tree_metadata: ("6/state/_METADATA: the entry 'tree_metadata' is missing", ""),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-  "corrupt",
-  [
-    _corrupt_array_bytes,
-    _corrupt_state_file,
-    _corrupt_meta,
-    _remove_commit_marker,
-    _corrupt_checkpoint_metadata,
-  ],
-)
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(corrupt, finished_run, tmp_path):
+@pytest.mark.parametrize("corrupt", list(CORRUPTIONS))
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
+  corrupt, finished_run, tmp_path, capsys
+):
   """Rerun after corrupting checkpoint 6: the run resumes from 4, redoes steps 5-6 exactly,
-  and checkpoint 6 is moved to workdir/quarantine, not deleted."""
+  and checkpoint 6 is moved to workdir/quarantine, not deleted. The report names the
+  step, the file and why in words (CORRUPTIONS), with no object reprs."""
   workdir = _copy(finished_run, tmp_path)
   corrupt(workdir / "checkpoints" / "6")
   state = rl.run(_config(), str(workdir))
+  (report,) = [line for line in capsys.readouterr().out.splitlines() if "IS CORRUPT" in line]
+  where, why = CORRUPTIONS[corrupt]
+  assert report.startswith("CHECKPOINT 6 IS CORRUPT"), report
+  assert f"checkpoints/{where}" in report and why in report and " object at 0x" not in report
+  assert "<bound method" not in report, report
   assert _metrics(workdir) == _metrics(finished_run[0])
   _assert_same_weights(state, finished_run[1])
   (kept,) = list((workdir / "quarantine").iterdir())
@@ -151,7 +180,7 @@ def test_the_carry_is_verified_like_the_state(tmp_path):
   np.testing.assert_array_equal(meta["carry"].arrays["2"], np.arange(4096.0) * 2)
   assert checkpoint.restore(mngr, 2, state)[1]["carry"].arrays is None
   _flip_bytes(_largest_file(tmp_path / "checkpoints" / "2" / "carry" / "ocdbt.process_0" / "d"))
-  with pytest.raises(checkpoint.CorruptCheckpointError, match="carry array bytes differ"):
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="/carry: array bytes differ"):
     checkpoint.restore(mngr, 2, state, like)
   _, meta = checkpoint.restore_latest(mngr, state, like)
   assert meta["iteration"] == 1 and meta["carry"].meta == {"versions": [1]}
@@ -228,7 +257,7 @@ def test_init_from_reads_a_corrupt_source_without_changing_it(finished_run, tmp_
   jax.tree.map(
     np.testing.assert_array_equal, jax.device_get(params), jax.device_get(at_four.trainable)
   )
-  assert "CHECKPOINT 6 IS CORRUPT and was left where it is" in capsys.readouterr().out
+  assert "It was left where it is (another run's)" in capsys.readouterr().out
   assert _snapshot(workdir) == before
   for step in (2, 4):
     _corrupt_array_bytes(workdir / "checkpoints" / str(step))

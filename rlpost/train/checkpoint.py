@@ -26,6 +26,7 @@ directory (a marker file; a rerun never silently starts over from step 0).
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import zlib
@@ -171,12 +172,12 @@ def _check_commit_markers(step_dir: str) -> None:
     with open(path, encoding="utf-8") as f:
       json.load(f)
   except (OSError, ValueError) as e:
-    raise CorruptCheckpointError(f"{path} is unreadable ({e})") from e
+    raise CorruptCheckpointError(f"{path} is unreadable: {_reason(e)}") from e
 
 
-def _check_layout(mngr: ocp.CheckpointManager, step: int, like: TrainState) -> None:
-  """Raises StateMismatchError when the saved arrays' dtypes/shapes are not this run's."""
-  meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+def _check_layout(meta: dict, mngr: ocp.CheckpointManager, step: int, like: TrainState) -> None:
+  """Raises StateMismatchError when the saved arrays' dtypes/shapes (checkpoint `step`'s
+  `meta` digests) are not this run's."""
   saved = {k: v.rsplit(":", 1)[0] for k, v in (meta.get("digests") or {}).items()}
   wanted = _layout(like)
   if saved and saved != wanted:
@@ -199,39 +200,84 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState, carry_like
   Raises CorruptCheckpointError (or orbax's error) when it cannot be read or
   verified, StateMismatchError when it holds another structure than `like`.
   """
-  _check_commit_markers(os.path.join(str(mngr.directory), str(step)))
-  _check_layout(mngr, step, like)
+  step_dir = os.path.join(str(mngr.directory), str(step))
+  _check_commit_markers(step_dir)
+  meta = dict(_item(mngr, step, "meta", ocp.args.JsonRestore()))
+  _check_layout(meta, mngr, step, like)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
-  restored = mngr.restore(
-    step,
-    args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
-  )
-  state, meta = restored["state"], dict(restored["meta"])
+  state = _item(mngr, step, "state", ocp.args.StandardRestore(abstract))
   impl = jax.random.key_impl(like.key)
   state = state._replace(key=jax.random.wrap_key_data(state.key, impl=impl))
   saved = meta.pop("digests", None)
   if saved is None:
-    raise CorruptCheckpointError(f"meta of checkpoint {step} holds no array digests")
-  _verify(saved, digests(state), "")
+    raise CorruptCheckpointError(f"{step_dir}/meta: holds no array digests")
+  _verify(saved, digests(state), step_dir, "state")
   carry_meta, carry_digests = meta.pop("carry", None), meta.pop("carry_digests", None)
   if carry_meta is not None:
     arrays = None
     if carry_like is not None:
       if carry_digests is None:
-        raise CorruptCheckpointError(f"meta of checkpoint {step} holds no carry digests")
+        raise CorruptCheckpointError(f"{step_dir}/meta: holds no carry digests")
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, carry_like(like, carry_meta))
-      arrays = mngr.restore(step, args=ocp.args.Composite(carry=ocp.args.StandardRestore(abstract)))
-      arrays = arrays["carry"]
-      _verify(carry_digests, digests(arrays), "carry ")
+      arrays = _item(mngr, step, "carry", ocp.args.StandardRestore(abstract))
+      _verify(carry_digests, digests(arrays), step_dir, "carry")
     meta["carry"] = Carried(carry_meta, arrays)
   return state, meta
 
 
-def _verify(saved: dict, found: dict, what: str) -> None:
+def _item(mngr: ocp.CheckpointManager, step: int, name: str, args):
+  """Item `name` of checkpoint `step`; any failure is a CorruptCheckpointError naming the
+  file it came from (`_corrupt`)."""
+  try:
+    return mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+  except Exception as e:  # orbax, TensorStore and JSON errors alike
+    raise _corrupt(os.path.join(str(mngr.directory), str(step)), name, e) from e
+
+
+def _corrupt(step_dir: str, item: str, error: BaseException) -> CorruptCheckpointError:
+  """The error of a checkpoint item that failed to read: the file named in `error`'s
+  chain when one under `step_dir` is, else the item's JSON file for a decoding error or
+  a missing entry (meta/metadata, state/_METADATA), else the item's directory; and why
+  in words."""
+  pattern = re.compile(re.escape(step_dir) + r"""[^\s'",)\]]*""")
+  files = []
+  chain = error
+  while chain is not None and len(files) < 50:
+    texts = [str(chain), str(getattr(chain, "filename", "") or "")]
+    files += [m.group(0).rstrip(".:") for t in texts for m in pattern.finditer(t)]
+    chain = chain.__cause__ or chain.__context__
+  if files:
+    named = max(files, key=len)
+  elif isinstance(error, (UnicodeDecodeError, json.JSONDecodeError, KeyError)):
+    named = os.path.join(step_dir, item, "metadata" if item == "meta" else "_METADATA")
+  else:
+    named = os.path.join(step_dir, item)
+  return CorruptCheckpointError(f"{named}: {_reason(error).replace(step_dir + os.sep, '')}")
+
+
+def _reason(error: BaseException) -> str:
+  """Why an item failed to read, in words (no object reprs)."""
+  if isinstance(error, UnicodeDecodeError):
+    byte = error.object[error.start : error.start + 1]
+    return f"not UTF-8 text (byte {byte!r} at offset {error.start})"
+  if isinstance(error, json.JSONDecodeError):
+    return f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+  if isinstance(error, FileNotFoundError):
+    return f"a file is missing ({error.filename or error})"
+  if isinstance(error, KeyError):
+    return f"the entry {error.args[0]!r} is missing"
+  text = " ".join(re.sub(r"<bound method [^>]*>", "", str(error)).split())
+  if "structure" in text.lower():
+    return f"its recorded tree structure does not match the arrays saved ({text[:200]})"
+  return f"unreadable ({type(error).__name__}: {text[:300]})"
+
+
+def _verify(saved: dict, found: dict, step_dir: str, item: str) -> None:
   bad = sorted(k for k in set(saved) | set(found) if saved.get(k) != found.get(k))
   if bad:
     raise CorruptCheckpointError(
-      f"{what}array bytes differ from those saved for {len(bad)} array(s): {', '.join(bad[:4])}"
+      f"{step_dir}/{item}: array bytes differ from those saved (the digests in meta) for "
+      f"{len(bad)} array(s): {', '.join(bad[:4])}"
     )
 
 
@@ -274,10 +320,8 @@ def restore_latest(
       where = os.path.join(str(mngr.directory), str(step)) if read_only else quarantine(mngr, step)
       quarantined.append(where)
       fate = "was left where it is (another run's)" if read_only else f"was moved to {where}"
-      message = (
-        f"CHECKPOINT {step} IS CORRUPT and {fate}: {type(e).__name__}: {e}. "
-        "Trying the previous checkpoint."
-      )
+      why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
+      message = f"CHECKPOINT {step} IS CORRUPT: {why}. It {fate}; trying the previous checkpoint."
       logging.error(message)
       print(message, flush=True)
   if quarantined and read_only:
