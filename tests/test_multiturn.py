@@ -950,11 +950,13 @@ def test_calculator_rollouts_continuing_the_cache_equal_reprefilled_ones(
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
-  """The real Gemma 3 270M, greedy, as the previous test: GSM8K with the calculator (with
-  one solved example in its 221-token prompt the model calls the tool: two turns) and
-  FrozenLake (three turns). One sampling config, prompt width and window for both, so
-  the two environments share three sampler programs (start, extend, the oracle's).
-  Over 20 s: 270M sampler programs, and the oracle prefills 352 slots every turn."""
+  """The real Gemma 3 270M, as the tiny-model tests: greedy, GSM8K with the calculator
+  (with one solved example in its 221-token prompt the model calls the tool: two turns)
+  and FrozenLake (three turns); sampled (temperature 1, a fixed key), FrozenLake, two rows
+  of three turns. One prompt width and window for all, so the greedy runs share three
+  sampler programs (start, extend, the oracle's) and the sampled run compiles its own
+  three. Over 20 s (~90 s): 270M sampler programs, and the oracle prefills 352 slots
+  every turn."""
   from real_models import gemma3_270m  # pylint: disable=g-import-not-at-top
 
   config, params, tok = gemma3_270m()
@@ -968,11 +970,13 @@ def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
     prompt_bucket=256,
   )
   turns = multiturn.TurnConfig("plain", 24, 96, fixed_shapes=True)
+  lake = frozenlake.make_env(size=4, max_turns=3)
   cases = (
-    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), NATALIA, 2),
-    (frozenlake.make_env(size=4, max_turns=3), None, 3),
+    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), NATALIA, sc, [2]),
+    (lake, None, sc, [3]),
+    (lake, None, dataclasses.replace(sc, temperature=1.0), [3, 3]),  # sampled, fixed key
   )
-  for env, problem, turns_taken in cases:
+  for env, problem, sampling_config, turns_taken in cases:
     run = lambda: multiturn.rollout(
       params,
       env,
@@ -981,12 +985,12 @@ def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
       jax.random.key(3),
       tokenizer=tok,
       model_config=config,
-      sampling_config=sc,
+      sampling_config=sampling_config,
       turns=turns,
-      num_generations=1,  # greedy: a second row would repeat the first
+      num_generations=len(turns_taken),  # greedy: one row (a second would repeat it)
     )
     got = run()
-    assert [len(e.texts) for e in got.episodes] == [turns_taken], env.name
+    assert [len(e.texts) for e in got.episodes] == turns_taken, env.name
     with pytest.MonkeyPatch.context() as patch:
       _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
       want = run()
