@@ -28,6 +28,7 @@ def _cases(d):
   (d / "latin1.jsonl").write_bytes(good.encode() + b"\n" + '{"prompt": "caf\xe9"}'.encode("latin1"))
   (d / "pairs.jsonl").write_text(json.dumps({"prompt": "p", "chosen": "c"}) + "\n")
   (d / "x.gguf").write_text("not a model\n")
+  _prompt_file(d / "big.jsonl")
   gsm8k = lambda name: ["--config.data.source=gsm8k", f"--config.data.data_dir={d / name}"]
   sft = lambda name: ["--config.data.source=jsonl", f"--config.data.path={d / name}"]
   return [
@@ -47,6 +48,12 @@ def _cases(d):
       GRPO,
       ["--config.model.weights=gguf", f"--config.model.path={d / 'x.gguf'}"],
       "x.gguf is not a GGUF file",
+    ),
+    (
+      "a prompt too long",
+      GRPO,
+      [*_prompt_run(d / "big.jsonl"), "--config.data.on_too_long=error"],
+      "big.jsonl:2: the prompt is 1000001 tokens, above data.max_prompt_tokens=2048",
     ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
@@ -91,3 +98,42 @@ def test_every_unusable_file_is_one_fatal_line_with_status_2(tmp_path):
     if status != 2 or len(fatal) != 1 or wording not in fatal[0] or "Traceback" in output:
       failures.append(f"{name}: status {status}, FATAL lines {fatal}\n{output[-1500:]}")
   assert not failures, "\n\n".join(failures)
+
+
+def _prompt_file(path):
+  """Four prompts, the second a million bytes (one token each for the tiny model), the
+  last 2046 tokens with BOS: within the 2048-token limit, though too close to it to be
+  kept without counting."""
+  lines = [{"prompt": "#1 say 7: "}, {"prompt": "x" * 1_000_000}, {"prompt": "#3 say 7: "}]
+  lines.append({"prompt": "y" * 2045})
+  path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _prompt_run(path):
+  return [
+    "--config.data.source=jsonl",
+    f"--config.data.path={path}",
+    "--config.data.rewards=rlpost.rewards.digit:digit_count",
+  ]
+
+
+def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, capsys):
+  """data.on_too_long='skip' (the default): the million-byte prompt is left out when the
+  run is built (never padded or sampled), counted and located in the log; the run trains
+  on the other three. Mutation caught: the bytes bound taken for the length (the
+  2046-token prompt left out)."""
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+  from conftest import with_overrides  # pylint: disable=g-import-not-at-top
+  from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
+
+  _prompt_file(tmp_path / "big.jsonl")
+  flags = dict(
+    flag[len("--config.") :].split("=", 1) for flag in _prompt_run(tmp_path / "big.jsonl")
+  )
+  p = rl.build(with_overrides(grpo_gsm8k.get_config("tiny"), flags))
+  kept = [t.question for t in p.tasks.env_tasks.train_tasks(list(range(p.tasks.size)))]
+  assert kept == ["#1 say 7: ", "#3 say 7: ", "y" * 2045]
+  first = f"(first: {tmp_path / 'big.jsonl'}:2)"
+  assert f"left out 1 of 4 prompts longer than data.max_prompt_tokens=2048 tokens {first}" in (
+    capsys.readouterr().out
+  )

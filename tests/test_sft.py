@@ -13,6 +13,7 @@ from rlpost.supervised import sft
 from rlpost.recipes import sft as sft_recipe
 from rlpost.train import step as train
 from rlpost.text import tokenizer as tokenizer_lib
+from rlpost import errors
 from rlpost.data import chat
 from rlpost.models import gemma3
 from rlpost.models import policy
@@ -434,17 +435,32 @@ def test_an_empty_jsonl_fails_naming_the_path(tmp_path):
     sft_recipe.records(cfg)
 
 
-def test_a_prompt_longer_than_seq_len_fails_naming_data_seq_len(tmp_path):
-  """A JSONL record whose prompt alone fills data.seq_len fails naming config.data.seq_len
-  (the library's message only said 'raise max_len', which no config has).
+def test_a_prompt_longer_than_seq_len_is_left_out_or_refused_naming_its_line(tmp_path, capsys):
+  """A JSONL record whose prompt alone fills data.seq_len could never train: left out and
+  counted, naming its line (data.on_too_long='skip', the default), or a DataError naming
+  its line ('error'); with every record such, an error naming config.data.seq_len.
 
   Mutation caught: recipes.sft.tokenized_examples calling chat.tokenize_sft unwrapped.
   """
   path = tmp_path / "chats.jsonl"
-  path.write_text(json.dumps({"prompt": "x" * 40, "completion": "y"}) + "\n")
-  cfg = _tiny_config(data__source="jsonl", data__path=str(path), data__seq_len=16)
+  good, long = ({"prompt": p, "completion": "y"} for p in ("x", "x" * 40))
+  path.write_text("".join(json.dumps(r) + "\n" for r in (good, long)))
+  cfg = _tiny_config(data__source="jsonl", data__path=str(path), data__seq_len=24)
   cfg.eval.every = 0
-  with pytest.raises(ValueError, match=r"^config\.data\.seq_len=16: SFT record's prompt is"):
+  train, _ = sft_recipe.tokenized_examples(cfg, tokenizer_lib.byte_tokenizer())
+  assert len(train) == 1
+  assert (
+    f"left out 1 of 2 records whose prompt leaves no room for a response in data.seq_len=24 tokens (first: {path}:2)"
+    in capsys.readouterr().out
+  )
+  cfg.data.on_too_long = "error"
+  with pytest.raises(errors.DataError, match=rf"^{path}:2: SFT record's prompt is"):
+    sft_recipe.tokenized_examples(cfg, tokenizer_lib.byte_tokenizer())
+  path.write_text(json.dumps(long) + "\n")
+  cfg.data.on_too_long = "skip"
+  with pytest.raises(
+    ValueError, match=r"^config\.data\.seq_len=24: no record's prompt leaves room"
+  ):
     sft_recipe.tokenized_examples(cfg, tokenizer_lib.byte_tokenizer())
 
 

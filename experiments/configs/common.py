@@ -75,5 +75,7 @@ def prompt_data(tiny: bool) -> ml_collections.ConfigDict:
       # comma-separated MODULE:FUNCTION reward functions (e.g. rlpost.rewards.digit:digit_count)
       "path": "",
       "rewards": "",
+      "max_prompt_tokens": 2048,  # longer prompts never reach the device:
+      "on_too_long": "skip",  # skip (left out, counted in the log) | error (names file:line)
     }
   )

@@ -31,6 +31,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "num_examples": 0,  # first N records only (0: all)
       "seq_len": 32 if tiny else 512,
       "shuffle": True,
+      # a record whose prompt leaves no room for a response in seq_len: skip (left out,
+      # counted in the log) | error (names its file and line)
+      "on_too_long": "skip",
     }
   )
   c.train = ml_collections.ConfigDict(

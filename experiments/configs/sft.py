@@ -34,6 +34,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "seq_len": 48 if tiny else 384,
       "pack": False,  # first-fit pack several examples per row
       "shuffle": True,
+      # a record whose prompt leaves no room for a response in seq_len: skip (left out,
+      # counted in the log) | error (names its file and line)
+      "on_too_long": "skip",
     }
   )
   c.train = ml_collections.ConfigDict(

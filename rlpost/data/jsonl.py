@@ -70,3 +70,12 @@ def require_str(obj: dict[str, Any], field: str, where: str) -> str:
       f"{where}: field {field!r} must be a string, got {type(value).__name__} {str(value)[:60]!r}"
     )
   return value
+
+
+def where_of(path: str | os.PathLike, index: int) -> str:
+  """`"{path}:{line}"` of the `index`-th object `read_jsonl(path)` yields (blank lines
+  skipped), to name a record found wrong after loading."""
+  for i, (where, _) in enumerate(read_jsonl(path)):
+    if i == index:
+      return where
+  return f"{os.fspath(path)}: record {index}"

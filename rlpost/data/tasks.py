@@ -1,6 +1,7 @@
 """RL tasks: (training problems, reward functions, accuracy functions, few-shot examples)."""
 
-from typing import NamedTuple
+import os
+from typing import Callable, NamedTuple
 
 from rlpost import errors
 from rlpost import rewards
@@ -19,6 +20,11 @@ class Task(NamedTuple):
   accuracy_fns: dict  # metric name -> (completion, answer) -> bool
   examples: list  # few-shot exemplars (never trained on)
   system: str = gsm8k.SYSTEM_PROMPT  # the chat template's system text ("": none)
+  where: Callable[[int], str] | None = None  # problem i -> "path:line" (None: "problem i")
+
+  def where_of(self, i: int) -> str:
+    """Where problem i came from, for an error that names it."""
+    return self.where(i) if self.where is not None else f"problem {i}"
 
 
 MATH_ACCURACY = {
@@ -62,7 +68,9 @@ def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
   file's prompts (`data.path`) are scored by `data.rewards` and have no accuracy flags."""
   source = data_cfg.source
   if source == "jsonl":
-    return Task(load_prompts(data_cfg.path), rewards.load_reward_fns(data_cfg.rewards), {}, [], "")
+    path = data_cfg.path
+    fns = rewards.load_reward_fns(data_cfg.rewards)
+    return Task(load_prompts(path), fns, {}, [], "", lambda i: jsonl.where_of(path, i))
   if source == "digit":
     check_digit(data_cfg.digit)
     return Task(
@@ -79,6 +87,13 @@ def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
     shots = arithmetic.generate_problems(data_cfg.fewshot, seed + 7)
   else:
     raise ValueError(f"data.source={source!r} is not one of {SOURCES}")
-  if split == "train":
-    problems = problems[len(shots) :] if source == "gsm8k" else problems
-  return Task(problems, gsm8k_rewards.REWARD_FNS, MATH_ACCURACY, shots)
+  skipped = len(shots) if split == "train" and source == "gsm8k" else 0
+  where = None
+  if source == "gsm8k":
+    file = os.path.join(data_cfg.data_dir, f"{split}.jsonl")
+    hub = f"{gsm8k.HF_DATASET[0]}[{split}] row"
+    where = lambda i: (
+      jsonl.where_of(file, i + skipped) if data_cfg.data_dir else f"{hub} {i + skipped}"
+    )
+  problems = problems[skipped:]
+  return Task(problems, gsm8k_rewards.REWARD_FNS, MATH_ACCURACY, shots, where=where)

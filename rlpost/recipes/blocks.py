@@ -12,6 +12,7 @@ import math
 import os
 
 from rlpost import rewards as rewards_lib
+from rlpost.data import limits
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.models import quant
@@ -27,7 +28,8 @@ class DataConfig:
   `data.tasks.SOURCES`), `data_dir` (GSM8K jsonl dir; "": the hub), `template` (one of
   `data.prompts.TEMPLATES`), `fewshot` solved examples, `shuffle` each epoch, `digit`
   (the digit task's target), `path` (the jsonl source's prompt file) and `rewards` (its
-  reward functions, comma-separated MODULE:FUNCTION)."""
+  reward functions, comma-separated MODULE:FUNCTION), `max_prompt_tokens` (longer prompts
+  never reach the device) and `on_too_long` (what happens to them: `data.limits`)."""
 
   source: str = "gsm8k"
   data_dir: str = ""
@@ -37,8 +39,18 @@ class DataConfig:
   digit: str = "7"
   path: str = ""
   rewards: str = ""
+  max_prompt_tokens: int = 2048
+  on_too_long: str = "skip"
 
   def __post_init__(self):
+    if self.max_prompt_tokens < 1:
+      common.field_error(
+        DataConfig, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1 token"
+      )
+    if self.on_too_long not in limits.ON_TOO_LONG:
+      common.field_error(
+        DataConfig, "on_too_long", self.on_too_long, f"use one of {limits.ON_TOO_LONG}"
+      )
     if self.source not in tasks_lib.SOURCES:
       common.field_error(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
     if self.source == "digit":

@@ -13,6 +13,7 @@ import math
 
 from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
+from rlpost.data import jsonl
 from rlpost.recipes import common
 from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
@@ -66,8 +67,9 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   pair_records = records(cfg)  # a bad data file fails before the model is loaded
   _, params, tokenizer, state, frozen, optimizer = supervised_run.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
+  where = (lambda i: jsonl.where_of(d.path, i)) if d.source == "jsonl" else None
   pairs = supervised_run.tokenize_records(
-    pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg
+    pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg, where
   )
   reference = params if fwd.lora else dpo.initial_reference(params)
   mesh = common.make_mesh(cfg)

@@ -37,6 +37,7 @@ import numpy as np
 import tqdm
 
 from rlpost import sampling as sampling_lib
+from rlpost.data import limits
 from rlpost.data import tasks as tasks_lib
 from rlpost.data.cursor import Cursor, next_indices
 from rlpost.envs import multiturn
@@ -113,6 +114,7 @@ class Setup:
   trajectories_logged: int = 0
   step_threads: int = 1
   per_turn_rewards: bool = False
+  data: blocks.DataConfig | None = None  # a prompt dataset's `data` block
 
   @property
   def spec(self) -> learners_lib.LearnerSpec:
@@ -210,6 +212,7 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     max_new_tokens=s.max_new_tokens,
     template=d.template,
     shuffle=d.shuffle,
+    data=d,
   )
 
 
@@ -330,12 +333,15 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   if setup.source == ENV:
     tasks = Tasks(make_env(cfg))
     turns = setup.turns
-  else:
+  else:  # the data file before the model (its errors fail fast), its lengths after
     task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  _, params, tokenizer = loaded or common.load_model(cfg)
+  if setup.source != ENV:
+    d = setup.data
+    task, _ = limits.prompts_within(task, d.template, tokenizer, d.max_prompt_tokens, d.on_too_long)
     tasks, kind = prompt_tasks(task, setup.template)
     cap = setup.max_new_tokens
     turns = multiturn.TurnConfig(kind, cap, cap, max_prompt_tokens=_NO_PROMPT_CAP)
-  _, params, tokenizer = loaded or common.load_model(cfg)
   sc = sampling_lib.SamplingConfig(
     temperature=setup.temperature,
     stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),

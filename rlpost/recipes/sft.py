@@ -15,6 +15,7 @@ import logging
 from rlpost import errors
 from rlpost.data import chat
 from rlpost.data import gsm8k
+from rlpost.data import jsonl
 from rlpost.envs import tool_traces
 from rlpost.envs import gsm8k_calc
 from rlpost.models import policy
@@ -91,8 +92,9 @@ def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
   if d.source != "gsm8k_tools":
     train_records, eval_records = records(cfg)
     tokenize = lambda r: chat.tokenize_sft(r, tokenizer, d.seq_len)
+    where = (lambda i: jsonl.where_of(d.path, i)) if d.source == "jsonl" else None
     return supervised_run.tokenize_records(
-      train_records, tokenize, cfg
+      train_records, tokenize, cfg, where
     ), supervised_run.tokenize_records(eval_records, tokenize, cfg)
   out = []
   for split, limit in (("train", d.num_examples), ("test", cfg.eval.num_examples)):

@@ -1,11 +1,14 @@
 """What the supervised recipes (SFT, DPO) share: the config check, the model and train
 state, record tokenization and the run loop's step (a helper module, not a recipe)."""
 
+import logging
 import os
 import time
 
 import jax
 
+from rlpost import errors
+from rlpost.data import limits
 from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.train import step as step_lib
@@ -51,6 +54,8 @@ def check_config(cfg, sources: tuple[str, ...]) -> policy.ForwardConfig:
       fail(f"data.{field}", d[field], "no such file")
   if d.seq_len < 2:
     fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
+  if d.get("on_too_long", "skip") not in limits.ON_TOO_LONG:
+    fail("data.on_too_long", d.on_too_long, f"use one of {limits.ON_TOO_LONG}")
   if cfg.get("eval") is not None and cfg.eval.every < 0:
     fail("eval.every", cfg.eval.every, "must be >= 0 (0: never)")
   if cfg.get("eval") is not None and cfg.eval.num_examples < 0:
@@ -94,13 +99,34 @@ def supervised_step(train_step, frozen, next_batch, evaluate, cfg, state, cursor
   return state, cursor, record
 
 
-def tokenize_records(records, tokenize, cfg) -> list:
-  """`tokenize(record)` of each record; a record whose prompt leaves no room for a response
-  in data.seq_len tokens fails naming that setting."""
-  out = []
-  for record in records:
+def tokenize_records(records, tokenize, cfg, where=None) -> list:
+  """`tokenize(record)` of each record. A record whose prompt leaves no room for a response
+  in data.seq_len tokens (it could never train) is left out and counted in the log
+  (data.on_too_long='skip'), or stops the run naming it (`where(i)`: "path:line" of
+  record i; None: "record i") with 'error'. No record left is an error either way."""
+  where = where or (lambda i: f"record {i}")
+  out, dropped = [], []
+  for i, record in enumerate(records):
     try:
       out.append(tokenize(record))
     except ValueError as e:
-      common.fail("data.seq_len", cfg.data.seq_len, str(e))
+      if cfg.data.get("on_too_long", "skip") == "error":
+        raise errors.DataError(
+          f"{where(i)}: {e}; or set data.on_too_long='skip' to leave such records out"
+        ) from None
+      dropped.append(i)
+  if dropped and not out:
+    common.fail(
+      "data.seq_len",
+      cfg.data.seq_len,
+      f"no record's prompt leaves room for a response (first: {where(dropped[0])}); raise it",
+    )
+  if dropped:
+    message = (
+      f"data: left out {len(dropped)} of {len(records)} records whose prompt leaves no room "
+      f"for a response in data.seq_len={cfg.data.seq_len} tokens (first: {where(dropped[0])}); "
+      "data.on_too_long='error' stops at such a record instead"
+    )
+    logging.warning(message)
+    print(message, flush=True)
   return out

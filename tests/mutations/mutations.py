@@ -157,7 +157,7 @@ MUTATIONS = [
   dict(
     name="checkpoint_digest_not_verified",
     path="rlpost/train/checkpoint.py",
-    old='  _verify(saved, digests(state), "")\n',
+    old='  _verify(saved, digests(state), step_dir, "state")\n',
     new="  pass\n",
     tests=["tests/test_checkpoint.py"],
     why="restore trusts the array bytes without checking their CRCs",
