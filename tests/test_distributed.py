@@ -282,7 +282,10 @@ RECIPES = {
     "grpo",
     {**TINY, "sampling.weights": "int8", "sampling.int8_paths": "oik:0", "algo.tis_cap": 2.0},
   ),
+  # DAPO's dynamic sampling: every process plays each round whole (WHOLE_ROUNDS)
+  "grpo_dynamic": ("grpo", {**TINY, "rollout.dynamic_sampling": True}),
 }
+WHOLE_ROUNDS = {"grpo_dynamic"}
 FSDP = {**TINY, "mesh.fsdp": 4}
 LONG_RUN = {**TINY, "train.steps": 100_000, "checkpoint.every": 100_000}
 HEARTBEAT_S = 10
@@ -377,6 +380,12 @@ def _shares_split(whole_dir, two_dir):
     assert sorted(a + b) == sorted(whole), "a row read twice or skipped"
 
 
+def _rounds_whole(whole_dir, two_dir):
+  """Per call, each of the two processes plays the single process's rows, all of them."""
+  one, first, second = _read(whole_dir, 0), *(_read(two_dir, i) for i in (0, 1))
+  assert len(one) >= 3 and one == first == second
+
+
 @pytest.mark.slow
 def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
   """One launch of 2 processes x 2 devices and one of 1 process x 4 devices, side by side
@@ -388,7 +397,9 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
     disjoint and together exactly the single process's rows. grpo_int8: the sampler's
     logprobs differ from the trainer's (gap > 1e-4), i.e. int8 was sampled. grpo without
     dynamic sampling reports dynamic/filled 0 on 2 processes (it read 2: each process
-    compared its own groups with the global prompt count).
+    compared its own groups with the global prompt count). grpo_dynamic (DAPO's dynamic
+    sampling): every process plays each round's prompts whole, and the resampling rounds,
+    the filled groups and the training agree with 1 process.
   - checkpoints move between process counts: SFT with fsdp=4 (weights split across both
     processes), 2 steps on 2 processes then the third on 1, and 1 then 2, equal 3 steps on 1.
   - a checkpoint's carry (a pipelined run's older policies) of weights split over fsdp
@@ -410,10 +421,19 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
   for name in RECIPES:
     one, two = tmp_path / "one" / name, tmp_path / "two" / name
     _check(failures, f"{name} agreement", _assert_same_run, one, two)
-    _check(failures, f"{name} shares", _shares_split, one, two)
+    split = _rounds_whole if name in WHOLE_ROUNDS else _shares_split
+    _check(failures, f"{name} shares", split, one, two)
   filled = [r["dynamic/filled"] for r in _records(tmp_path / "two" / "grpo")]
   if filled != [0] * len(filled):  # no dynamic sampling: nothing filled, on any process count
     failures.append(f"grpo on 2 processes: dynamic/filled {filled}, not all 0")
+  dynamic = {
+    n: [(r["dynamic/rounds"], r["dynamic/filled"]) for r in _records(tmp_path / n / "grpo_dynamic")]
+    for n in ("one", "two")
+  }
+  if dynamic["one"] != dynamic["two"] or max(rounds for rounds, _ in dynamic["one"]) < 2:
+    failures.append(
+      f"grpo_dynamic: (rounds, filled) per step {dynamic}: not equal, or never resampled"
+    )
   gaps = [r["sampler_logp_gap_mean"] for r in _records(tmp_path / "two" / "grpo_int8")]
   if not all(gap > 1e-4 for gap in gaps):
     failures.append(f"grpo_int8: sampler_logp_gap_mean {gaps}, not all > 1e-4")

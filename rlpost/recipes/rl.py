@@ -191,14 +191,6 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
       f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
     )
   rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
-  if r.dynamic_sampling and jax.process_count() > 1:
-    common.fail(
-      "rollout.dynamic_sampling",
-      True,
-      f"not with {jax.process_count()} processes (each would keep a different number of "
-      "groups, and a step needs the same number from every process); set it False or "
-      "run one process",
-    )
   return Setup(
     learner=name,
     settings=settings,
@@ -450,24 +442,28 @@ def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
   Dynamic sampling drops groups whose G rewards are all equal (zero advantage, no
   signal) and draws further prompts, up to `max_resample_rounds` extra rounds; if the
   batch is still short it is filled with dropped groups (they contribute no policy
-  gradient) and `dynamic/filled` counts them. A group learner's rounds sample with
+  gradient) and `dynamic/filled` counts them. With several processes each plays every
+  round whole (sampling is not split) and trains on its block of the groups chosen. A group learner's rounds sample with
   key fold_in(key, round) (as runs before the one recipe did). Returns (Rollout,
   metrics, cursor).
   """
   setup, tasks = p.setup, p.tasks
   B, G, r = setup.batch_tasks, setup.num_generations, setup.rollout
   groups = setup.spec.groups
+  # With several processes, dynamic sampling has every process play each round whole, so
+  # all keep the same groups (those one process would keep) and take their block of them.
+  everyone = r.dynamic_sampling and jax.process_count() > 1
   kept, dropped, rounds, errors = [], [], 0, {}
   while True:
     idx, cursor = next_indices(cursor, tasks.size, B, shuffle=setup.shuffle)
-    mine = shares.block(B, setup.tasks_field)
+    mine = slice(0, B) if everyone else shares.block(B, setup.tasks_field)
     seeds = [int(i) for i in idx[mine]]
     round_key = jax.random.fold_in(key, rounds) if groups else key
     problems = tasks.env_tasks.train_tasks(seeds)
     out = _play(p, pool, params_s, problems, seeds, round_key, setup.sampling, G, mine.start * G)
     out, penalty = _with_overlong_penalty(out, setup)
     for name, n in reports.reward_errors(out, tasks.reward_names).items():
-      errors[name] = errors.get(name, 0) + shares.sum_over_processes(n)
+      errors[name] = errors.get(name, 0) + (n if everyone else shares.sum_over_processes(n))
     tied = np.asarray(adv_lib.zero_signal_groups(jnp.asarray(out.rewards), G))
     for g, no_signal in enumerate(tied):
       (dropped if r.dynamic_sampling and no_signal else kept).append((out, penalty, g))
@@ -486,7 +482,10 @@ def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
       break
   filled = max(0, mine_count - len(kept))  # 0 without dynamic sampling, on any process count
   chosen = (kept + dropped[:filled])[:mine_count]
-  out, penalty = _groups_of(chosen, G, setup.sampling.pad_id, rounds == 1 and not dropped)
+  if everyone:  # the groups every process chose alike: this process trains on its block
+    chosen = shares.take(chosen, setup.tasks_field)
+  whole = rounds == 1 and not dropped and not everyone
+  out, penalty = _groups_of(chosen, G, setup.sampling.pad_id, whole)
   extra = {} if penalty is None else {"overlong_penalty": penalty}
   metrics = {
     **errors,
