@@ -294,7 +294,10 @@ def test_reinforce_pp_token_level(seed, gamma, beta, group):
     rewards, mask, kl_BxT=np.where(mask, kl, np.nan), beta=beta, gamma=gamma, group_size=group
   )
   want = _np_reinforce_pp(rewards, mask, kl, beta, gamma, group)
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  # Every return tied (groups of 2 without KL: the group mean takes all): nothing is left
+  # to whiten but float32 rounding, which sqrt(var + 1e-8) scales by up to 1e4.
+  tied = not np.abs(want).any()
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-2 if tied else 1e-4)
 
 
 def test_reinforce_pp_sequence_level_is_batch_whitened():
