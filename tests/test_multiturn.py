@@ -840,13 +840,22 @@ def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(tempera
   its logprobs within float rounding, greedy and sampled. Mutation caught: `extend`'s
   new tokens placed one position off (`next_pos` without the kept tokens)."""
   env = frozenlake.make_env(size=3, max_turns=3, style="char")
-  sc = dataclasses.replace(_sampling_config(6), temperature=temperature)
-  turns = multiturn.TurnConfig("chat", 6, 200, fixed_shapes=temperature == 0)
-  params = _random_params(0)
+  got, want = _continued_and_reprefilled(
+    _random_params(0), env, [None] * 2, "chat", 6, 200, temperature
+  )
+  assert max(len(e.texts) for e in got.episodes) == 3
+  assert_same_rollouts(got, want)
+
+
+def _continued_and_reprefilled(params, env, tasks, template, turn_tokens, total, temperature):
+  """(the rollout continuing the KV cache, the re-prefilling one) of `env` on the tiny
+  model: 2 tasks (seeds 3, 4) x 2 rows, key 7; greedy with fixed shapes, sampled without."""
+  sc = dataclasses.replace(_sampling_config(turn_tokens), temperature=temperature)
+  turns = multiturn.TurnConfig(template, turn_tokens, total, fixed_shapes=temperature == 0)
   run = lambda: multiturn.rollout(
     params,
     env,
-    [None] * 2,
+    tasks,
     [3, 4],
     jax.random.key(7),
     tokenizer=TOK,
@@ -856,11 +865,9 @@ def test_frozenlake_rollouts_continuing_the_cache_equal_reprefilled_ones(tempera
     num_generations=2,
   )
   got = run()
-  assert max(len(e.texts) for e in got.episodes) == 3
   with pytest.MonkeyPatch.context() as patch:
     _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
-    want = run()
-  assert_same_rollouts(got, want)
+    return got, run()
 
 
 CALL = "<tool>calculator: 48/2</tool>"  # 29 bytes; the turns sample 32
@@ -921,29 +928,14 @@ def test_calculator_rollouts_continuing_the_cache_equal_reprefilled_ones(
   `continuation._with_last_token` counting every written token as kept
   (`in_cache = state.written`: the tokens after the stop string stay in the cache)."""
   env = gsm8k_calc.make_env(CALC_TASK, fewshot=0, max_turns=3)
-  sc = dataclasses.replace(_sampling_config(32), temperature=temperature)
-  turns = multiturn.TurnConfig("plain", 32, 160, fixed_shapes=temperature == 0)
-  run = lambda: multiturn.rollout(
-    calling_params,
-    env,
-    [NATALIA] * 2,
-    [3, 4],
-    jax.random.key(7),
-    tokenizer=TOK,
-    model_config=CONFIG,
-    sampling_config=sc,
-    turns=turns,
-    num_generations=2,
+  got, want = _continued_and_reprefilled(
+    calling_params, env, [NATALIA] * 2, "plain", 32, 160, temperature
   )
-  got = run()
   texts = [e.texts for e in got.episodes]
   if temperature == 0:
     assert all(t[0] == CALL and len(t) >= 2 for t in texts), texts
   assert any(t[0].endswith(tool_syntax.CALL_CLOSE) for t in texts), texts  # cut at the stop
   assert sum(len(t) for t in texts) >= len(texts) + 2, texts  # later turns continue the cache
-  with pytest.MonkeyPatch.context() as patch:
-    _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
-    want = run()
   assert_same_rollouts(got, want)
 
 
