@@ -13,6 +13,7 @@ data or model path that does not exist): its traceback is logged at debug level
 
 import dataclasses
 import importlib.util
+import logging as std_logging
 import sys
 
 from absl import app
@@ -75,12 +76,14 @@ def run(main) -> None:
       if message:
         print(f"FATAL flags parsing error: {message}", file=sys.stderr)
         sys.exit(2)
+    # JAX's probe for a TPU logs a line at INFO on every machine without one: not news.
+    std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
     try:
       distributed.initialize(distributed.DistConfig(**_DIST.value))
       if not _CHECKPOINT_LOGS.value:
         runtime.quiet_checkpoint_logs()
       path = runtime.enable_compilation_cache(_CACHE_DIR.value, _CACHE_GB.value)
-      logging.info("compilation cache: %s", path or "off")
+      logging.debug("compilation cache: %s", path or "off")
       return main(argv)
     # A refused config value, workdir or checkpoint; a missing data or model file (the
     # loaders name the path and its setting).

@@ -82,9 +82,10 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_every_unusable_file_is_one_fatal_line_with_status_2(tmp_path):
-  """Each case of issue 36's list through its main (one process start for all: forked
-  children, tests/cli_batch.py). Mutation caught: the data and model loaders raising a
-  plain ValueError again (each a traceback and status 1)."""
+  """Each case of issue 36's list through its main: its whole output is one FATAL line
+  and the status 2 (one process start for all the cases: forked children,
+  tests/cli_batch.py). Mutation caught: the data and model loaders raising a plain
+  ValueError again (each a traceback and status 1)."""
   cases = _cases(tmp_path)
   runs = run_clis(
     [
@@ -94,8 +95,10 @@ def test_every_unusable_file_is_one_fatal_line_with_status_2(tmp_path):
   )
   failures = []
   for (name, _, _, wording), (status, output) in zip(cases, runs):
-    fatal = [line for line in output.splitlines() if line.startswith("FATAL")]
-    if status != 2 or len(fatal) != 1 or wording not in fatal[0] or "Traceback" in output:
+    fatal = output.strip().splitlines()  # the whole output: one FATAL line
+    if (
+      status != 2 or len(fatal) != 1 or not fatal[0].startswith("FATAL") or wording not in fatal[0]
+    ):
       failures.append(f"{name}: status {status}, FATAL lines {fatal}\n{output[-1500:]}")
   assert not failures, "\n\n".join(failures)
 
