@@ -140,3 +140,40 @@ def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, c
   assert f"left out 1 of 4 prompts longer than data.max_prompt_tokens=2048 tokens {first}" in (
     capsys.readouterr().out
   )
+
+
+@pytest.mark.parametrize(
+  "config,overrides,match",
+  [
+    (
+      "grpo_gsm8k.py:tiny",
+      {"data.max_prompt_tokens": 8190},
+      r"config\.data\.max_prompt_tokens=8190: with sampling\.max_new_tokens=8 a sequence holds = 8198 tokens, above tiny's context of 8192",
+    ),
+    (
+      "agentic.py:frozenlake_tiny",
+      {"rollout.max_total_tokens": 8192},
+      r"config\.rollout\.max_total_tokens=8192: .* above tiny's context",
+    ),
+    (
+      "sft.py:tiny",
+      {"data.seq_len": 9000},
+      r"config\.data\.seq_len=9000: a training row holds = 9000 tokens, above tiny's context",
+    ),
+  ],
+)
+def test_sequences_beyond_the_models_context_are_refused_with_the_config(config, overrides, match):
+  """What a run could sample or train past its model's context (gemma3.CONTEXT_TOKENS) is
+  refused when the config is read, naming the field."""
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from conftest import with_overrides  # pylint: disable=g-import-not-at-top
+  from rlpost import errors  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl, sft  # pylint: disable=g-import-not-at-top
+
+  module, variant = config.split(":")
+  configs = importlib.import_module(f"experiments.configs.{module[:-3]}")
+  cfg = with_overrides(configs.get_config(variant), overrides)
+  check = sft.check_config if module == "sft.py" else rl.check_config
+  with pytest.raises(errors.ConfigError, match=match):
+    check(cfg)

@@ -62,14 +62,16 @@ def _sft(tmp_path, name, *flags):
 def test_runs_are_quiet_and_fill_the_cache_by_default(tmp_path):
   """A default run: no checkpoint-library INFO line, the progress bar still shown, and
   compiled programs in the cache's machine-keyed directory; asked for, the INFO lines
-  come back, and an empty cache directory turns the cache off."""
+  come back, and an empty cache directory turns the cache off (said at --verbosity=1)."""
   cache = tmp_path / "cache"
   quiet = _sft(tmp_path, "quiet", f"--compilation_cache_dir={cache}")
   assert "checkpoint_manager.py" not in quiet and "sft: 100%" in quiet
   (keyed,) = cache.iterdir()
   assert keyed.name == runtime.machine_key() and any(keyed.iterdir())
   before = sorted(p.name for p in keyed.iterdir())
-  loud = _sft(tmp_path, "loud", "--checkpoint_info_logs", "--compilation_cache_dir=")
+  loud = _sft(
+    tmp_path, "loud", "--checkpoint_info_logs", "--compilation_cache_dir=", "--verbosity=1"
+  )
   assert "checkpoint_manager.py" in loud and "compilation cache: off" in loud
   assert sorted(p.name for p in keyed.iterdir()) == before
 

@@ -140,6 +140,12 @@ PRESETS: dict[str, Config] = {
 }
 
 
+# Tokens a preset was trained to attend over (Gemma 3 270M and 1B: 32K); the tiny test
+# model's is the limit its tests need. A run whose prompt plus completion could exceed it
+# is refused when its config is read (`rlpost.recipes.common.check_context`).
+CONTEXT_TOKENS: dict[str, int] = {"gemma3_270m": 32_768, "gemma3_1b": 32_768, "tiny": 8_192}
+
+
 def get_config(name: str, **overrides) -> Config:
   """Returns the preset `name`, with dataclass fields replaced by `overrides`."""
   if name not in PRESETS:

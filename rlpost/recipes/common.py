@@ -128,6 +128,19 @@ class CheckpointConfig:
       field_error(CheckpointConfig, "keep", self.keep, "must be >= 1 checkpoint")
 
 
+def check_context(cfg, tokens: int, field: str, value, what: str) -> None:
+  """Refuses `tokens` (what a sequence of this run can hold: `what`) above the model
+  preset's context (`gemma3.CONTEXT_TOKENS`), naming `field`."""
+  preset = cfg.model.preset
+  context = gemma3.CONTEXT_TOKENS.get(preset)
+  if context is not None and tokens > context:
+    fail(
+      field,
+      value,
+      f"{what} = {tokens} tokens, above {preset}'s context of {context}: lower it",
+    )
+
+
 def field_error(cls, field: str, value, fix: str):
   """Raises the ValueError a config dataclass's `__post_init__` gives for a bad field,
   "Cls.field=value: fix" (`from_block` turns it into "config.block.field=value: fix")."""

@@ -191,6 +191,13 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
       f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
     )
   rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
+  common.check_context(
+    cfg,
+    d.max_prompt_tokens + s.max_new_tokens,
+    "data.max_prompt_tokens",
+    d.max_prompt_tokens,
+    f"with sampling.max_new_tokens={s.max_new_tokens} a sequence holds",
+  )
   return Setup(
     learner=name,
     settings=settings,
@@ -238,6 +245,13 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     )
   if cfg.rollout_threads < 1:
     common.fail("rollout_threads", cfg.rollout_threads, "must be >= 1 thread")
+  common.check_context(
+    cfg,
+    turns.max_prompt_tokens + turns.max_total_tokens,
+    "rollout.max_total_tokens",
+    turns.max_total_tokens,
+    f"with rollout.max_prompt_tokens={turns.max_prompt_tokens} an episode holds",
+  )
   log = common.from_block(blocks.LogConfig, cfg.log, "log")
   common.from_block(blocks.ToolsConfig, cfg.tools, "tools")
   settings = spec.settings(cfg, "train.batch_tasks")

@@ -54,6 +54,7 @@ def check_config(cfg, sources: tuple[str, ...]) -> policy.ForwardConfig:
       fail(f"data.{field}", d[field], "no such file")
   if d.seq_len < 2:
     fail("data.seq_len", d.seq_len, "must be >= 2 tokens")
+  common.check_context(cfg, d.seq_len, "data.seq_len", d.seq_len, "a training row holds")
   if d.get("on_too_long", "skip") not in limits.ON_TOO_LONG:
     fail("data.on_too_long", d.on_too_long, f"use one of {limits.ON_TOO_LONG}")
   if cfg.get("eval") is not None and cfg.eval.every < 0:
