@@ -148,7 +148,8 @@ def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, c
     (
       "grpo_gsm8k.py:tiny",
       {"data.max_prompt_tokens": 8190},
-      r"config\.data\.max_prompt_tokens=8190: with sampling\.max_new_tokens=8 a sequence holds = 8198 tokens, above tiny's context of 8192",
+      r"config\.data\.max_prompt_tokens=8190: with sampling\.max_new_tokens=8 a sequence "
+      r"holds = 8198 tokens, above tiny's context of 8192",
     ),
     (
       "agentic.py:frozenlake_tiny",

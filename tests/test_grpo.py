@@ -639,7 +639,8 @@ def test_a_prompt_file_with_its_reward_function_trains_as_the_built_in_task(stra
     ),
     (
       {"data.source": "jsonl", "data.path": __file__, "data.rewards": "rlpost.rewards.digit"},
-      r"config\.data\.rewards='rlpost\.rewards\.digit': 'rlpost\.rewards\.digit' is not MODULE:FUNCTION",
+      r"config\.data\.rewards='rlpost\.rewards\.digit': "
+      r"'rlpost\.rewards\.digit' is not MODULE:FUNCTION",
     ),
     (
       {"data.source": "jsonl", "data.path": __file__, "data.rewards": "no_such_mod:f"},

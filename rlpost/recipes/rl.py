@@ -457,9 +457,9 @@ def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
   signal) and draws further prompts, up to `max_resample_rounds` extra rounds; if the
   batch is still short it is filled with dropped groups (they contribute no policy
   gradient) and `dynamic/filled` counts them. With several processes each plays every
-  round whole (sampling is not split) and trains on its block of the groups chosen. A group learner's rounds sample with
-  key fold_in(key, round) (as runs before the one recipe did). Returns (Rollout,
-  metrics, cursor).
+  round whole (sampling is not split) and trains on its block of the groups chosen. A
+  group learner's rounds sample with key fold_in(key, round) (as runs before the one
+  recipe did). Returns (Rollout, metrics, cursor).
   """
   setup, tasks = p.setup, p.tasks
   B, G, r = setup.batch_tasks, setup.num_generations, setup.rollout
