@@ -47,12 +47,8 @@ class DataConfig:
       common.field_error(
         DataConfig, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1 token"
       )
-    if self.on_too_long not in limits.ON_TOO_LONG:
-      common.field_error(
-        DataConfig, "on_too_long", self.on_too_long, f"use one of {limits.ON_TOO_LONG}"
-      )
-    if self.source not in tasks_lib.SOURCES:
-      common.field_error(DataConfig, "source", self.source, f"use one of {tasks_lib.SOURCES}")
+    common.check_one_of(DataConfig, "on_too_long", self.on_too_long, limits.ON_TOO_LONG)
+    common.check_one_of(DataConfig, "source", self.source, tasks_lib.SOURCES)
     if self.source == "digit":
       tasks_lib.check_digit(self.digit)
     if self.source == "jsonl":
@@ -71,10 +67,7 @@ class DataConfig:
       common.field_error(
         DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt"
       )
-    if self.template not in prompts_lib.TEMPLATES:
-      common.field_error(
-        DataConfig, "template", self.template, f"use one of {prompts_lib.TEMPLATES}"
-      )
+    common.check_one_of(DataConfig, "template", self.template, prompts_lib.TEMPLATES)
 
   def _check_prompt_file(self):
     """The jsonl source's prompt file and reward functions, before any model loads."""
@@ -120,8 +113,7 @@ class SamplingBlock:
       common.field_error(SamplingBlock, "prompt_bucket", self.prompt_bucket, "must be >= 1 token")
     if self.max_new_tokens is not None and self.max_new_tokens < 1:
       common.field_error(SamplingBlock, "max_new_tokens", self.max_new_tokens, "must be >= 1 token")
-    if self.weights not in SAMPLER_WEIGHTS:
-      common.field_error(SamplingBlock, "weights", self.weights, f"use one of {SAMPLER_WEIGHTS}")
+    common.check_one_of(SamplingBlock, "weights", self.weights, SAMPLER_WEIGHTS)
     if self.int8_paths != "auto":  # a typo fails even before it is used
       quant.parse_paths(self.int8_paths)
 

@@ -141,6 +141,12 @@ def check_context(cfg, tokens: int, field: str, value, what: str) -> None:
     )
 
 
+def check_one_of(cls, field: str, value, choices) -> None:
+  """`field_error` unless `value` is one of `choices`."""
+  if value not in choices:
+    field_error(cls, field, value, f"use one of {tuple(choices)}")
+
+
 def field_error(cls, field: str, value, fix: str):
   """Raises the ValueError a config dataclass's `__post_init__` gives for a bad field,
   "Cls.field=value: fix" (`from_block` turns it into "config.block.field=value: fix")."""
