@@ -127,7 +127,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
 ):
   """Rerun after corrupting checkpoint 6: the run resumes from 4, redoes steps 5-6 exactly,
   and checkpoint 6 is moved to workdir/quarantine, not deleted. The report names the
-  step, the file and why in words (CORRUPTIONS), with no object reprs."""
+  step, the file and why in words (CORRUPTIONS), with no object reprs. Mutation caught:
+  `checkpoint._corrupt` ignoring the files named in the error's chain (the data-file and
+  manifest cases report only `state`)."""
   workdir = _copy(finished_run, tmp_path)
   corrupt(workdir / "checkpoints" / "6")
   state = rl.run(_config(), str(workdir))
