@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlpost import sampling
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.models import quant
 
 SLOT_BUCKET = 32  # cache sizes of `extend` are multiples of this (one compilation each)
@@ -40,7 +40,7 @@ SLOT_BUCKET = 32  # cache sizes of `extend` are multiples of this (one compilati
 class Continuation:
   """What a later turn needs to go on from a sample without prefilling its history again.
 
-  cache: the KV cache after the last decode step (`gemma3.init_cache`: k, v
+  cache: the KV cache after the last decode step (`decoder.init_cache`: k, v
     [L, rows, S, K, hd], pos [rows, S], index []).
   valid_BxS: bool [rows, S], the history slots a later token may attend (prompt,
     observations, the tokens kept of earlier turns; not the last call's tokens).
@@ -67,7 +67,7 @@ def start(
   max_new_tokens=None,
   row_ids=None,
   *,
-  model_config: gemma3.Config,
+  model_config: decoder.Config,
   config: sampling.SamplingConfig,
   num_samples: int = 1,
   keep_cache: bool = True,
@@ -105,7 +105,7 @@ def extend(
   max_new_tokens=None,
   row_ids=None,
   *,
-  model_config: gemma3.Config,
+  model_config: decoder.Config,
   config: sampling.SamplingConfig,
   cache_size: int | None = None,
 ) -> tuple[sampling.SampleOutput, Continuation]:
@@ -200,7 +200,7 @@ def _extend(
   cache_size,
 ):
   N = config.max_new_tokens
-  params = gemma3.decode_layout(params)
+  params = decoder.decode_layout(params)
   rows = kept_B.shape[0]
   new_BxM, new_lengths_B, in_cache = _with_last_token(
     state, kept_B, new_BxM, new_lengths_B, config.pad_id
@@ -220,7 +220,7 @@ def _extend(
   new_real = (slot >= index + pad_B[:, None]) & (slot < index + M)  # [rows, size]
   causal = slot[:, None, :] <= (index + j)[:, :, None]  # [1, M, size]
   mask = valid[:, None, :] | (new_real[:, None, :] & causal)
-  hidden, cache = gemma3.forward(
+  hidden, cache = decoder.forward(
     quant.float_view(params),
     new_BxM,
     positions,
@@ -229,7 +229,7 @@ def _extend(
     config=model_config,
     return_hidden=True,
   )
-  logits = gemma3.vocab_major_logits(quant.float_view(params), hidden[:, -1])
+  logits = decoder.vocab_major_logits(quant.float_view(params), hidden[:, -1])
   valid = valid | new_real
   next_pos = next_pos + new_lengths_B
   gen_start = cache["index"]

@@ -23,7 +23,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.models import quant
 
 _NEG_INF = -jnp.inf
@@ -177,7 +177,7 @@ def select_tokens(keys_B: jax.Array, logits_VxB: jax.Array, config: SamplingConf
   return _take(idx, choice).astype(jnp.int32), logp
 
 
-def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache_size: int):
+def prefill(params, tokens_BxP, lengths_B, *, model_config: decoder.Config, cache_size: int):
   """Runs the left-padded prompts into a fresh cache of `cache_size` slots.
 
   Returns (last-position logits, vocab-major [V, B] float32, cache).
@@ -191,11 +191,11 @@ def prefill(params, tokens_BxP, lengths_B, *, model_config: gemma3.Config, cache
   causal = jnp.arange(cache_size)[None, :] <= jnp.arange(P)[:, None]
   mask = causal[None] & key_valid[:, None, :]
   params = quant.float_view(params)  # the int8 copy's prefill runs on dequantized weights
-  cache = gemma3.init_cache(model_config, B, cache_size, params["embed"].dtype)
-  hidden, cache = gemma3.forward(
+  cache = decoder.init_cache(model_config, B, cache_size, params["embed"].dtype)
+  hidden, cache = decoder.forward(
     params, tokens_BxP, positions, mask, cache, config=model_config, return_hidden=True
   )
-  return gemma3.vocab_major_logits(params, hidden[:, -1]), cache
+  return decoder.vocab_major_logits(params, hidden[:, -1]), cache
 
 
 def _repeat_rows(tree, n: int):
@@ -250,7 +250,7 @@ def decode_loop(
     t, done, logits, cache, tokens, logprobs = carry
     token, done, tokens, logprobs = emit(t, done, logits, tokens, logprobs)
     mask = (valid_BxS | ((slot_ids >= start) & (slot_ids <= start + t)))[:, None, :]
-    hidden, cache = gemma3.forward(
+    hidden, cache = decoder.forward(
       params,
       token[:, None],
       (next_pos_B + t)[:, None],
@@ -259,7 +259,7 @@ def decode_loop(
       config=model_config,
       return_hidden=True,
     )
-    logits = gemma3.vocab_major_logits(params, hidden[:, 0])
+    logits = decoder.vocab_major_logits(params, hidden[:, 0])
     return t + 1, done, logits, cache, tokens, logprobs
 
   carry = (
@@ -301,7 +301,7 @@ def sample_with_cache(
   _check_sample_args(tokens_BxP, lengths_B, row_ids, num_samples)
   N = config.max_new_tokens
   B, P = tokens_BxP.shape
-  params = gemma3.decode_layout(params)  # large layers: sliced once, not at every step
+  params = decoder.decode_layout(params)  # large layers: sliced once, not at every step
   logits, cache = prefill(
     params, tokens_BxP, lengths_B, model_config=model_config, cache_size=P + N
   )
@@ -336,7 +336,7 @@ def sample(
   max_new_tokens=None,
   row_ids=None,
   *,
-  model_config: gemma3.Config,
+  model_config: decoder.Config,
   config: SamplingConfig,
   num_samples: int = 1,
 ) -> SampleOutput:

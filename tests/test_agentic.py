@@ -19,7 +19,7 @@ from rlpost import errors
 from rlpost.envs import frozenlake, gsm8k_calc, protocol
 from rlpost.envs import table as env_table
 from rlpost.text import scaffold, tool_syntax
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.ops import masks
 from rlpost.recipes import rl
 
@@ -62,7 +62,7 @@ def answering_model():
   mask = masks.causal_attention_mask(valid)
 
   def loss(p):
-    logits, _ = gemma3.forward(p, tokens, positions, mask, config=config)
+    logits, _ = decoder.forward(p, tokens, positions, mask, config=config)
     return -jax.nn.log_softmax(logits[np.arange(len(contexts)), last])[:, letters].mean()
 
   opt = optax.adam(1e-2)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from rlpost.models import critic as critic_lib
-from rlpost.models import gemma3, policy
+from rlpost.models import decoder, families, policy
 from rlpost.models import lora as lora_lib
 from rlpost.rl.batch import RLBatch
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 LORA = lora_lib.LoraConfig(rank=4, alpha=8.0)
 FWD = policy.ForwardConfig(model=CONFIG)
 P, T = 5, 6
@@ -55,7 +55,7 @@ def test_value_of_token_t_sees_only_tokens_before_t(mode):
   Mutation caught: reading the hidden state at token t's own slot (`P : P + T`).
   """
   key = jax.random.key(0)
-  params = gemma3.init_params(key, CONFIG)
+  params = decoder.init_params(key, CONFIG)
   critic, layout = _critic(mode, params, jax.random.key(1))
   rng = np.random.default_rng(0)
   tokens = rng.integers(3, CONFIG.vocab_size, (1, P + T))
@@ -74,7 +74,7 @@ def test_value_of_token_t_sees_only_tokens_before_t(mode):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", critic_lib.MODES)
 def test_fresh_critic_predicts_zero_and_is_zero_off_the_loss_mask(mode):
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   layout = critic_lib.CriticLayout(mode, LORA if mode == "lora" else None)
   critic = critic_lib.init_critic(jax.random.key(1), params, layout)
   tokens = np.random.default_rng(1).integers(3, CONFIG.vocab_size, (2, P + T))
@@ -96,8 +96,8 @@ def test_lora_critic_holds_no_second_copy_of_the_base_weights():
 
   Mutation caught: a lora critic that copies the trunk (as `full` does).
   """
-  config = gemma3.get_config("gemma3_270m")
-  params = jax.eval_shape(lambda: gemma3.init_params(jax.random.key(0), config))
+  config = families.get_config("gemma3_270m")
+  params = jax.eval_shape(lambda: decoder.init_params(jax.random.key(0), config))
   base = _nbytes(params)
   sizes = {}
   for mode in critic_lib.MODES:

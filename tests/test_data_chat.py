@@ -25,6 +25,10 @@ class ByteTokenizer:
   start_of_turn_id: int = 3
   end_of_turn_id: int = 4
   vocab_size: int = 261
+  special_tokens: dict = dataclasses.field(default_factory=lambda: dict(_SPECIALS))
+  chat: str = "gemma"
+  uses_bos: bool = True
+  default_system: str | None = None
 
   def encode(self, text, *, add_bos=True, parse_special=True):
     ids = [self.bos_id] if add_bos else []

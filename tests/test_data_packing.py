@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from rlpost.data import packing
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.ops.masks import causal_attention_mask, segment_attention_mask
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 
 
 def _examples(lengths, seed=0):
@@ -112,7 +113,7 @@ def test_segment_mask_matches_definition(segs):
 
 def _model_params():
   """Tiny model with weights scaled up so outputs depend strongly on the context."""
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(1), len(leaves))
   leaves = [
@@ -126,7 +127,7 @@ def _model_params():
 
 @jax.jit
 def _logits(params, tokens, positions, mask):
-  return gemma3.forward(params, tokens, positions, mask, config=CONFIG)[0]
+  return decoder.forward(params, tokens, positions, mask, config=CONFIG)[0]
 
 
 def test_packed_logits_equal_unpacked_and_segments_are_isolated():

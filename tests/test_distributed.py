@@ -110,7 +110,8 @@ import optax
 from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
 from experiments.configs import grpo_gsm8k, ppo_gsm8k, sft as sft_configs
 from rlpost.envs import multiturn
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.recipes import dpo, rl, sft
 from rlpost.supervised import sft as sft_lib
 from rlpost.train import checkpoint, step as train
@@ -152,7 +153,7 @@ def run_carry(run):
   # A checkpoint's carry of weights split over fsdp=4: saved (by every process) or
   # restored, and compared bitwise with its sharding.
   mesh = train.make_mesh(fsdp=4)
-  params = gemma3.init_params(jax.random.key(0), gemma3.get_config("tiny"))
+  params = decoder.init_params(jax.random.key(0), families.get_config("tiny"))
   state = train.place(train.init_train_state(params, optax.sgd(0.1), jax.random.key(1)), mesh)
   older = train.place(jax.tree.map(lambda x: x * 2 + 1, params), mesh)
   assert not older["embed"].is_fully_addressable or jax.process_count() == 1

@@ -12,11 +12,12 @@ from rlpost.supervised import dpo
 from rlpost.supervised import sft
 from rlpost.recipes import dpo as dpo_recipe
 from rlpost.text import tokenizer as tokenizer_lib
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.models import policy
 from conftest import assert_adapters_trained
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 FWD = policy.ForwardConfig(CONFIG)
 TOK = tokenizer_lib.byte_tokenizer()
 SEQ = 32
@@ -41,7 +42,7 @@ _sequence_sum_grad = jax.jit(jax.grad(_sequence_sum))  # one program for both pa
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
 def test_policy_equals_reference(label_smoothing):
   """Loss is log 2 and grad = -(1 - 2 ls) beta / (2 N) * grad(sum chosen - sum rejected)."""
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   n = 4
   batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(n, micro=2)))
   batch_one = _pair_batch(n)  # one micro-batch, as the loss function sees it
@@ -67,7 +68,7 @@ def test_policy_equals_reference(label_smoothing):
 
 
 def test_reference_matches_sequence_logprobs():
-  params = gemma3.init_params(jax.random.key(1), CONFIG)
+  params = decoder.init_params(jax.random.key(1), CONFIG)
   batch = jax.device_get(dpo.make_reference_fn(FWD, 2)(params, _pair_batch(4, micro=2)))
   whole = _pair_batch(4)
   target_logprobs = jax.jit(lambda p, b: sft.target_logprobs(p, None, b, FWD))
@@ -90,7 +91,7 @@ def test_learns_synthetic_preferences(tmp_path):
   batch = dpo.make_pair_batch(
     pairs, seq_len=cfg.data.seq_len, pad_id=TOK.pad_id, micro_batch_size=n
   )
-  initial = gemma3.init_params(jax.random.key(cfg.seed), CONFIG)
+  initial = decoder.init_params(jax.random.key(cfg.seed), CONFIG)
   ref_fn = dpo.make_reference_fn(FWD, n)
   ref, policy = ref_fn(initial, batch), ref_fn(state.trainable, batch)
   margin = (policy["ref_chosen"] - ref["ref_chosen"]) - (

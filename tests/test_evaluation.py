@@ -7,7 +7,8 @@ from rlpost.recipes import eval as evaluation
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.text import tokenizer as tokenizer_lib
 from conftest import GSM8K_DIR, require_shared
 
@@ -52,8 +53,8 @@ def test_accuracy_report_rejects_misaligned_completions():
 @pytest.mark.slow
 def test_evaluate_runs_the_sampler_per_problem():
   """End to end on the tiny random model: one greedy and pass_k samples per problem."""
-  config = gemma3.get_config("tiny")
-  params = gemma3.init_params(jax.random.key(0), config)
+  config = families.get_config("tiny")
+  params = decoder.init_params(jax.random.key(0), config)
   sc = sampling.SamplingConfig(max_new_tokens=4, prompt_bucket=8, stop_ids=(1,))
   report = evaluation.evaluate(
     params,

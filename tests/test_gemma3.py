@@ -8,15 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.ops.masks import causal_attention_mask
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 
 
 def _random_params(seed=0, config=CONFIG):
   """Random params with non-trivial norm weights and larger matrices."""
-  params = gemma3.init_params(jax.random.key(seed), config)
+  params = decoder.init_params(jax.random.key(seed), config)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
   leaves = [
@@ -80,7 +81,7 @@ def reference_logits(params, tokens, config, window=None):
 
 def _full_forward(params, tokens_1xT, config=CONFIG):
   T = tokens_1xT.shape[1]
-  logits, _ = gemma3.forward(
+  logits, _ = decoder.forward(
     params,
     tokens_1xT,
     jnp.arange(T)[None],
@@ -110,12 +111,12 @@ def test_forward_matches_slow_reference_beyond_sliding_window():
 @pytest.mark.parametrize("layout", ["stacked", "unstacked"])
 def test_cached_token_by_token_decoding_equals_full_forward(layout):
   params = _random_params(1)
-  decode_params = params if layout == "stacked" else gemma3.unstack_layers(params)
+  decode_params = params if layout == "stacked" else decoder.unstack_layers(params)
   T = 2 * CONFIG.sliding_window + 5
   tokens = jax.random.randint(jax.random.key(3), (2, T), 0, CONFIG.vocab_size)
   full = jax.vmap(lambda t: _full_forward(params, t[None])[0])(tokens)
-  cache = gemma3.init_cache(CONFIG, 2, T + 3)
-  step = jax.jit(lambda p, tok, pos, m, c: gemma3.forward(p, tok, pos, m, c, config=CONFIG))
+  cache = decoder.init_cache(CONFIG, 2, T + 3)
+  step = jax.jit(lambda p, tok, pos, m, c: decoder.forward(p, tok, pos, m, c, config=CONFIG))
   # Prefill 4 tokens at once, then one token at a time.
   prefix = 4
   slots = jnp.arange(T + 3)
@@ -139,7 +140,7 @@ def test_cached_token_by_token_decoding_equals_full_forward(layout):
 def test_hidden_path_gives_logits_through_tied_embedding():
   params = _random_params(2)
   tokens = jax.random.randint(jax.random.key(0), (1, 7), 0, CONFIG.vocab_size)
-  hidden, _ = gemma3.forward(
+  hidden, _ = decoder.forward(
     params,
     tokens,
     jnp.arange(7)[None],
@@ -154,22 +155,22 @@ def test_hidden_path_gives_logits_through_tied_embedding():
 
 
 def test_layer_pattern_and_presets():
-  c = gemma3.get_config("gemma3_270m")
+  c = families.get_config("gemma3_270m")
   assert [i for i, g in enumerate(c.global_layers) if g] == [5, 11, 17]
-  assert gemma3.get_config("gemma3_270m", sliding_window=4).sliding_window == 4
+  assert families.get_config("gemma3_270m", sliding_window=4).sliding_window == 4
   with pytest.raises(
     ValueError, match=r"Unknown model preset 'gemma9'.*gemma3_1b.*gemma3_270m.*tiny"
   ):
-    gemma3.get_config("gemma9")
+    families.get_config("gemma9")
   with pytest.raises(ValueError, match="num_kv_heads"):
-    gemma3.get_config("tiny", num_kv_heads=3)
+    families.get_config("tiny", num_kv_heads=3)
 
 
 def test_tokens_longer_than_cache_raise():
   params = _random_params()
-  cache = gemma3.init_cache(CONFIG, 1, 4)
+  cache = decoder.init_cache(CONFIG, 1, 4)
   with pytest.raises(ValueError, match="do not fit in a KV cache of 4 slots"):
-    gemma3.forward(
+    decoder.forward(
       params,
       jnp.zeros((1, 5), jnp.int32),
       jnp.arange(5)[None],
@@ -192,20 +193,20 @@ def test_unstacked_layout_with_unmerged_adapters_equals_stacked():
   pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = jnp.broadcast_to(jnp.tril(jnp.ones((6, 8), bool)), (2, 6, 8))
   run = jax.jit(  # one program per layout, not one per op
-    lambda p: gemma3.forward(
+    lambda p: decoder.forward(
       p,
       tokens,
       pos,
       mask,
-      gemma3.init_cache(CONFIG, 2, 8),
+      decoder.init_cache(CONFIG, 2, 8),
       config=CONFIG,
       adapters=adapters,
       lora_scale=lcfg.scale,
     )[0]
   )
-  stacked, unstacked = run(params), run(gemma3.unstack_layers(params))
+  stacked, unstacked = run(params), run(decoder.unstack_layers(params))
   chex.assert_trees_all_close(unstacked, stacked, atol=1e-4, rtol=1e-5)
-  assert "q+k+v" in gemma3.unstack_layers(params)["layers"][0]
+  assert "q+k+v" in decoder.unstack_layers(params)["layers"][0]
 
 
 def test_decode_layout_unrolls_only_layers_worth_their_compile():
@@ -213,17 +214,17 @@ def test_decode_layout_unrolls_only_layers_worth_their_compile():
   49 KB layers stay stacked, a layer of 270M's widths (24 MB) is unrolled with fused q/k/v,
   the threshold itself counts as large, and an unrolled tree comes back as it is.
   Mutations caught: the comparison flipped; bytes counted over all layers at once."""
-  shapes = lambda config: jax.eval_shape(lambda: gemma3.init_params(jax.random.key(0), config))
-  layout = lambda params: jax.eval_shape(lambda p: gemma3.decode_layout(p), params)["layers"]
-  tiny = shapes(gemma3.get_config("tiny", num_layers=32))
+  shapes = lambda config: jax.eval_shape(lambda: decoder.init_params(jax.random.key(0), config))
+  layout = lambda params: jax.eval_shape(lambda p: decoder.decode_layout(p), params)["layers"]
+  tiny = shapes(families.get_config("tiny", num_layers=32))
   assert isinstance(layout(tiny), dict)
-  big = shapes(gemma3.get_config("tiny", embed_dim=640, mlp_dim=2048, num_heads=4, head_dim=256))
+  big = shapes(families.get_config("tiny", embed_dim=640, mlp_dim=2048, num_heads=4, head_dim=256))
   unrolled = layout(big)
   assert isinstance(unrolled, tuple) and "q+k+v" in unrolled[0]
   assert layout({**big, "layers": unrolled}) == unrolled
   layer_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tiny["layers"])) // 32
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(gemma3, "UNROLL_MIN_LAYER_BYTES", layer_bytes)
+    patch.setattr(decoder, "UNROLL_MIN_LAYER_BYTES", layer_bytes)
     assert isinstance(layout(tiny), tuple)
 
 
@@ -233,7 +234,7 @@ def test_gated_gelu_gradient_equals_autodiff_of_the_formula():
   up = jax.random.normal(jax.random.key(8), (3, 5, 64))
   cot = jax.random.normal(jax.random.key(9), (3, 5, 64))
   plain = lambda g, u: jnp.sum(jax.nn.gelu(g, approximate=True) * u * cot)
-  custom = lambda g, u: jnp.sum(gemma3.gated_gelu(g, u) * cot)
+  custom = lambda g, u: jnp.sum(decoder.gated_gelu(g, u) * cot)
   chex.assert_trees_all_close(custom(gate, up), plain(gate, up), rtol=1e-6)
   chex.assert_trees_all_close(
     jax.grad(custom, (0, 1))(gate, up), jax.grad(plain, (0, 1))(gate, up), atol=1e-5, rtol=1e-5
@@ -254,6 +255,6 @@ def test_gated_gelu_forward_under_grad_is_bitwise_the_primal():
   """The trainer's logprobs (under grad) and reference logprobs (no grad) must agree exactly."""
   gate = 3 * jax.random.normal(jax.random.key(10), (4, 256))
   up = jax.random.normal(jax.random.key(11), (4, 256))
-  primal = jax.jit(gemma3.gated_gelu)(gate, up)
-  under_grad, _ = jax.jit(lambda g, u: jax.vjp(gemma3.gated_gelu, g, u))(gate, up)
+  primal = jax.jit(decoder.gated_gelu)(gate, up)
+  under_grad, _ = jax.jit(lambda g, u: jax.vjp(decoder.gated_gelu, g, u))(gate, up)
   np.testing.assert_array_equal(np.asarray(under_grad), np.asarray(primal))

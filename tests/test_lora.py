@@ -13,7 +13,7 @@ from rlpost.models import policy
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
 from rlpost.train import step as train
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.models import lora
 from test_gemma3 import CONFIG, _random_params
 from rlpost.ops.masks import causal_attention_mask
@@ -28,7 +28,7 @@ def _adapters(params, seed=0):
 
 
 def _forward_args(seed: int, length: int):
-  """(tokens [2, length], positions, causal mask) for gemma3.forward on random tokens."""
+  """(tokens [2, length], positions, causal mask) for decoder.forward on random tokens."""
   tokens = jax.random.randint(jax.random.key(seed), (2, length), 0, CONFIG.vocab_size)
   positions = jnp.broadcast_to(jnp.arange(length), (2, length))
   return tokens, positions, causal_attention_mask(jnp.ones((2, length), bool))
@@ -47,9 +47,9 @@ def test_unmerged_forward_equals_merged_forward():
   params = _random_params()
   ad = _adapters(params)
   args = _forward_args(seed=2, length=12)
-  unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
-  merged, _ = gemma3.forward(lora.merge(params, ad, CFG), *args, config=CONFIG)
-  base, _ = gemma3.forward(params, *args, config=CONFIG)
+  unmerged, _ = decoder.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
+  merged, _ = decoder.forward(lora.merge(params, ad, CFG), *args, config=CONFIG)
+  base, _ = decoder.forward(params, *args, config=CONFIG)
   np.testing.assert_allclose(unmerged, merged, atol=2e-4, rtol=1e-4)
   assert np.abs(np.asarray(unmerged - base)).max() > 0.1
 
@@ -105,8 +105,8 @@ def test_unmerged_forward_equals_numpy_merged_forward():
       jnp.float32,
     )
   args = _forward_args(seed=3, length=10)
-  unmerged, _ = gemma3.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
-  merged, _ = gemma3.forward({**params, "layers": layers}, *args, config=CONFIG)
+  unmerged, _ = decoder.forward(params, *args, config=CONFIG, adapters=ad, lora_scale=CFG.scale)
+  merged, _ = decoder.forward({**params, "layers": layers}, *args, config=CONFIG)
   np.testing.assert_allclose(unmerged, merged, atol=2e-4, rtol=1e-4)
 
 
@@ -114,7 +114,7 @@ def _nll_loss(adapters, params, batch):
   """Next-token NLL of the LoRA-adapted model (full logits: the model is tiny)."""
   tokens = batch["tokens"]
   T = tokens.shape[1]
-  logits, _ = gemma3.forward(
+  logits, _ = decoder.forward(
     params,
     tokens,
     jnp.broadcast_to(jnp.arange(T), tokens.shape),
@@ -197,7 +197,7 @@ def test_adapter_gradients_agree_across_remat_policies():
 
   def grads(remat):
     def loss(ad):
-      logits, _ = gemma3.forward(
+      logits, _ = decoder.forward(
         params,
         tokens,
         positions,
@@ -225,7 +225,7 @@ def test_dots_policy_keeps_only_the_named_activations(capsys):
   params = _random_params(2)
   ad = _adapters(params, 3)
   tokens, positions, mask = _forward_args(seed=4, length=10)
-  loss = lambda ad: gemma3.forward(
+  loss = lambda ad: decoder.forward(
     params, tokens, positions, mask, config=CONFIG, adapters=ad, lora_scale=CFG.scale, remat="dots"
   )[0].sum()
   jax.ad_checkpoint.print_saved_residuals(loss, ad)

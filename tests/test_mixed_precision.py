@@ -8,10 +8,11 @@ import pytest
 
 from rlpost.ops import logprobs
 from rlpost.supervised import sft
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.models import policy
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 BF16 = jnp.bfloat16
 
 
@@ -24,7 +25,7 @@ def test_mixed_dense_forward_and_backward_are_bf16_products_accumulated_exactly(
   x = rng.normal(size=(3, 5, 24)).astype(np.float32)
   w = rng.normal(size=(24, 40)).astype(np.float32)
   g = rng.normal(size=(3, 5, 40)).astype(np.float32)
-  y, vjp = jax.vjp(lambda x, w: gemma3._dense(x, w, "bfloat16"), x, w)
+  y, vjp = jax.vjp(lambda x, w: decoder._dense(x, w, "bfloat16"), x, w)
   dx, dw = vjp(jnp.asarray(g))
   xr, wr, gr = _round_bf16(x), _round_bf16(w), _round_bf16(g)
   # float64 products of the bf16-rounded operands: only float32 accumulation error remains.
@@ -38,7 +39,7 @@ def test_mixed_dense_is_the_plain_matmul_when_nothing_is_cast():
   rng = np.random.default_rng(1)
   x, w = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(size=(8, 6)).astype(np.float32)
   for cd in (None, "float32"):
-    np.testing.assert_array_equal(gemma3._dense(x, w, cd), jnp.matmul(x, w))
+    np.testing.assert_array_equal(decoder._dense(x, w, cd), jnp.matmul(x, w))
 
 
 def _tiny_batch(seed=0, rows=2, seq=16):
@@ -62,7 +63,7 @@ def _loss_and_grads(compute_dtype, params, batch, remat="dots"):
 @pytest.mark.slow
 @pytest.mark.parametrize("remat", [None, "dots"])
 def test_bf16_compute_tracks_float32_loss_and_gradient(remat):
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   params = jax.tree.map(lambda x: x * 20 if x.ndim >= 2 else x, params)
   batch = _tiny_batch()
   loss32, grads32 = _loss_and_grads("float32", params, batch, remat)
@@ -92,7 +93,7 @@ def _dot_operand_dtypes(jaxpr, out):
 def test_every_weight_matmul_of_a_bf16_train_step_runs_in_bf16():
   """Forward and backward: each dot without batch dims (every weight matmul and the
   output projection; attention's batched einsums stay float32) takes bf16 operands."""
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   batch = _tiny_batch()
   loss_fn = sft.make_loss_fn(
     policy.ForwardConfig(CONFIG, compute_dtype="bfloat16", remat="dots", logprob_chunk=8)

@@ -883,7 +883,7 @@ def calling_params():
   random tiny model never calls the tool, so its episodes would end after one turn."""
   import optax  # pylint: disable=g-import-not-at-top
 
-  from rlpost.models import gemma3  # pylint: disable=g-import-not-at-top
+  from rlpost.models import decoder  # pylint: disable=g-import-not-at-top
   from rlpost.ops import masks  # pylint: disable=g-import-not-at-top
 
   env = gsm8k_calc.make_env(CALC_TASK, fewshot=0, max_turns=3)
@@ -895,7 +895,7 @@ def calling_params():
   targets = np.arange(len(prompt_ids) - 1, ids.shape[1] - 1)  # positions predicting CALL
 
   def loss(p):
-    logits, _ = gemma3.forward(p, ids, positions, mask, config=CONFIG)
+    logits, _ = decoder.forward(p, ids, positions, mask, config=CONFIG)
     logp = jax.nn.log_softmax(logits[0, targets])
     return -logp[np.arange(len(call)), np.asarray(call)].mean()
 
@@ -910,7 +910,7 @@ def calling_params():
 
     return jax.lax.scan(step, (p, opt.init(p)), length=60)[0][0]
 
-  params = train(gemma3.init_params(jax.random.key(0), CONFIG))
+  params = train(decoder.init_params(jax.random.key(0), CONFIG))
   return params
 
 

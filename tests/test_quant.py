@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rlpost import sampling
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.models import quant
 
 # (rows, inputs, outputs, group): a few fixed shapes, each size of rows {1, 2, 5}, inputs
@@ -223,8 +224,8 @@ def test_zero_blocks_stay_zero():
 
 
 def _tiny():
-  config = gemma3.get_config("tiny")
-  return config, gemma3.init_params(jax.random.key(0), config)
+  config = families.get_config("tiny")
+  return config, decoder.init_params(jax.random.key(0), config)
 
 
 @pytest.mark.slow
@@ -245,8 +246,8 @@ def test_the_sampler_copy_keeps_float_lookup_and_norms_and_unstacks_with_its_sca
     else:
       assert q["layers"][name] is w, name
   # The decode layout concatenates q/k/v and gate/up: values and scales alike.
-  unstacked_then_float = quant.float_view(gemma3.unstack_layers(q))
-  float_then_unstacked = gemma3.unstack_layers(quant.float_view(q))
+  unstacked_then_float = quant.float_view(decoder.unstack_layers(q))
+  float_then_unstacked = decoder.unstack_layers(quant.float_view(q))
   assert "unembed" not in unstacked_then_float
   for a, b in zip(unstacked_then_float["layers"], float_then_unstacked["layers"]):
     for name in b:

@@ -23,7 +23,8 @@ import conftest
 from conftest import FIXTURES, require_shared
 from real_models import gemma3_270m
 from rlpost import sampling
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.ops.masks import causal_attention_mask
 
 _model = gemma3_270m
@@ -47,12 +48,12 @@ def _packed_forward(params, ids_1xS, positions_1xS, segments_1xS, top_ids_SxK, c
   mask = (segments_1xS[:, :, None] == segments_1xS[:, None, :]) & (slots[:, None] >= slots[None])[
     None
   ]
-  hidden, _ = gemma3.forward(
+  hidden, _ = decoder.forward(
     params, ids_1xS, positions_1xS, mask, config=config, return_hidden=True
   )
 
   def chunk(_, x):
-    logits = gemma3.logits_from_hidden(params, x[0])
+    logits = decoder.logits_from_hidden(params, x[0])
     lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     gathered = jnp.take_along_axis(logits, x[1], axis=-1)
     return None, (gathered - lse, gathered)
@@ -96,8 +97,8 @@ def test_packed_prompts_give_each_prompts_own_forward():
   sliding-window path): each prompt's hidden states, logprobs and logits equal those of
   its own causal forward. Mutation caught: segments ignored in the packed mask (every
   prompt attends to the ones before it)."""
-  config = gemma3.get_config("tiny")
-  params = gemma3.init_params(jax.random.key(0), config)
+  config = families.get_config("tiny")
+  params = decoder.init_params(jax.random.key(0), config)
   rng = np.random.default_rng(0)
   lengths = (5, 20, 50)
   prompts = [
@@ -107,7 +108,7 @@ def test_packed_prompts_give_each_prompts_own_forward():
   # The reference: each prompt alone in its row, padded at the end (causal: unseen).
   ids = np.stack([np.pad(ids, (0, 64 - len(ids))) for ids, _ in prompts])
   valid = np.arange(64)[None] < np.asarray(lengths)[:, None]
-  want_h, _ = gemma3.forward(
+  want_h, _ = decoder.forward(
     params,
     jnp.asarray(ids),
     jnp.broadcast_to(jnp.arange(64), (3, 64)),
@@ -115,7 +116,7 @@ def test_packed_prompts_give_each_prompts_own_forward():
     config=config,
     return_hidden=True,
   )
-  all_logits = np.asarray(gemma3.logits_from_hidden(params, want_h))
+  all_logits = np.asarray(decoder.logits_from_hidden(params, want_h))
   all_logp = np.asarray(jax.nn.log_softmax(all_logits))
   packed = _teacher_forced(params, config, prompts)
   for i, ((_, top), (hidden, logp, logits)) in enumerate(zip(prompts, packed)):
@@ -181,7 +182,7 @@ def test_last_position_full_vocabulary_logits_match():
   prompts, _ = _fixtures()
   hidden = {p["id"]: h for p, (h, _, _) in zip(prompts, _float_teacher_forced())}
   for name in ("chat_simple", "long_fewshot"):
-    ours = np.asarray(gemma3.logits_from_hidden(params, jnp.asarray(hidden[name][-1])))
+    ours = np.asarray(decoder.logits_from_hidden(params, jnp.asarray(hidden[name][-1])))
     ref = np.load(FIXTURES / "last_logits" / f"{name}.hf.f16.npy").astype(np.float32)
     assert ours.shape == ref.shape == (262_144,)
     # float16 storage: spacing up to 0.03 for |logit| < 64, plus float32 engine noise.

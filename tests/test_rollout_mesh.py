@@ -12,7 +12,7 @@ from rlpost.train import sharding
 
 def check_sync_is_device_to_device_and_bitwise():
   """Run in the 8-device subprocess (see the test below)."""
-  from rlpost.models import gemma3, lora
+  from rlpost.models import decoder, lora
   from test_gemma3 import CONFIG
 
   config = sharding.MeshConfig(data=2, fsdp=2, rollout=4)
@@ -20,7 +20,7 @@ def check_sync_is_device_to_device_and_bitwise():
   trainer_ids = {d.id for d in trainer.devices.flat}
   rollout_ids = {d.id for d in rollout.devices.flat}
   assert trainer_ids == {0, 1, 2, 3} and rollout_ids == {4, 5, 6, 7}
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   adapters = lora.init_adapters(jax.random.key(1), params, lora.LoraConfig(rank=4))
   tree = sharding.shard({"params": params, "adapters": adapters}, trainer)
   assert any(

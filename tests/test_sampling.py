@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlpost import continuation, sampling
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from test_gemma3 import CONFIG, _random_params
 from rlpost.ops.masks import causal_attention_mask
 
@@ -28,7 +28,7 @@ def _causal_logits(tokens_1xT):
   """Logits [1, T, V] of one causal forward pass without a cache (one program per T)."""
   T = tokens_1xT.shape[1]
   mask = causal_attention_mask(jnp.ones((1, T), bool))
-  return gemma3.forward(PARAMS, tokens_1xT, jnp.arange(T)[None], mask, config=CONFIG)[0]
+  return decoder.forward(PARAMS, tokens_1xT, jnp.arange(T)[None], mask, config=CONFIG)[0]
 
 
 def _recomputed_logprobs(prompt, completion, n, temperature, top_k=None):

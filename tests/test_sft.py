@@ -15,7 +15,8 @@ from rlpost.train import step as train
 from rlpost.text import tokenizer as tokenizer_lib
 from rlpost import errors
 from rlpost.data import chat
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.models import policy
 from rlpost.data.cursor import Cursor
 from rlpost.data import gsm8k
@@ -25,13 +26,13 @@ from rlpost.recipes import common
 import real_models
 from conftest import GSM8K_DIR, assert_adapters_trained, require_gemma3, require_shared
 
-CONFIG = gemma3.get_config("tiny")
+CONFIG = families.get_config("tiny")
 TOK = tokenizer_lib.byte_tokenizer()
 SEQ = 48
 
 
 def _params(seed=0):
-  return gemma3.init_params(jax.random.key(seed), CONFIG)
+  return decoder.init_params(jax.random.key(seed), CONFIG)
 
 
 def _examples(n, seed=0):
@@ -43,7 +44,7 @@ def _dense_reference_nll(params, batch):
   mask = jnp.asarray(batch["segment_ids"])
   attn = mask[:, :, None] == mask[:, None, :]
   attn = attn & jnp.tril(jnp.ones(mask.shape[1:] * 2, bool))[None] & (mask != 0)[:, None, :]
-  logits, _ = gemma3.forward(params, batch["tokens"], batch["positions"], attn, config=CONFIG)
+  logits, _ = decoder.forward(params, batch["tokens"], batch["positions"], attn, config=CONFIG)
   logp = jax.nn.log_softmax(logits, axis=-1)
   picked = jnp.take_along_axis(logp, jnp.asarray(batch["targets"])[..., None], axis=-1)[..., 0]
   m = jnp.asarray(batch["target_mask"])

@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import run_with_devices
-from rlpost.models import gemma3
+from rlpost.models import decoder
+from rlpost.models import families
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.rl import objectives
@@ -25,13 +26,13 @@ from rlpost.train import step as train
 
 # Every dimension divides by 4 (vocab 264, not the byte tokenizer's 261); in ODD_VOCAB
 # the (tied) embedding does not split and stays replicated.
-CONFIG = gemma3.get_config("tiny", vocab_size=264)
-ODD_VOCAB = gemma3.get_config("tiny", vocab_size=262)
+CONFIG = families.get_config("tiny", vocab_size=264)
+ODD_VOCAB = families.get_config("tiny", vocab_size=262)
 ROWS, SEQ = 8, 24
 
 
 def test_rules_split_layer_weights_on_their_first_weight_dim():
-  specs = sharding.tree_specs(gemma3.init_params(jax.random.key(0), CONFIG), _mesh_like(4))
+  specs = sharding.tree_specs(decoder.init_params(jax.random.key(0), CONFIG), _mesh_like(4))
   assert specs["embed"] == P(sharding.FSDP)
   assert specs["layers"]["q"] == P(None, sharding.FSDP)
   assert specs["layers"]["down"] == P(None, sharding.FSDP)
@@ -91,12 +92,12 @@ def one_step(data: int, fsdp: int, loss: str):
   """(update of every trainable leaf after one SGD(1) step, loss) on a data x fsdp mesh."""
   mesh = sharding.make_mesh(sharding.MeshConfig(data, fsdp), jax.devices()[: data * fsdp])
   if loss == "sft":  # all weights train; the embedding replicated
-    params = gemma3.init_params(jax.random.key(0), ODD_VOCAB)
+    params = decoder.init_params(jax.random.key(0), ODD_VOCAB)
     fwd = policy.ForwardConfig(ODD_VOCAB, remat="dots")
     trainable, frozen, batch = params, None, _sft_batch()
     loss_fn = sft.make_loss_fn(sharding.train_forward(fwd, mesh))
   else:  # LoRA adapters over frozen (split) base weights
-    params = gemma3.init_params(jax.random.key(0), CONFIG)
+    params = decoder.init_params(jax.random.key(0), CONFIG)
     fwd = policy.ForwardConfig(CONFIG, lora=lora_lib.LoraConfig(rank=8), remat="dots")
     adapters = lora_lib.init_adapters(jax.random.key(1), params, fwd.lora)
     adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: A gets gradients too
@@ -129,7 +130,7 @@ def check_meshes_agree():
         np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"{loss} {data}x{fsdp} {path[0]}")
   # fsdp = 4: every device holds a quarter of the weights and AdamW state (+5%)
   mesh = sharding.make_mesh(sharding.MeshConfig(2, 4))
-  params = gemma3.init_params(jax.random.key(0), CONFIG)
+  params = decoder.init_params(jax.random.key(0), CONFIG)
   opt = train.make_optimizer(learning_rate=1e-3, total_steps=10)
   state = train.place(train.init_train_state(params, opt, jax.random.key(0)), mesh)
   loss_fn = sft.make_loss_fn(

@@ -32,7 +32,7 @@ import numpy as np
 
 from experiments.benchmarks import device_memory
 from rlpost import sampling
-from rlpost.models import gemma3
+from rlpost.models import decoder, families
 from rlpost.models import quant
 from rlpost.train import compute_paths
 
@@ -67,10 +67,10 @@ def _ceiling(params, config, batch, repeats):
   """Seconds of one step doing only the weight matmuls, in the sampler's decode layout.
 
   The layers are unrolled over per-layer weights with q/k/v and gate/up
-  concatenated (`gemma3.unstack_layers`, prepared outside the timed call), then
+  concatenated (`decoder.unstack_layers`, prepared outside the timed call), then
   the output embedding in its fastest layout: every weight is read exactly once.
   """
-  layers = gemma3.unstack_layers(params)["layers"]
+  layers = decoder.unstack_layers(params)["layers"]
   q_dim, mlp = config.num_heads * config.head_dim, config.mlp_dim
 
   @jax.jit
@@ -146,12 +146,12 @@ def _decode(params, config, batch, prompt_len, new_tokens, repeats):
 
 def main(argv):
   del argv
-  config = gemma3.get_config(_PRESET.value)
+  config = families.get_config(_PRESET.value)
   dtype = jnp.dtype(_DTYPE.value)
   # Calibrated before the weights exist: their (asynchronous) initialization would run
   # beside the probes and skew them.
   int8_paths = compute_paths.int8_paths(_INT8_PATHS.value)[0] if _WEIGHTS.value == "int8" else None
-  params = gemma3.init_params(jax.random.key(0), config, dtype)
+  params = decoder.init_params(jax.random.key(0), config, dtype)
   sampled = params
   if int8_paths is not None:
     quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))

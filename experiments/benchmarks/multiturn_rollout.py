@@ -37,7 +37,7 @@ from experiments.configs import agentic as agentic_configs
 from rlpost import sampling
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
-from rlpost.models import gemma3
+from rlpost.models import decoder, families
 from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.recipes import learners
 from rlpost.recipes import rl
@@ -81,8 +81,8 @@ def _cpu_model() -> str:
 
 def main(argv):
   del argv
-  config = gemma3.get_config(_PRESET.value)
-  params = gemma3.init_params(jax.random.key(0), config)
+  config = families.get_config(_PRESET.value)
+  params = decoder.init_params(jax.random.key(0), config)
   tok = tokenizer_lib.byte_tokenizer()
   B, K, S, O, P = _ROWS.value, _TURNS.value, _SAMPLED.value, _OBSERVED.value, _PROMPT.value
   sc = sampling.SamplingConfig(

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks import device_memory
-from rlpost.models import gemma3
+from rlpost.models import decoder, families
 from rlpost.models import policy
 from rlpost.supervised import sft
 from rlpost.train import compute_paths
@@ -142,15 +142,15 @@ def main(argv):
   }
   result["matmul_peak"] = matmul_peak(_MATMUL_N.value)
   peak = result["matmul_peak"]["float32"]["gflops_best"]
-  config = gemma3.get_config(_PRESET.value)
-  params = gemma3.init_params(jax.random.key(0), config, jnp.dtype(_DTYPE.value))
+  config = families.get_config(_PRESET.value)
+  params = decoder.init_params(jax.random.key(0), config, jnp.dtype(_DTYPE.value))
   param_count = sum(x.size for x in jax.tree.leaves(params))
   result["params"] = param_count
   result["rss_mib_after_init"] = peak_rss_mib()
   full, state = time_steps(config, params, 1.0, param_count, peak)
   result["full_mask"] = full
   del state
-  params = gemma3.init_params(jax.random.key(0), config, jnp.dtype(_DTYPE.value))
+  params = decoder.init_params(jax.random.key(0), config, jnp.dtype(_DTYPE.value))
   result["half_mask"], _ = time_steps(config, params, 0.5, param_count, peak)
   result["half_over_full_step"] = (
     result["half_mask"]["steady_step_s"]["median"] / full["steady_step_s"]["median"]

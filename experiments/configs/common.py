@@ -16,7 +16,7 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
   preset, weights = MODELS[variant]
   return ml_collections.ConfigDict(
     {
-      "preset": preset,  # rlpost.models.gemma3.PRESETS name
+      "preset": preset,  # rlpost.models.families.PRESETS name
       "weights": weights,  # gguf | hf | random
       "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",  # float32 | bfloat16

@@ -1,4 +1,4 @@
-"""SFT and DPO records: JSONL loading, validation, and Gemma chat-template tokenization.
+"""SFT and DPO records: JSONL loading, validation, and chat-format tokenization.
 
 Record forms (one JSON object per line):
   SFT  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
@@ -8,23 +8,26 @@ Record forms (one JSON object per line):
 A conversation is an optional first system message, then turns alternating
 user / assistant, starting with user and ending with assistant.
 
-Gemma chat template (Gemma has no system role: the system text is prepended
-to the first user turn; the assistant role renders as `model`):
+The tokenizer's chat format lays it out (`rlpost.text.chat_formats`). Gemma's has no
+system role: the system text is prepended to the first user turn, and the assistant
+role renders as `model`:
 
   <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n
   <start_of_turn>model\n{assistant}<end_of_turn>\n
   <start_of_turn>user\n{user}<end_of_turn>\n ...
 
-Tokenization encodes the template pieces separately and concatenates them:
+ChatML (SmolLM2, Qwen) writes `<|im_start|>{role}\n{content}<|im_end|>\n` with a system
+turn (the template's default system text when the record has none), Llama 3 its header
+tokens.
+
+Tokenization encodes the format's pieces separately and concatenates them:
 each prompt span (everything from the end of one assistant turn up to and
-including `<start_of_turn>model\n`) is built by `rlpost.text.scaffold`, exactly
-as the RL recipes build their chat prompts, so SFT prompts and RL prompts
-tokenize identically; only the scaffold writes control ids, and record text
-(system, user and assistant content) is encoded with special-token parsing off,
-so a `<start_of_turn>` typed in a record stays plain text. Each assistant turn
-is followed by the `<end_of_turn>` id.
-The loss mask is True exactly on assistant content tokens and the
-`<end_of_turn>` closing each assistant turn.
+including the assistant's opening) comes from `chat_formats`, as the RL scaffold's
+prompts do; only the format writes control ids, and record text (system, user and
+assistant content) is encoded with special-token parsing off, so a `<start_of_turn>`
+typed in a record stays plain text. Each assistant turn is followed by the turn close id
+(`end_of_turn_id`). The loss mask is True exactly on assistant content tokens and the
+close ending each assistant turn.
 """
 
 import os
@@ -35,7 +38,7 @@ import numpy as np
 from rlpost import errors
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
 from rlpost.data.jsonl import read_jsonl, require_str
-from rlpost.text import scaffold
+from rlpost.text import chat_formats
 
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
@@ -120,26 +123,24 @@ def gsm8k_sft_records(problems: Sequence[Problem]) -> list[dict[str, str]]:
   ]
 
 
-def exchanges(messages: Sequence[dict[str, str]]) -> list[tuple[str, str]]:
-  """[(user text, assistant content)], one per assistant turn of validated messages.
-
-  The system text (if any) and "\\n\\n" are prepended to the first user text.
-  """
+def exchanges(messages: Sequence[dict[str, str]]) -> tuple[str | None, list[tuple[str, str]]]:
+  """(system text or None, [(user text, assistant content)], one per assistant turn) of
+  validated messages."""
   system = messages[0]["content"] if messages[0]["role"] == "system" else None
   turns = [m["content"] for m in messages if m["role"] != "system"]
-  if system is not None:
-    turns[0] = f"{system}\n\n{turns[0]}"
-  return list(zip(turns[0::2], turns[1::2]))
+  return system, list(zip(turns[0::2], turns[1::2]))
 
 
-def _prompt_span(tokenizer, user: str, first: bool) -> list[int]:
-  """Ids from the end of the previous assistant turn (or after BOS) to `<start_of_turn>model\\n`.
-
-  The chat text: [`\\n`]`<start_of_turn>user\\n{user}<end_of_turn>\\n<start_of_turn>model\\n`.
-  """
+def _prompt_span(tokenizer, user: str, first: bool, system: str | None = None) -> list[int]:
+  """Ids from the end of the previous assistant turn (or after BOS) to the assistant's
+  opening: the first one holds the system turn (Gemma: the system text opening the user
+  text), later ones start with what follows the previous turn's close (Gemma's `\\n`)."""
+  opening = chat_formats.generation_prompt(tokenizer)
   if first:
-    return scaffold.prompt_ids(tokenizer, "chat", user)[1:]
-  return scaffold.observation_ids(tokenizer, "chat", user, model_closed_turn=True)
+    turns = chat_formats.opening_turns(tokenizer, user, system)
+    return turns[len(chat_formats.start(tokenizer)) :] + opening
+  after_close = chat_formats.closing(tokenizer)[1:]
+  return after_close + chat_formats.turn(tokenizer, "user", user) + opening
 
 
 def _encode_response(tokenizer, text: str) -> list[int]:
@@ -160,13 +161,15 @@ def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.nd
   Returns:
     tokens [T] int32 (BOS first) and loss_mask [T] bool, T <= max_len.
   """
-  ids, mask = [tokenizer.bos_id], [False]
-  for k, (user, content) in enumerate(exchanges(to_messages(record))):
-    prompt = _prompt_span(tokenizer, user, first=k == 0)
+  ids = chat_formats.start(tokenizer)
+  mask = [False] * len(ids)
+  system, pairs = exchanges(to_messages(record))
+  for k, (user, content) in enumerate(pairs):
+    prompt = _prompt_span(tokenizer, user, first=k == 0, system=system)
     response = _encode_response(tokenizer, content)
     ids += prompt + response
     mask += [False] * len(prompt) + [True] * len(response)
-  tail = scaffold.text_ids(tokenizer, "\n")
+  tail = chat_formats.closing(tokenizer)[1:]
   ids, mask = ids + tail, mask + [False] * len(tail)
   first = mask.index(True)
   if first >= max_len:
@@ -190,8 +193,9 @@ def tokenize_dpo(
   more raises ValueError.
   """
   fields = dpo_fields(record)
-  user = fields["prompt"] if "system" not in fields else f"{fields['system']}\n\n{fields['prompt']}"
-  prompt = [tokenizer.bos_id] + _prompt_span(tokenizer, user, first=True)
+  prompt = chat_formats.start(tokenizer) + _prompt_span(
+    tokenizer, fields["prompt"], first=True, system=fields.get("system")
+  )
   room = max_len - len(prompt)
   if room < 1:
     raise ValueError(

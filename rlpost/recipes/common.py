@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from rlpost import errors
-from rlpost.models import gemma3
+from rlpost.models import families
 from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
@@ -130,9 +130,9 @@ class CheckpointConfig:
 
 def check_context(cfg, tokens: int, field: str, value, what: str) -> None:
   """Refuses `tokens` (what a sequence of this run can hold: `what`) above the model
-  preset's context (`gemma3.CONTEXT_TOKENS`), naming `field`."""
+  preset's context (`families.context_tokens`), naming `field`."""
   preset = cfg.model.preset
-  context = gemma3.CONTEXT_TOKENS.get(preset)
+  context = families.context_tokens(preset)
   if context is not None and tokens > context:
     fail(
       field,
@@ -243,9 +243,10 @@ def forward_config(cfg, temperature: float) -> policy.ForwardConfig:
   )
 
 
-def model_preset(cfg) -> gemma3.Config:
+def model_preset(cfg):
+  """The Config of `model.preset` (any family)."""
   try:
-    return gemma3.get_config(cfg.model.preset)
+    return families.get_config(cfg.model.preset)
   except ValueError as e:
     raise errors.ConfigError(f"config.model.preset={cfg.model.preset!r}: {e}") from None
 
@@ -299,7 +300,7 @@ def check_rows_per_device(cfg, rows: int, rows_text: str) -> None:
 
 
 def load_model(cfg):
-  """(gemma3.Config, params, tokenizer) of the `model` block (`init_from`: `weights_from_run`)."""
+  """(Config, params, tokenizer) of the `model` block (`init_from`: `weights_from_run`)."""
   m = cfg.model
   config, params, tokenizer = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   if m.get("init_from"):

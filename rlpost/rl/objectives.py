@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.models import critic as critic_lib
+from rlpost.models import decoder
 from rlpost.models import policy
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import losses
@@ -418,7 +419,7 @@ def completion_logprobs(
 def _logprobs_from_hidden(hidden_BxTxD, params, batch: RLBatch, fwd, return_entropy):
   return policy.token_logprobs(
     hidden_BxTxD,
-    params["embed"],
+    decoder.output_matrix(params),
     batch.tokens[:, batch.prompt_len :],
     batch.loss_mask > 0,
     fwd,

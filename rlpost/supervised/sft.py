@@ -34,6 +34,7 @@ import numpy as np
 
 from rlpost.data import cursor as cursor_lib
 from rlpost.data import packing
+from rlpost.models import decoder
 from rlpost.models import policy
 from rlpost.ops import masks
 from rlpost.supervised import losses as sft_losses
@@ -162,7 +163,7 @@ def target_logprobs(params, adapters, micro_batch: Batch, fwd: policy.ForwardCon
   m, t, d = hidden.shape
   index = mb["gather_index"].reshape(-1)
   valid = mb["gather_valid"].reshape(-1)
-  embed = params["embed"]
+  embed = decoder.output_matrix(params)
   h_MxD = jnp.take(hidden.reshape(m * t, d), index, axis=0).astype(embed.dtype)
   targets_M = jnp.take(mb["targets"].reshape(-1), index)
   logp_M = policy.token_logprobs(h_MxD[None], embed, targets_M[None], valid[None], fwd)[0]

@@ -6,13 +6,19 @@ stays plain text and never becomes a control-token id. Only the scaffolding
 written here uses control ids.
 
 Scaffolds (the `template` argument):
-  chat   first prompt  <bos><start_of_turn>user\\n{observation}<end_of_turn>\\n<start_of_turn>model\\n
-         later turns   [<end_of_turn>]\\n<start_of_turn>user\\n{observation}<end_of_turn>\\n<start_of_turn>model\\n
-         (the leading <end_of_turn> only when the model's turn did not end with
-         one, e.g. at a tool call's close tag; the "\\n" after the model's own
-         <end_of_turn> is scaffolding, so it is not trained on)
-  plain  first prompt  <bos>{observation};  later turns  \n{observation}
+  chat   first prompt  [BOS][system turn]user turn{observation}, then the assistant's
+                       opening, in the tokenizer's chat format (`chat_formats`: for Gemma
+                       <bos><start_of_turn>user\n{observation}<end_of_turn>\n<start_of_turn>model\n)
+         later turns   [turn close]{after close}user turn{observation}, the assistant's
+                       opening (the turn close only when the model's turn did not end
+                       with one, e.g. at a tool call's close tag; what follows a close,
+                       Gemma's and ChatML's "\n", is scaffolding, so it is not trained on)
+  plain  first prompt  [BOS]{observation};  later turns  \n{observation}
+The system turn is the tokenizer's default one (the chat template's, e.g. SmolLM2's),
+if any: a task's own system text opens the first observation.
 """
+
+from rlpost.text import chat_formats
 
 SCAFFOLDS = ("chat", "plain")
 
@@ -28,24 +34,21 @@ def _check(template: str) -> None:
 
 
 def _user_turn(tokenizer, observation: str) -> list[int]:
-  """<start_of_turn>user\\n{observation}<end_of_turn>\\n<start_of_turn>model\\n."""
-  sot, eot = tokenizer.start_of_turn_id, tokenizer.end_of_turn_id
-  return (
-    [sot]
-    + text_ids(tokenizer, f"user\n{observation}")
-    + [eot]
-    + text_ids(tokenizer, "\n")
-    + [sot]
-    + text_ids(tokenizer, "model\n")
+  """A user turn holding `observation`, then the assistant's opening."""
+  return chat_formats.turn(tokenizer, "user", observation) + chat_formats.generation_prompt(
+    tokenizer
   )
 
 
 def prompt_ids(tokenizer, template: str, observation: str) -> list[int]:
-  """The first prompt of an episode (BOS first), ending where the model writes."""
+  """The first prompt of an episode (BOS first if the tokenizer uses one), ending where the
+  model writes."""
   _check(template)
   if template == "plain":
-    return [tokenizer.bos_id] + text_ids(tokenizer, observation)
-  return [tokenizer.bos_id] + _user_turn(tokenizer, observation)
+    return chat_formats.start(tokenizer) + text_ids(tokenizer, observation)
+  return chat_formats.opening_turns(tokenizer, observation, None) + chat_formats.generation_prompt(
+    tokenizer
+  )
 
 
 def observation_ids(
@@ -53,10 +56,10 @@ def observation_ids(
 ) -> list[int]:
   """Ids inserted after a model turn: the observation in its scaffolding.
 
-  model_closed_turn: the turn's last sampled token was <end_of_turn>.
+  model_closed_turn: the turn's last sampled token was the turn close (`end_of_turn_id`).
   """
   _check(template)
   if template == "plain":
     return text_ids(tokenizer, f"\n{observation}")
-  close = [] if model_closed_turn else [tokenizer.end_of_turn_id]
-  return close + text_ids(tokenizer, "\n") + _user_turn(tokenizer, observation)
+  close = chat_formats.closing(tokenizer)
+  return (close[1:] if model_closed_turn else close) + _user_turn(tokenizer, observation)

@@ -1,5 +1,6 @@
-"""Tokenizers: Gemma 3 SentencePiece rebuilt from a GGUF vocabulary, a byte
-tokenizer for tiny test models, and the Gemma chat format.
+"""Tokenizers: Gemma 3 SentencePiece rebuilt from a GGUF vocabulary, byte-level BPE
+(SmolLM2, Llama 3, Qwen: `rlpost.text.bpe`) from GGUF metadata or a Hugging Face
+`tokenizer.json`, a byte tokenizer for tiny test models, and the Gemma chat text.
 
 Special tokens: control-token text written in a string (`<start_of_turn>`,
 `<end_of_turn>`, `<bos>`, ...) becomes its single id when `parse_special=True`
@@ -47,16 +48,24 @@ _GGUF_TYPES = {
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tokenizer:
-  """A tokenizer with Gemma's special ids (hashable by identity).
+  """A tokenizer and its special ids (hashable by identity).
 
   Attributes:
-    processor: the SentencePieceProcessor, or None for the byte tokenizer.
-    bos_id, eos_id, pad_id, start_of_turn_id, end_of_turn_id: special ids.
+    processor: the SentencePieceProcessor or `bpe.ByteBPE` (anything with
+      `encode(text) -> ids` and `decode(ids) -> text`), or None for the byte tokenizer.
+    bos_id, eos_id, pad_id: special ids.
+    start_of_turn_id, end_of_turn_id: the chat format's turn opening and closing
+      control ids (`<start_of_turn>` / `<end_of_turn>`, `<|im_start|>` / `<|im_end|>`,
+      `<|start_header_id|>` / `<|eot_id|>`); the closing one ends a model's turn.
     vocab_size: number of ids the tokenizer knows (a model may have more rows).
     special_tokens: control-token text -> id, parsed from text on request.
+    chat: the chat format (`rlpost.text.chat_formats`): gemma, chatml or llama3.
+    uses_bos: prompts start with BOS (SmolLM2's and Qwen's do not).
+    default_system: the system text the model's chat template writes when a
+      conversation has none (chatml), or None.
   """
 
-  processor: spm.SentencePieceProcessor | None
+  processor: Any
   bos_id: int
   eos_id: int
   pad_id: int
@@ -64,6 +73,9 @@ class Tokenizer:
   end_of_turn_id: int
   vocab_size: int
   special_tokens: Mapping[str, int] = dataclasses.field(repr=False)
+  chat: str = "gemma"
+  uses_bos: bool = True
+  default_system: str | None = None
 
   @functools.cached_property
   def _special_re(self) -> re.Pattern:
@@ -87,8 +99,9 @@ class Tokenizer:
     return self.processor.decode(ids)
 
   def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = True) -> list[int]:
-    """Token ids of `text`, BOS first if `add_bos`; see the module doc for specials."""
-    ids = [self.bos_id] if add_bos else []
+    """Token ids of `text`, BOS first if `add_bos` and the tokenizer `uses_bos`; see the
+    module doc for specials."""
+    ids = [self.bos_id] if add_bos and self.uses_bos else []
     if not parse_special:
       return ids + self._encode_plain(text)
     pos = 0
@@ -120,19 +133,38 @@ class Tokenizer:
     return "".join(pieces) + self._decode_plain(run)
 
 
-def byte_tokenizer() -> Tokenizer:
-  """UTF-8 byte tokenizer for tiny test models: 0 pad, 1 eos, 2 bos,
-  3 <start_of_turn>, 4 <end_of_turn>, byte b -> 5 + b; vocab_size 261."""
-  specials = {"<pad>": 0, "<eos>": 1, "<bos>": 2, START_OF_TURN: 3, END_OF_TURN: 4}
+# chat format -> the byte tokenizer's five special ids' texts
+_BYTE_SPECIALS = {
+  "gemma": ("<pad>", "<eos>", "<bos>", START_OF_TURN, END_OF_TURN),
+  "chatml": ("<pad>", "<|endoftext|>", "<bos>", "<|im_start|>", "<|im_end|>"),
+  # Llama 3 needs three turn tokens: its turn close <|eot_id|> is the EOS id here.
+  "llama3": (
+    "<pad>",
+    "<|eot_id|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+  ),
+}
+
+
+def byte_tokenizer(chat: str = "gemma") -> Tokenizer:
+  """UTF-8 byte tokenizer for tiny test models: 0 pad, 1 eos, 2 bos, 3 and 4 the chat
+  format's turn tokens (gemma: <start_of_turn>, <end_of_turn>), byte b -> 5 + b;
+  vocab_size 261."""
+  if chat not in _BYTE_SPECIALS:
+    raise ValueError(f"byte_tokenizer(chat={chat!r}): use one of {sorted(_BYTE_SPECIALS)}")
+  texts = _BYTE_SPECIALS[chat]
   return Tokenizer(
     None,
     bos_id=2,
     eos_id=1,
     pad_id=0,
     start_of_turn_id=3,
-    end_of_turn_id=4,
+    end_of_turn_id=1 if chat == "llama3" else 4,
     vocab_size=_BYTE_OFFSET + 256,
-    special_tokens=specials,
+    special_tokens={t: i for i, t in enumerate(texts)},
+    chat=chat,
   )
 
 

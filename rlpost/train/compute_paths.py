@@ -6,7 +6,7 @@ Intel Xeon with AVX512-BF16 but no AMX XLA:CPU ran them ~5x slower than float32 
 decode sizes (issue 18's probe). So:
 - accelerators use a table (`ACCELERATOR_CHOICE`: bfloat16 on GPU and TPU);
 - on CPU a short calibration times one forward + backward of the trainer's mixed-
-  precision matmul (`gemma3._dense`) at train-step shapes in each dtype, and picks
+  precision matmul (`decoder._dense`) at train-step shapes in each dtype, and picks
   bfloat16 only when it is clearly faster (`BFLOAT16_MARGIN`: float32 is the exact
   one). The result is cached per machine (the compilation cache's key: JAX version,
   backend, CPU model and flags), so a machine calibrates once.
@@ -42,14 +42,14 @@ PROBE_SHAPES = ((512, 640, 2048), (256, 640, 16384))
 
 def probe_seconds(dtype: str, repeats: int = 5) -> float:
   """Best-of-`repeats` seconds of forward + backward of the probe matmuls in `dtype`."""
-  from rlpost.models import gemma3  # pylint: disable=g-import-not-at-top
+  from rlpost.models import decoder  # pylint: disable=g-import-not-at-top
 
   keys = jax.random.split(jax.random.key(0), 2 * len(PROBE_SHAPES))
   args = [
     (jax.random.normal(kx, (n, i)), jax.random.normal(kw, (i, o)) * 0.02)
     for (n, i, o), kx, kw in zip(PROBE_SHAPES, keys[::2], keys[1::2])
   ]
-  loss = lambda xws: sum(gemma3._dense(x, w, dtype).sum() for x, w in xws)  # pylint: disable=protected-access
+  loss = lambda xws: sum(decoder._dense(x, w, dtype).sum() for x, w in xws)  # pylint: disable=protected-access
   return _best_seconds(jax.jit(jax.grad(loss)), (args,), repeats)
 
 

@@ -216,9 +216,9 @@ MUTATIONS = [
   # --- model and masks
   dict(
     name="rmsnorm_without_one_plus",
-    path="rlpost/models/gemma3.py",
-    old="  scale = 1.0 + w.astype(jnp.float32)\n",
-    new="  scale = w.astype(jnp.float32)\n",
+    path="rlpost/models/decoder.py",
+    old="    scale = offset + scale\n",
+    new="    scale = scale\n",
     tests=["tests/test_gemma3.py", "tests/test_real_model.py"],
     why="Gemma's (1 + w) RMSNorm weight read as w",
   ),

@@ -1,26 +1,40 @@
-"""Shared pieces of the weight loaders: the params layout, dtypes, shape checks.
+"""Shared pieces of the weight loaders: info dicts, the params layout, dtypes, checks.
 
-The params pytree (numpy arrays; `jax.device_put` it once before use):
+An `info` dict carries exactly the fields of a family's `Config` (`gemma3.Config`;
+`llama.Config`, whose `family` field names llama / qwen2 / qwen3); `config_from_info`
+builds the Config. The params pytree (numpy arrays; `jax.device_put` it once before use)
+has the layout of `rlpost.models.decoder` (`decoder.param_shapes`).
 
-  embed       [V, D]         tied input/output embedding
-  final_norm  [D]            RMSNorm weight w, the norm scales by (1 + w)
-  layers/     every leaf stacked on a leading [L] axis
-    attn_norm, post_attn_norm, mlp_norm, post_mlp_norm  [L, D]
-    q [L, D, H*hd]  k, v [L, D, K*hd]  o [L, H*hd, D]   ([in, out]: y = x @ W)
-    q_norm, k_norm [L, hd]
-    gate, up [L, D, F]  down [L, F, D]
-
-`info` dicts carry exactly the fields of `rlpost.models.gemma3.Config`.
+Tensor kinds in the family weight maps (`gemma3_names`, `llama_names`):
+  linear         stored [out, in], transposed to our [in, out]
+  plain          copied as stored (embeddings, biases, norms stored as w)
+  norm_plus_one  a norm stored as 1 + w (Gemma's GGUF): 1 is subtracted
+  rope_rows:N    a q/k matrix whose rows llama.cpp's converter permuted for its
+                 interleaved RoPE (N heads): un-permuted, then transposed
 """
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from rlpost import errors
+from rlpost.models import decoder, gemma3, llama
 
-INFO_FIELDS = (
+NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
+LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+# Keys every HF decoder config.json has (the family maps read the rest).
+HF_REQUIRED = (
+  "vocab_size",
+  "hidden_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_key_value_heads",
+  "intermediate_size",
+)
+_POSITIVE = (
   "vocab_size",
   "embed_dim",
   "num_layers",
@@ -30,14 +44,31 @@ INFO_FIELDS = (
   "mlp_dim",
   "sliding_window",
   "global_every",
-  "local_rope_base",
-  "global_rope_base",
-  "query_pre_attn_scalar",
-  "rms_eps",
 )
+_REQUIRED = object()
 
-NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
-LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+def config_type(info: Mapping[str, Any]):
+  """The Config class an info dict describes (llama.Config when it has a `family`)."""
+  return llama.Config if "family" in info else gemma3.Config
+
+
+def info_fields(info: Mapping[str, Any]) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(config_type(info)))
+
+
+def config_from_info(info: Mapping[str, Any]):
+  """The family Config of a checked info dict."""
+  return config_type(info)(**info)
+
+
+def info_of(config) -> dict[str, Any]:
+  """A Config's info dict (its dataclass fields)."""
+  return dataclasses.asdict(config)
+
+
+# Gemma 3's info fields, in order (the info dicts of the Gemma loaders).
+INFO_FIELDS = tuple(f.name for f in dataclasses.fields(gemma3.Config))
 
 _DTYPES = {
   "float32": np.dtype(np.float32),
@@ -58,51 +89,30 @@ def canonical_dtype(dtype: Any) -> np.dtype:
   return _DTYPES[name]
 
 
-def layer_shapes(info: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def layer_shapes(info: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
   """Per-layer leaf shapes (without the leading [L]) in our [in, out] layout."""
-  d, f, hd = info["embed_dim"], info["mlp_dim"], info["head_dim"]
-  qd, kd = info["num_heads"] * hd, info["num_kv_heads"] * hd
-  shapes = {n: (d,) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm")}
-  shapes.update(
-    q_norm=(hd,),
-    k_norm=(hd,),
-    q=(d, qd),
-    k=(d, kd),
-    v=(d, kd),
-    o=(qd, d),
-    gate=(d, f),
-    up=(d, f),
-    down=(f, d),
-  )
-  return shapes
+  return decoder.layer_shapes(config_from_info(info))
 
 
-def param_shapes(info: dict[str, Any]) -> dict[str, Any]:
+def param_shapes(info: Mapping[str, Any]) -> dict[str, Any]:
   """The full params pytree of shapes for `info`."""
-  n = info["num_layers"]
-  return {
-    "embed": (info["vocab_size"], info["embed_dim"]),
-    "final_norm": (info["embed_dim"],),
-    "layers": {k: (n, *s) for k, s in layer_shapes(info).items()},
-  }
+  return decoder.param_shapes(config_from_info(info))
 
 
-def empty_params(info: dict[str, Any], dtype: np.dtype) -> dict[str, Any]:
+def empty_params(info: Mapping[str, Any], dtype: np.dtype) -> dict[str, Any]:
   """Uninitialised params of the right shapes, filled in place by the loaders."""
   shapes = param_shapes(info)
-  return {
-    "embed": np.empty(shapes["embed"], dtype),
-    "final_norm": np.empty(shapes["final_norm"], dtype),
-    "layers": {k: np.empty(s, dtype) for k, s in shapes["layers"].items()},
-  }
+  arrays = {k: np.empty(s, dtype) for k, s in shapes.items() if k != "layers"}
+  return {**arrays, "layers": {k: np.empty(s, dtype) for k, s in shapes["layers"].items()}}
 
 
-def check_info(info: dict[str, Any], source: str) -> dict[str, Any]:
+def check_info(info: Mapping[str, Any], source: str) -> dict[str, Any]:
   """Validates an info dict (exact field set, positive sizes, divisibility)."""
-  missing = [k for k in INFO_FIELDS if k not in info]
+  fields = info_fields(info)
+  missing = [k for k in fields if k not in info]
   if missing:
     raise errors.DataError(f"{source}: info lacks fields {missing}")
-  for k in INFO_FIELDS[:9]:
+  for k in (k for k in _POSITIVE if k in fields):
     if not isinstance(info[k], (int, np.integer)) or info[k] <= 0:
       raise errors.DataError(f"{source}: {k}={info[k]!r} must be a positive integer")
   if info["num_heads"] % info["num_kv_heads"]:
@@ -110,25 +120,53 @@ def check_info(info: dict[str, Any], source: str) -> dict[str, Any]:
       f"{source}: num_heads={info['num_heads']} is not a multiple of "
       f"num_kv_heads={info['num_kv_heads']}"
     )
-  return {k: info[k] for k in INFO_FIELDS}
+  return {k: info[k] for k in fields}
 
 
-def check_params(params: dict[str, Any], info: dict[str, Any]) -> None:
+def check_params(params: Mapping[str, Any], info: Mapping[str, Any]) -> None:
   """Raises ValueError naming every leaf whose shape does not match `info`."""
   want = param_shapes(info)
-  got = {
-    "embed": params["embed"].shape,
-    "final_norm": params["final_norm"].shape,
-    "layers": {k: params["layers"][k].shape for k in want["layers"] if k in params["layers"]},
-  }
-  bad = [f"{k}: {got[k]} != {want[k]}" for k in ("embed", "final_norm") if tuple(got[k]) != want[k]]
+  bad = [
+    f"{k}: {getattr(params.get(k), 'shape', None)} != {s}"
+    for k, s in want.items()
+    if k != "layers" and tuple(getattr(params.get(k), "shape", ())) != s
+  ]
+  layers = params.get("layers", {})
   bad += [
-    f"layers/{k}: {got['layers'].get(k)} != {s}"
+    f"layers/{k}: {getattr(layers.get(k), 'shape', None)} != {s}"
     for k, s in want["layers"].items()
-    if tuple(got["layers"].get(k, ())) != s
+    if tuple(getattr(layers.get(k), "shape", ())) != s
   ]
   if bad:
     raise ValueError("params do not match the model info: " + "; ".join(bad))
+
+
+def require_keys(cfg: Mapping[str, Any], keys, source: str, what: str) -> None:
+  missing = [k for k in keys if k not in cfg]
+  if missing:
+    raise errors.DataError(f"{source}: missing keys {missing} (is this a {what} config?)")
+
+
+def gguf_getter(gf, arch: str):
+  """get(key, default) of `{arch}.{key}` in a GGUF's metadata; a missing key without a
+  default is named with the fix."""
+
+  def get(key, default=_REQUIRED):
+    full = f"{arch}.{key}"
+    if full not in gf.metadata and default is _REQUIRED:
+      raise errors.DataError(
+        f"{gf.path}: metadata key {full!r} is missing; re-convert the model "
+        "with a current llama.cpp convert_hf_to_gguf.py"
+      )
+    return gf.metadata.get(full, default)
+
+  return get
+
+
+def gguf_vocab_size(gf) -> int:
+  """Rows of the GGUF's token embedding (else the tokenizer's vocabulary length)."""
+  embed = gf.tensors.get("token_embd.weight")
+  return int(embed.shape[0] if embed else len(gf.metadata.get("tokenizer.ggml.tokens", ())))
 
 
 def global_every_from_flags(is_global: list[bool], source: str) -> int:
