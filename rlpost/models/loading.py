@@ -8,6 +8,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from rlpost import errors
 from rlpost.models import decoder, families
 from rlpost.models.weights import common, gguf, gguf_file
 from rlpost.text import tokenizer as tokenizer_lib
@@ -45,7 +46,9 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
           preset,
         )
       return config, params, tokenizer_lib.byte_tokenizer(families.of(config).chat)
-    return config, params, load_gguf_tokenizer(path or gguf.packaged_gguf_path(preset))
+    tok = load_gguf_tokenizer(path or gguf.packaged_gguf_path(preset))
+    check_vocabulary(config, tok, path or preset)
+    return config, params, tok
   if path and not os.path.exists(path):
     raise FileNotFoundError(
       f"model.path={path!r}: no such file or directory; give the GGUF file "
@@ -64,12 +67,37 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
         "model.path must name a Hugging Face checkpoint directory when model.weights='hf'"
       )
     params, info = safetensors.load_hf_checkpoint(path, dtype=jdtype)
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-      tok = vocabularies.from_hf_directory(path)
-    else:  # Gemma 3 directories we export carry no tokenizer: the packaged one is theirs
-      tok = load_gguf_tokenizer(gguf.packaged_gguf_path(preset))
+    tok = _hf_tokenizer(path, preset, config)
   check_architecture(config, info, preset)
+  check_vocabulary(config, tok, path)
   return config, jax.tree.map(jnp.asarray, params), tok
+
+
+def _hf_tokenizer(path: str, preset: str, config) -> tokenizer_lib.Tokenizer:
+  """A HF directory's tokenizer.json; else the byte tokenizer of a tiny test model, or the
+  preset's packaged one (directories we export carry no tokenizer)."""
+  if os.path.isfile(os.path.join(path, "tokenizer.json")):
+    return vocabularies.from_hf_directory(path)
+  if config.vocab_size < 1000:
+    return tokenizer_lib.byte_tokenizer(families.of(config).chat)
+  try:
+    return load_gguf_tokenizer(gguf.packaged_gguf_path(preset))
+  except errors.ConfigError:
+    raise errors.DataError(
+      f"{path} has no tokenizer.json and model.preset={preset!r} has no packaged tokenizer: "
+      "copy the model's tokenizer.json and tokenizer_config.json into the directory"
+    ) from None
+
+
+def check_vocabulary(config, tokenizer, source) -> None:
+  """Refuses a tokenizer with ids the model has no embedding row for (another model's
+  tokenizer); fewer ids than rows is fine (padded embeddings)."""
+  if tokenizer.vocab_size > config.vocab_size:
+    raise errors.DataError(
+      f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding "
+      f"only {config.vocab_size} rows: the tokenizer belongs to another model. Give the "
+      "model's own tokenizer (its GGUF file, or tokenizer.json in its directory)."
+    )
 
 
 def _same(a, b) -> bool:

@@ -126,3 +126,18 @@ def opening_turns(tokenizer, user: str, system: str | None) -> list[int]:
   elif system is not None:
     user = f"{system}\n\n{user}"
   return ids + turn(tokenizer, "user", user)
+
+
+def conversation_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
+  """A whole conversation (an optional first system message, then user / assistant turns
+  starting with user) as the model file's chat template lays it out, contents as plain
+  text; with `add_generation_prompt`, the assistant's opening after it."""
+  fmt = get(tokenizer.chat)
+  system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+  rest = list(messages[1:] if system is not None else messages)
+  if not rest or rest[0]["role"] != "user":
+    raise ValueError("a conversation starts with a user message (after an optional system one)")
+  ids = opening_turns(tokenizer, rest[0]["content"], system)
+  for m in rest[1:]:
+    ids += turn(tokenizer, fmt.assistant if m["role"] == "assistant" else m["role"], m["content"])
+  return ids + (generation_prompt(tokenizer) if add_generation_prompt else [])

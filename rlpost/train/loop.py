@@ -43,6 +43,7 @@ import tqdm
 
 from rlpost import errors
 from rlpost.data.cursor import Cursor
+from rlpost.models import families
 from rlpost.train import checkpoint
 from rlpost.train import metrics as metrics_lib
 from rlpost.train.step import TrainState
@@ -188,6 +189,8 @@ def start(
     _unlock(lock)
     raise
   try:
+    if run.checkpoints.latest_step() is not None:
+      _refuse_another_family(workdir, config)
     restored = checkpoint.restore_latest(run.checkpoints, fresh_state, carry_like)
   except BaseException:
     _close(run)
@@ -247,6 +250,30 @@ def _flat(tree, prefix: str = "") -> dict:
   for key, value in tree.items():
     out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
   return out
+
+
+def _family(preset) -> str | None:
+  config = families.PRESETS.get(preset) if isinstance(preset, str) else None
+  return config and config.family
+
+
+def _refuse_another_family(workdir: str, config) -> None:
+  """A run whose config.json names a model preset of another family than `config`'s is
+  not resumed (its checkpoints hold another model's weights or adapters: LoRA adapters
+  of two families can have the same shapes, which no shape check would catch)."""
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      old = (json.load(f).get("model") or {}).get("preset")
+  except (OSError, ValueError, AttributeError):
+    return
+  new = (config.get("model") or {}).get("preset") if hasattr(config, "get") else None
+  if _family(old) and _family(new) and _family(old) != _family(new):
+    raise errors.ConfigError(
+      f"config.model.preset={new!r} is a {_family(new)} model, but the run in {workdir} "
+      f"trains {old!r}, a {_family(old)} model: its checkpoints hold that model's weights. "
+      f"Resume with --config.model.preset={old}, or use a new --workdir."
+    )
 
 
 def _report_changes(workdir: str, config, step: int) -> None:
