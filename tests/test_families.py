@@ -423,3 +423,61 @@ def test_unsupported_hf_architecture_and_foreign_tokenizer_are_named(tmp_path):
   assert config.family == "qwen2" and tok.chat == "chatml"
   with pytest.raises(ValueError, match="weights are a qwen2 model and model.preset='qwen3_tiny'"):
     loading.load_model("qwen3_tiny", "hf", str(FIXTURES / "tiny" / "qwen2"))
+
+
+@pytest.mark.real_model
+def test_hf_tokenizer_json_reads_like_the_gguf_vocabulary(smollm2_tokenizer, tmp_path):
+  """A tokenizer.json in Hugging Face's schema (BPE vocab and merges, added tokens, the
+  Digits + ByteLevel pre-tokenizer SmolLM2 ships) and its tokenizer_config.json (special
+  tokens, chat template) give the GGUF tokenizer's encodings, specials and chat layout.
+  A Split step carries its regex over (Llama 3's pattern splits as `llama-bpe`)."""
+  tok = smollm2_tokenizer
+  metadata = gguf_file.read_gguf(_smollm2_path()).metadata
+  tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+  added = [i for i, t in enumerate(types) if t == 3]
+  spec = {
+    "added_tokens": [{"id": i, "content": tokens[i], "special": True} for i in added],
+    "pre_tokenizer": {
+      "type": "Sequence",
+      "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+      ],
+    },
+    "model": {
+      "type": "BPE",
+      "vocab": {t: i for i, t in enumerate(tokens) if i not in added},
+      "merges": [m.split(" ") for m in metadata["tokenizer.ggml.merges"]],
+    },
+  }
+  config = {
+    "bos_token": "<|im_start|>",
+    "eos_token": {"content": "<|im_end|>"},
+    "pad_token": "<|im_end|>",
+    "chat_template": metadata["tokenizer.chat_template"],
+  }
+  (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  hf = vocabularies.from_hf_directory(tmp_path)
+  fix = _tokenization()
+  assert [hf.encode(s, add_bos=False, parse_special=False) for s in fix["strings"]] == fix[
+    "hub_plain"
+  ]
+  assert [hf.encode(s, add_bos=False) for s in fix["strings"]] == fix["hub_special"]
+  got = (hf.chat, hf.default_system, hf.end_of_turn_id, hf.start_of_turn_id, hf.uses_bos)
+  assert got == (tok.chat, tok.default_system, tok.end_of_turn_id, tok.start_of_turn_id, False)
+  # Llama 3's tokenizer.json: its Split regex, then ByteLevel without a regex of its own.
+  regex = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+  )
+  llama3 = {
+    "type": "Sequence",
+    "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated"},
+      {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+    ],
+  }
+  patterns = vocabularies._hf_patterns(llama3, "tokenizer.json")  # pylint: disable=protected-access
+  assert patterns == (regex,)
+  assert bpe.split("I'M 12345 here\n\n", patterns) == ["I", "'M", " ", "123", "45", " here", "\n\n"]
