@@ -318,12 +318,13 @@ def _smollm2_prompts():
 
 @pytest.mark.slow
 @pytest.mark.real_model
-@pytest.mark.optimized_codegen
 def test_smollm2_logprobs_and_greedy_continuations_match_transformers(smollm2):
   """SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized): on 8 prompts, the logprobs of
   transformers' top-20 tokens at every position are within 1e-3 of its float32 ones
   (measured 7.5e-5), and our greedy sampler follows its greedy continuation up to the
-  first near-tie (top-2 margin below 0.1).
+  first near-tie (top-2 margin below 0.1). Two programs: one forward over the prompts
+  right-padded to one width (a causal mask keeps padding out of every real position),
+  one sampler.
 
   Mutation caught: the llama GGUF's q/k rows left permuted (logprobs off by nats).
   """
@@ -336,8 +337,13 @@ def test_smollm2_logprobs_and_greedy_continuations_match_transformers(smollm2):
   sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=32, stop_ids=(), prompt_bucket=32)
   padded, lengths = sampling.pad_prompts([list(z["input_ids"]) for _, z in prompts], sc)
   out = sampling.sample(params, padded, lengths, jax.random.key(0), model_config=config, config=sc)
+  width = max(len(z["input_ids"]) for _, z in prompts)
+  ids = np.zeros((len(prompts), width), np.int32)
+  for k, (_, z) in enumerate(prompts):
+    ids[k, : len(z["input_ids"])] = z["input_ids"]
+  batch_logits = _forward(params, ids, config)
   for k, (pid, z) in enumerate(prompts):
-    logits = _forward(params, z["input_ids"][None], config)[0].astype(np.float64)
+    logits = batch_logits[k, : len(z["input_ids"])].astype(np.float64)
     top = logits.max(-1, keepdims=True)
     logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     mine = np.take_along_axis(logp, z["hf_top_ids"], 1)
@@ -354,22 +360,24 @@ def test_smollm2_logprobs_and_greedy_continuations_match_transformers(smollm2):
 
 
 def _run_every_recipe(preset: str, tmp) -> list[dict]:
-  """SFT (LoRA and full), DPO, GRPO, PPO and agentic PPO, one step each on `preset`."""
+  """SFT (LoRA and full), DPO and the RL recipe with each learner, one step each on
+  `preset`: GRPO over the one-turn prompt environment and PPO (actor and critic) over
+  multi-turn FrozenLake, so both learners, both kinds of environment and the cache
+  continuation run. No evaluations (their programs are the same on every family)."""
   from conftest import run_metrics, with_overrides  # pylint: disable=g-import-not-at-top
   from experiments.configs import agentic as agentic_configs  # pylint: disable=g-import-not-at-top
   from experiments.configs import dpo as dpo_configs  # pylint: disable=g-import-not-at-top
-  from experiments.configs import grpo_gsm8k, ppo_gsm8k  # pylint: disable=g-import-not-at-top
+  from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
   from experiments.configs import sft as sft_configs  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import dpo, rl  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import sft as sft_recipe  # pylint: disable=g-import-not-at-top
 
-  ppo_small = {"algo.critic_warmup_steps": 0, "train.micro_batch_size": 2}
+  ppo_small = {"algo.critic_warmup_steps": 0, "train.micro_batch_size": 2, "eval.every": 0}
   runs = [
-    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": True}),
-    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": False}),
+    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": True, "eval.every": 0}),
+    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": False, "eval.every": 0}),
     (dpo, dpo_configs.get_config("tiny"), {}),
     (rl, grpo_gsm8k.get_config("tiny"), {}),
-    (rl, ppo_gsm8k.get_config("tiny"), ppo_small),
     (rl, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
   ]
   last = []
@@ -392,7 +400,7 @@ def _run_every_recipe(preset: str, tmp) -> list[dict]:
 def test_every_recipe_trains_each_family(preset, tmp_path):
   """Each recipe runs a step, checkpoints and logs a finite loss on each family's tiny
   random model (byte tokenizer in the family's chat format); its run is not resumed with
-  another family's model. Over 20 s: six recipes compile their samplers and train steps
+  another family's model. Over 20 s: five runs compile their samplers and train steps
   for a model no other test builds.
 
   Mutation caught: the family check on resume dropped (the LoRA adapters of llama_tiny
