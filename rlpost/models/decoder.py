@@ -73,6 +73,31 @@ _REMAT_POLICIES = {
   "full": jax.checkpoint_policies.nothing_saveable,
 }
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+# Every family's Config has these sizes (>= 1; `check_sizes`).
+SIZES = (
+  "vocab_size",
+  "embed_dim",
+  "num_layers",
+  "num_heads",
+  "num_kv_heads",
+  "head_dim",
+  "mlp_dim",
+)
+
+
+def check_sizes(config: Config, extra: tuple[str, ...] = ()) -> None:
+  """A Config's sizes (SIZES and `extra`) are >= 1, its query heads a multiple of its
+  key/value heads, its head size even (RoPE pairs); ValueError naming the field."""
+  for name in SIZES + extra:
+    if getattr(config, name) < 1:
+      raise ValueError(f"Config.{name}={getattr(config, name)} must be >= 1")
+  if config.num_heads % config.num_kv_heads:
+    raise ValueError(
+      f"Config.num_heads={config.num_heads} must be a multiple of "
+      f"num_kv_heads={config.num_kv_heads}"
+    )
+  if config.head_dim % 2:
+    raise ValueError(f"Config.head_dim={config.head_dim} must be even for RoPE")
 
 
 def layer_shapes(config: Config) -> dict[str, tuple[int, ...]]:

@@ -11,6 +11,8 @@ local (sliding window, RoPE base `local_rope_base`); final RMSNorm; tied output.
 import dataclasses
 import math
 
+from rlpost.models import decoder
+
 FAMILY = "gemma3"
 
 
@@ -33,25 +35,7 @@ class Config:
   rms_eps: float = 1e-6
 
   def __post_init__(self):
-    for name in (
-      "vocab_size",
-      "embed_dim",
-      "num_layers",
-      "num_heads",
-      "num_kv_heads",
-      "head_dim",
-      "mlp_dim",
-      "sliding_window",
-      "global_every",
-    ):
-      if getattr(self, name) < 1:
-        raise ValueError(f"Config.{name}={getattr(self, name)} must be >= 1")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(
-        f"Config.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-      )
-    if self.head_dim % 2:
-      raise ValueError(f"Config.head_dim={self.head_dim} must be even for RoPE")
+    decoder.check_sizes(self, ("sliding_window", "global_every"))
 
   # What `rlpost.models.decoder` reads (its module docstring): Gemma 3's fixed choices.
   family = FAMILY

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from rlpost.models import decoder
+
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -47,25 +49,9 @@ class Config:
   sliding_window = 0
 
   def __post_init__(self):
-    for name in (
-      "vocab_size",
-      "embed_dim",
-      "num_layers",
-      "num_heads",
-      "num_kv_heads",
-      "head_dim",
-      "mlp_dim",
-    ):
-      if getattr(self, name) < 1:
-        raise ValueError(f"Config.{name}={getattr(self, name)} must be >= 1")
+    decoder.check_sizes(self)
     if self.family not in FAMILIES:
       raise ValueError(f"Config.family={self.family!r}: use one of {FAMILIES}")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(
-        f"Config.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-      )
-    if self.head_dim % 2:
-      raise ValueError(f"Config.head_dim={self.head_dim} must be even for RoPE")
     if self.rope_freq_factors is not None:
       factors = tuple(float(x) for x in self.rope_freq_factors)
       if len(factors) != self.head_dim // 2 or not all(math.isfinite(f) and f > 0 for f in factors):

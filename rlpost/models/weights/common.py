@@ -34,17 +34,7 @@ HF_REQUIRED = (
   "num_key_value_heads",
   "intermediate_size",
 )
-_POSITIVE = (
-  "vocab_size",
-  "embed_dim",
-  "num_layers",
-  "num_heads",
-  "num_kv_heads",
-  "head_dim",
-  "mlp_dim",
-  "sliding_window",
-  "global_every",
-)
+_POSITIVE = decoder.SIZES + ("sliding_window", "global_every")
 _REQUIRED = object()
 
 
