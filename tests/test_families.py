@@ -489,3 +489,45 @@ def test_hf_tokenizer_json_reads_like_the_gguf_vocabulary(smollm2_tokenizer, tmp
   patterns = vocabularies._hf_patterns(llama3, "tokenizer.json")  # pylint: disable=protected-access
   assert patterns == (regex,)
   assert bpe.split("I'M 12345 here\n\n", patterns) == ["I", "'M", " ", "123", "45", " here", "\n\n"]
+
+
+# ------------------------------------------------------------------ chat formats
+
+
+@pytest.mark.parametrize(
+  "chat, want",
+  [
+    ("gemma", "<bos><start_of_turn>user\nS\n\nQ<end_of_turn>\n<start_of_turn>model\n"),
+    (
+      "chatml",
+      "<bos><|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+      "<|im_start|>assistant\n",
+    ),
+    (
+      "llama3",
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
+  ],
+)
+def test_each_chat_format_lays_out_rl_and_sft_prompts_alike(chat, want):
+  """The RL scaffold's first prompt (a system text and an observation) is the format's
+  layout (a system turn where the format has one; Gemma opens the user turn with it), and
+  an SFT record's prompt span is the same ids; the model's turn close and what follows
+  it come next in SFT, and after a turn the scaffold continues from there.
+
+  Mutation caught: the system text dropped from the chat scaffold's first prompt."""
+  from rlpost.data import chat as chat_data  # pylint: disable=g-import-not-at-top
+  from rlpost.text import scaffold  # pylint: disable=g-import-not-at-top
+  from rlpost.text import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
+  tok = tokenizer_lib.byte_tokenizer(chat)
+  prompt = scaffold.prompt_ids(tok, "chat", "Q", "S")
+  assert tok.decode(prompt, skip_special=False) == want
+  tokens, mask = chat_data.tokenize_sft({"system": "S", "prompt": "Q", "completion": "A"}, tok, 256)
+  assert list(tokens[: len(prompt)]) == prompt and not mask[: len(prompt)].any()
+  after = scaffold.observation_ids(tok, "chat", "R", model_closed_turn=True)
+  closing = chat_formats.closing(tok)
+  assert list(tokens[len(prompt) :]) == tok.encode("A", add_bos=False) + closing
+  assert after[: len(closing) - 1] == closing[1:]

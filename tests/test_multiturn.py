@@ -1085,7 +1085,8 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
 
   Mutations caught (each fails within the 60 examples): observation slots with
   turn_ids turn + 1; the scaffold's `closed` test always False; `+ 1` dropped from the
-  fit test; logprobs taken from lps[1 : n + 1].
+  fit test; logprobs taken from lps[1 : n + 1]; the environment's system text left out of
+  the first prompt (session 25).
   """
   seen_steps = []
 
@@ -1113,7 +1114,8 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
     closed = emitted[n - 1] == TOK.end_of_turn_id
     total = max(1, n + len(scaffold.observation_ids(TOK, template, observation, closed)) + 1)
     total = max(1, total + at_the_edge)
-  env = protocol.Env("random", reset, step, max_turns=max_turns, stop_strings=stops)
+  system = "Play." if tasks % 2 else None  # the environment's system text, when it has one
+  env = protocol.Env("random", reset, step, max_turns=max_turns, stop_strings=stops, system=system)
   sampler = _ScriptedSampler(turns_of_row)
   sc = _sampling_config(turn_tokens)
   turns = multiturn.TurnConfig(
@@ -1139,7 +1141,7 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
 
   for r, e in enumerate(out.episodes):
     seed = seeds[r // G]
-    prompt = scaffold.prompt_ids(TOK, template, f"task {seed}")
+    prompt = scaffold.prompt_ids(TOK, template, f"task {seed}", system)
     assert b.tokens[r, P - len(prompt) : P].tolist() == prompt
     assert not b.valid[r, : P - len(prompt)].any()
     stream, sampled, turn_of, k = [], [], [], 0

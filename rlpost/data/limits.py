@@ -28,9 +28,13 @@ def prompts_within(
   task left with no prompt is a DataError either way."""
   kept, dropped = [], []
   for i, problem in enumerate(task.problems):
-    kind, text = prompts_lib.prompt_observation(problem, template, task.examples, task.system)
-    if len(text.encode("utf-8")) + _CONTROL_TOKENS > max_tokens:
-      length = len(scaffold.prompt_ids(tokenizer, kind, text))
+    kind, text, system = prompts_lib.prompt_observation(
+      problem, template, task.examples, task.system
+    )
+    if (
+      len((system or "").encode("utf-8")) + len(text.encode("utf-8")) + _CONTROL_TOKENS > max_tokens
+    ):
+      length = len(scaffold.prompt_ids(tokenizer, kind, text, system))
       if length > max_tokens:
         if on_too_long == "error":
           raise errors.DataError(

@@ -46,15 +46,17 @@ def prompt_text(
 
 def prompt_observation(
   problem: Problem, template: str, examples: list[Problem], system: str = SYSTEM_PROMPT
-) -> tuple[str, str]:
-  """(scaffold, text): the prompt as environment text inside a `rlpost.text.scaffold`.
+) -> tuple[str, str, str | None]:
+  """(scaffold, text, system): the prompt as environment text inside a
+  `rlpost.text.scaffold`.
 
-  chat: the system text (if any) and the question in one user turn; fewshot / plain:
-  the whole text after BOS.
+  chat: the question as the user turn and the system text (None when empty) as the
+  scaffold's system (Gemma: the user turn's opening); fewshot / plain: the whole text
+  after BOS, no system.
   """
   if template == "chat":
-    return "chat", f"{system}\n\n{problem.question}" if system else problem.question
-  return "plain", prompt_text(problem, template, examples, system)
+    return "chat", problem.question, system or None
+  return "plain", prompt_text(problem, template, examples, system), None
 
 
 def prompt_ids(problem: Problem, template: str, examples: list[Problem], tokenizer) -> list[int]:
@@ -62,5 +64,5 @@ def prompt_ids(problem: Problem, template: str, examples: list[Problem], tokeniz
 
   Equals `tokenizer.encode(prompt_text(...))` when the text holds no control-token string.
   """
-  kind, text = prompt_observation(problem, template, examples)
-  return scaffold.prompt_ids(tokenizer, kind, text)
+  kind, text, system = prompt_observation(problem, template, examples)
+  return scaffold.prompt_ids(tokenizer, kind, text, system)

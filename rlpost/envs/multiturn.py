@@ -446,7 +446,7 @@ def rollout(
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
   _check_rollout_args(sc, turns, tasks, seeds, env)
   firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
-  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs) for _, obs in firsts]
+  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs, env.system) for _, obs in firsts]
   longest = widest(max(len(p) for p in prompts))
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)

@@ -61,6 +61,9 @@ class Env(NamedTuple):
     that is not done after this many turns.
   stop_strings: texts that end a model turn besides the end-of-turn token
     (e.g. a tool call's close tag); the turn ends at the token completing one.
+  system: the system text of every episode, or None: in the chat scaffold a system
+    turn where the chat format has one, else the opening of the first user turn
+    (`rlpost.text.scaffold.prompt_ids`).
   """
 
   name: str
@@ -68,6 +71,7 @@ class Env(NamedTuple):
   step: Callable[[Any, str], Step]
   max_turns: int
   stop_strings: tuple[str, ...] = ()
+  system: str | None = None
 
 
 def check_env(env: Env) -> None:

@@ -15,7 +15,9 @@ from rlpost.envs import protocol
 
 def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
   """(env, scaffold template) of `task` under a data template (fewshot | chat | plain)."""
-  kind, _ = prompts_lib.prompt_observation(task.problems[0], template, task.examples, task.system)
+  kind, _, system = prompts_lib.prompt_observation(
+    task.problems[0], template, task.examples, task.system
+  )
   prefix = prompts_lib.completion_prefix(template)
 
   def reset(problem, seed: int):
@@ -28,7 +30,8 @@ def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
     return protocol.Step(problem, "", reward, True, info)
 
   stops = prompts_lib.STOP_STRINGS if template != "plain" else ()
-  return protocol.Env("single_turn", reset, step, max_turns=1, stop_strings=stops), kind
+  env = protocol.Env("single_turn", reset, step, max_turns=1, stop_strings=stops, system=system)
+  return env, kind
 
 
 def score(task: tasks.Task, prompt: str, completion: str, truth: str) -> tuple[float, dict]:

@@ -14,8 +14,8 @@ Scaffolds (the `template` argument):
                        with one, e.g. at a tool call's close tag; what follows a close,
                        Gemma's and ChatML's "\n", is scaffolding, so it is not trained on)
   plain  first prompt  [BOS]{observation};  later turns  \n{observation}
-The system turn is the tokenizer's default one (the chat template's, e.g. SmolLM2's),
-if any: a task's own system text opens the first observation.
+The system text is the environment's (`Env.system`), else the tokenizer's default one
+(the chat template's, e.g. SmolLM2's), if any.
 """
 
 from rlpost.text import chat_formats
@@ -40,15 +40,17 @@ def _user_turn(tokenizer, observation: str) -> list[int]:
   )
 
 
-def prompt_ids(tokenizer, template: str, observation: str) -> list[int]:
+def prompt_ids(tokenizer, template: str, observation: str, system: str | None = None) -> list[int]:
   """The first prompt of an episode (BOS first if the tokenizer uses one), ending where the
-  model writes."""
+  model writes. `system` (None: the tokenizer's default, if any): chat, a system turn where
+  the format has one, else the opening of the user turn; plain, the text's opening."""
   _check(template)
   if template == "plain":
-    return chat_formats.start(tokenizer) + text_ids(tokenizer, observation)
-  return chat_formats.opening_turns(tokenizer, observation, None) + chat_formats.generation_prompt(
-    tokenizer
-  )
+    text = observation if system is None else f"{system}\n\n{observation}"
+    return chat_formats.start(tokenizer) + text_ids(tokenizer, text)
+  return chat_formats.opening_turns(
+    tokenizer, observation, system
+  ) + chat_formats.generation_prompt(tokenizer)
 
 
 def observation_ids(
