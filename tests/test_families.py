@@ -531,3 +531,24 @@ def test_each_chat_format_lays_out_rl_and_sft_prompts_alike(chat, want):
   closing = chat_formats.closing(tok)
   assert list(tokens[len(prompt) :]) == tok.encode("A", add_bos=False) + closing
   assert after[: len(closing) - 1] == closing[1:]
+
+
+def test_broken_tokenizer_files_are_named(tmp_path):
+  """A tokenizer.json that is not JSON, not a BPE model, or carries a bad merge, and a
+  tokenizer_config.json that is not an object, fail naming the file (DataError), not with
+  a bare JSONDecodeError / KeyError."""
+  spec = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}
+  cases = [
+    ("{not json", {}, r"tokenizer\.json: not valid JSON"),
+    (json.dumps({"model": {"type": "Unigram"}}), {}, r"model type 'Unigram'; only BPE"),
+    (json.dumps({**spec, "model": {**spec["model"], "merges": ["ab"]}}), {}, r"merge 0 is 'ab'"),
+    (json.dumps(spec), "[1]", r"tokenizer_config\.json: expected a JSON object"),
+    (json.dumps(spec), {"eos_token": "a"}, r"neither the chat template nor the vocabulary"),
+  ]
+  for text, config, match in cases:
+    (tmp_path / "tokenizer.json").write_text(text)
+    (tmp_path / "tokenizer_config.json").write_text(
+      config if isinstance(config, str) else json.dumps(config)
+    )
+    with pytest.raises(errors.DataError, match=match):
+      vocabularies.from_hf_directory(tmp_path)

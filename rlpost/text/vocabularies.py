@@ -13,6 +13,8 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+import regex
+
 from rlpost import errors
 from rlpost.text import bpe, chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
@@ -42,9 +44,12 @@ def from_gguf_metadata(
     patterns = bpe.pre_tokenizer(pre)
   except ValueError as e:
     raise errors.DataError(f"{source}: tokenizer.ggml.pre: {e}") from None
-  processor = bpe.ByteBPE(
-    tokens, metadata["tokenizer.ggml.merges"], patterns, pre in bpe.IGNORES_MERGES
-  )
+  try:
+    processor = bpe.ByteBPE(
+      tokens, metadata["tokenizer.ggml.merges"], patterns, pre in bpe.IGNORES_MERGES
+    )
+  except (ValueError, TypeError) as e:
+    raise errors.DataError(f"{source}: tokenizer.ggml.merges: {e}") from None
   types = metadata["tokenizer.ggml.token_type"].tolist()
   specials = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k in (_CONTROL, _USER_DEFINED)}
   eos = int(metadata["tokenizer.ggml.eos_token_id"])
@@ -90,6 +95,17 @@ def _bpe_tokenizer(processor, specials, *, bos, eos, pad, uses_bos, template, so
   )
 
 
+def _json_object(path: pathlib.Path) -> dict[str, Any]:
+  """The JSON object in `path`; DataError naming the file when it is not one."""
+  try:
+    value = json.loads(path.read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise errors.DataError(f"{path}: not valid JSON ({e}); download or copy it again") from e
+  if not isinstance(value, dict):
+    raise errors.DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  return value
+
+
 def _hf_patterns(pre: Mapping[str, Any] | None, source: str) -> tuple[str, ...]:
   """Regexes of a tokenizer.json pre_tokenizer: Split patterns, Digits, ByteLevel."""
   if not pre:
@@ -113,10 +129,10 @@ def from_hf_directory(directory: str | os.PathLike) -> tokenizer_lib.Tokenizer:
   path = directory / "tokenizer.json"
   if not path.is_file():
     raise FileNotFoundError(f"{path} not found: the checkpoint directory has no tokenizer")
-  spec = json.loads(path.read_text(encoding="utf-8"))
+  spec = _json_object(path)
   config_path = directory / "tokenizer_config.json"
-  config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-  model = spec.get("model", {})
+  config = _json_object(config_path) if config_path.is_file() else {}
+  model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
   if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
     raise errors.DataError(f"{path}: model type {model.get('type')!r}; only BPE is supported")
   added = {t["content"]: int(t["id"]) for t in spec.get("added_tokens", [])}
@@ -124,12 +140,15 @@ def from_hf_directory(directory: str | os.PathLike) -> tokenizer_lib.Tokenizer:
   tokens = [""] * size
   for piece, i in {**model["vocab"], **added}.items():
     tokens[i] = piece
-  processor = bpe.ByteBPE(
-    tokens,
-    model.get("merges", []),
-    _hf_patterns(spec.get("pre_tokenizer"), str(path)),
-    bool(model.get("ignore_merges", False)),
-  )
+  try:
+    processor = bpe.ByteBPE(
+      tokens,
+      model.get("merges", []),
+      _hf_patterns(spec.get("pre_tokenizer"), str(path)),
+      bool(model.get("ignore_merges", False)),
+    )
+  except (ValueError, TypeError, regex.error) as e:
+    raise errors.DataError(f"{path}: {e}") from None
 
   def token_id(key: str, default=None):
     value = config.get(key)
