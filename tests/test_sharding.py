@@ -163,28 +163,16 @@ def check_recipes_run_on_fsdp(tmp: str):
   import math
   import shutil
 
+  import test_families
   from conftest import run_metrics, with_overrides
-  from experiments.configs import agentic as agentic_configs
-  from experiments.configs import dpo as dpo_configs
-  from experiments.configs import grpo_gsm8k, ppo_gsm8k
   from experiments.configs import sft as sft_configs
-  from rlpost.recipes import dpo, rl
   from rlpost.recipes import sft as sft_recipe
 
   assert jax.device_count() == 2
   fsdp = {"mesh.fsdp": 2, "checkpoint.every": 1}
-  ppo_small = {"algo.critic_warmup_steps": 1, "train.micro_batch_size": 2}
-  runs = [
-    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": True}),
-    (dpo, dpo_configs.get_config("tiny"), {}),
-    (rl, grpo_gsm8k.get_config("tiny"), {}),
-    (rl, ppo_gsm8k.get_config("tiny"), ppo_small),
-    (rl, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
-  ]
-  for k, (recipe, cfg, extra) in enumerate(runs):
-    recipe.run(with_overrides(cfg, {"train.steps": 2, **fsdp, **extra}), f"{tmp}/run{k}")
-    last = run_metrics(f"{tmp}/run{k}")[-1]
-    assert last["step"] == 2 and math.isfinite(last["loss"]), (k, last)
+  for preset in test_families.FAMILY_PRESETS:
+    for k, last in enumerate(test_families.run_every_recipe(preset, f"{tmp}/{preset}", fsdp)):
+      assert last["step"] == 1 and math.isfinite(last["loss"]), (preset, k, last)
   # SFT (all weights, AdamW): fsdp=2 follows data=2 step by step; a checkpoint written
   # on one mesh resumes on the other. The data=2 run's first two steps are also the
   # switched run's (a copy of its workdir), so 7 steps run where 9 did.
@@ -207,11 +195,16 @@ def check_recipes_run_on_fsdp(tmp: str):
 
 @pytest.mark.slow
 def test_every_recipe_runs_on_an_fsdp_mesh(tmp_path):
-  """SFT, DPO, GRPO, PPO (actor + critic tree) and agentic PPO train, checkpoint and log on
-  a 2-device fsdp mesh; SFT matches data parallelism and resumes across the two meshes.
-  Over 20 s (the suite's longest): one 2-device process builds and compiles five recipes'
-  samplers and train steps for that mesh, none shared with a one-device test; one launch
-  serves all of them."""
+  """Every recipe on every model family, on a 2-device fsdp mesh (issue 37): SFT (LoRA and
+  full), DPO, GRPO over prompts and PPO (actor + critic tree) over FrozenLake train a step,
+  checkpoint and log on llama_tiny, qwen2_tiny and qwen3_tiny (`test_families.
+  run_every_recipe`, which also refuses a resume with another family); then Gemma's tiny
+  SFT matches data parallelism and resumes across the two meshes. Over 20 s (one of the
+  suite's longest): one 2-device process builds and compiles fifteen runs' samplers and
+  train steps, none shared with a one-device test; one launch serves all of them (the
+  family runs were single-device runs of their own until session 25).
+
+  Mutation caught: the family check on resume dropped (`loop._refuse_another_family`)."""
   run_with_devices(
     f"import test_sharding; test_sharding.check_recipes_run_on_fsdp({str(tmp_path)!r})",
     devices=2,
