@@ -542,3 +542,11 @@ def test_broken_tokenizer_files_are_named(tmp_path):
     )
     with pytest.raises(errors.DataError, match=match):
       vocabularies.from_hf_directory(tmp_path)
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_llama3_and_qwen2_pre_tokenizers_split_as_hugging_face_tokenizers(pre):
+  """Our `llama-bpe` and `qwen2` splits equal `tokenizers`' Split with transformers' own
+  regexes for those GGUF pre-tokenizer names, on the 44 fixture strings."""
+  fix = json.loads((FIXTURES / "pre_tokenizers.json").read_text())
+  assert [bpe.split(s, bpe.pre_tokenizer(pre)) for s in fix["strings"]] == fix[pre]

@@ -15,6 +15,9 @@ tests/fixtures/families/):
                                 with SmolLM2's own tokenizer.json pre-tokenizer (digits
                                 isolated, then GPT-2's ByteLevel split: `hub_*`); chat
                                 renders of the file's template (`chat`)
+  pre_tokenizers.json           the 44 strings split by `tokenizers`' Split with
+                                transformers' regexes for the GGUF pre-tokenizer names
+                                llama-bpe (Llama 3) and qwen2
   tiny/<family>/                config.json + model.safetensors of a tiny random model
                                 (transformers' own save_pretrained) and logits.npz:
                                 input_ids [B, T], logits [B, T, V] float32
@@ -286,8 +289,21 @@ def tiny_models(out: pathlib.Path):
       (path / extra).unlink(missing_ok=True)
 
 
+def pre_tokenizer_splits(out: pathlib.Path):
+  from tokenizers import Regex  # pylint: disable=g-import-not-at-top
+  from transformers.integrations.gguf import gguf_tokenizer_mapping  # pylint: disable=g-import-not-at-top
+
+  splits = {"strings": STRINGS}
+  for name in ("llama-bpe", "qwen2"):
+    regex = gguf_tokenizer_mapping.GGUF_PRE_TOKENIZER_SPLITS[name]
+    split = pre_tokenizers.Split(Regex(regex), behavior="isolated")
+    splits[name] = [[piece for piece, _ in split.pre_tokenize_str(s)] for s in STRINGS]
+  (out / "pre_tokenizers.json").write_text(json.dumps(splits, ensure_ascii=False) + "\n")
+
+
 def main():
   out, gguf_path = pathlib.Path(sys.argv[1]), sys.argv[2]
+  pre_tokenizer_splits(out)
   tiny_models(out)
   smollm2(out / "smollm2", gguf_path)
   print(json.dumps({"written": str(out)}))
