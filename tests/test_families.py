@@ -550,3 +550,23 @@ def test_llama3_and_qwen2_pre_tokenizers_split_as_hugging_face_tokenizers(pre):
   regexes for those GGUF pre-tokenizer names, on the 44 fixture strings."""
   fix = json.loads((FIXTURES / "pre_tokenizers.json").read_text())
   assert [bpe.split(s, bpe.pre_tokenizer(pre)) for s in fix["strings"]] == fix[pre]
+
+
+def test_default_system_text_is_the_templates_literal_system_turn():
+  """SmolLM2's template (newlines as written in its GGUF) and a Qwen2.5-style template
+  (Jinja's "\\n" escape, the default in an else branch) give their literal system turn;
+  a template that builds the system turn from the messages (Qwen3) gives none."""
+  smol = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are SmolLM<|im_end|>\n' }}{% endif %}{% endfor %}"
+  )
+  qwen25 = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+    "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are "
+    "Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+  )
+  qwen3 = "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
+  assert chat_formats.default_system(smol, "chatml") == "You are SmolLM"
+  assert chat_formats.default_system(qwen25, "chatml").startswith("You are Qwen, created by")
+  assert chat_formats.default_system(qwen3, "chatml") is None
+  assert chat_formats.default_system(smol, "gemma") is None

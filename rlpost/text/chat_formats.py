@@ -16,6 +16,7 @@ text inside contents stays text. BOS opens a prompt when the tokenizer uses one
 """
 
 import dataclasses
+import re
 
 NAMES = ("gemma", "chatml", "llama3")
 
@@ -64,15 +65,14 @@ def detect(template: str) -> str | None:
 def default_system(template: str, name: str) -> str | None:
   """The system text a ChatML template writes when the conversation has none (SmolLM2's
   "You are a helpful AI assistant named SmolLM, ...", Qwen2.5's "You are Qwen, ..."), or
-  None. Read from the template's literal `<|im_start|>system\\n...<|im_end|>`."""
+  None: the one system turn the template holds as a literal string,
+  `'<|im_start|>system\\n...<|im_end|>'` (a turn built from the messages, as Qwen3's,
+  is no default)."""
   if name != "chatml":
     return None
-  start = "<|im_start|>system\n"
-  at = template.find(start)
-  if at < 0 or "messages[0]['role'] != 'system'" not in template.replace('"', "'"):
-    return None
-  end = template.find("<|im_end|>", at)
-  return template[at + len(start) : end] if end > at else None
+  # The newline after "system" is a newline or, in a template read from JSON, Jinja's "\n".
+  found = re.findall(r"""['"]<\|im_start\|>system(?:\n|\\n)([^'"{}]*?)<\|im_end\|>""", template)
+  return found[0] if len(set(found)) == 1 else None
 
 
 def _text(tokenizer, text: str) -> list[int]:
