@@ -47,7 +47,8 @@ def main():
       if len(out) == 128:
         break
 
-  def prefill():  # the prompt's evaluation, then one greedy token
+  def prefill():  # the prompt's evaluation, then one greedy token (reset: no cached prefix)
+    model.reset()
     next(iter(model.generate(list(range(1000, 1512)), temp=0.0, top_k=1, reset=True)))
 
   single_stream()  # warm-up
