@@ -24,7 +24,7 @@ from rlpost import errors
 from rlpost.models import decoder, gemma3, llama
 
 NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
-LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+LINEARS = decoder.MATRICES  # the layer matrices, stored [out, in] in checkpoints
 # Keys every HF decoder config.json has (the family maps read the rest).
 HF_REQUIRED = (
   "vocab_size",
