@@ -29,6 +29,7 @@ class ByteTokenizer:
   chat: str = "gemma"
   uses_bos: bool = True
   default_system: str | None = None
+  system_preamble: str = ""
 
   def encode(self, text, *, add_bos=True, parse_special=True):
     ids = [self.bos_id] if add_bos else []

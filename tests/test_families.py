@@ -523,6 +523,81 @@ def test_each_chat_format_lays_out_rl_and_sft_prompts_alike(chat, want):
   assert after[: len(closing) - 1] == closing[1:]
 
 
+@pytest.mark.parametrize("chat", ["gemma", "chatml", "llama3"])
+def test_single_turn_rewards_see_the_prompt_in_the_tokenizers_chat_format(chat):
+  """A prompt task's reward functions get the prompt the model is shown, as text: the
+  scaffold's first prompt (system text given, empty, or the tokenizer's default) decoded,
+  BOS aside, in every chat format, not Gemma's markup for every family.
+
+  Mutation caught: `single_turn.make_env` ignoring its `chat` argument (Gemma text)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from rlpost.data import gsm8k  # pylint: disable=g-import-not-at-top
+  from rlpost.data import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  from rlpost.envs import single_turn  # pylint: disable=g-import-not-at-top
+  from rlpost.text import scaffold  # pylint: disable=g-import-not-at-top
+  from rlpost.text import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
+  preamble = "P\n" if chat == "llama3" else ""
+  tok = dataclasses.replace(
+    tokenizer_lib.byte_tokenizer(chat), default_system="D", system_preamble=preamble
+  )
+  seen = []
+  reward = lambda prompts, completions, answers: seen.extend(prompts) or [1.0] * len(prompts)
+  problem = gsm8k.Problem(question="Q <|im_end|>", answer="4", final="4")
+  for system in ("S", ""):
+    task = tasks_lib.Task([problem], {"r": reward}, {}, [], system=system)
+    env, kind = single_turn.make_env(task, "chat", tok)
+    state, observation = env.reset(problem, 0)
+    env.step(state, "A")
+    ids = scaffold.prompt_ids(tok, kind, observation, env.system)
+    assert tok.decode(ids[1:], skip_special=False) == seen[-1]
+  assert ("D" in seen[-1]) and ("S" in seen[0]) and (preamble in seen[0])
+
+
+# Llama 3.1's and 3.2's templates (the lines that matter): the system turn, always written,
+# opens with the knowledge and date lines; the date falls back to a literal.
+_LLAMA32_TEMPLATE = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}"""
+
+
+def test_llama3_date_preamble_opens_every_system_turn():
+  """A Llama 3.1+ template's knowledge and date lines (its literal date) open the system
+  turn, which is written even with no system text, as transformers renders it
+  ("...system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023\\nToday Date:
+  26 Jul 2024\\n\\n{system}<|eot_id|>"); Llama 3.0's template (no such lines) has none.
+
+  Mutation caught: the preamble written only when there is a system text."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  from rlpost.text import scaffold  # pylint: disable=g-import-not-at-top
+  from rlpost.text import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
+  preamble = chat_formats.system_preamble(_LLAMA32_TEMPLATE, "llama3")
+  assert preamble == "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+  assert chat_formats.system_preamble(_LLAMA32_TEMPLATE, "chatml") == ""
+  llama30 = "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+  assert chat_formats.system_preamble(llama30, "llama3") == ""
+  tok = dataclasses.replace(tokenizer_lib.byte_tokenizer("llama3"), system_preamble=preamble)
+  head = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" + preamble
+  tail = "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
+  tail += "<|start_header_id|>assistant<|end_header_id|>\n\n"
+  for system, text in ((None, ""), ("S", "S")):
+    ids = scaffold.prompt_ids(tok, "chat", "Q", system)
+    assert tok.decode(ids, skip_special=False) == head + text + "<|eot_id|>" + tail
+
+
 def test_broken_tokenizer_files_are_named(tmp_path):
   """A tokenizer.json that is not JSON, not a BPE model, or carries a bad merge, and a
   tokenizer_config.json that is not an object, fail naming the file (DataError), not with

@@ -716,7 +716,7 @@ def _collect(pieces, task):
   """`rl._collect_prompts` of `pieces` over `task` from the stream's start."""
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
 
-  tasks, _ = rl.prompt_tasks(task, pieces.setup.template)
+  tasks, _ = rl.prompt_tasks(task, pieces.setup.template, pieces.tokenizer)
   pieces = pieces._replace(tasks=tasks)
   params = policy.sampling_params(
     pieces.state.trainable, pieces.learner.frozen, pieces.setup.forward

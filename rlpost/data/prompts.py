@@ -1,4 +1,4 @@
-"""Prompt texts for RL on math problems: Gemma chat template or plain-text few-shot.
+"""Prompt texts for RL on math problems: the chat template or plain-text few-shot.
 
 The packaged Gemma 3 270M is the base model, which does not follow the chat
 format by itself; a plain-text few-shot prompt shows it the tag format
@@ -8,7 +8,7 @@ the text the answer format is defined on.
 """
 
 from rlpost.text import scaffold
-from rlpost.text import tokenizer as tokenizer_lib
+from rlpost.text import chat_formats
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem, sft_completion
 
 TEMPLATES = ("chat", "fewshot", "plain")
@@ -31,12 +31,25 @@ def completion_prefix(template: str) -> str:
 
 
 def prompt_text(
-  problem: Problem, template: str, examples: list[Problem], system: str = SYSTEM_PROMPT
+  problem: Problem,
+  template: str,
+  examples: list[Problem],
+  system: str = SYSTEM_PROMPT,
+  tokenizer=None,
 ) -> str:
-  """The text fed to the tokenizer (BOS is added by encode); `system`: the chat template's
-  system text ("": none)."""
+  """The prompt as text, without BOS: what reward functions see. `system`: the chat
+  template's system text ("": none, then the tokenizer's `default_system`); `tokenizer`:
+  whose chat format lays a chat prompt out (None: Gemma's)."""
   if template == "chat":
-    return tokenizer_lib.chat_prompt(problem.question, system=system or None)
+    if tokenizer is None:
+      return chat_formats.prompt_text("gemma", problem.question, system or None)
+    return chat_formats.prompt_text(
+      tokenizer.chat,
+      problem.question,
+      system or None,
+      tokenizer.default_system,
+      tokenizer.system_preamble,
+    )
   if template == "fewshot":
     return fewshot_prompt(problem, examples)
   if template == "plain":

@@ -13,8 +13,10 @@ from rlpost.data import tasks
 from rlpost.envs import protocol
 
 
-def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
-  """(env, scaffold template) of `task` under a data template (fewshot | chat | plain)."""
+def make_env(task: tasks.Task, template: str, tokenizer=None) -> tuple[protocol.Env, str]:
+  """(env, scaffold template) of `task` under a data template (fewshot | chat | plain);
+  the reward functions' prompt is the text the model is shown, in `tokenizer`'s chat
+  format (None: Gemma's)."""
   kind, _, system = prompts_lib.prompt_observation(
     task.problems[0], template, task.examples, task.system
   )
@@ -25,7 +27,7 @@ def make_env(task: tasks.Task, template: str) -> tuple[protocol.Env, str]:
     return problem, prompts_lib.prompt_observation(problem, template, task.examples, task.system)[1]
 
   def step(problem, text: str) -> protocol.Step:
-    prompt = prompts_lib.prompt_text(problem, template, task.examples, task.system)
+    prompt = prompts_lib.prompt_text(problem, template, task.examples, task.system, tokenizer)
     reward, info = score(task, prompt, prefix + text, problem.final)
     return protocol.Step(problem, "", reward, True, info)
 

@@ -313,10 +313,11 @@ def make_env(cfg) -> protocol.EnvTasks:
   return env_table.make(cfg.env.name, config, run_info, cfg.tools.enabled)
 
 
-def prompt_tasks(task: tasks_lib.Task, template: str) -> tuple[Tasks, str]:
-  """A prompt dataset (`data.tasks.Task`) as one-turn episodes under a data template:
-  (Tasks, scaffold template). Seed s is problem s of `task.problems`."""
-  env, kind = single_turn.make_env(task, template)
+def prompt_tasks(task: tasks_lib.Task, template: str, tokenizer) -> tuple[Tasks, str]:
+  """A prompt dataset (`data.tasks.Task`) as one-turn episodes under a data template, in
+  the tokenizer's chat format: (Tasks, scaffold template). Seed s is problem s of
+  `task.problems`."""
+  env, kind = single_turn.make_env(task, template, tokenizer)
   problems = task.problems
   pick = lambda seeds: [problems[s] for s in seeds]
   env_tasks = protocol.EnvTasks(env, pick, pick)
@@ -327,7 +328,7 @@ def prompt_tasks(task: tasks_lib.Task, template: str) -> tuple[Tasks, str]:
 def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
   """`p` training on another prompt dataset (e.g. a benchmark's fixed prompts) under a
   data template (fewshot | chat | plain)."""
-  tasks, kind = prompt_tasks(task, template)
+  tasks, kind = prompt_tasks(task, template, p.tokenizer)
   turns = dataclasses.replace(p.setup.turns, template=kind)
   return p._replace(setup=dataclasses.replace(p.setup, template=template, turns=turns), tasks=tasks)
 
@@ -345,7 +346,7 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   if setup.source != ENV:
     d = setup.data
     task, _ = limits.prompts_within(task, d.template, tokenizer, d.max_prompt_tokens, d.on_too_long)
-    tasks, kind = prompt_tasks(task, setup.template)
+    tasks, kind = prompt_tasks(task, setup.template, tokenizer)
     cap = setup.max_new_tokens
     turns = multiturn.TurnConfig(kind, cap, cap, max_prompt_tokens=_NO_PROMPT_CAP)
   sc = sampling_lib.SamplingConfig(

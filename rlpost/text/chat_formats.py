@@ -7,12 +7,16 @@
           the conversation has none)
   llama3  <|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|> ...
           <|start_header_id|>assistant<|end_header_id|>\\n\\n
+          (Llama 3.1+: a system turn always, opened by the template's knowledge and
+          date lines, `system_preamble`)
 
 Only the control tokens are ids here; every text segment between two control tokens
 (role name and content together) is encoded as one piece of plain text
 (`parse_special=False`), as a chat template's rendering is tokenized, so control-token
 text inside contents stays text. BOS opens a prompt when the tokenizer uses one
-(`Tokenizer.uses_bos`).
+(`Tokenizer.uses_bos`). Contents are written verbatim: Gemma's and Llama 3's templates
+strip each one (Jinja `trim`), so a content with leading or trailing whitespace renders
+differently there.
 """
 
 import dataclasses
@@ -75,6 +79,21 @@ def default_system(template: str, name: str) -> str | None:
   return found[0] if len(set(found)) == 1 else None
 
 
+def system_preamble(template: str, name: str) -> str:
+  """The text a Llama 3.1+ template writes at the top of every system turn, written even
+  when the conversation has no system message: "Cutting Knowledge Date: {date}\\nToday
+  Date: {today}\\n\\n", with the template's own literal fallback for today's date
+  (`set date_string = "26 Jul 2024"`), not the calendar's, so that prompts do not change
+  from day to day; "" for any other template."""
+  if name != "llama3" or "Today Date: " not in template:
+    return ""
+  knowledge = set(re.findall(r"Cutting Knowledge Date: ([^'\"\\{}]+)", template))
+  today = set(re.findall(r"""set date_string = ['"]([^'"]+)['"]""", template))
+  if len(knowledge) != 1 or len(today) != 1:
+    return ""
+  return f"Cutting Knowledge Date: {knowledge.pop()}\nToday Date: {today.pop()}\n\n"
+
+
 def _text(tokenizer, text: str) -> list[int]:
   return list(tokenizer.encode(text, add_bos=False, parse_special=False)) if text else []
 
@@ -115,17 +134,47 @@ def start(tokenizer) -> list[int]:
   return [tokenizer.bos_id] if tokenizer.uses_bos else []
 
 
+def _opening(
+  fmt: ChatFormat, user: str, system: str | None, default_system: str | None, preamble: str
+) -> list[tuple[str, str]]:
+  """(role, content) of a conversation's opening turns: the system turn where the format
+  has one and there is a system text (`system` None: `default_system`) or a preamble, then
+  the user turn (opened by the system text where the format has no system role)."""
+  system = default_system if system is None else system
+  if fmt.system_turn and (system is not None or preamble):
+    return [("system", preamble + (system or "")), ("user", user)]
+  return [("user", user if system is None else f"{system}\n\n{user}")]
+
+
 def opening_turns(tokenizer, user: str, system: str | None) -> list[int]:
-  """BOS, the system turn (or the template's default one), and the first user turn."""
+  """BOS, the system turn (or the template's default one, after the template's preamble),
+  and the first user turn."""
   fmt = get(tokenizer.chat)
-  ids = start(tokenizer)
-  if system is None:
-    system = tokenizer.default_system
-  if system is not None and fmt.system_turn:
-    ids += turn(tokenizer, "system", system)
-  elif system is not None:
-    user = f"{system}\n\n{user}"
-  return ids + turn(tokenizer, "user", user)
+  turns = _opening(fmt, user, system, tokenizer.default_system, tokenizer.system_preamble)
+  return start(tokenizer) + [i for role, text in turns for i in turn(tokenizer, role, text)]
+
+
+def _turn_text(fmt: ChatFormat, role: str, content: str, close: bool = True) -> str:
+  head = f"{role}{fmt.header_close}\n\n" if fmt.header_close else f"{role}\n"
+  return fmt.open_text + head + content + (fmt.close_text + fmt.after_close if close else "")
+
+
+def prompt_text(
+  name: str,
+  user: str,
+  system: str | None,
+  default_system: str | None = None,
+  system_preamble: str = "",
+) -> str:
+  """The first prompt as text, without BOS: what `opening_turns` and `generation_prompt`
+  lay out for a tokenizer of chat format `name` (its `default_system`, `system_preamble`),
+  control tokens written as their text. The prompt reward functions see (Gemma:
+  `<start_of_turn>user\\n...<start_of_turn>model\\n`)."""
+  fmt = get(name)
+  turns = _opening(fmt, user, system, default_system, system_preamble)
+  return "".join(_turn_text(fmt, r, t) for r, t in turns) + _turn_text(
+    fmt, fmt.assistant, "", False
+  )
 
 
 def conversation_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:

@@ -31,6 +31,8 @@ from typing import Any
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
+from rlpost.text import chat_formats
+
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
 _ROLES = {"user": "user", "assistant": "model", "model": "model"}
@@ -63,6 +65,8 @@ class Tokenizer:
     uses_bos: prompts start with BOS (SmolLM2's and Qwen's do not).
     default_system: the system text the model's chat template writes when a
       conversation has none (chatml), or None.
+    system_preamble: text the chat template writes at the top of every system turn,
+      which it then always writes (Llama 3.1+'s knowledge and date lines), or "".
   """
 
   processor: Any
@@ -76,6 +80,7 @@ class Tokenizer:
   chat: str = "gemma"
   uses_bos: bool = True
   default_system: str | None = None
+  system_preamble: str = ""
 
   @functools.cached_property
   def _special_re(self) -> re.Pattern:
@@ -209,8 +214,7 @@ def chat_messages(messages: Sequence[Mapping[str, str]], add_generation_prompt: 
 
 def chat_prompt(user_text: str, *, system: str | None = None) -> str:
   """Single-turn Gemma prompt ending with `<start_of_turn>model\\n` (no BOS)."""
-  messages = [{"role": "system", "content": system}] if system is not None else []
-  return chat_messages(messages + [{"role": "user", "content": user_text}])
+  return chat_formats.prompt_text("gemma", user_text, system)
 
 
 def _model_proto(metadata: Mapping[str, Any], source: str) -> sp_pb2.ModelProto:

@@ -92,6 +92,7 @@ def _bpe_tokenizer(processor, specials, *, bos, eos, pad, uses_bos, template, so
     chat=chat,
     uses_bos=uses_bos,
     default_system=chat_formats.default_system(template or "", chat),
+    system_preamble=chat_formats.system_preamble(template or "", chat),
   )
 
 
