@@ -295,4 +295,20 @@ MUTATIONS = [
     tests=["tests/test_sharding.py"],
     why="a run resumed with another family's model (same-shaped LoRA adapters restore)",
   ),
+  dict(
+    name="reward_prompt_in_gemma_markup",
+    path="rlpost/envs/single_turn.py",
+    old="    prompt = prompts_lib.prompt_text(problem, template, task.examples, task.system, tokenizer)\n",
+    new="    prompt = prompts_lib.prompt_text(problem, template, task.examples, task.system, None)\n",
+    tests=["tests/test_families.py"],
+    why="a prompt task's reward functions get Gemma's chat markup whatever the model's family",
+  ),
+  dict(
+    name="llama3_preamble_only_with_a_system_text",
+    path="rlpost/text/chat_formats.py",
+    old="  if fmt.system_turn and (system is not None or preamble):\n",
+    new="  if fmt.system_turn and system is not None:\n",
+    tests=["tests/test_families.py"],
+    why="Llama 3.1+'s knowledge/date system turn left out when the conversation has no system text",
+  ),
 ]
