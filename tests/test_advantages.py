@@ -356,3 +356,109 @@ def test_overlong_penalty(max_len, buffer_len, factor):
 def test_overlong_penalty_rejects_bad_buffer():
   with pytest.raises(ValueError, match="buffer_len"):
     adv.overlong_penalty(jnp.arange(3), max_len=10, buffer_len=0)
+
+
+# ------------------------------------------------------------------ turn-level GAE
+
+_turn_gae = jax.jit(adv.turn_gae)
+
+
+def _turns(rng, batch, seq):
+  """A ragged mask and turn ids that only grow along a row (masked slots: observations
+  between turns, holes inside one, padding)."""
+  mask = _ragged_mask(rng, batch, seq)
+  ids = np.cumsum(rng.random((batch, seq)) < 0.35, axis=1).astype(np.int32)
+  return mask, ids
+
+
+def _np_turn_gae(rewards, values, mask, ids, gamma, lam):
+  """The obvious reference: per row, the turns as runs of valid tokens with one id; a turn's
+  reward the sum of its tokens', its value the last token's; GAE over turns (float64)."""
+  advantages, returns = np.zeros(rewards.shape), np.zeros(rewards.shape)
+  for b in range(rewards.shape[0]):
+    idx = np.flatnonzero(mask[b])
+    runs = np.split(idx, np.flatnonzero(np.diff(ids[b, idx])) + 1) if idx.size else []
+    r = np.array([rewards[b, run].astype(np.float64).sum() for run in runs])
+    v = np.array([float(values[b, run[-1]]) for run in runs])
+    v_next = np.append(v[1:], 0.0)
+    delta = r + gamma * v_next - v
+    for k, run in enumerate(runs):
+      a = sum((gamma * lam) ** (j - k) * delta[j] for j in range(k, len(runs)))
+      advantages[b, run], returns[b, run] = a, a + v[k]
+  return advantages, returns
+
+
+@SETTINGS
+@given(
+  shape=token_shapes, seed=st.integers(0, 2**16), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0)
+)
+def test_turn_gae_matches_the_per_turn_direct_sum(shape, seed, gamma, lam):
+  """Against the O(turns^2) reference, with observation slots, holes and padding; masked
+  slots hold junk that must never be read.
+
+  Mutations caught: a turn's reward sum not reset at its end (`turn_gae_rewards_summed_
+  across_turns`); every valid token taken as a turn's end (`turn_ends_every_token`)."""
+  rng = np.random.default_rng(seed)
+  mask, ids = _turns(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  junk_r, junk_v = np.where(mask, rewards, np.nan), np.where(mask, values, np.inf)
+  got_adv, got_ret = _turn_gae(junk_r, junk_v, mask, ids, gamma=gamma, lam=lam)
+  want_adv, want_ret = _np_turn_gae(rewards, values, mask, ids, gamma, lam)
+  np.testing.assert_allclose(got_adv, want_adv, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got_ret, want_ret, atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(shape=token_shapes, seed=st.integers(0, 2**16))
+def test_turn_gae_gamma_lam_one_is_each_turns_reward_to_go_minus_its_value(shape, seed):
+  """gamma = lambda = 1: a turn's advantage is the rewards of it and every later turn minus
+  its value (at its last token); one id per row makes it `sum(r) - V_last` everywhere."""
+  rng = np.random.default_rng(seed)
+  mask, ids = _turns(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  got, _ = _turn_gae(rewards, values, mask, ids, gamma=1.0, lam=1.0)
+  ends = np.asarray(adv.turn_ends(mask, ids))
+  for b in range(shape[0]):
+    for t in np.flatnonzero(mask[b]):
+      end = t + np.argmax(ends[b, t:])  # the end of t's turn
+      later = mask[b] & (ids[b] >= ids[b, t])  # its whole turn and every later one
+      want = rewards[b, later].sum() - values[b, end]
+      np.testing.assert_allclose(got[b, t], want, atol=1e-5, rtol=1e-5)
+  one, one_ret = _turn_gae(rewards, values, mask, np.zeros_like(ids), gamma=0.9, lam=0.5)
+  for b in range(shape[0]):
+    idx = np.flatnonzero(mask[b])
+    if idx.size:
+      np.testing.assert_allclose(one[b, idx], rewards[b, idx].sum() - values[b, idx[-1]], 1e-5)
+      np.testing.assert_allclose(one_ret[b, idx], rewards[b, idx].sum(), 1e-5, 1e-5)
+
+
+@SETTINGS
+@given(
+  shape=token_shapes, seed=st.integers(0, 2**16), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0)
+)
+def test_turn_gae_with_every_token_its_own_turn_is_token_gae(shape, seed, gamma, lam):
+  """Turn ids that change at every valid token make a turn of each: the token-level GAE."""
+  rng = np.random.default_rng(seed)
+  mask = _ragged_mask(rng, *shape)
+  rewards = rng.normal(size=shape).astype(np.float32)
+  values = rng.normal(size=shape).astype(np.float32)
+  ids = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape)
+  got = _turn_gae(rewards, values, mask, ids, gamma=gamma, lam=lam)
+  chex.assert_trees_all_close(got, _gae(rewards, values, mask, gamma=gamma, lam=lam), atol=1e-6)
+
+
+def test_turn_gae_hand_worked_three_turns():
+  """Turns at slots (0, 1), (3, 4), (6), observations at 2 and 5, padding at 7; gamma 0.9,
+  lambda 0.5. Turn rewards 0.4, -0.2, 1.0; values at the turns' last tokens 0.3, 0.6, 0.8:
+  delta = (0.4 + 0.54 - 0.3, -0.2 + 0.72 - 0.6, 1.0 - 0.8) = (0.64, -0.08, 0.2);
+  A = (0.64 + 0.45 * 0.01, -0.08 + 0.45 * 0.2, 0.2) = (0.6445, 0.01, 0.2);
+  returns A + V = (0.9445, 0.61, 1.0)."""
+  mask = np.array([[1, 1, 0, 1, 1, 0, 1, 0]], bool)
+  ids = np.array([[0, 0, 0, 1, 1, 1, 2, -1]], np.int32)
+  rewards = np.array([[-0.1, 0.5, 9.0, 0.0, -0.2, 9.0, 1.0, 9.0]], np.float32)
+  values = np.array([[5.0, 0.3, 9.0, 7.0, 0.6, 9.0, 0.8, 9.0]], np.float32)
+  got_adv, got_ret = _turn_gae(rewards, values, mask, ids, gamma=0.9, lam=0.5)
+  np.testing.assert_allclose(got_adv, [[0.6445, 0.6445, 0, 0.01, 0.01, 0, 0.2, 0]], atol=1e-6)
+  np.testing.assert_allclose(got_ret, [[0.9445, 0.9445, 0, 0.61, 0.61, 0, 1.0, 0]], atol=1e-6)

@@ -133,6 +133,45 @@ def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path, answering_model)
 
 
 @pytest.mark.slow
+def test_turn_credit_over_frozenlake_episodes(monkeypatch):
+  """algo.credit=turn on multi-turn FrozenLake episodes: the PPO learner's value pass gives
+  every sampled token its turn's advantage and value target, as the per-turn reference
+  computes them from the batch's own token rewards (per-token KL), values and turn ids;
+  the train step's own GAE (a batch used once) gives the same losses and statistics.
+
+  Mutation caught: the learner's GAE given no turn ids (`score_tokens` passing None: one
+  turn per row)."""
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
+  from test_advantages import _np_turn_gae  # pylint: disable=g-import-not-at-top
+
+  overrides = {"algo.credit": "turn", "algo.whiten_advantages": False, "eval.every": 0}
+  overrides.update({"algo.critic_warmup_steps": 0, "algo.mini_batch_size": None})
+  p = rl.build(_config("frozenlake_tiny,ppo", **overrides, **{"log.trajectories_every": 0}))
+  assert p.learner.settings.gae_in_step
+  state, cursor, _ = rl.iteration(p, p.state, Cursor(0, 0, 0), 0)  # the critic moves
+  settings = dataclasses.replace(p.learner.settings, gae_in_step=False)
+  separate = p._replace(learner=p.learner._replace(settings=settings))
+  scored, inner = [], learners.score_tokens
+  monkeypatch.setattr(learners, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
+  copy = jax.tree.map(jnp.copy, state)
+  _, _, fused = rl.iteration(p, state, cursor, 1)
+  _, _, apart = rl.iteration(separate, copy, cursor, 1)
+  b = jax.device_get(scored[-1][0])
+  mask, algo = b.loss_mask > 0, p.learner.settings.algo
+  turns = [len(set(b.turn_ids[r][mask[r]])) for r in range(len(mask))]
+  assert max(turns) >= 3, turns  # episodes of several turns
+  for lam, got in ((algo.gae_lambda, b.advantages), (algo.critic_lambda, None)):
+    want_adv, want_ret = _np_turn_gae(b.token_rewards, b.values, mask, b.turn_ids, algo.gamma, lam)
+    if got is not None:
+      np.testing.assert_allclose(got, want_adv, atol=2e-5)
+    else:
+      np.testing.assert_allclose(b.returns, want_ret, atol=2e-5)
+  for key in ("advantages/mean", "advantages/std", "returns/mean", "loss", "vf_loss"):
+    np.testing.assert_allclose(fused[key], apart[key], rtol=2e-4, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
 def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp_path, monkeypatch):
   """sampling.weights=int8: the training episodes come from the int8 copy (their logprobs
   differ from the trainer's), the greedy evaluations from the policy's own weights.

@@ -667,11 +667,16 @@ def test_unusable_env_limits_are_refused_before_any_turn(fields, match):
 
 
 @pytest.mark.slow
-def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
+@pytest.mark.parametrize("credit", ["token", "turn"])
+def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
   """PPO over the one-turn environment: after the critic pass and GAE (values,
   returns, advantages, token rewards, with KL in the reward) the batch equals the one
-  the PPO learner makes of the single-turn oracle's batch bit for bit."""
-  cfg = with_overrides(ppo_gsm8k.get_config("tiny"), {"train.batch_prompts": 16, "algo.beta": 0.05})
+  the PPO learner makes of the single-turn oracle's batch bit for bit, with token- and
+  with turn-level credit (the environment's turn ids against none: one turn per row)."""
+  cfg = with_overrides(
+    ppo_gsm8k.get_config("tiny"),
+    {"train.batch_prompts": 16, "algo.beta": 0.05, "algo.credit": credit},
+  )
   p = rl.build(cfg)
   task = tasks.load_task(cfg.data, "train", cfg.seed)
   params = policy.sampling_params(p.state.trainable["actor"], p.learner.frozen, p.setup.forward)
@@ -681,10 +686,11 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch():
   np.testing.assert_array_equal(out.rewards, scores)
   assert not p.learner.settings.gae_in_step  # the separate critic pass and GAE run here
   single = dataclasses.replace(batch_lib.to_device(single), scores=jnp.asarray(scores))
-  multi = dataclasses.replace(multi, scores=jnp.asarray(out.rewards))
+  turn_ids = jnp.asarray(out.batch.turn_ids)  # 0 on sampled slots, -1 on empty ones
+  multi = dataclasses.replace(multi, scores=jnp.asarray(out.rewards), turn_ids=turn_ids)
   a, _ = learners.score_tokens(p.learner, p.state, single)
   b, _ = learners.score_tokens(p.learner, p.state, multi)
-  _all_equal(a, b)
+  _all_equal(a, dataclasses.replace(b, turn_ids=None))
   assert a.values is not None and a.advantages is not None and a.ref_logp is not None
 
 

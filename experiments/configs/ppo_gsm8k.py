@@ -35,6 +35,8 @@ def algorithm(tiny: bool) -> ml_collections.ConfigDict:
       "kl_clamp": placeholder(float),
       "critic_warmup_steps": 2 if tiny else 5,  # critic-only iterations first
       "whiten_advantages": True,
+      # token: GAE over sampled tokens; turn: over an episode's turns (value at each turn's end)
+      "credit": "token",
       "policy_loss": "clipped",  # clipped | gspo | cispo
       "loss_agg_mode": "token-mean",
       "tis_cap": placeholder(float),

@@ -381,7 +381,7 @@ def score_tokens(learner: Learner, state, batch: batch_lib.RLBatch):
   # no separate old-policy pass runs: they agree to float32 rounding).
   logp = batch.sampler_logp if old_logp is None else old_logp
   advantages, returns, token_rewards = _ppo_advantages(
-    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, config=algo
+    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, algo, batch.turn_ids
   )
   batch = dataclasses.replace(
     batch,

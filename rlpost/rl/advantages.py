@@ -206,6 +206,65 @@ def gae(rewards_BxT, values_BxT, mask_BxT, *, gamma, lam):
   return adv_TxB.T, returns_TxB.T
 
 
+def turn_ends(mask_BxT, turn_ids_BxT):
+  """`[B, T]` bool: the last valid token of each turn, i.e. of each run of valid tokens
+  with one turn id (masked slots between them, e.g. observation tokens, do not split a
+  run); a token whose next valid token belongs to another turn, or that has none."""
+  chex.assert_equal_shape([mask_BxT, turn_ids_BxT])
+  mask_TxB = mask_BxT.astype(bool).T
+  ids_TxB = turn_ids_BxT.astype(jnp.int32).T
+
+  def step(next_id_B, xs):
+    m_B, id_B = xs
+    return jnp.where(m_B, id_B, next_id_B), m_B & (id_B != next_id_B)
+
+  none_B = jnp.full(ids_TxB.shape[1], jnp.iinfo(jnp.int32).min, jnp.int32)
+  return _reverse_masked_scan(step, none_B, (mask_TxB, ids_TxB)).T
+
+
+def turn_gae(rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT, *, gamma, lam):
+  """GAE with a turn as the step: credit assignment across the turns of an episode.
+
+  Each turn's rewards (its valid tokens' rewards summed: a turn reward on its last token,
+  per-token KL penalties) are its step reward; its value is the critic's at its last
+  valid token (`turn_ends`); `gae` runs over those turn ends, so that
+  `delta_k = R_k + gamma * V_{k+1} - V_k`, `A_k = delta_k + gamma * lam * A_{k+1}`
+  (after the last turn V = A = 0). Every valid token of turn k carries A_k and the
+  value target `A_k + V_k`; masked positions are 0 and never read.
+
+  Args:
+    rewards_BxT, values_BxT: `[batch, seq]` per-token rewards and critic values.
+    mask_BxT: `[batch, seq]` bool or 0/1 (the loss mask: sampled tokens).
+    turn_ids_BxT: `[batch, seq]` int, the turn of each slot.
+    gamma, lam: discount and GAE lambda per turn.
+
+  Returns:
+    `(advantages_BxT, returns_BxT)`, float32.
+  """
+  chex.assert_equal_shape([rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT])
+  mask_BxT = mask_BxT.astype(bool)
+  ends_BxT = turn_ends(mask_BxT, turn_ids_BxT)
+  rewards_TxB = jnp.where(mask_BxT, rewards_BxT, 0.0).astype(jnp.float32).T
+
+  def add(sum_B, xs):  # a turn's rewards summed onto its last token
+    r_B, end_B = xs
+    total_B = sum_B + r_B
+    return jnp.where(end_B, 0.0, total_B), jnp.where(end_B, total_B, 0.0)
+
+  zeros_B = jnp.zeros(rewards_TxB.shape[1], jnp.float32)
+  _, turn_rewards_TxB = jax.lax.scan(add, zeros_B, (rewards_TxB, ends_BxT.T))
+  adv_BxT, returns_BxT = gae(turn_rewards_TxB.T, values_BxT, ends_BxT, gamma=gamma, lam=lam)
+
+  def spread(carry, xs):  # reverse: a turn's end comes first and sets its tokens' values
+    a_B, g_B, end_B, m_B = xs
+    carry = (jnp.where(end_B, a_B, carry[0]), jnp.where(end_B, g_B, carry[1]))
+    return carry, (jnp.where(m_B, carry[0], 0.0), jnp.where(m_B, carry[1], 0.0))
+
+  xs = (adv_BxT.T, returns_BxT.T, ends_BxT.T, mask_BxT.T)
+  adv_TxB, returns_TxB = _reverse_masked_scan(spread, (zeros_B, zeros_B), xs)
+  return adv_TxB.T, returns_TxB.T
+
+
 def zero_signal_groups(rewards_N, group_size):
   """DAPO dynamic sampling: `[N // G]` bool, True where a group's rewards tie.
 

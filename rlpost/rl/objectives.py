@@ -124,6 +124,9 @@ class GRPOConfig:
     _validate_policy_fields(self)
 
 
+CREDITS = ("token", "turn")  # PPOConfig.credit: what one GAE step is
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
   """PPO settings: actor-critic with GAE, clipped value loss, critic warm-up.
@@ -151,6 +154,11 @@ class PPOConfig:
     critic_warmup_steps: iterations at the start of a run in which only the
       critic trains (the actor's weights and optimizer state do not move).
     whiten_advantages: whiten advantages over the batch's loss tokens.
+    credit: "token": GAE over the sampled tokens (each token a step); "turn": GAE over
+      an episode's turns (`advantages.turn_gae`: a turn's rewards summed, its value read
+      at its last sampled token, every token of the turn given the turn's advantage);
+      `gamma`, `gae_lambda` and `critic_lambda` then discount per turn, not per token.
+      A batch without `turn_ids` is one turn per row.
     policy_loss, loss_agg_mode, tis_cap: as in GRPOConfig.
   """
 
@@ -172,12 +180,14 @@ class PPOConfig:
   kl_clamp: float | None = None
   critic_warmup_steps: int = 0
   whiten_advantages: bool = True
+  credit: str = "token"
   policy_loss: str = "clipped"
   loss_agg_mode: str = "token-mean"
   tis_cap: float | None = None
 
   def __post_init__(self):
     _require(0.0 <= self.epsilon < 1.0, self, "epsilon", "use a value in [0, 1)")
+    _one_of(self, "credit", CREDITS)
     for side in ("epsilon_low", "epsilon_high"):
       if getattr(self, side) is None:  # Tunix: both sides default to epsilon
         object.__setattr__(self, side, self.epsilon)
@@ -314,7 +324,9 @@ def grpo_loss(
   return loss, metrics
 
 
-def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config):
+def ppo_advantages(
+  scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config, turn_ids_BxT=None
+):
   """PPO advantages, value targets and token rewards, each `[N, T]` float32.
 
   A sequence score goes on the last loss token (per-token scores, e.g. per-turn
@@ -332,6 +344,7 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, confi
       the reward.
     mask_BxT: `[N, T]` loss mask.
     config: PPOConfig.
+    turn_ids_BxT: `[N, T]` the turn of each slot (`credit="turn"`; None: one turn).
   """
   if scores_N.ndim == 2:
     rewards_BxT = jnp.where(mask_BxT > 0, scores_N.astype(jnp.float32), 0.0)
@@ -343,7 +356,13 @@ def ppo_advantages(scores_N, values_BxT, logp_BxT, ref_logp_BxT, mask_BxT, confi
     rewards_BxT = losses.kl_in_rewards(
       rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config.beta, config.kl_method, config.kl_clamp
     )
-  gae = functools.partial(adv_lib.gae, rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma)
+  if config.credit == "turn":
+    turns_BxT = jnp.zeros(mask_BxT.shape, jnp.int32) if turn_ids_BxT is None else turn_ids_BxT
+    gae = functools.partial(
+      adv_lib.turn_gae, rewards_BxT, values_BxT, mask_BxT, turns_BxT, gamma=config.gamma
+    )
+  else:
+    gae = functools.partial(adv_lib.gae, rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma)
   adv_BxT, returns_BxT = gae(lam=config.gae_lambda)
   if config.critic_lambda != config.gae_lambda:
     _, returns_BxT = gae(lam=config.critic_lambda)
@@ -501,7 +520,7 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
         raise ValueError("the PPO loss needs batch.values/returns/advantages or batch.scores")
       old_values = jax.lax.stop_gradient(values)
       advantages, returns, _ = ppo_advantages(
-        batch.scores, old_values, batch.sampler_logp, batch.ref_logp, mask, config
+        batch.scores, old_values, batch.sampler_logp, batch.ref_logp, mask, config, batch.turn_ids
       )
       moments = value_moments(old_values, returns, advantages, mask)
     else:

@@ -311,4 +311,28 @@ MUTATIONS = [
     tests=["tests/test_families.py"],
     why="Llama 3.1+'s knowledge/date system turn left out when the conversation has no system text",
   ),
+  dict(
+    name="turn_gae_rewards_summed_across_turns",
+    path="rlpost/rl/advantages.py",
+    old="    return jnp.where(end_B, 0.0, total_B), jnp.where(end_B, total_B, 0.0)\n",
+    new="    return total_B, jnp.where(end_B, total_B, 0.0)\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GAE carrying a turn's rewards into the next turn's",
+  ),
+  dict(
+    name="turn_ends_every_token",
+    path="rlpost/rl/advantages.py",
+    old="    return jnp.where(m_B, id_B, next_id_B), m_B & (id_B != next_id_B)\n",
+    new="    return jnp.where(m_B, id_B, next_id_B), m_B\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GAE with every sampled token a turn (token-level credit)",
+  ),
+  dict(
+    name="turn_credit_without_turn_ids",
+    path="rlpost/recipes/learners.py",
+    old="    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, algo, batch.turn_ids\n",
+    new="    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, algo, None\n",
+    tests=["tests/test_agentic.py"],
+    why="PPO's turn-level credit taking each multi-turn episode as one turn",
+  ),
 ]
