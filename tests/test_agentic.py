@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 from absl import flags
-from conftest import GSM8K_DIR, REPO_ROOT, require_shared, run_metrics, with_overrides
+from conftest import GSM8K_DIR, REPO_ROOT, require_gemma3, require_shared, run_metrics, with_overrides
 import ml_collections
 from ml_collections import config_dict, config_flags
 
@@ -408,6 +408,35 @@ def _none_fields(block, prefix=""):
       yield from _none_fields(block[name], f"{prefix}{name}.")
     elif block[name] is None:
       yield f"{prefix}{name}"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+  "variant", ["frozenlake_gemma3", "frozenlake_slippery_gemma3", "frozenlake6x6_gemma3"]
+)
+def test_frozenlake_variants_fit_their_longest_episode(variant):
+  """The real-model FrozenLake variants (4x4, slippery 4x4, 6x6): a valid config whose
+  episode of `env.max_turns` valid moves, each turn `rollout.max_turn_tokens` sampled
+  tokens and the board that follows, fits the completion window in Gemma's tokens (an
+  invalid reply's message makes its turn ~18 tokens longer: episodes of many invalid
+  replies are cut by the window, counted as truncated). Mutation caught: the 6x6 variant
+  with 4x4's 384-token window."""
+  from rlpost.models import loading  # pylint: disable=g-import-not-at-top
+
+  require_gemma3()
+  cfg = agentic_configs.get_config(variant)
+  rl.check_config(cfg)
+  tok = loading.load_gguf_tokenizer()
+  env = rl.make_env(cfg).env
+  state, _ = env.reset(None, 7)
+  board = frozenlake.observation(state, cfg.env.style)  # what follows every valid move
+  per_turn = cfg.rollout.max_turn_tokens + len(scaffold.text_ids(tok, "\n" + board))
+  assert cfg.env.max_turns * per_turn <= cfg.rollout.max_total_tokens, per_turn
+  assert (cfg.env.size, cfg.env.slippery) == {
+    "frozenlake_gemma3": (4, False),
+    "frozenlake_slippery_gemma3": (4, True),
+    "frozenlake6x6_gemma3": (6, False),
+  }[variant]
 
 
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])

