@@ -9,7 +9,14 @@ import numpy as np
 import optax
 import pytest
 from absl import flags
-from conftest import GSM8K_DIR, REPO_ROOT, require_gemma3, require_shared, run_metrics, with_overrides
+from conftest import (
+  GSM8K_DIR,
+  REPO_ROOT,
+  require_gemma3,
+  require_shared,
+  run_metrics,
+  with_overrides,
+)
 import ml_collections
 from ml_collections import config_dict, config_flags
 
