@@ -1,4 +1,4 @@
-"""SFT and DPO losses over per-token log-probabilities.
+"""SFT and preference losses (DPO, ORPO, SimPO, KTO) over log-probabilities.
 
 Inputs are per-token logprobs `logp_BxT` float32 (e.g. from
 `rlpost.logprobs.token_logprobs`) and a bool mask of the tokens that count.
@@ -97,5 +97,147 @@ def dpo_loss(
     "rejected_reward": jnp.mean(rejected),
     "reward_margin": jnp.mean(margin),
     "reward_accuracy": jnp.mean((chosen > rejected).astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
+def _mean_logprob(logp_B: jax.Array, tokens_B: jax.Array) -> jax.Array:
+  """[B] float32: a sequence logprob divided by its token count (at least 1)."""
+  return logp_B.astype(jnp.float32) / jnp.maximum(tokens_B.astype(jnp.float32), 1.0)
+
+
+def orpo_loss(
+  chosen_logp_B: jax.Array,
+  rejected_logp_B: jax.Array,
+  chosen_tokens_B: jax.Array,
+  rejected_tokens_B: jax.Array,
+  *,
+  lam: float = 0.1,
+) -> tuple[jax.Array, Metrics]:
+  """ORPO (Hong et al. 2024, arXiv 2403.07691), no reference model: the chosen response's
+  token-mean NLL plus `lam` times -log sigmoid(log odds ratio), averaged over the batch.
+
+  With P(y|x) = exp(mean token logprob of y) and odds(y|x) = P / (1 - P), the log odds
+  ratio of a pair is log odds(chosen) - log odds(rejected) (log1p(-P) computed stably).
+
+  Args:
+    chosen_logp_B, rejected_logp_B: [B] float sequence logprobs (`sequence_logprob`).
+    chosen_tokens_B, rejected_tokens_B: [B] their response token counts.
+    lam: the paper's lambda, the weight of the odds-ratio term.
+
+  Returns:
+    (loss [] float32, {"loss", "nll" (the SFT term), "log_odds_ratio" (mean),
+    "reward_accuracy" (fraction with log odds ratio > 0)}).
+  """
+  chex.assert_equal_shape([chosen_logp_B, rejected_logp_B, chosen_tokens_B, rejected_tokens_B])
+  chosen = _mean_logprob(chosen_logp_B, chosen_tokens_B)
+  rejected = _mean_logprob(rejected_logp_B, rejected_tokens_B)
+  # log(P / (1 - P)) = log P - log(1 - P); mean logprobs are < 0, so 1 - P > 0
+  log_odds = lambda m: m - jnp.log(-jnp.expm1(m))
+  ratio = log_odds(chosen) - log_odds(rejected)
+  nll = -jnp.mean(chosen)
+  loss = nll - lam * jnp.mean(jax.nn.log_sigmoid(ratio))
+  metrics = {
+    "loss": loss,
+    "nll": nll,
+    "log_odds_ratio": jnp.mean(ratio),
+    "reward_accuracy": jnp.mean((ratio > 0).astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
+def simpo_loss(
+  chosen_logp_B: jax.Array,
+  rejected_logp_B: jax.Array,
+  chosen_tokens_B: jax.Array,
+  rejected_tokens_B: jax.Array,
+  *,
+  beta: float = 2.0,
+  gamma: float = 1.0,
+  length_normalized: bool = True,
+) -> tuple[jax.Array, Metrics]:
+  """SimPO (Meng et al. 2024, arXiv 2405.14734), no reference model:
+  -log sigmoid(beta * mean logprob(chosen) - beta * mean logprob(rejected) - gamma),
+  averaged over the batch. `length_normalized=False` uses the sequence logprobs (with
+  gamma 0: DPO's loss against a reference that scores both responses alike).
+
+  Args:
+    chosen_logp_B, rejected_logp_B: [B] float sequence logprobs.
+    chosen_tokens_B, rejected_tokens_B: [B] their response token counts.
+    beta: the reward scale; gamma: the target reward margin (the paper's gamma).
+
+  Returns:
+    (loss [] float32, {"loss", "chosen_reward", "rejected_reward", "reward_margin"
+    (batch means of beta * mean logprob and their difference), "reward_accuracy"}).
+  """
+  chex.assert_equal_shape([chosen_logp_B, rejected_logp_B, chosen_tokens_B, rejected_tokens_B])
+
+  def reward(logp_B, tokens_B):
+    return beta * (
+      _mean_logprob(logp_B, tokens_B) if length_normalized else logp_B.astype(jnp.float32)
+    )
+
+  chosen, rejected = (
+    reward(chosen_logp_B, chosen_tokens_B),
+    reward(rejected_logp_B, rejected_tokens_B),
+  )
+  margin = chosen - rejected
+  loss = -jnp.mean(jax.nn.log_sigmoid(margin - gamma))
+  metrics = {
+    "loss": loss,
+    "chosen_reward": jnp.mean(chosen),
+    "rejected_reward": jnp.mean(rejected),
+    "reward_margin": jnp.mean(margin),
+    "reward_accuracy": jnp.mean((margin > 0).astype(jnp.float32)),
+  }
+  return loss, metrics
+
+
+def kto_loss(
+  policy_logp_B: jax.Array,
+  ref_logp_B: jax.Array,
+  desirable_B: jax.Array,
+  policy_kl_logp_B: jax.Array,
+  ref_kl_logp_B: jax.Array,
+  *,
+  beta: float = 0.1,
+  lambda_d: float = 1.0,
+  lambda_u: float = 1.0,
+) -> tuple[jax.Array, Metrics]:
+  """KTO (Ethayarajh et al. 2024, arXiv 2402.01306) over unpaired examples, averaged over
+  the batch: lambda_y - v(x, y), with the implied reward r = log pi(y|x) - log ref(y|x),
+  the reference point z0 = max(0, mean over the batch of the mismatched examples'
+  log pi - log ref) (no gradient through it), and
+  v = lambda_d * sigmoid(beta * (r - z0)) for a desirable y,
+      lambda_u * sigmoid(beta * (z0 - r)) for an undesirable one.
+
+  Args:
+    policy_logp_B, ref_logp_B: [B] sequence logprobs of each example's completion.
+    desirable_B: [B] bool, the example's label.
+    policy_kl_logp_B, ref_kl_logp_B: [B] sequence logprobs of a completion under a
+      prompt it was not written for (the batch shifted by one), for the KL estimate.
+    beta: the value's scale; lambda_d, lambda_u: the desirable / undesirable weights.
+
+  Returns:
+    (loss [] float32, {"loss", "kl" (z0), "desirable_reward", "undesirable_reward" (beta
+    * r, means over each label's examples, 0 when none), "desirable_fraction"}).
+  """
+  chex.assert_equal_shape([policy_logp_B, ref_logp_B, desirable_B, policy_kl_logp_B])
+  f32 = lambda x: x.astype(jnp.float32)
+  kl = jnp.mean(f32(policy_kl_logp_B) - f32(ref_kl_logp_B))
+  z0 = jax.lax.stop_gradient(jnp.maximum(kl, 0.0))
+  r = f32(policy_logp_B) - f32(ref_logp_B)
+  good = desirable_B.astype(bool)
+  value = jnp.where(
+    good, lambda_d * jax.nn.sigmoid(beta * (r - z0)), lambda_u * jax.nn.sigmoid(beta * (z0 - r))
+  )
+  loss = jnp.mean(jnp.where(good, lambda_d, lambda_u) - value)
+  count = lambda m: jnp.maximum(jnp.sum(m.astype(jnp.float32)), 1.0)
+  metrics = {
+    "loss": loss,
+    "kl": z0,
+    "desirable_reward": jnp.sum(jnp.where(good, beta * r, 0.0)) / count(good),
+    "undesirable_reward": jnp.sum(jnp.where(good, 0.0, beta * r)) / count(~good),
+    "desirable_fraction": jnp.mean(good.astype(jnp.float32)),
   }
   return loss, metrics

@@ -335,4 +335,28 @@ MUTATIONS = [
     tests=["tests/test_agentic.py"],
     why="PPO's turn-level credit taking each multi-turn episode as one turn",
   ),
+  dict(
+    name="orpo_odds_of_the_summed_likelihood",
+    path="rlpost/supervised/losses.py",
+    old="  chosen = _mean_logprob(chosen_logp_B, chosen_tokens_B)\n",
+    new="  chosen = chosen_logp_B.astype(jnp.float32)\n",
+    tests=["tests/test_preference_losses.py"],
+    why="ORPO's odds from the summed instead of the token-mean log-likelihood",
+  ),
+  dict(
+    name="simpo_margin_added",
+    path="rlpost/supervised/losses.py",
+    old="  loss = -jnp.mean(jax.nn.log_sigmoid(margin - gamma))\n",
+    new="  loss = -jnp.mean(jax.nn.log_sigmoid(margin + gamma))\n",
+    tests=["tests/test_preference_losses.py"],
+    why="SimPO's target reward margin with the wrong sign",
+  ),
+  dict(
+    name="kto_reference_point_with_gradient",
+    path="rlpost/supervised/losses.py",
+    old="  z0 = jax.lax.stop_gradient(jnp.maximum(kl, 0.0))\n",
+    new="  z0 = jnp.maximum(kl, 0.0)\n",
+    tests=["tests/test_preference_losses.py"],
+    why="KTO's KL reference point trained through (the paper holds it fixed)",
+  ),
 ]
