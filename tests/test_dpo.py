@@ -101,6 +101,44 @@ def test_learns_synthetic_preferences(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("loss, overrides", [("orpo", {"orpo.lam": 1.0}), ("simpo", {})])
+def test_reference_free_losses_learn_held_out_preferences_without_a_reference(
+  loss, overrides, tmp_path, monkeypatch
+):
+  """ORPO and SimPO from `cfg.loss`, on the synthetic pairs: no reference copy is made and
+  no reference pass runs; on 32 held-out pairs (another seed) the trained policy gives the
+  chosen answer the higher mean token logprob in > 90% of pairs, and the mean margin grew
+  from the initial model's. Mutation caught: the losses' pairs swapped (chosen and rejected
+  halves exchanged in `make_loss_fn`)."""
+
+  def refuse(*_):
+    raise AssertionError(f"{loss} is reference-free: it must make no reference")
+
+  monkeypatch.setattr(dpo, "initial_reference", refuse)
+  monkeypatch.setattr(dpo, "make_reference_fn", refuse)
+  cfg = dpo_configs.get_config("tiny")
+  cfg.loss, cfg.train.steps, cfg.checkpoint.every = loss, 30, 1000
+  for key, value in overrides.items():
+    block, name = key.split(".")
+    cfg[block][name] = value
+  state, record = dpo_recipe.run(cfg, str(tmp_path))
+  assert np.isfinite(record["loss"]) and "reward_accuracy" in record
+  batch = _pair_batch(32, seed=cfg.seed + 1)
+
+  def margins(params):
+    mean = {}
+    for half in ("chosen", "rejected"):
+      logp = sft.target_logprobs(params, None, batch[half], FWD)
+      mask = batch[half]["target_mask"]
+      mean[half] = jnp.sum(jnp.where(mask, logp, 0.0), -1) / mask.sum(-1)
+    return np.asarray(mean["chosen"] - mean["rejected"])
+
+  trained = margins(state.trainable)
+  initial = margins(decoder.init_params(jax.random.key(cfg.seed), CONFIG))
+  assert np.mean(trained > 0) > 0.9 and trained.mean() > initial.mean(), (trained, initial)
+
+
+@pytest.mark.slow
 def test_lora_dpo_runs_and_validates(tmp_path):
   cfg = dpo_configs.get_config("tiny")
   cfg.lora.enabled, cfg.train.steps = True, 2
@@ -140,4 +178,28 @@ def test_infinite_dpo_beta_fails_naming_the_field():
   cfg = dpo_configs.get_config("tiny")
   cfg.dpo.beta = float("inf")
   with pytest.raises(ValueError, match=r"config\.dpo\.beta=inf: must be a finite number > 0"):
+    dpo_recipe.check_config(cfg)
+
+
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
+    ({"loss": "ipo"}, r"config\.loss='ipo': use one of dpo, orpo, simpo"),
+    ({"loss": "simpo", "simpo.beta": 0.0}, r"config\.simpo\.beta=0\.0: must be a finite"),
+    ({"loss": "simpo", "simpo.gamma": float("nan")}, r"config\.simpo\.gamma=nan"),
+    ({"loss": "orpo", "orpo.lam": -1.0}, r"config\.orpo\.lam=-1\.0: must be a finite number >= 0"),
+  ],
+)
+def test_a_bad_preference_loss_or_its_setting_is_named(overrides, match):
+  """The loss name and each loss's own block are checked at start-up, naming the field;
+  a bad setting of a loss not chosen is not read."""
+  cfg = dpo_configs.get_config("tiny")
+  cfg.orpo.lam = -5.0  # read only when loss=orpo
+  for key, value in overrides.items():
+    if "." in key:
+      block, name = key.split(".")
+      cfg[block][name] = value
+    else:
+      cfg[key] = value
+  with pytest.raises(ValueError, match=match):
     dpo_recipe.check_config(cfg)

@@ -154,7 +154,7 @@ def run_dpo() -> dict:
   cfg.data.source = "synthetic"  # only to pass check_config: the pairs are gsm8k_pairs
   cfg.lora.enabled, cfg.train.compute_dtype = False, "float32"
   cfg.train.batch_size, cfg.train.micro_batch_size = 4, 2
-  fwd, dcfg = dpo_recipe.check_config(cfg)
+  fwd, _, dcfg = dpo_recipe.check_config(cfg)
   m = cfg.train.micro_batch_size
   _, reference, tokenizer = common.load_model(cfg)
   pairs = [chat.tokenize_dpo(r, tokenizer, cfg.data.seq_len) for r in gsm8k_pairs(4)]

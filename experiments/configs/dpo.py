@@ -1,4 +1,4 @@
-"""DPO: `--config=experiments/configs/dpo.py:VARIANT`.
+"""DPO, ORPO, SimPO: `--config=experiments/configs/dpo.py:VARIANT [--config.loss=orpo]`.
 
 VARIANT:
   gemma3_270m  real Gemma 3 270M weights, LoRA; needs `--config.data.path=FILE.jsonl`
@@ -6,9 +6,10 @@ VARIANT:
   tiny         random tiny model + byte tokenizer, a synthetic preference set
                (prompt "a+b=", chosen the sum, rejected a refusal); full params.
 
-The reference policy is the base params with adapters off (LoRA) or a copy of the
+DPO's reference policy is the base params with adapters off (LoRA) or a copy of the
 initial params (`--config.lora.enabled=False`); its logprobs are computed once per
-batch outside the train step.
+batch outside the train step. ORPO (Hong et al. 2024) and SimPO (Meng et al. 2024) use
+none.
 """
 
 import ml_collections
@@ -22,7 +23,13 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = common.model_config(variant)
   c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
+  # the preference loss: dpo | orpo | simpo (reference-free: no reference model, no
+  # reference pass); each reads its own block, under its paper's names
+  c.loss = "dpo"
   c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0})
+  c.orpo = ml_collections.ConfigDict({"lam": 0.1})  # lambda: weight of the odds-ratio term
+  # beta: reward scale; gamma: target reward margin
+  c.simpo = ml_collections.ConfigDict({"beta": 2.0, "gamma": 1.0})
   c.data = ml_collections.ConfigDict(
     {
       "source": "synthetic" if tiny else "jsonl",  # jsonl | synthetic

@@ -1,9 +1,10 @@
-"""Direct preference optimisation from a ConfigDict (experiments/configs/dpo.py).
+"""Preference tuning over pairs from a ConfigDict (experiments/configs/dpo.py).
 
-Per step: the next preference pairs from the resumable cursor, their reference
-sequence logprobs (base params with adapters off under LoRA, a copy of the
-initial params otherwise; never differentiated), one jitted train step of the
-sigmoid DPO loss, through the one run loop (`rlpost.train.loop`).
+Per step: the next preference pairs from the resumable cursor; for DPO their reference
+sequence logprobs (base params with adapters off under LoRA, a copy of the initial
+params otherwise; never differentiated); one jitted train step of the loss `cfg.loss`
+names (dpo, or the reference-free orpo and simpo, which load and run no reference),
+through the one run loop (`rlpost.train.loop`).
 """
 
 import dataclasses
@@ -39,10 +40,48 @@ class DPOConfig:
       raise ValueError(f"DPOConfig.label_smoothing={self.label_smoothing!r}: must be in [0, 0.5)")
 
 
+@dataclasses.dataclass(frozen=True)
+class ORPOConfig:
+  """The `orpo` block: `lam`, the paper's lambda (weight of the odds-ratio term)."""
+
+  lam: float = 0.1
+
+  def __post_init__(self):
+    if not (math.isfinite(self.lam) and self.lam >= 0):
+      raise ValueError(f"ORPOConfig.lam={self.lam!r}: must be a finite number >= 0 (paper: 0.1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimPOConfig:
+  """The `simpo` block: the reward scale `beta` and target reward margin `gamma`."""
+
+  beta: float = 2.0
+  gamma: float = 1.0
+
+  def __post_init__(self):
+    if not (math.isfinite(self.beta) and self.beta > 0):
+      raise ValueError(
+        f"SimPOConfig.beta={self.beta!r}: must be a finite number > 0 (paper: 2-2.5)"
+      )
+    if not math.isfinite(self.gamma):
+      raise ValueError(f"SimPOConfig.gamma={self.gamma!r}: must be finite (paper: 0.5-1.5)")
+
+
+LOSS_CONFIGS = {"dpo": DPOConfig, "orpo": ORPOConfig, "simpo": SimPOConfig}
+CURVES = {  # the progress bar's and curves' metrics per loss
+  "dpo": ["loss", "reward_margin", "reward_accuracy"],
+  "orpo": ["loss", "nll", "log_odds_ratio", "reward_accuracy"],
+  "simpo": ["loss", "reward_margin", "reward_accuracy"],
+}
+
+
 def check_config(cfg):
-  """The SFT checks with DPO's sources, then the `dpo` block. Returns (forward, DPOConfig)."""
+  """The SFT checks with DPO's sources, then `loss` and its block. Returns (forward, loss
+  name, its hyper-parameters: the block's dataclass)."""
   fwd = supervised_run.check_config(cfg, SOURCES)
-  return fwd, common.from_block(DPOConfig, cfg.dpo, "dpo")
+  if cfg.loss not in LOSS_CONFIGS:
+    common.fail("loss", cfg.loss, f"use one of {', '.join(LOSS_CONFIGS)}")
+  return fwd, cfg.loss, common.from_block(LOSS_CONFIGS[cfg.loss], cfg[cfg.loss], cfg.loss)
 
 
 def records(cfg) -> list[dict]:
@@ -63,7 +102,8 @@ def records(cfg) -> list[dict]:
 def run(cfg, workdir: str, stop_after: int | None = None):
   """Runs DPO from a configs/dpo.py ConfigDict; returns (state, last metrics record)."""
   cfg = common.with_compute_dtype(cfg, workdir)
-  fwd, dpo_config = check_config(cfg)
+  fwd, loss, hparams = check_config(cfg)
+  reference_free = loss in dpo.REFERENCE_FREE
   pair_records = records(cfg)  # a bad data file fails before the model is loaded
   _, params, tokenizer, state, frozen, optimizer = supervised_run.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
@@ -71,15 +111,14 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   pairs = supervised_run.tokenize_records(
     pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg, where
   )
-  reference = params if fwd.lora else dpo.initial_reference(params)
+  if reference_free:  # no reference copy, no reference pass
+    reference, ref_fn = None, lambda _, batch: batch
+  else:
+    reference = params if fwd.lora else dpo.initial_reference(params)
+    ref_fn = dpo.make_reference_fn(fwd, t.micro_batch_size)
   mesh = common.make_mesh(cfg)
-  loss_fn = dpo.make_loss_fn(
-    sharding.train_forward(fwd, mesh),
-    beta=dpo_config.beta,
-    label_smoothing=dpo_config.label_smoothing,
-  )
+  loss_fn = dpo.make_loss_fn(sharding.train_forward(fwd, mesh), loss, **dataclasses.asdict(hparams))
   train_step = step_lib.make_train_step(loss_fn, optimizer, mesh, t.micro_batch_size)
-  ref_fn = dpo.make_reference_fn(fwd, t.micro_batch_size)
 
   def next_batch(cursor):
     indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
@@ -96,5 +135,5 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   step_fn = functools.partial(
     supervised_run.supervised_step, train_step, frozen, next_batch, None, cfg
   )
-  loop = loop_lib.loop_config(cfg, "dpo", ["loss", "reward_margin", "reward_accuracy"])
+  loop = loop_lib.loop_config(cfg, loss, CURVES[loss])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)

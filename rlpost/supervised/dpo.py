@@ -83,29 +83,33 @@ def make_reference_fn(fwd: policy.ForwardConfig, micro_batch_size: int):
   return ref_fn
 
 
-def make_loss_fn(fwd: policy.ForwardConfig, *, beta: float = 0.1, label_smoothing: float = 0.0):
+PAIR_LOSSES = ("dpo", "orpo", "simpo")  # the preference losses over pairs
+REFERENCE_FREE = ("orpo", "simpo")  # these read no reference logprobs
+
+
+def make_loss_fn(fwd: policy.ForwardConfig, loss: str = "dpo", **hparams):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)` for `make_train_step`.
 
-  Sigmoid DPO (`supervised.losses.dpo_loss`) of the micro-batch's pairs; metrics
-  are chosen/rejected rewards, reward margin and preference accuracy (batch means).
+  `loss`: dpo (sigmoid DPO against the batch's reference logprobs, `hparams` beta and
+  label_smoothing), orpo (`hparams` lam) or simpo (beta, gamma): the
+  `supervised.losses` function of that name over the micro-batch's pairs, their sequence
+  logprobs and response token counts; its metrics (batch means), "loss" aside.
   """
+  if loss not in PAIR_LOSSES:
+    raise ValueError(f"preference loss {loss!r}: use one of {PAIR_LOSSES}")
 
   def loss_fn(trainable, frozen, micro_batch):
     params, adapters = policy.policy_params(trainable, frozen, fwd)
-    seq = {
-      name: _sequence_logprobs(params, adapters, micro_batch[name], fwd)
-      for name in ("chosen", "rejected")
-    }
-    loss, metrics = sft_losses.dpo_loss(
-      seq["chosen"],
-      seq["rejected"],
-      micro_batch["ref_chosen"],
-      micro_batch["ref_rejected"],
-      beta=beta,
-      label_smoothing=label_smoothing,
-    )
-    metrics = {k: v for k, v in metrics.items() if k != "loss"}
-    return loss, metrics
+    halves = [micro_batch[name] for name in ("chosen", "rejected")]
+    chosen, rejected = (_sequence_logprobs(params, adapters, h, fwd) for h in halves)
+    if loss == "dpo":
+      refs = micro_batch["ref_chosen"], micro_batch["ref_rejected"]
+      value, metrics = sft_losses.dpo_loss(chosen, rejected, *refs, **hparams)
+    else:
+      counts = [h["target_mask"].sum(axis=-1) for h in halves]
+      fn = sft_losses.orpo_loss if loss == "orpo" else sft_losses.simpo_loss
+      value, metrics = fn(chosen, rejected, *counts, **hparams)
+    return value, {k: v for k, v in metrics.items() if k != "loss"}
 
   return loss_fn
 

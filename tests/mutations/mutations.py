@@ -359,4 +359,12 @@ MUTATIONS = [
     tests=["tests/test_preference_losses.py"],
     why="KTO's KL reference point trained through (the paper holds it fixed)",
   ),
+  dict(
+    name="preference_halves_swapped",
+    path="rlpost/supervised/dpo.py",
+    old='    halves = [micro_batch[name] for name in ("chosen", "rejected")]\n',
+    new='    halves = [micro_batch[name] for name in ("rejected", "chosen")]\n',
+    tests=["tests/test_dpo.py"],
+    why="ORPO / SimPO trained towards the rejected answers",
+  ),
 ]
