@@ -205,6 +205,38 @@ def test_load_sft_and_dpo_jsonl_errors_name_file_and_line(tmp_path):
     chat.load_dpo_jsonl(dpo)
 
 
+@pytest.mark.parametrize(
+  "loader, record, match",
+  [
+    (
+      "dpo",
+      {"prompt": "p", "chosen": "same", "rejected": "same"},
+      "'chosen' and 'rejected' are the same",
+    ),
+    ("kto", {"prompt": "p", "completion": "c", "label": "yes"}, "field 'label' must be true"),
+    ("kto", {"prompt": "p", "completion": "c", "label": 1}, "field 'label' must be true"),
+    ("kto", {"prompt": "p", "completion": "c"}, "field 'label' must be true .* got None"),
+    ("kto", {"prompt": "p", "label": True}, "missing field 'completion'"),
+  ],
+)
+def test_bad_preference_records_are_named_with_file_and_line(tmp_path, loader, record, match):
+  """A pair with one answer twice, and a KTO record whose label is not a JSON boolean (a
+  string, a number, missing) or without a completion, fail naming path:line; good KTO
+  records load with their boolean labels."""
+  load = {"dpo": chat.load_dpo_jsonl, "kto": chat.load_kto_jsonl}[loader]
+  good = (
+    {"prompt": "p", "chosen": "c", "rejected": "r"}
+    if loader == "dpo"
+    else {"prompt": "p", "completion": "c", "label": False}
+  )
+  path = tmp_path / "data.jsonl"
+  path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+  with pytest.raises(ValueError, match=f"{re.escape(str(path))}:2: {match}"):
+    load(path)
+  path.write_text(json.dumps(good) + "\n")
+  assert load(path) == [good]
+
+
 def test_jsonl_bom_crlf_accepted_and_non_utf8_line_named(tmp_path):
   """A file saved with a UTF-8 byte-order mark and CRLF line ends loads like a plain one;
   a line that is not UTF-8 (e.g. Latin-1 'café') fails naming path:line and the fix.
@@ -238,7 +270,7 @@ def test_tokenize_dpo_and_concat():
   _, chosen_t, rejected_t = chat.tokenize_dpo(record, TOK, max_len=max_len)
   np.testing.assert_array_equal(chosen_t, chosen[:4])
   np.testing.assert_array_equal(rejected_t, rejected)
-  with pytest.raises(ValueError, match=f"DPO prompt is {len(prompt)} tokens"):
+  with pytest.raises(ValueError, match=f"the prompt is {len(prompt)} tokens"):
     chat.tokenize_dpo(record, TOK, max_len=len(prompt))
 
 

@@ -1,4 +1,4 @@
-"""DPO, ORPO, SimPO: `--config=experiments/configs/dpo.py:VARIANT [--config.loss=orpo]`.
+"""DPO, ORPO, SimPO, KTO: `--config=experiments/configs/dpo.py:VARIANT [--config.loss=orpo]`.
 
 VARIANT:
   gemma3_270m  real Gemma 3 270M weights, LoRA; needs `--config.data.path=FILE.jsonl`
@@ -8,8 +8,8 @@ VARIANT:
 
 DPO's reference policy is the base params with adapters off (LoRA) or a copy of the
 initial params (`--config.lora.enabled=False`); its logprobs are computed once per
-batch outside the train step. ORPO (Hong et al. 2024) and SimPO (Meng et al. 2024) use
-none.
+batch outside the train step (KTO, Ethayarajh et al. 2024, uses it too). ORPO (Hong
+et al. 2024) and SimPO (Meng et al. 2024) use none.
 """
 
 import ml_collections
@@ -24,16 +24,20 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.model = common.model_config(variant)
   c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
   # the preference loss: dpo | orpo | simpo (reference-free: no reference model, no
-  # reference pass); each reads its own block, under its paper's names
+  # reference pass) | kto (unpaired examples); each reads its own block, under its
+  # paper's names
   c.loss = "dpo"
   c.dpo = ml_collections.ConfigDict({"beta": 0.1, "label_smoothing": 0.0})
   c.orpo = ml_collections.ConfigDict({"lam": 0.1})  # lambda: weight of the odds-ratio term
   # beta: reward scale; gamma: target reward margin
   c.simpo = ml_collections.ConfigDict({"beta": 2.0, "gamma": 1.0})
+  # KTO (unpaired {"prompt", "completion", "label": bool} records): the value's scale,
+  # the weights of desirable and undesirable examples
+  c.kto = ml_collections.ConfigDict({"beta": 0.1, "lambda_d": 1.0, "lambda_u": 1.0})
   c.data = ml_collections.ConfigDict(
     {
       "source": "synthetic" if tiny else "jsonl",  # jsonl | synthetic
-      "path": "",  # JSONL of {"prompt", "chosen", "rejected"} records
+      "path": "",  # JSONL of {"prompt", "chosen", "rejected"} records (KTO: "completion", "label")
       "num_synthetic": 32,
       "num_examples": 0,  # first N records only (0: all)
       "seq_len": 32 if tiny else 512,

@@ -98,10 +98,33 @@ def to_messages(record: dict[str, Any], where: str = "record") -> list[dict[str,
 
 
 def dpo_fields(record: dict[str, Any], where: str = "record") -> dict[str, str]:
-  """Validated {"prompt", "chosen", "rejected"[, "system"]} strings of a DPO record."""
+  """Validated {"prompt", "chosen", "rejected"[, "system"]} strings of a DPO record; a
+  pair whose chosen and rejected answers are the same text is an error (it teaches
+  nothing, and a preference loss's margin is 0 on it)."""
   fields = {k: require_str(record, k, where) for k in ("prompt", "chosen", "rejected")}
   if "system" in record:
     fields["system"] = require_str(record, "system", where)
+  if fields["chosen"] == fields["rejected"]:
+    raise errors.DataError(
+      f"{where}: 'chosen' and 'rejected' are the same text ({fields['chosen']!r:.60}); "
+      "a preference pair needs two different answers: fix or drop the record"
+    )
+  return fields
+
+
+def kto_fields(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
+  """Validated {"prompt", "completion": str, "label": bool[, "system": str]} of an unpaired
+  KTO record (label true: a desirable completion, false: an undesirable one)."""
+  fields: dict[str, Any] = {k: require_str(record, k, where) for k in ("prompt", "completion")}
+  if "system" in record:
+    fields["system"] = require_str(record, "system", where)
+  label = record.get("label")
+  if not isinstance(label, bool):
+    raise errors.DataError(
+      f"{where}: field 'label' must be true (a desirable completion) or false (an "
+      f"undesirable one), got {label!r:.60}"
+    )
+  fields["label"] = label
   return fields
 
 
@@ -113,6 +136,11 @@ def load_sft_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 def load_dpo_jsonl(path: str | os.PathLike) -> list[dict[str, str]]:
   """DPO records; a bad line raises ValueError naming path:line and the problem."""
   return [dpo_fields(obj, where) for where, obj in read_jsonl(path)]
+
+
+def load_kto_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """KTO records (`kto_fields`); a bad line raises ValueError naming path:line."""
+  return [kto_fields(obj, where) for where, obj in read_jsonl(path)]
 
 
 def gsm8k_sft_records(problems: Sequence[Problem]) -> list[dict[str, str]]:
@@ -193,19 +221,35 @@ def tokenize_dpo(
   more raises ValueError.
   """
   fields = dpo_fields(record)
+  prompt, room = _prompt_and_room(fields, tokenizer, max_len)
+  chosen = _encode_response(tokenizer, fields["chosen"])[:room]
+  rejected = _encode_response(tokenizer, fields["rejected"])[:room]
+  return tuple(np.asarray(x, np.int32) for x in (prompt, chosen, rejected))
+
+
+def _prompt_and_room(fields: dict[str, Any], tokenizer, max_len: int) -> tuple[list[int], int]:
+  """(the record's prompt ids, BOS first; the tokens left for a response in max_len)."""
   prompt = chat_formats.start(tokenizer) + _prompt_span(
     tokenizer, fields["prompt"], first=True, system=fields.get("system")
   )
   room = max_len - len(prompt)
   if room < 1:
     raise ValueError(
-      f"DPO prompt is {len(prompt)} tokens, leaving no room for a response in "
+      f"the prompt is {len(prompt)} tokens, leaving no room for a response in "
       f"max_len={max_len}; raise max_len or drop the record "
       f"(prompt starts {fields['prompt']!r:.80})"
     )
-  chosen = _encode_response(tokenizer, fields["chosen"])[:room]
-  rejected = _encode_response(tokenizer, fields["rejected"])[:room]
-  return tuple(np.asarray(x, np.int32) for x in (prompt, chosen, rejected))
+  return prompt, room
+
+
+def tokenize_kto(
+  record: dict[str, Any], tokenizer, max_len: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+  """(prompt ids, completion ids, label) of a KTO record, laid out as `tokenize_dpo`'s."""
+  fields = kto_fields(record)
+  prompt, room = _prompt_and_room(fields, tokenizer, max_len)
+  completion = _encode_response(tokenizer, fields["completion"])[:room]
+  return np.asarray(prompt, np.int32), np.asarray(completion, np.int32), fields["label"]
 
 
 def concat_prompt_response(

@@ -3,14 +3,16 @@
 Per step: the next preference pairs from the resumable cursor; for DPO their reference
 sequence logprobs (base params with adapters off under LoRA, a copy of the initial
 params otherwise; never differentiated); one jitted train step of the loss `cfg.loss`
-names (dpo, or the reference-free orpo and simpo, which load and run no reference),
-through the one run loop (`rlpost.train.loop`).
+names (dpo; kto over unpaired examples, `supervised.dpo.make_kto_batch`; or the
+reference-free orpo and simpo, which load and run no reference), through the one run
+loop (`rlpost.train.loop`).
 """
 
 import dataclasses
 import functools
 import math
 
+import jax
 
 from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
@@ -67,11 +69,27 @@ class SimPOConfig:
       raise ValueError(f"SimPOConfig.gamma={self.gamma!r}: must be finite (paper: 0.5-1.5)")
 
 
-LOSS_CONFIGS = {"dpo": DPOConfig, "orpo": ORPOConfig, "simpo": SimPOConfig}
+@dataclasses.dataclass(frozen=True)
+class KTOConfig:
+  """The `kto` block: the value's scale `beta`, the desirable / undesirable weights."""
+
+  beta: float = 0.1
+  lambda_d: float = 1.0
+  lambda_u: float = 1.0
+
+  def __post_init__(self):
+    for name in ("beta", "lambda_d", "lambda_u"):
+      value = getattr(self, name)
+      if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"KTOConfig.{name}={value!r}: must be a finite number > 0")
+
+
+LOSS_CONFIGS = {"dpo": DPOConfig, "orpo": ORPOConfig, "simpo": SimPOConfig, "kto": KTOConfig}
 CURVES = {  # the progress bar's and curves' metrics per loss
   "dpo": ["loss", "reward_margin", "reward_accuracy"],
   "orpo": ["loss", "nll", "log_odds_ratio", "reward_accuracy"],
   "simpo": ["loss", "reward_margin", "reward_accuracy"],
+  "kto": ["loss", "kl", "desirable_reward", "undesirable_reward"],
 }
 
 
@@ -81,26 +99,33 @@ def check_config(cfg):
   fwd = supervised_run.check_config(cfg, SOURCES)
   if cfg.loss not in LOSS_CONFIGS:
     common.fail("loss", cfg.loss, f"use one of {', '.join(LOSS_CONFIGS)}")
+  if cfg.loss == "kto" and cfg.train.batch_size // jax.process_count() < 2:
+    common.fail(
+      "train.batch_size",
+      cfg.train.batch_size,
+      "KTO estimates its KL reference point from each process's examples under each "
+      "other's prompts: use >= 2 examples per process",
+    )
   return fwd, cfg.loss, common.from_block(LOSS_CONFIGS[cfg.loss], cfg[cfg.loss], cfg.loss)
 
 
 def records(cfg) -> list[dict]:
-  """The preference pairs of `data.source` (the first `data.num_examples`; 0: all)."""
-  d = cfg.data
-  pairs = (
-    chat.load_dpo_jsonl(d.path)
-    if d.source == "jsonl"
-    else dpo.synthetic_pairs(d.num_synthetic, cfg.seed)
-  )
-  if not pairs:
-    common.fail(
-      "data.path", d.path, "holds no preference pairs: point it at a non-empty JSONL file"
-    )
-  return pairs[: d.num_examples] if d.num_examples else pairs
+  """The preference pairs of `data.source` (KTO: unpaired examples; the first
+  `data.num_examples`; 0: all)."""
+  d, kto = cfg.data, cfg.loss == "kto"
+  if d.source == "jsonl":
+    out = (chat.load_kto_jsonl if kto else chat.load_dpo_jsonl)(d.path)
+  else:
+    out = (dpo.synthetic_kto if kto else dpo.synthetic_pairs)(d.num_synthetic, cfg.seed)
+  if not out:
+    what = "KTO examples" if kto else "preference pairs"
+    common.fail("data.path", d.path, f"holds no {what}: point it at a non-empty JSONL file")
+  return out[: d.num_examples] if d.num_examples else out
 
 
 def run(cfg, workdir: str, stop_after: int | None = None):
-  """Runs DPO from a configs/dpo.py ConfigDict; returns (state, last metrics record)."""
+  """Runs DPO (or ORPO, SimPO, KTO: `cfg.loss`) from a configs/dpo.py ConfigDict; returns
+  (state, last metrics record)."""
   cfg = common.with_compute_dtype(cfg, workdir)
   fwd, loss, hparams = check_config(cfg)
   reference_free = loss in dpo.REFERENCE_FREE
@@ -108,8 +133,10 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   _, params, tokenizer, state, frozen, optimizer = supervised_run.setup(cfg, fwd)
   d, t = cfg.data, cfg.train
   where = (lambda i: jsonl.where_of(d.path, i)) if d.source == "jsonl" else None
+  kto = loss == "kto"
+  tokenize = chat.tokenize_kto if kto else chat.tokenize_dpo
   pairs = supervised_run.tokenize_records(
-    pair_records, lambda r: chat.tokenize_dpo(r, tokenizer, d.seq_len), cfg, where
+    pair_records, lambda r: tokenize(r, tokenizer, d.seq_len), cfg, where
   )
   if reference_free:  # no reference copy, no reference pass
     reference, ref_fn = None, lambda _, batch: batch
@@ -117,12 +144,14 @@ def run(cfg, workdir: str, stop_after: int | None = None):
     reference = params if fwd.lora else dpo.initial_reference(params)
     ref_fn = dpo.make_reference_fn(fwd, t.micro_batch_size)
   mesh = common.make_mesh(cfg)
-  loss_fn = dpo.make_loss_fn(sharding.train_forward(fwd, mesh), loss, **dataclasses.asdict(hparams))
+  make_loss_fn = dpo.make_kto_loss_fn if kto else functools.partial(dpo.make_loss_fn, loss=loss)
+  loss_fn = make_loss_fn(sharding.train_forward(fwd, mesh), **dataclasses.asdict(hparams))
+  make_batch = dpo.make_kto_batch if kto else dpo.make_pair_batch
   train_step = step_lib.make_train_step(loss_fn, optimizer, mesh, t.micro_batch_size)
 
   def next_batch(cursor):
     indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
-    batch = dpo.make_pair_batch(  # this process's block of the step's pairs
+    batch = make_batch(  # this process's block of the step's pairs (KTO: examples)
       shares.take([pairs[i] for i in indices], "train.batch_size"),
       seq_len=d.seq_len,
       pad_id=tokenizer.pad_id,

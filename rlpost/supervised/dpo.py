@@ -58,7 +58,9 @@ def _sequence_logprobs(params, adapters, half, fwd: policy.ForwardConfig):
 
 
 def make_reference_fn(fwd: policy.ForwardConfig, micro_batch_size: int):
-  """Jitted `ref_fn(params, batch) -> batch` with "ref_chosen"/"ref_rejected" [N] filled.
+  """Jitted `ref_fn(params, batch) -> batch` with "ref_<half>" [N] filled for each half
+  (a dict: "chosen" and "rejected" of a pair batch, "completion" and "mismatched" of a
+  KTO batch).
 
   `params` is the reference (no adapters). Runs `micro_batch_size` rows at a time
   (lax.map), so its memory is that of one forward pass of a micro-batch. `fwd`
@@ -70,7 +72,7 @@ def make_reference_fn(fwd: policy.ForwardConfig, micro_batch_size: int):
   @jax.jit
   def ref_fn(params, batch):
     out = dict(batch)
-    for name in ("chosen", "rejected"):
+    for name in [k for k, v in batch.items() if isinstance(v, dict)]:
       half = batch[name]
       rows = half["tokens"].shape[0]
       micro = jax.tree.map(
@@ -114,6 +116,69 @@ def make_loss_fn(fwd: policy.ForwardConfig, loss: str = "dpo", **hparams):
   return loss_fn
 
 
+def make_kto_batch(
+  examples: Sequence[tuple[np.ndarray, np.ndarray, bool]],
+  *,
+  seq_len: int,
+  pad_id: int,
+  micro_batch_size: int,
+  gather_bucket: int = 64,
+) -> dict:
+  """A KTO batch of (prompt ids, completion ids, label) examples: "completion" (row i:
+  prompt i + completion i), "mismatched" (row i: prompt i+1 (mod N) + completion i, cut
+  to seq_len: the completions under prompts they were not written for, KTO's KL
+  estimate), "desirable" [N] bool, and zero "ref_completion" / "ref_mismatched" [N]
+  (`make_reference_fn` fills them)."""
+  n = len(examples)
+  if n < 2:
+    raise ValueError(f"a KTO batch needs >= 2 examples for its KL estimate, got {n}")
+  prompts = [p for p, _, _ in list(examples[1:]) + list(examples[:1])]  # row i: prompt i+1 (mod N)
+  rows = {
+    "completion": [chat.concat_prompt_response(p, c) for p, c, _ in examples],
+    "mismatched": [
+      chat.concat_prompt_response(p, c[: seq_len - len(p)])
+      for p, (_, c, _) in zip(prompts, examples)
+    ],
+  }
+  batch = {
+    name: sft.make_batch(
+      half,
+      seq_len=seq_len,
+      pad_id=pad_id,
+      micro_batch_size=micro_batch_size,
+      gather_bucket=gather_bucket,
+    )
+    for name, half in rows.items()
+  }
+  zeros = np.zeros((n,), np.float32)
+  labels = np.asarray([label for _, _, label in examples], bool)
+  return {**batch, "desirable": labels, "ref_completion": zeros, "ref_mismatched": zeros.copy()}
+
+
+def make_kto_loss_fn(fwd: policy.ForwardConfig, **hparams):
+  """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)`: KTO (`supervised.losses.
+  kto_loss`, `hparams` beta, lambda_d, lambda_u) of a KTO micro-batch, its KL reference
+  point estimated over the micro-batch's mismatched rows."""
+
+  def loss_fn(trainable, frozen, micro_batch):
+    params, adapters = policy.policy_params(trainable, frozen, fwd)
+    logp = {
+      name: _sequence_logprobs(params, adapters, micro_batch[name], fwd)
+      for name in ("completion", "mismatched")
+    }
+    value, metrics = sft_losses.kto_loss(
+      logp["completion"],
+      micro_batch["ref_completion"],
+      micro_batch["desirable"],
+      logp["mismatched"],
+      micro_batch["ref_mismatched"],
+      **hparams,
+    )
+    return value, {k: v for k, v in metrics.items() if k != "loss"}
+
+  return loss_fn
+
+
 def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
   """Tiny preference set: prompt "a+b=", chosen the sum, rejected a refusal."""
   rng = np.random.default_rng(seed)
@@ -124,11 +189,22 @@ def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
   ]
 
 
+def synthetic_kto(num_pairs: int, seed: int) -> list[dict]:
+  """`synthetic_pairs` unpaired: each chosen answer a desirable record, each rejected one
+  an undesirable record, interleaved."""
+  return [
+    {"prompt": p["prompt"], "completion": p[key], "label": key == "chosen"}
+    for p in synthetic_pairs(num_pairs, seed)
+    for key in ("chosen", "rejected")
+  ]
+
+
 def pair_stats(batch: dict) -> dict[str, float]:
-  """Host-side facts: response tokens of the chosen and rejected halves."""
+  """Host-side facts: response tokens of each half ("<half>_tokens")."""
   return {
-    "chosen_tokens": int(batch["chosen"]["target_mask"].sum()),
-    "rejected_tokens": int(batch["rejected"]["target_mask"].sum()),
+    f"{name}_tokens": int(half["target_mask"].sum())
+    for name, half in batch.items()
+    if isinstance(half, dict)
   }
 
 

@@ -367,4 +367,12 @@ MUTATIONS = [
     tests=["tests/test_dpo.py"],
     why="ORPO / SimPO trained towards the rejected answers",
   ),
+  dict(
+    name="kto_labels_ignored",
+    path="rlpost/supervised/dpo.py",
+    old='      micro_batch["desirable"],\n',
+    new='      micro_batch["desirable"] | True,\n',
+    tests=["tests/test_dpo.py"],
+    why="KTO treating every example as desirable",
+  ),
 ]
