@@ -212,7 +212,7 @@ def pytest_collection_modifyitems(config, items):
   items[:] = [item for tests in ordered for item in tests]
 
 
-TIMING_METRICS = ("time/", "tokens_per_s")
+TIMING_METRICS = ("time/", "tokens_per_s", "step_seconds")
 
 
 def with_overrides(cfg, overrides: dict):

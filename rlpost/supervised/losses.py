@@ -241,3 +241,26 @@ def kto_loss(
     "desirable_fraction": jnp.mean(good.astype(jnp.float32)),
   }
   return loss, metrics
+
+
+def bradley_terry_loss(
+  chosen_score_B: jax.Array, rejected_score_B: jax.Array
+) -> tuple[jax.Array, Metrics]:
+  """A reward model's Bradley-Terry loss -log sigmoid(s_chosen - s_rejected), averaged
+  over the batch's pairs.
+
+  Returns:
+    (loss [] float32, {"loss", "accuracy" (fraction with s_chosen > s_rejected),
+    "margin", "chosen_score", "rejected_score" (batch means)}).
+  """
+  chex.assert_equal_shape([chosen_score_B, rejected_score_B])
+  margin = chosen_score_B.astype(jnp.float32) - rejected_score_B.astype(jnp.float32)
+  loss = -jnp.mean(jax.nn.log_sigmoid(margin))
+  metrics = {
+    "loss": loss,
+    "accuracy": jnp.mean((margin > 0).astype(jnp.float32)),
+    "margin": jnp.mean(margin),
+    "chosen_score": jnp.mean(chosen_score_B),
+    "rejected_score": jnp.mean(rejected_score_B),
+  }
+  return loss, metrics

@@ -375,4 +375,12 @@ MUTATIONS = [
     tests=["tests/test_dpo.py"],
     why="KTO treating every example as desirable",
   ),
+  dict(
+    name="reward_score_at_the_first_response_token",
+    path="rlpost/supervised/reward_model.py",
+    old='  last = last_response_index(rows["loss_mask"])\n',
+    new='  last = jnp.argmax(rows["loss_mask"], axis=1)\n',
+    tests=["tests/test_reward_model.py"],
+    why="a reward model scoring a response before reading it",
+  ),
 ]

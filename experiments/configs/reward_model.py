@@ -1,0 +1,63 @@
+"""A reward model on preference pairs: `--config=experiments/configs/reward_model.py:VARIANT`.
+
+VARIANT:
+  gemma3_270m  real Gemma 3 270M trunk with LoRA adapters and a score head; needs
+               `--config.data.path=FILE.jsonl` of {"prompt", "chosen", "rejected"[, "system"]}
+               records (DPO's format)
+  tiny         random tiny model + byte tokenizer on DPO's synthetic pairs (prompt "a+b=",
+               chosen the sum, rejected a refusal); all parameters train
+
+The score is a linear head on the trunk's hidden state at the response's last token,
+trained with the Bradley-Terry loss; `eval/accuracy` is the held-out pairwise accuracy.
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
+  tiny = variant == "tiny"
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = common.model_config(variant)
+  c.lora = common.lora_config(enabled=not tiny, rank=16 if tiny else 32)
+  c.data = ml_collections.ConfigDict(
+    {
+      "source": "synthetic" if tiny else "jsonl",  # jsonl | synthetic
+      "path": "",  # JSONL of {"prompt", "chosen", "rejected"} records
+      "eval_path": "",  # held-out pairs (else the last eval.num_examples pairs of path)
+      "num_synthetic": 64,
+      "num_examples": 0,
+      "seq_len": 32 if tiny else 512,
+      "shuffle": True,
+      "on_too_long": "skip",  # skip | error: a record whose prompt fills seq_len
+    }
+  )
+  c.train = ml_collections.ConfigDict(
+    {
+      "steps": 40 if tiny else 300,
+      "batch_size": 8 if tiny else 4,  # preference pairs per step
+      "micro_batch_size": 4 if tiny else 1,
+      "learning_rate": 3e-3 if tiny else 5e-5,
+      "warmup_fraction": 0.05,
+      "weight_decay": 0.0,
+      "adam_b1": 0.9,
+      "adam_b2": 0.99,
+      "optimizer": "adamw",  # adamw | sgd
+      "max_grad_norm": 1.0,
+      "max_bad_steps": 3,
+      "logprob_chunk": 512,
+      "remat": "dots",  # none | dots | full
+      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto
+      "gather_bucket": 64,
+    }
+  )
+  # held-out pairwise accuracy every N steps and at the end (0: never)
+  c.eval = ml_collections.ConfigDict(
+    {"every": 20 if tiny else 100, "num_examples": 16 if tiny else 100}
+  )
+  c.mesh = common.mesh_config()
+  c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
+  c.lock()
+  return c
