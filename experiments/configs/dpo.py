@@ -47,7 +47,17 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "on_too_long": "skip",
     }
   )
-  c.train = ml_collections.ConfigDict(
+  c.train = train_block(tiny)
+  c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics
+  c.mesh = common.mesh_config()
+  c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
+  c.lock()
+  return c
+
+
+def train_block(tiny: bool) -> ml_collections.ConfigDict:
+  """The `train` block of the pair recipes (preference tuning, reward models)."""
+  return ml_collections.ConfigDict(
     {
       "steps": 40 if tiny else 300,
       "batch_size": 8 if tiny else 4,  # preference pairs per step
@@ -67,8 +77,3 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "gather_bucket": 64,
     }
   )
-  c.eval = ml_collections.ConfigDict({"every": 0, "num_examples": 0})  # DPO: training metrics
-  c.mesh = common.mesh_config()
-  c.checkpoint = ml_collections.ConfigDict({"every": 20 if tiny else 100, "keep": 3})
-  c.lock()
-  return c

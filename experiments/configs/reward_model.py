@@ -14,6 +14,7 @@ trained with the Bradley-Terry loss; `eval/accuracy` is the held-out pairwise ac
 import ml_collections
 
 from experiments.configs import common
+from experiments.configs import dpo
 
 
 def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
@@ -34,25 +35,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "on_too_long": "skip",  # skip | error: a record whose prompt fills seq_len
     }
   )
-  c.train = ml_collections.ConfigDict(
-    {
-      "steps": 40 if tiny else 300,
-      "batch_size": 8 if tiny else 4,  # preference pairs per step
-      "micro_batch_size": 4 if tiny else 1,
-      "learning_rate": 3e-3 if tiny else 5e-5,
-      "warmup_fraction": 0.05,
-      "weight_decay": 0.0,
-      "adam_b1": 0.9,
-      "adam_b2": 0.99,
-      "optimizer": "adamw",  # adamw | sgd
-      "max_grad_norm": 1.0,
-      "max_bad_steps": 3,
-      "logprob_chunk": 512,
-      "remat": "dots",  # none | dots | full
-      "compute_dtype": "float32" if tiny else "auto",  # float32 | bfloat16 | auto
-      "gather_bucket": 64,
-    }
-  )
+  c.train = dpo.train_block(tiny)  # as preference tuning's
   # held-out pairwise accuracy every N steps and at the end (0: never)
   c.eval = ml_collections.ConfigDict(
     {"every": 20 if tiny else 100, "num_examples": 16 if tiny else 100}

@@ -15,13 +15,11 @@ import math
 import jax
 
 from rlpost.data import chat
-from rlpost.data import cursor as cursor_lib
 from rlpost.data import jsonl
 from rlpost.recipes import common
 from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
 from rlpost.train import loop as loop_lib
-from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -149,17 +147,11 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   make_batch = dpo.make_kto_batch if kto else dpo.make_pair_batch
   train_step = step_lib.make_train_step(loss_fn, optimizer, mesh, t.micro_batch_size)
 
+  pairs_batch = supervised_run.pair_batches(pairs, make_batch, cfg, tokenizer.pad_id, mesh)
+
   def next_batch(cursor):
-    indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
-    batch = make_batch(  # this process's block of the step's pairs (KTO: examples)
-      shares.take([pairs[i] for i in indices], "train.batch_size"),
-      seq_len=d.seq_len,
-      pad_id=tokenizer.pad_id,
-      micro_batch_size=t.micro_batch_size,
-      gather_bucket=t.gather_bucket,
-    )
-    stats = {k: shares.sum_over_processes(v) for k, v in dpo.pair_stats(batch).items()}
-    return ref_fn(reference, step_lib.global_batch(batch, mesh, pad=True)), cursor, stats
+    batch, cursor, stats = pairs_batch(cursor)
+    return ref_fn(reference, batch), cursor, stats
 
   step_fn = functools.partial(
     supervised_run.supervised_step, train_step, frozen, next_batch, None, cfg

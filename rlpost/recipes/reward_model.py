@@ -14,14 +14,12 @@ import jax
 import numpy as np
 
 from rlpost.data import chat
-from rlpost.data import cursor as cursor_lib
 from rlpost.data import jsonl
 from rlpost.recipes import common
 from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
 from rlpost.supervised import reward_model
 from rlpost.train import loop as loop_lib
-from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
@@ -107,18 +105,7 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   train_step = step_lib.make_train_step(loss_fn, optimizer, mesh, t.micro_batch_size)
   evaluate = make_evaluate(held_out, frozen, fwd, d.seq_len, tokenizer.pad_id)
 
-  def next_batch(cursor):
-    indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
-    batch = dpo.make_pair_batch(  # this process's block of the step's pairs
-      shares.take([pairs[i] for i in indices], "train.batch_size"),
-      seq_len=d.seq_len,
-      pad_id=tokenizer.pad_id,
-      micro_batch_size=t.micro_batch_size,
-      gather_bucket=t.gather_bucket,
-    )
-    stats = {k: shares.sum_over_processes(v) for k, v in dpo.pair_stats(batch).items()}
-    return step_lib.global_batch(batch, mesh, pad=True), cursor, stats
-
+  next_batch = supervised_run.pair_batches(pairs, dpo.make_pair_batch, cfg, tokenizer.pad_id, mesh)
   step_fn = functools.partial(
     supervised_run.supervised_step, train_step, frozen, next_batch, evaluate, cfg
   )

@@ -8,9 +8,11 @@ import time
 import jax
 
 from rlpost import errors
+from rlpost.data import cursor as cursor_lib
 from rlpost.data import limits
 from rlpost.models import policy
 from rlpost.recipes import common
+from rlpost.train import shares
 from rlpost.train import step as step_lib
 
 
@@ -131,3 +133,29 @@ def tokenize_records(records, tokenize, cfg, where=None) -> list:
     logging.warning(message)
     print(message, flush=True)
   return out
+
+
+def pair_batches(pairs: list, make_batch, cfg, pad_id: int, mesh):
+  """`next_batch(cursor) -> (batch, cursor, host stats)` over tokenized `pairs` (or KTO
+  examples): the next `train.batch_size` of them from the resumable cursor, this process's
+  block (`shares.take`) laid out by `make_batch` (`supervised.dpo.make_pair_batch` or
+  `make_kto_batch`), as the global batch; stats: each half's response tokens."""
+  d, t = cfg.data, cfg.train
+
+  def next_batch(cursor):
+    indices, cursor = cursor_lib.next_indices(cursor, len(pairs), t.batch_size, d.shuffle)
+    batch = make_batch(
+      shares.take([pairs[i] for i in indices], "train.batch_size"),
+      seq_len=d.seq_len,
+      pad_id=pad_id,
+      micro_batch_size=t.micro_batch_size,
+      gather_bucket=t.gather_bucket,
+    )
+    stats = {
+      f"{name}_tokens": shares.sum_over_processes(int(half["target_mask"].sum()))
+      for name, half in batch.items()
+      if isinstance(half, dict)
+    }
+    return step_lib.global_batch(batch, mesh, pad=True), cursor, stats
+
+  return next_batch

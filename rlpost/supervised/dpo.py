@@ -199,15 +199,6 @@ def synthetic_kto(num_pairs: int, seed: int) -> list[dict]:
   ]
 
 
-def pair_stats(batch: dict) -> dict[str, float]:
-  """Host-side facts: response tokens of each half ("<half>_tokens")."""
-  return {
-    f"{name}_tokens": int(half["target_mask"].sum())
-    for name, half in batch.items()
-    if isinstance(half, dict)
-  }
-
-
 def initial_reference(params):
   """A copy of the params (full-parameter DPO: the train state's params are donated)."""
   return jax.tree.map(jnp.copy, params)
