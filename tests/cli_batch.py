@@ -19,6 +19,7 @@ import traceback
 import jax  # noqa: F401  (imported once, before the forks)
 
 import rlpost.recipes.dpo  # noqa: F401
+import rlpost.recipes.reward_model  # noqa: F401
 import rlpost.recipes.rl  # noqa: F401
 import rlpost.recipes.sft  # noqa: F401
 

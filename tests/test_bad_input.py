@@ -13,6 +13,7 @@ from conftest import run_clis
 GRPO = ("experiments.grpo", "--config=experiments/configs/grpo_gsm8k.py:tiny")
 SFT = ("experiments.sft", "--config=experiments/configs/sft.py:tiny")
 DPO = ("experiments.dpo", "--config=experiments/configs/dpo.py:tiny")
+RM = ("experiments.reward_model", "--config=experiments/configs/reward_model.py:tiny")
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 
@@ -28,6 +29,10 @@ def _cases(d):
   (d / "latin1.jsonl").write_bytes(good.encode() + b"\n" + '{"prompt": "caf\xe9"}'.encode("latin1"))
   (d / "pairs.jsonl").write_text(json.dumps({"prompt": "p", "chosen": "c"}) + "\n")
   (d / "x.gguf").write_text("not a model\n")
+  kto = json.dumps({"prompt": "p", "completion": "c", "label": True})
+  (d / "kto.jsonl").write_text(kto + "\n" + kto.replace("true", '"good"') + "\n")
+  same = json.dumps({"prompt": "p", "chosen": "4", "rejected": "4"})
+  (d / "same.jsonl").write_text(same + "\n")
   _prompt_file(d / "big.jsonl")
   gsm8k = lambda name: ["--config.data.source=gsm8k", f"--config.data.data_dir={d / name}"]
   sft = lambda name: ["--config.data.source=jsonl", f"--config.data.path={d / name}"]
@@ -42,6 +47,18 @@ def _cases(d):
       DPO,
       [f"--config.data.path={d / 'pairs.jsonl'}", "--config.data.source=jsonl"],
       "pairs.jsonl:1: missing field 'rejected'",
+    ),
+    (
+      "KTO label not a boolean",
+      DPO,
+      [f"--config.data.path={d / 'kto.jsonl'}", "--config.data.source=jsonl", "--config.loss=kto"],
+      "kto.jsonl:2: field 'label' must be true",
+    ),
+    (
+      "reward-model pair with one answer twice",
+      RM,
+      [f"--config.data.path={d / 'same.jsonl'}", "--config.data.source=jsonl"],
+      "same.jsonl:1: 'chosen' and 'rejected' are the same text",
     ),
     (
       "not GGUF",
