@@ -62,7 +62,9 @@ def test_tiny_reward_model_ranks_held_out_pairs_and_resumes_exactly(tmp_path):
   """The tiny config on DPO's synthetic pairs: held-out pairwise accuracy (`eval/accuracy`,
   the last 16 pairs, never trained on) reaches 1.0 from chance; stopped after 20 steps and
   resumed, the run ends with the uninterrupted run's weights and metrics (~9 s: two
-  40-step tiny runs). Mutation caught: the Bradley-Terry margin with its sign flipped."""
+  40-step tiny runs); `load_run` restores its weights, and scores RL rows (left-padded
+  prompts, completion slots) as the pair rows it trained on. Mutation caught: the
+  Bradley-Terry margin with its sign flipped."""
   cfg = rm_configs.get_config("tiny")
   state, record = rm_recipe.run(cfg, str(tmp_path / "whole"))
   assert record["eval/accuracy"] == 1.0 and record["eval/margin"] > 1.0, record
@@ -73,6 +75,31 @@ def test_tiny_reward_model_ranks_held_out_pairs_and_resumes_exactly(tmp_path):
   for a, b in zip(jax.tree.leaves(state.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert run_metrics(tmp_path / "whole") == run_metrics(tmp_path / "resumed")
+  trainable, frozen, fwd, tok = rm_recipe.load_run(str(tmp_path / "whole"))
+  for a, b in zip(jax.tree.leaves(state.trainable), jax.tree.leaves(trainable)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  pairs = dpo.tokenize_pairs(dpo.synthetic_pairs(4, 5), tok, cfg.data.seq_len)
+  rows = dpo.make_pair_batch(pairs, seq_len=cfg.data.seq_len, pad_id=tok.pad_id, micro_batch_size=1)
+  want = reward_model.scores(trainable, frozen, rows["chosen"], fwd)
+  got = reward_model.batch_scores(trainable, frozen, _rl_rows([(p, c) for p, c, _ in pairs]), fwd)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _rl_rows(examples):
+  """An `RLBatch` of (prompt, response) ids: prompts left-padded to the longest + 3 slots,
+  responses in completion slots (loss mask on them) with a padded tail of 5."""
+  from rlpost.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+
+  n = len(examples)
+  P, T = max(len(p) for p, _ in examples) + 3, max(len(r) for _, r in examples) + 5
+  tokens, valid = np.zeros((n, P + T), np.int32), np.zeros((n, P + T), bool)
+  positions, loss_mask = np.zeros((n, P + T), np.int32), np.zeros((n, T), np.float32)
+  for i, (prompt, response) in enumerate(examples):
+    tokens[i, P - len(prompt) : P], tokens[i, P : P + len(response)] = prompt, response
+    valid[i, P - len(prompt) : P + len(response)] = True
+    positions[i, P - len(prompt) :] = np.arange(len(prompt) + T)
+    loss_mask[i, : len(response)] = 1
+  return batch_lib.RLBatch(tokens, positions, valid, loss_mask, np.zeros((n, T), np.float32))
 
 
 def test_held_out_pairs_are_checked():

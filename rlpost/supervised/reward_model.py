@@ -40,6 +40,18 @@ def scores(trainable, frozen, rows, fwd: policy.ForwardConfig) -> jax.Array:
   return (h_NxD @ trainable["head"]["w"])[:, 0] + trainable["head"]["b"]
 
 
+def batch_scores(trainable, frozen, batch, fwd: policy.ForwardConfig) -> jax.Array:
+  """[N] float32 scores of an `RLBatch`'s rows (left-padded prompt, then the completion
+  slots): the head on the hidden state at each row's last sampled token (`loss_mask`), the
+  same token `scores` reads in an SFT-layout row of prompt + response."""
+  params, adapters = policy.policy_params(trainable["trunk"], frozen, fwd)
+  mask = masks.causal_attention_mask(batch.valid)
+  hidden = policy.hidden_states(params, adapters, batch.tokens, batch.positions, mask, fwd)
+  last = batch.prompt_len + last_response_index(batch.loss_mask > 0)
+  h_NxD = hidden[jnp.arange(hidden.shape[0]), last].astype(jnp.float32)
+  return (h_NxD @ trainable["head"]["w"])[:, 0] + trainable["head"]["b"]
+
+
 def make_loss_fn(fwd: policy.ForwardConfig):
   """`loss_fn(trainable, frozen, micro_batch) -> (loss, metrics)`: Bradley-Terry over a
   pair micro-batch's "chosen" and "rejected" halves."""
