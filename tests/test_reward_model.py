@@ -4,12 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_metrics
+from conftest import run_metrics, with_overrides
 
 from experiments.configs import reward_model as rm_configs
 from rlpost.data import chat
 from rlpost.models import decoder, families, policy
 from rlpost.ops import masks
+from rlpost.recipes import common
 from rlpost.recipes import reward_model as rm_recipe
 from rlpost.supervised import dpo, losses, reward_model
 from rlpost.text import tokenizer as tokenizer_lib
@@ -62,7 +63,7 @@ def test_tiny_reward_model_ranks_held_out_pairs_and_resumes_exactly(tmp_path):
   """The tiny config on DPO's synthetic pairs: held-out pairwise accuracy (`eval/accuracy`,
   the last 16 pairs, never trained on) reaches 1.0 from chance; stopped after 20 steps and
   resumed, the run ends with the uninterrupted run's weights and metrics (~9 s: two
-  40-step tiny runs); `load_run` restores its weights, and scores RL rows (left-padded
+  40-step tiny runs); `common.reward_model_from_run` restores its weights, and scores RL rows (left-padded
   prompts, completion slots) as the pair rows it trained on. Mutation caught: the
   Bradley-Terry margin with its sign flipped."""
   cfg = rm_configs.get_config("tiny")
@@ -75,7 +76,7 @@ def test_tiny_reward_model_ranks_held_out_pairs_and_resumes_exactly(tmp_path):
   for a, b in zip(jax.tree.leaves(state.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert run_metrics(tmp_path / "whole") == run_metrics(tmp_path / "resumed")
-  trainable, frozen, fwd, tok = rm_recipe.load_run(str(tmp_path / "whole"))
+  trainable, frozen, fwd, tok = common.reward_model_from_run(str(tmp_path / "whole"))
   for a, b in zip(jax.tree.leaves(state.trainable), jax.tree.leaves(trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   pairs = dpo.tokenize_pairs(dpo.synthetic_pairs(4, 5), tok, cfg.data.seq_len)
@@ -108,3 +109,80 @@ def test_held_out_pairs_are_checked():
   cfg.eval.num_examples = 40
   with pytest.raises(ValueError, match=r"config\.eval\.num_examples=40: would hold out 40 of 64"):
     rm_recipe.records(cfg)
+
+
+@pytest.mark.slow
+def test_a_reward_models_scores_join_the_rl_rewards(tmp_path, monkeypatch):
+  """GRPO on the tiny digit task with `reward_model.path` (weight 2, rule_weight 0.5): each
+  episode's reward is 0.5 * its rule-based reward + 2 * the reward model's score of its
+  rows (checked against `batch_scores` of the restored model on the same rows), the score
+  on the last turn's reward; the metrics report it. A reward model over another model
+  family's tokenizer is refused, naming reward_model.path. Mutation caught: the score
+  added without its weight."""
+  from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+  from rlpost.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+
+  rm_cfg = rm_configs.get_config("tiny")
+  rm_cfg.train.steps, rm_cfg.checkpoint.every = 5, 5
+  rm_recipe.run(rm_cfg, str(tmp_path / "rm"))
+  cfg = with_overrides(
+    grpo_gsm8k.get_config("tiny"),
+    {
+      "train.steps": 1,
+      "reward_model.path": str(tmp_path / "rm"),
+      "reward_model.weight": 2.0,
+      "reward_model.rule_weight": 0.5,
+    },
+  )
+  seen, inner = [], rl._with_learned_reward  # pylint: disable=protected-access
+  monkeypatch.setattr(rl, "_with_learned_reward", lambda p, out: seen.append(out) or inner(p, out))
+  rl.run(cfg, str(tmp_path / "grpo"))
+  (before,) = seen
+  after, _ = inner(rl.build(cfg), before)
+  trainable, frozen, fwd, _ = common.reward_model_from_run(str(tmp_path / "rm"))
+  want = reward_model.batch_scores(trainable, frozen, batch_lib.to_device(before.batch), fwd)
+  np.testing.assert_allclose(after.rewards, 0.5 * before.rewards + 2 * np.asarray(want), 1e-5, 1e-5)
+  np.testing.assert_allclose(after.turn_rewards.sum(1), after.rewards, 1e-5, 1e-5)
+  record = run_metrics(tmp_path / "grpo")[-1]
+  np.testing.assert_allclose(record["reward_model/score"], np.mean(want), 1e-5, 1e-5)
+  rm_cfg.model.preset = "llama_tiny"  # a byte tokenizer with ChatML's turn tokens
+  rm_recipe.run(rm_cfg, str(tmp_path / "rm_llama"))
+  cfg.reward_model.path = str(tmp_path / "rm_llama")
+  with pytest.raises(ValueError, match=r"config\.reward_model\.path=.*its tokenizer"):
+    rl.build(cfg)
+
+
+def test_learned_reward_joins_each_episodes_last_turn():
+  """Multi-turn rows (PPO's per-turn rewards, the agentic recipe): the weighted score goes
+  on each row's last sampled token, after the rule-based turn rewards are weighted, and
+  into the episode reward; a row with no sampled token keeps no turn score."""
+  import types  # pylint: disable=g-import-not-at-top
+
+  from rlpost.envs import multiturn  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import blocks, rl  # pylint: disable=g-import-not-at-top
+  from rlpost.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+
+  loss_mask = np.array([[1, 1, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]], np.float32)
+  turn = np.zeros((3, 6), np.float32)
+  turn[0, 1], turn[0, 3], turn[1, 0], turn[1, 4] = 1.0, -0.5, 0.25, 2.0
+  n, s = loss_mask.shape[0], loss_mask.shape[1] + 2
+  rows = batch_lib.RLBatch(
+    np.zeros((n, s), np.int32),
+    np.zeros((n, s), np.int32),
+    np.ones((n, s), bool),
+    loss_mask,
+    0 * turn,
+  )
+  out = multiturn.Rollout(rows, turn.sum(1), turn, [])
+  setup = types.SimpleNamespace(learned_reward=blocks.LearnedRewardConfig("rm", 2.0, 0.5))
+  p = types.SimpleNamespace(setup=setup, scorer=lambda b: np.array([0.1, -1.0, 3.0], np.float32))
+  got, metrics = rl._with_learned_reward(p, out)  # pylint: disable=protected-access
+  want = 0.5 * turn
+  want[0, 3] += 0.2
+  want[1, 4] += -2.0
+  np.testing.assert_allclose(got.turn_rewards, want, atol=1e-6)
+  np.testing.assert_allclose(
+    got.rewards, 0.5 * turn.sum(1) + 2.0 * np.array([0.1, -1.0, 3.0]), 1e-6
+  )
+  np.testing.assert_allclose(metrics["reward_model/score"], np.mean([0.1, -1.0, 3.0]), 1e-6)

@@ -38,6 +38,17 @@ def lora_config(enabled: bool, rank: int) -> ml_collections.ConfigDict:
   )
 
 
+def learned_reward_config() -> ml_collections.ConfigDict:
+  """The RL recipes' `reward_model` block (rlpost.recipes.blocks.LearnedRewardConfig)."""
+  return ml_collections.ConfigDict(
+    {
+      "path": "",  # a reward-model run's --workdir ("": rule-based rewards only)
+      "weight": 1.0,  # the reward model's score in each episode's reward
+      "rule_weight": 1.0,  # the rule-based rewards' (0: the reward model alone)
+    }
+  )
+
+
 def mesh_config() -> ml_collections.ConfigDict:
   """The `mesh` block: how the train step's devices are split (rlpost.train.sharding)."""
   return ml_collections.ConfigDict(

@@ -178,3 +178,20 @@ class ToolsConfig:
         self.max_result_chars,
         f"must be >= {marker} (the truncation marker's length)",
       )
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedRewardConfig:
+  """An RL run's `reward_model` block: a reward-model run's --workdir (`experiments.
+  reward_model`; "": none) whose score of each episode's rows (prompt and completion ids,
+  on device) is added to its reward: reward = rule_weight * the rule-based reward + weight
+  * score (the score on the episode's last turn)."""
+
+  path: str = ""
+  weight: float = 1.0
+  rule_weight: float = 1.0
+
+  def __post_init__(self):
+    for name in ("weight", "rule_weight"):
+      if not math.isfinite(getattr(self, name)):
+        common.field_error(LearnedRewardConfig, name, getattr(self, name), "must be finite")

@@ -22,6 +22,7 @@ from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.models import quant
+from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import checkpoint
 from rlpost.train import compute_paths
 from rlpost.train import shares
@@ -351,6 +352,34 @@ def weights_from_run(workdir: str, params, cfg):
     fail("model.init_from", workdir, "that run has no checkpoint yet")
   trained = restored[0].trainable
   return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
+
+
+def reward_model_from_run(workdir: str, field: str = "reward_model.path"):
+  """(trainable, frozen, forward config, tokenizer) of the reward-model run in `workdir`
+  (`experiments.reward_model`): its config.json's model (the base it trained over) and its
+  newest intact checkpoint's score head and trunk, to score rows with
+  `supervised.reward_model.batch_scores`. Errors name `field`."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    fail(field, workdir, "no config.json there: give a reward-model run's --workdir")
+  with open(path, encoding="utf-8") as f:
+    source = ml_collections.ConfigDict(json.load(f))
+  fwd = forward_config(source, 1.0)
+  _, params, tokenizer = load_model(source)
+  trunk, frozen = trainable_and_frozen(params, fwd, jax.random.key(0))
+  like = step_lib.init_train_state(
+    reward_model_lib.init(trunk, params),
+    make_optimizer(source, source.train.steps),
+    jax.random.key(0),
+  )
+  try:
+    with checkpoint.manager(workdir, read_only=True) as mngr:
+      restored = checkpoint.restore_latest(mngr, like, read_only=True)
+  except checkpoint.StateMismatchError as e:
+    fail(field, workdir, f"its checkpoint is not a reward model's train state: {e}")
+  if restored is None:
+    fail(field, workdir, "that reward-model run has no checkpoint yet")
+  return restored[0].trainable, frozen, fwd, tokenizer
 
 
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):

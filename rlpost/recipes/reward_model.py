@@ -9,14 +9,10 @@ every run's.
 """
 
 import functools
-import json
-import os
 
 import jax
-import ml_collections
 import numpy as np
 
-from rlpost import errors
 
 from rlpost.data import chat
 from rlpost.data import jsonl
@@ -24,7 +20,6 @@ from rlpost.recipes import common
 from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
 from rlpost.supervised import reward_model
-from rlpost.train import checkpoint
 from rlpost.train import loop as loop_lib
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -117,30 +112,3 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   )
   loop = loop_lib.loop_config(cfg, "reward_model", ["loss", "accuracy", "margin"])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)
-
-
-def load_run(workdir: str):
-  """(trainable, frozen, forward config, tokenizer) of the reward-model run in `workdir`:
-  its config.json's model (the base it trained over) and its newest intact checkpoint's
-  score head and trunk (LoRA adapters over that base, or all params), to score rows with
-  `supervised.reward_model.batch_scores`."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise errors.ConfigError(
-      f"{workdir}: no config.json there: give a reward-model run's --workdir"
-    )
-  with open(path, encoding="utf-8") as f:
-    source = ml_collections.ConfigDict(json.load(f))
-  fwd = common.forward_config(source, 1.0)
-  _, params, tokenizer = common.load_model(source)
-  trunk, frozen = common.trainable_and_frozen(params, fwd, jax.random.key(0))
-  optimizer = common.make_optimizer(source, source.train.steps)
-  like = step_lib.init_train_state(reward_model.init(trunk, params), optimizer, jax.random.key(0))
-  try:
-    with checkpoint.manager(workdir, read_only=True) as mngr:
-      restored = checkpoint.restore_latest(mngr, like, read_only=True)
-  except checkpoint.StateMismatchError as e:
-    raise errors.ConfigError(f"{workdir}: its checkpoint is not a reward model's: {e}") from None
-  if restored is None:
-    raise errors.ConfigError(f"{workdir}: that reward-model run has no checkpoint yet")
-  return restored[0].trainable, frozen, fwd, tokenizer

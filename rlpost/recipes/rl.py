@@ -52,6 +52,7 @@ from rlpost.recipes import reports
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
 from rlpost.train import shares
@@ -115,6 +116,7 @@ class Setup:
   step_threads: int = 1
   per_turn_rewards: bool = False
   data: blocks.DataConfig | None = None  # a prompt dataset's `data` block
+  learned_reward: blocks.LearnedRewardConfig = blocks.LearnedRewardConfig()
 
   @property
   def spec(self) -> learners_lib.LearnerSpec:
@@ -151,6 +153,7 @@ class Pieces(NamedTuple):
   state: step_lib.TrainState  # fresh: step 0
   learner: learners_lib.Learner
   sampler: rollout_lib.Sampler  # where rollouts run
+  scorer: Any = None  # the reward model's jitted `scores(batch) -> [N]`, or None
 
 
 def check_config(cfg, learner: str | None = None) -> Setup:
@@ -158,9 +161,18 @@ def check_config(cfg, learner: str | None = None) -> Setup:
   and the fix). `learner`: the default when the config names none (`learners.name_of`)."""
   name = learners_lib.name_of(cfg, learner)
   spec = learners_lib.spec(name)
-  if "env" in cfg:
-    return _env_setup(cfg, name, spec)
-  return _prompts_setup(cfg, name, spec)
+  setup = _env_setup(cfg, name, spec) if "env" in cfg else _prompts_setup(cfg, name, spec)
+  if "reward_model" not in cfg:
+    return setup
+  learned = common.from_block(blocks.LearnedRewardConfig, cfg.reward_model, "reward_model")
+  if learned.path and setup.rollout.dynamic_sampling:
+    common.fail(
+      "reward_model.path",
+      learned.path,
+      "dynamic sampling keeps groups by their rule-based rewards, before the reward model "
+      "scores them: set rollout.dynamic_sampling=False, or leave the reward model out",
+    )
+  return dataclasses.replace(setup, learned_reward=learned)
 
 
 def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
@@ -362,7 +374,46 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   built, state = setup.spec.build(cfg, params, setup.settings)
   setup = dataclasses.replace(setup, settings=built.settings)
   sampler = rollout_lib.make_sampler(cfg, built.frozen, setup.forward)
-  return Pieces(setup, tokenizer, tasks, state, built, sampler)
+  return Pieces(setup, tokenizer, tasks, state, built, sampler, _scorer(setup, tokenizer))
+
+
+def _scorer(setup: Setup, tokenizer):
+  """The `reward_model` block's scorer: `scores(RLBatch) -> [N]`, jitted, over the reward
+  model's own weights; None without a path. Its tokenizer must be the policy's (it reads
+  the policy's token ids)."""
+  path = setup.learned_reward.path
+  if not path:
+    return None
+  trainable, frozen, fwd, rm_tokenizer = common.reward_model_from_run(path)
+  if (rm_tokenizer.vocab_size, rm_tokenizer.chat) != (tokenizer.vocab_size, tokenizer.chat):
+    common.fail(
+      "reward_model.path",
+      path,
+      f"its tokenizer ({rm_tokenizer.vocab_size} ids, chat format {rm_tokenizer.chat!r}) is "
+      f"not the policy's ({tokenizer.vocab_size}, {tokenizer.chat!r}): it would read other "
+      "tokens than the policy wrote; train the reward model over the policy's model family",
+    )
+  score = jax.jit(lambda batch: reward_model_lib.batch_scores(trainable, frozen, batch, fwd))
+  return lambda batch: np.asarray(score(batch_lib.to_device(batch)), np.float32)
+
+
+def _with_learned_reward(p: Pieces, out: multiturn.Rollout):
+  """(out with the reward model's scores in its rewards, their metrics): reward =
+  rule_weight * reward + weight * score; the score joins the last turn's reward."""
+  start, learned = time.perf_counter(), p.setup.learned_reward
+  score_N = p.scorer(out.batch)
+  mask = np.asarray(out.batch.loss_mask) > 0
+  T = mask.shape[1]
+  last_N = T - 1 - np.argmax(mask[:, ::-1], axis=1)
+  turn = learned.rule_weight * np.asarray(out.turn_rewards, np.float32)
+  turn[np.arange(len(score_N)), last_N] += np.where(mask.any(1), learned.weight * score_N, 0.0)
+  rewards = learned.rule_weight * np.asarray(out.rewards, np.float32) + learned.weight * score_N
+  metrics = {
+    "reward_model/score": float(np.mean(shares.all_rows(score_N))),
+    "reward_model/reward": float(np.mean(shares.all_rows(rewards))),
+    "time/reward_model_s": time.perf_counter() - start,
+  }
+  return out._replace(rewards=rewards.astype(np.float32), turn_rewards=turn), metrics
 
 
 def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: str | None = None):
@@ -445,6 +496,9 @@ def produce(p: Pieces, weights, cursor: Cursor, index: int, pool=None):
     metrics = reports.episode_metrics(out.episodes)
   else:
     out, metrics, cursor = _collect_prompts(p, pool, params_s, cursor, key)
+  if p.scorer is not None:
+    out, scored = _with_learned_reward(p, out)
+    metrics = {**metrics, **scored}
   del params_s, weights
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
   return (out, metrics, time.perf_counter() - start), cursor

@@ -383,4 +383,12 @@ MUTATIONS = [
     tests=["tests/test_reward_model.py"],
     why="a reward model scoring a response before reading it",
   ),
+  dict(
+    name="learned_reward_without_its_weight",
+    path="rlpost/recipes/rl.py",
+    old="  rewards = learned.rule_weight * np.asarray(out.rewards, np.float32) + learned.weight * score_N\n",
+    new="  rewards = learned.rule_weight * np.asarray(out.rewards, np.float32) + score_N\n",
+    tests=["tests/test_reward_model.py"],
+    why="a reward model's score added to the RL rewards unweighted",
+  ),
 ]
