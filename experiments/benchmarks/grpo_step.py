@@ -57,6 +57,16 @@ _MODEL_PATH = flags.DEFINE_string(
 )
 
 
+_REWARD_MODEL = flags.DEFINE_string(
+  "reward_model",
+  "",
+  "A reward-model run's --workdir over the same model (e.g. `experiments.reward_model "
+  "--config=experiments/configs/reward_model.py:gemma3_270m --config.model.weights=random "
+  "--config.data.source=synthetic --config.train.steps=1 --config.checkpoint.every=1`): its "
+  "score joins each episode's reward, scored on device every iteration.",
+)
+
+
 def _random_reward(prompts, completions, answers):
   del prompts, answers
   return [float(hash(c) % 7) for c in completions]
@@ -78,6 +88,7 @@ def _run_mode(mode: str) -> dict:
     cfg.sampling.weights = _SAMPLER.value
     if _SAMPLER.value == "int8":
       cfg.algo.tis_cap = 2.0
+    cfg.reward_model.path = _REWARD_MODEL.value
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   jax.block_until_ready(loaded[1])
@@ -100,6 +111,7 @@ def _run_mode(mode: str) -> dict:
         "rollout_s": float(metrics["time/rollout_s"]),
         "train_s": float(metrics["time/train_s"]),
         "completion_tokens": float(metrics["completion_len/mean"]) * 8,
+        "reward_model_s": float(metrics.get("time/reward_model_s", 0.0)),
       }
     )
   steady = times[1:]
@@ -110,6 +122,10 @@ def _run_mode(mode: str) -> dict:
     "logprob_chunk": cfg.train.logprob_chunk,
     "remat": cfg.train.remat,
     "sampler_weights": _SAMPLER.value,
+    "reward_model": _REWARD_MODEL.value,
+    "steady_reward_model_s_median": round(
+      float(np.median([t["reward_model_s"] for t in steady])), 3
+    ),
     "first_iteration_s": round(times[0]["total_s"], 2),
     "steady_iteration_s_median": round(float(np.median([t["total_s"] for t in steady])), 2),
     "steady_iteration_s_min": round(min(t["total_s"] for t in steady), 2),
@@ -152,7 +168,7 @@ def main(argv):
       ]
       + [
         f"--{f.name}={f.value}"
-        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH)
+        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL)
         if f.value
       ],
       capture_output=True,
