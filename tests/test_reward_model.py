@@ -115,7 +115,8 @@ def test_held_out_pairs_are_checked():
 def test_a_reward_models_scores_join_the_rl_rewards(tmp_path, monkeypatch):
   """GRPO on the tiny digit task with `reward_model.path` (weight 2, rule_weight 0.5): each
   episode's reward is 0.5 * its rule-based reward + 2 * the reward model's score of its
-  rows (checked against `batch_scores` of the restored model on the same rows), the score
+  rows (checked against `batch_scores` of the restored model, over a base of its own, on
+  the same rows: the LoRA reward model reads the policy's base, loading none), the score
   on the last turn's reward; the metrics report it. A reward model over another model
   family's tokenizer is refused, naming reward_model.path. Mutation caught: the score
   added without its weight."""
@@ -124,7 +125,7 @@ def test_a_reward_models_scores_join_the_rl_rewards(tmp_path, monkeypatch):
   from rlpost.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
 
   rm_cfg = rm_configs.get_config("tiny")
-  rm_cfg.train.steps, rm_cfg.checkpoint.every = 5, 5
+  rm_cfg.train.steps, rm_cfg.checkpoint.every, rm_cfg.lora.enabled = 5, 5, True
   rm_recipe.run(rm_cfg, str(tmp_path / "rm"))
   cfg = with_overrides(
     grpo_gsm8k.get_config("tiny"),
@@ -139,8 +140,12 @@ def test_a_reward_models_scores_join_the_rl_rewards(tmp_path, monkeypatch):
   monkeypatch.setattr(rl, "_with_learned_reward", lambda p, out: seen.append(out) or inner(p, out))
   rl.run(cfg, str(tmp_path / "grpo"))
   (before,) = seen
+  loads, load = [], common.load_model
+  monkeypatch.setattr(common, "load_model", lambda c: loads.append(c) or load(c))
   after, _ = inner(rl.build(cfg), before)
-  trainable, frozen, fwd, _ = common.reward_model_from_run(str(tmp_path / "rm"))
+  assert len(loads) == 1  # the LoRA reward model reads the policy's base, no copy of its own
+  monkeypatch.setattr(common, "load_model", load)
+  trainable, frozen, fwd, _ = common.reward_model_from_run(str(tmp_path / "rm"))  # its own
   want = reward_model.batch_scores(trainable, frozen, batch_lib.to_device(before.batch), fwd)
   np.testing.assert_allclose(after.rewards, 0.5 * before.rewards + 2 * np.asarray(want), 1e-5, 1e-5)
   np.testing.assert_allclose(after.turn_rewards.sum(1), after.rewards, 1e-5, 1e-5)

@@ -354,18 +354,25 @@ def weights_from_run(workdir: str, params, cfg):
   return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
 
 
-def reward_model_from_run(workdir: str, field: str = "reward_model.path"):
+def reward_model_from_run(workdir: str, field: str = "reward_model.path", shared=None):
   """(trainable, frozen, forward config, tokenizer) of the reward-model run in `workdir`
   (`experiments.reward_model`): its config.json's model (the base it trained over) and its
   newest intact checkpoint's score head and trunk, to score rows with
-  `supervised.reward_model.batch_scores`. Errors name `field`."""
+  `supervised.reward_model.batch_scores`. Errors name `field`.
+
+  `shared`: (cfg, params, tokenizer) of the policy's base as loaded; a LoRA reward model
+  over the same model block (and seed, for random weights) reads those params instead of
+  loading a copy of its own."""
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     fail(field, workdir, "no config.json there: give a reward-model run's --workdir")
   with open(path, encoding="utf-8") as f:
     source = ml_collections.ConfigDict(json.load(f))
   fwd = forward_config(source, 1.0)
-  _, params, tokenizer = load_model(source)
+  if fwd.lora and shared is not None and _same_base(source, shared[0]):
+    params, tokenizer = shared[1], shared[2]
+  else:
+    _, params, tokenizer = load_model(source)
   trunk, frozen = trainable_and_frozen(params, fwd, jax.random.key(0))
   like = step_lib.init_train_state(
     reward_model_lib.init(trunk, params),
@@ -380,6 +387,13 @@ def reward_model_from_run(workdir: str, field: str = "reward_model.path"):
   if restored is None:
     fail(field, workdir, "that reward-model run has no checkpoint yet")
   return restored[0].trainable, frozen, fwd, tokenizer
+
+
+def _same_base(a, b) -> bool:
+  """Whether two configs' `model` blocks load the same weights (random ones: same seed)."""
+  fields = ("preset", "weights", "path", "dtype", "init_from")
+  same = all(a.model.get(k, "") == b.model.get(k, "") for k in fields)
+  return same and (a.model.weights != "random" or a.get("seed") == b.get("seed"))
 
 
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):

@@ -374,17 +374,21 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   built, state = setup.spec.build(cfg, params, setup.settings)
   setup = dataclasses.replace(setup, settings=built.settings)
   sampler = rollout_lib.make_sampler(cfg, built.frozen, setup.forward)
-  return Pieces(setup, tokenizer, tasks, state, built, sampler, _scorer(setup, tokenizer))
+  scorer = _scorer(cfg, setup, tokenizer, built)
+  return Pieces(setup, tokenizer, tasks, state, built, sampler, scorer)
 
 
-def _scorer(setup: Setup, tokenizer):
-  """The `reward_model` block's scorer: `scores(RLBatch) -> [N]`, jitted, over the reward
-  model's own weights; None without a path. Its tokenizer must be the policy's (it reads
-  the policy's token ids)."""
+def _scorer(cfg, setup: Setup, tokenizer, built: learners_lib.Learner):
+  """The `reward_model` block's scorer: `scores(RLBatch) -> [N]`, jitted; None without a
+  path. A LoRA reward model over the policy's own base reads the learner's copy of it (on
+  one process), else its own. Its tokenizer must be the policy's (it reads the policy's
+  token ids)."""
   path = setup.learned_reward.path
   if not path:
     return None
-  trainable, frozen, fwd, rm_tokenizer = common.reward_model_from_run(path)
+  base = built.ref_params if built.ref_params is not None else built.frozen
+  shared = (cfg, base, tokenizer) if base is not None and jax.process_count() == 1 else None
+  trainable, frozen, fwd, rm_tokenizer = common.reward_model_from_run(path, shared=shared)
   if (rm_tokenizer.vocab_size, rm_tokenizer.chat) != (tokenizer.vocab_size, tokenizer.chat):
     common.fail(
       "reward_model.path",
