@@ -110,14 +110,7 @@ def check_config(cfg):
 def records(cfg) -> list[dict]:
   """The preference pairs of `data.source` (KTO: unpaired examples; the first
   `data.num_examples`; 0: all)."""
-  d, kto = cfg.data, cfg.loss == "kto"
-  if d.source == "jsonl":
-    out = (chat.load_kto_jsonl if kto else chat.load_dpo_jsonl)(d.path)
-  else:
-    out = (dpo.synthetic_kto if kto else dpo.synthetic_pairs)(d.num_synthetic, cfg.seed)
-  if not out:
-    what = "KTO examples" if kto else "preference pairs"
-    common.fail("data.path", d.path, f"holds no {what}: point it at a non-empty JSONL file")
+  d, out = cfg.data, supervised_run.load_pairs(cfg, kto=cfg.loss == "kto")
   return out[: d.num_examples] if d.num_examples else out
 
 

@@ -13,7 +13,6 @@ import functools
 import jax
 import numpy as np
 
-
 from rlpost.data import chat
 from rlpost.data import jsonl
 from rlpost.recipes import common
@@ -37,15 +36,7 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
   """(training pairs, held-out pairs): `data.eval_path`'s pairs, else the last
   `eval.num_examples` pairs of the data (at most half of them)."""
   d, n_eval = cfg.data, cfg.eval.num_examples
-  pairs = (
-    chat.load_dpo_jsonl(d.path)
-    if d.source == "jsonl"
-    else dpo.synthetic_pairs(d.num_synthetic, cfg.seed)
-  )
-  if not pairs:
-    common.fail(
-      "data.path", d.path, "holds no preference pairs: point it at a non-empty JSONL file"
-    )
+  pairs = supervised_run.load_pairs(cfg)
   if d.eval_path:
     return pairs, chat.load_dpo_jsonl(d.eval_path)[:n_eval]
   if n_eval > len(pairs) // 2:

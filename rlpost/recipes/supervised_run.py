@@ -8,10 +8,12 @@ import time
 import jax
 
 from rlpost import errors
+from rlpost.data import chat
 from rlpost.data import cursor as cursor_lib
 from rlpost.data import limits
 from rlpost.models import policy
 from rlpost.recipes import common
+from rlpost.supervised import dpo
 from rlpost.train import shares
 from rlpost.train import step as step_lib
 
@@ -159,3 +161,17 @@ def pair_batches(pairs: list, make_batch, cfg, pad_id: int, mesh):
     return step_lib.global_batch(batch, mesh, pad=True), cursor, stats
 
   return next_batch
+
+
+def load_pairs(cfg, kto: bool = False) -> list[dict]:
+  """The records of `data.source` for the pair recipes: `data.path`'s preference pairs
+  (KTO: unpaired examples), or the synthetic ones; none is an error naming data.path."""
+  d = cfg.data
+  if d.source == "jsonl":
+    out = (chat.load_kto_jsonl if kto else chat.load_dpo_jsonl)(d.path)
+  else:
+    out = (dpo.synthetic_kto if kto else dpo.synthetic_pairs)(d.num_synthetic, cfg.seed)
+  if not out:
+    what = "KTO examples" if kto else "preference pairs"
+    common.fail("data.path", d.path, f"holds no {what}: point it at a non-empty JSONL file")
+  return out
