@@ -203,6 +203,50 @@ def test_gradients_with_entropy_and_temperature_match_autodiff_of_full_logits():
   chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@SETTINGS
+@given(
+  seed=st.integers(0, 2**16), capacity=st.sampled_from([3, 5, 8]), chunk=st.sampled_from([2, 7])
+)
+def test_slots_match_full_logits_and_gradients(seed, capacity, chunk):
+  """`token_logprobs_at_slots` (what a multi-turn batch's `loss_slots` select) gives the
+  float64 reference's logp and entropy on the listed mask positions, 0 elsewhere (mask
+  positions no slot lists included), and its gradients w.r.t. hidden and embed equal
+  the reference's restricted to the listed positions.
+
+  Mutation caught: scattering the results back in slot order without the slot indices
+  (values land on the wrong positions), or gathering the targets unshifted by the slots.
+  """
+  hidden, embed, targets, mask = _random_inputs(seed, 3, 8, 11)
+  rng = np.random.default_rng(seed + 1)
+  slots = np.full((3, capacity), -1, np.int32)
+  listed = np.zeros_like(mask)
+  for row in range(3):
+    on = rng.permutation(8)[: rng.integers(0, capacity + 1)]  # on or off the mask
+    slots[row, : len(on)] = np.sort(on)
+    listed[row, on] = True
+  cot_logp, cot_ent = (rng.normal(size=targets.shape) for _ in range(2))
+
+  def total(h, e):
+    logp, ent = logprobs.token_logprobs_at_slots(
+      h, e, targets, mask, jnp.asarray(slots), chunk=chunk, temperature=0.7, return_entropy=True
+    )
+    return jnp.sum(cot_logp * logp) + jnp.sum(cot_ent * ent), (logp, ent)
+
+  (_, (logp, ent)), grads = jax.jit(jax.value_and_grad(total, (0, 1), has_aux=True))(hidden, embed)
+  want_logp, want_ent, _ = _np_reference(hidden, embed, targets, mask & listed, 0.7)
+  np.testing.assert_allclose(logp, want_logp, atol=2e-5)
+  np.testing.assert_allclose(ent, want_ent, atol=2e-5)
+
+  def naive(h, e):
+    logp_all = jax.nn.log_softmax(jnp.einsum("btd,vd->btv", h, e) / 0.7, -1)
+    lp = jnp.take_along_axis(logp_all, jnp.maximum(targets, 0)[..., None], -1)[..., 0]
+    en = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    on = mask & listed
+    return jnp.sum(jnp.where(on, cot_logp * lp + cot_ent * en, 0.0))
+
+  chex.assert_trees_all_close(grads, jax.grad(naive, (0, 1))(hidden, embed), atol=1e-4, rtol=1e-4)
+
+
 def test_bfloat16_inputs_accumulate_in_float32():
   hidden, embed, targets, mask = _random_inputs(3, 2, 8, 32)
   hidden_bf = jnp.asarray(hidden * 3, jnp.bfloat16)

@@ -424,6 +424,12 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
     if not k.startswith("sampler_logp_gap"):
       assert np.array_equal(metrics[k], metrics2[k]), k
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, grads, grads2)))
+  # the batch projects only its loss_slots (4 turns x 6 tokens of 120 slots): loss and
+  # gradients are those of projecting every slot
+  assert batch.loss_slots.shape == (8, 24)
+  (loss3, _), grads3 = grad_fn(params, None, dataclasses.replace(batch, loss_slots=None))
+  np.testing.assert_allclose(loss, loss3, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads3)
 
   logp = objectives.completion_logprobs_jit(params, None, batch, fwd)
   loss_of_logp = lambda lp: objectives.grpo_loss(

@@ -92,3 +92,27 @@ def test_concat_batches_re_pads_prompts_of_different_buckets():
   )
   np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]), atol=1e-5)
   np.testing.assert_allclose(logp(joined), joined.sampler_logp, atol=1e-4)
+
+
+def test_loss_slots_list_each_rows_loss_tokens_in_order():
+  """`with_loss_slots`: the mask's slots ascending then -1; a row above the capacity is
+  an error naming it; a capacity >= T leaves the batch as it was.
+
+  Mutation caught: an unstable sort (slots out of order), padding with 0 instead of -1.
+  """
+  mask = np.zeros((3, 10), np.float32)
+  mask[0, [1, 2, 7]] = 1
+  mask[2, [0, 9]] = 1
+  batch = batch_lib.RLBatch(
+    tokens=np.zeros((3, 14), np.int32),
+    positions=np.zeros((3, 14), np.int32),
+    valid=np.ones((3, 14), bool),
+    loss_mask=mask,
+    sampler_logp=np.zeros((3, 10), np.float32),
+  )
+  slots = batch_lib.with_loss_slots(batch, 4).loss_slots
+  np.testing.assert_array_equal(slots, [[1, 2, 7, -1], [-1, -1, -1, -1], [0, 9, -1, -1]])
+  assert slots.dtype == np.int32
+  assert batch_lib.with_loss_slots(batch, 10) is batch
+  with pytest.raises(ValueError, match="row 0 has 3 loss tokens, above the loss_slots capacity 2"):
+    batch_lib.with_loss_slots(batch, 2)

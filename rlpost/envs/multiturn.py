@@ -547,6 +547,10 @@ def _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, fir
   turn rewards on their tokens, and the Episodes."""
   T = turns.max_total_tokens
   batch = _stream_batch(prompts, G, rows, T, sc, longest)
+  # a row samples at most max_turns x max_turn_tokens of its T slots: only those are
+  # projected onto the vocabulary (the bound comes from the config: same shapes on
+  # every process and every iteration)
+  batch = batch_lib.with_loss_slots(batch, env.max_turns * turns.max_turn_tokens)
   if turns.mask_truncated:
     keep = ~np.asarray([row.truncated for row in rows])[:, None]
     batch = dataclasses.replace(batch, loss_mask=batch.loss_mask * keep)

@@ -136,16 +136,25 @@ def completion_hidden(params, adapters, batch, fwd: ForwardConfig) -> jax.Array:
 
 
 def token_logprobs(
-  hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, fwd: ForwardConfig, return_entropy: bool = False
+  hidden_BxTxD,
+  embed_VxD,
+  targets_BxT,
+  mask_BxT,
+  fwd: ForwardConfig,
+  return_entropy: bool = False,
+  slots_BxC=None,
 ):
-  """`ops.logprobs.token_logprobs` with the config's temperature, chunk and matmul dtype."""
-  return logprobs_lib.token_logprobs(
-    hidden_BxTxD,
-    embed_VxD,
-    targets_BxT,
-    mask_BxT,
+  """`ops.logprobs.token_logprobs` with the config's temperature, chunk and matmul dtype;
+  with `slots_BxC` ([B, C] int, -1: none) only those slots are projected
+  (`ops.logprobs.token_logprobs_at_slots`)."""
+  kwargs = dict(
     temperature=fwd.temperature,
     chunk=fwd.logprob_chunk,
     return_entropy=return_entropy,
     compute_dtype=fwd.compute_dtype,
+  )
+  if slots_BxC is None:
+    return logprobs_lib.token_logprobs(hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, **kwargs)
+  return logprobs_lib.token_logprobs_at_slots(
+    hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, slots_BxC, **kwargs
   )

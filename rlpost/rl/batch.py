@@ -43,6 +43,11 @@ class RLBatch:
   token_rewards  [N, T] float32  per-token rewards before advantage estimation
   turn_ids       [N, T] int32    which turn of a multi-turn episode a slot belongs to
   policy_version [N] int32       optimizer step of the weights that sampled the row
+  loss_slots     [N, C] int32    the completion slots that may be on loss_mask, ascending,
+                                 -1 after the row's last (`with_loss_slots`); when set,
+                                 logprobs project only these C <= T slots onto the
+                                 vocabulary (a multi-turn row samples a few tokens per
+                                 turn among many observation slots)
   """
 
   tokens: jax.Array | np.ndarray
@@ -59,6 +64,7 @@ class RLBatch:
   token_rewards: jax.Array | np.ndarray | None = None
   turn_ids: jax.Array | np.ndarray | None = None
   policy_version: jax.Array | np.ndarray | None = None
+  loss_slots: jax.Array | np.ndarray | None = None
 
   @property
   def completion_len(self) -> int:
@@ -85,6 +91,35 @@ class RLBatch:
       chex.assert_shape(self.scores, (n,) if self.scores.ndim == 1 else (n, t))
     if self.policy_version is not None:
       chex.assert_shape(self.policy_version, (n,))
+    if self.loss_slots is not None:
+      chex.assert_shape(self.loss_slots, (n, None))
+      if self.loss_slots.shape[1] > t:
+        raise ValueError(f"loss_slots is {self.loss_slots.shape[1]} wide, above T={t}")
+
+
+def with_loss_slots(batch: RLBatch, capacity: int) -> RLBatch:
+  """The batch with `loss_slots` [N, capacity]: each row's loss_mask slots, ascending.
+
+  Host side (NumPy). `capacity` is a bound known before sampling that every row
+  respects (e.g. turns x tokens per turn), so every batch of a run, on every process,
+  has the same shapes. At or above T the batch is returned unchanged (nothing to save).
+
+  Raises:
+    ValueError: a row has more loss tokens than `capacity` (naming the row).
+  """
+  T = batch.completion_len
+  if capacity >= T:
+    return batch
+  mask_NxT = np.asarray(batch.loss_mask) > 0
+  counts_N = mask_NxT.sum(axis=1)
+  for row in np.flatnonzero(counts_N > capacity)[:1]:
+    raise ValueError(
+      f"row {row} has {counts_N[row]} loss tokens, above the loss_slots capacity "
+      f"{capacity}; the capacity must bound every row's sampled tokens"
+    )
+  order_NxT = np.argsort(~mask_NxT, axis=1, kind="stable")[:, :capacity]
+  slots_NxC = np.where(np.take_along_axis(mask_NxT, order_NxT, 1), order_NxT, -1)
+  return dataclasses.replace(batch, loss_slots=slots_NxC.astype(np.int32))
 
 
 def to_device(batch: RLBatch) -> RLBatch:

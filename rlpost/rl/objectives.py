@@ -436,6 +436,7 @@ def completion_logprobs(
 
 
 def _logprobs_from_hidden(hidden_BxTxD, params, batch: RLBatch, fwd, return_entropy):
+  """Logprobs [N, T] (and entropy) at the loss tokens; only `batch.loss_slots` when set."""
   return policy.token_logprobs(
     hidden_BxTxD,
     decoder.output_matrix(params),
@@ -443,6 +444,7 @@ def _logprobs_from_hidden(hidden_BxTxD, params, batch: RLBatch, fwd, return_entr
     batch.loss_mask > 0,
     fwd,
     return_entropy=return_entropy,
+    slots_BxC=batch.loss_slots,
   )
 
 

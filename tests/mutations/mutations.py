@@ -391,4 +391,12 @@ MUTATIONS = [
     tests=["tests/test_reward_model.py"],
     why="a reward model's score added to the RL rewards unweighted",
   ),
+  dict(
+    name="loss_slots_scattered_in_slot_order",
+    path="rlpost/ops/logprobs.py",
+    old="  to_BxC = jnp.where(listed_BxC, slots_BxC, seq)\n",
+    new="  to_BxC = jnp.where(listed_BxC, jnp.arange(slots_BxC.shape[1])[None], seq)\n",
+    tests=["tests/test_logprobs.py", "tests/test_multiturn.py"],
+    why="a multi-turn row's logprobs written to the first slots instead of its sampled ones",
+  ),
 ]
