@@ -18,7 +18,8 @@ ENV_MODEL:
                       --config.env.fewshot=0`); held-out tasks are GSM8K test problems
 ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
 (the `algo` block of configs/grpo_gsm8k.py); ppo: PPO with a learned critic (the `algo`
-and `critic` blocks of configs/ppo_gsm8k.py), one episode per task.
+and `critic` blocks of configs/ppo_gsm8k.py), one episode per task; on the real model's
+FrozenLake maps with GAE over turns, per-turn rewards and two mini-batches per iteration.
 """
 
 import ml_collections
@@ -66,9 +67,17 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.algo.num_generations = 16 if tiny else 8
   if tiny:
     c.algo.beta = 0.0  # no reference pass: the tiny task has nothing to stay close to
+  if algo == "ppo" and not tiny and not calc:
+    # issue 38's PPO for the real FrozenLake maps, chosen before its run: GAE over turns
+    # (a value per turn, read at the turn's last sampled token), each turn's reward on
+    # that turn, two optimizer steps per iteration (mini-batches of 8 episodes) and 3
+    # critic-only iterations first
+    c.algo.credit = "turn"
+    c.algo.mini_batch_size = 8
+    c.algo.critic_warmup_steps = 3
   # PPO: each turn's reward on that turn's last sampled token (else the episode's sum on
   # its last sampled token); GRPO always uses the episode's sum.
-  c.per_turn_rewards = False
+  c.per_turn_rewards = algo == "ppo" and not tiny and not calc
   # None: play, then train. s >= 0: a producer thread plays the next iterations' episodes
   # with the policy exactly s updates old (0: the synchronous schedule; s > 0 needs
   # algo.tis_cap)
@@ -103,7 +112,9 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.sampling = ml_collections.ConfigDict(
     {
       "temperature": 1.0,
-      "prompt_bucket": 32 if tiny else 128,
+      # a FrozenLake map's first prompt has one length (the 4x4 one 141 Gemma tokens):
+      # a fine bucket pads it to 144 context slots, where 128 would pad it to 256
+      "prompt_bucket": 32 if tiny else (128 if calc else 16),
       "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
       "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
     }
