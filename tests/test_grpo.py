@@ -114,6 +114,8 @@ def test_first_step_ratio_is_one_and_kl_zero(straight_run, tmp_path):
       assert first["sampler_logp_gap"] > 1e-5  # the trainer really rounds
     if lora:
       assert_adapters_trained(jax.device_get(state.trainable))
+    # every weight sync reached the sampler (rlpost.train.weight_sync)
+    assert [r["sync/stale_syncs"] for r in records] == [0.0] * 4
 
 
 @pytest.mark.slow

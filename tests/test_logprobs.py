@@ -203,6 +203,20 @@ def test_gradients_with_entropy_and_temperature_match_autodiff_of_full_logits():
   chex.assert_trees_all_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+@functools.partial(jax.jit, static_argnames=("chunk",))
+def _slots_value_and_grad(hidden, embed, targets, mask, slots, cot_logp, cot_ent, chunk):
+  """(sum(cot_logp * logp) + sum(cot_ent * entropy), (logp, entropy)) at the slots, and its
+  gradient w.r.t. hidden and embed (temperature 0.7); one program per shape."""
+
+  def total(h, e):
+    logp, ent = logprobs.token_logprobs_at_slots(
+      h, e, targets, mask, slots, chunk=chunk, temperature=0.7, return_entropy=True
+    )
+    return jnp.sum(cot_logp * logp) + jnp.sum(cot_ent * ent), (logp, ent)
+
+  return jax.value_and_grad(total, (0, 1), has_aux=True)(hidden, embed)
+
+
 @SETTINGS
 @given(
   seed=st.integers(0, 2**16), capacity=st.sampled_from([3, 5, 8]), chunk=st.sampled_from([2, 7])
@@ -224,15 +238,10 @@ def test_slots_match_full_logits_and_gradients(seed, capacity, chunk):
     on = rng.permutation(8)[: rng.integers(0, capacity + 1)]  # on or off the mask
     slots[row, : len(on)] = np.sort(on)
     listed[row, on] = True
-  cot_logp, cot_ent = (rng.normal(size=targets.shape) for _ in range(2))
-
-  def total(h, e):
-    logp, ent = logprobs.token_logprobs_at_slots(
-      h, e, targets, mask, jnp.asarray(slots), chunk=chunk, temperature=0.7, return_entropy=True
-    )
-    return jnp.sum(cot_logp * logp) + jnp.sum(cot_ent * ent), (logp, ent)
-
-  (_, (logp, ent)), grads = jax.jit(jax.value_and_grad(total, (0, 1), has_aux=True))(hidden, embed)
+  cot_logp, cot_ent = (rng.normal(size=targets.shape).astype(np.float32) for _ in range(2))
+  (_, (logp, ent)), grads = _slots_value_and_grad(
+    hidden, embed, targets, mask, slots, cot_logp, cot_ent, chunk=chunk
+  )
   want_logp, want_ent, _ = _np_reference(hidden, embed, targets, mask & listed, 0.7)
   np.testing.assert_allclose(logp, want_logp, atol=2e-5)
   np.testing.assert_allclose(ent, want_ent, atol=2e-5)

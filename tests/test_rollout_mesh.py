@@ -50,8 +50,8 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
   from experiments.configs import grpo_gsm8k
   from rlpost.recipes import rl
 
-  synced = []
-  inner = sharding.sync
+  synced = []  # what each device-to-device copy onto the rollout devices moves
+  inner = sharding.place
 
   def recording(tree, target):
     synced.append({sharding.path_str(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)})
@@ -69,7 +69,7 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
   if int8:
     base |= {"sampling.weights": "int8", "sampling.int8_paths": "oik:0", "algo.tis_cap": 2.0}
   states = {}
-  sharding.sync, rl._play = recording, sampling
+  sharding.place, rl._play = recording, sampling
   try:
     for name, rollout in (("shared", 0), ("split", 4)):
       cfg = with_overrides(grpo_gsm8k.get_config("tiny"), {**base, "mesh.rollout": rollout})
@@ -78,7 +78,7 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
       assert len(sampled_on) == 3 and all(ids == devices for ids in sampled_on), sampled_on
       sampled_on.clear()
   finally:
-    sharding.sync, rl._play = inner, play
+    sharding.place, rl._play = inner, play
   shared, split = run_metrics(f"{tmp}/shared"), run_metrics(f"{tmp}/split")
   assert len(shared) == len(split) == 3
   for a, b in zip(shared, split):

@@ -4,11 +4,16 @@ Runs `experiments.agentic` (default: FrozenLake 4x4 with PPO on the real Gemma 3
 16 episodes per iteration, no evaluation) for `--steps` iterations in each tree given,
 one after the other in fresh processes, and reads the run's metrics.jsonl: rollout,
 forward (reference / value passes) and train seconds per iteration. The first
-iteration compiles; `steady` is the median of the later ones. Issue 38's "cheaper
-iterations" compares this tree with the checkout before a change on one CPU:
+iterations compile; `steady` is the median of those after the first `--skip`. Issue
+38's "cheaper iterations" compares this tree with the checkout before a change on one CPU:
 
-  python -m experiments.benchmarks.frozenlake_iteration --trees=.,/tmp/before \
-      [--variant=frozenlake_gemma3,ppo] [--steps=3] [--set=train.batch_tasks=16]
+  python -m experiments.benchmarks.frozenlake_iteration --trees=/tmp/before,. \
+      [--variant=frozenlake_gemma3,ppo] [--steps=3] [--set=train.batch_tasks=16] \
+      [--tree_set=1:algo.credit=token]   (an override for the second tree only)
+
+A tree may appear twice (e.g. with and without an override). Run the trees once before
+timing them when their compilation caches are cold: a later tree would find programs
+an earlier one compiled.
 
 Prints ONE JSON object: the CPU model, the load average before each run, and per tree
 its commit, per-iteration phase seconds and the steady-state medians.
@@ -30,7 +35,13 @@ from experiments.benchmarks.multiturn_rollout import _cpu_model
 _TREES = flags.DEFINE_list("trees", ["."], "Checkouts to time, in this order.")
 _VARIANT = flags.DEFINE_string("variant", "frozenlake_gemma3,ppo", "agentic.py variant.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Iterations per tree (the first one compiles).")
+_SKIP = flags.DEFINE_integer(
+  "skip", 1, "Leading iterations left out of `steady` (compiling: rollouts meet new shapes)."
+)
 _SET = flags.DEFINE_multi_string("set", [], "Extra config overrides, FIELD=VALUE.")
+_TREE_SET = flags.DEFINE_multi_string(
+  "tree_set", [], "An override for one run only, I:FIELD=VALUE (I: its place in --trees)."
+)
 PHASES = ("time/rollout_s", "time/forward_s", "time/train_s")
 
 
@@ -41,7 +52,7 @@ def _commit(tree: str) -> str:
   return out.stdout.strip()[:100]
 
 
-def _run(tree: str, workdir: str) -> dict:
+def _run(tree: str, workdir: str, extra: list[str]) -> dict:
   command = [
     sys.executable,
     "-m",
@@ -50,7 +61,7 @@ def _run(tree: str, workdir: str) -> dict:
     f"--config.train.steps={_STEPS.value}",
     "--config.eval.every=0",
     f"--workdir={workdir}",
-    *[f"--config.{kv}" for kv in _SET.value],
+    *[f"--config.{kv}" for kv in (*_SET.value, *extra)],
   ]
   load = os.getloadavg()[0]
   start = time.perf_counter()
@@ -64,10 +75,11 @@ def _run(tree: str, workdir: str) -> dict:
   per_iteration = [{p: r.get(p, 0.0) for p in PHASES} for r in rows]
   for it in per_iteration:
     it["total_s"] = sum(it[p] for p in PHASES)
-  later = per_iteration[1:] or per_iteration
+  later = per_iteration[_SKIP.value :] or per_iteration
   steady = {k: statistics.median(it[k] for it in later) for k in (*PHASES, "total_s")}
   return {
     "commit": _commit(tree),
+    "overrides": [*_SET.value, *extra],
     "load_before": load,
     "wall_s": wall,
     "iterations": per_iteration,
@@ -78,13 +90,15 @@ def _run(tree: str, workdir: str) -> dict:
 def main(argv):
   del argv
   report = {"cpu": _cpu_model(), "variant": _VARIANT.value, "steps": _STEPS.value, "runs": {}}
-  for tree in _TREES.value:
+  for i, tree in enumerate(_TREES.value):
+    extra = [kv.split(":", 1)[1] for kv in _TREE_SET.value if kv.split(":", 1)[0] == str(i)]
     with tempfile.TemporaryDirectory() as workdir:
-      report["runs"][tree] = _run(os.path.abspath(tree), workdir)
-  first = report["runs"][_TREES.value[0]]["steady"]["total_s"]
-  report["steady_total_ratio_to_first"] = {
-    tree: run["steady"]["total_s"] / first for tree, run in report["runs"].items()
-  }
+      report["runs"][f"{i}:{tree}"] = _run(os.path.abspath(tree), workdir, extra)
+      print(json.dumps({f"{i}:{tree}": report["runs"][f"{i}:{tree}"]["steady"]}), file=sys.stderr)
+  runs = list(report["runs"].values())
+  report["steady_total_ratio_to_first"] = [
+    run["steady"]["total_s"] / runs[0]["steady"]["total_s"] for run in runs
+  ]
   print(json.dumps(report, indent=1))
 
 

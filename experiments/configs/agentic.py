@@ -149,6 +149,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   # transcripts to trajectories.jsonl every N iterations (0: never), the first M episodes
   c.log = ml_collections.ConfigDict({"trajectories_every": 5, "trajectories_logged": 4})
   c.reward_model = common.learned_reward_config()
+  c.alarms = common.alarms_config()
   c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   c.lock()

@@ -1,6 +1,7 @@
 """Config pieces shared by every experiment."""
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 # model variant name -> (preset, weight source)
 MODELS = {
@@ -45,6 +46,19 @@ def learned_reward_config() -> ml_collections.ConfigDict:
       "path": "",  # a reward-model run's --workdir ("": rule-based rewards only)
       "weight": 1.0,  # the reward model's score in each episode's reward
       "rule_weight": 1.0,  # the rule-based rewards' (0: the reward model alone)
+    }
+  )
+
+
+def alarms_config() -> ml_collections.ConfigDict:
+  """The RL recipes' `alarms` block (rlpost.recipes.alarms.AlarmConfig): warnings, the run
+  goes on."""
+  return ml_collections.ConfigDict(
+    {
+      # warn above this mean |trainer - sampler| logprob of the sampled tokens (0: off;
+      # None: by the trainer's matmul dtype and sampling.weights, rlpost.recipes.alarms)
+      "logp_gap": placeholder(float),
+      "idle_tools": 5,  # warn after N iterations in a row without a tool call (0: off)
     }
   )
 

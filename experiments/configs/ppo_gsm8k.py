@@ -104,6 +104,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
     }
   )
   c.reward_model = common.learned_reward_config()
+  c.alarms = common.alarms_config()
   c.mesh = common.mesh_config()
   c.checkpoint = ml_collections.ConfigDict({"every": 10 if tiny else 25, "keep": 3})
   c.eval = common.gsm8k_eval_config()

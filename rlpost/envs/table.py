@@ -18,17 +18,27 @@ from rlpost.envs import tools
 class EnvSpec(NamedTuple):
   """config: the `env` block's dataclass; build: (config, RunInfo) -> EnvTasks;
   takes_tools: whether the `tools` block may wrap it (an environment that answers
-  calls itself says False)."""
+  calls itself says False); own_tools: whether it offers tools of its own."""
 
   config: type
   build: Callable[[Any, protocol.RunInfo], protocol.EnvTasks]
   takes_tools: bool = True
+  own_tools: bool = False
 
 
 ENVS: dict[str, EnvSpec] = {
   "frozenlake": EnvSpec(frozenlake.FrozenLakeConfig, frozenlake.build),
-  gsm8k_calc.NAME: EnvSpec(gsm8k_calc.GSM8KCalcConfig, gsm8k_calc.build, takes_tools=False),
+  gsm8k_calc.NAME: EnvSpec(
+    gsm8k_calc.GSM8KCalcConfig, gsm8k_calc.build, takes_tools=False, own_tools=True
+  ),
 }
+
+
+def offers_tools(name: str, tools_enabled: bool) -> bool:
+  """Whether episodes of environment `name` can call a tool (an unknown name: False; it is
+  refused, naming the choices, when the environment is built)."""
+  spec = ENVS.get(name)
+  return tools_enabled or (spec is not None and spec.own_tools)
 
 
 def env_config(block: dict) -> Any:

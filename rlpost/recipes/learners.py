@@ -216,9 +216,9 @@ def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
     passes.append(m)
   passes = jax.device_get(passes)
   metrics = {k: np.mean([m[k] for m in passes]) for k in passes[0]}
-  metrics["ratio_mean/first_pass"] = passes[0]["ratio_mean"]
-  if "kl" in passes[0]:
-    metrics["kl/first_pass"] = passes[0]["kl"]
+  for name in ("ratio_mean", "kl", "sampler_logp_gap", "sampler_logp_gap_mean"):
+    if name in passes[0]:
+      metrics[f"{name}/first_pass"] = passes[0][name]
   if tied is not None:  # the share of groups, as NumPy's mean of bools gives it
     metrics["zero_signal_groups"] = int(tied) / (batch.tokens.shape[0] // G)
   return state, metrics

@@ -45,6 +45,7 @@ from rlpost.envs import protocol
 from rlpost.envs import single_turn
 from rlpost.envs import table as env_table
 from rlpost.models import policy
+from rlpost.recipes import alarms as alarms_lib
 from rlpost.recipes import blocks
 from rlpost.recipes import common
 from rlpost.recipes import learners as learners_lib
@@ -117,6 +118,8 @@ class Setup:
   per_turn_rewards: bool = False
   data: blocks.DataConfig | None = None  # a prompt dataset's `data` block
   learned_reward: blocks.LearnedRewardConfig = blocks.LearnedRewardConfig()
+  alarms: alarms_lib.AlarmConfig = alarms_lib.AlarmConfig()
+  offers_tools: bool = False  # an environment whose episodes can call tools
 
   @property
   def spec(self) -> learners_lib.LearnerSpec:
@@ -162,6 +165,9 @@ def check_config(cfg, learner: str | None = None) -> Setup:
   name = learners_lib.name_of(cfg, learner)
   spec = learners_lib.spec(name)
   setup = _env_setup(cfg, name, spec) if "env" in cfg else _prompts_setup(cfg, name, spec)
+  if "alarms" in cfg:
+    watch = common.from_block(alarms_lib.AlarmConfig, cfg.alarms, "alarms")
+    setup = dataclasses.replace(setup, alarms=watch)
   if "reward_model" not in cfg:
     return setup
   learned = common.from_block(blocks.LearnedRewardConfig, cfg.reward_model, "reward_model")
@@ -309,6 +315,7 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     trajectories_logged=log.trajectories_logged,
     step_threads=cfg.rollout_threads,
     per_turn_rewards=cfg.per_turn_rewards,
+    offers_tools=env_table.offers_tools(cfg.env.name, cfg.tools.enabled),
   )
 
 
@@ -436,6 +443,11 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
   loop = loop_lib.loop_config(cfg, f"{title}[{cfg.name}]", curves, postfix)
   with _pool(setup) as pool:
     step_fn, close, carry = loop_step(p, pool, workdir, setup.max_staleness, cfg.train.steps)
+    gap = setup.alarms.logp_gap
+    if gap is None:
+      gap = alarms_lib.default_logp_gap(setup.forward.compute_dtype, cfg.sampling.weights)
+    idle = setup.alarms.idle_tools if setup.offers_tools else 0
+    step_fn = alarms_lib.watch(step_fn, gap, idle)
     initial = functools.partial(initial_metrics, p, pool, workdir)
     try:
       state, _ = loop_lib.run_loop(

@@ -21,6 +21,7 @@ from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
 from rlpost.train import pipeline
 from rlpost.train import sharding
+from rlpost.train import weight_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +95,16 @@ def make_sampler(cfg, frozen, forward: policy.ForwardConfig) -> Sampler:
   return Sampler(mesh, sharding.sync(base, mesh), int8)
 
 
-def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
+def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, prints=False):
   """(params, key) the sampler reads this iteration (`policy.sampling_params`, LoRA merged).
 
   With `sampler.int8` the sampler gets their int8 copy, made here once per sync.
   Own rollout devices: the trainable weights are copied there device to device and
   merged with the frozen copy already there. Shared devices: with several processes
   each takes its own replica (`sharding.local_copy`), as it samples its rows alone.
+
+  prints: also return `weight_sync`'s fingerprints (trainer, copy or None, sampler):
+  ((params, key), fingerprints).
   """
   if sampler.int8 is None:
     finish = lambda params: params
@@ -109,9 +113,22 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh):
   if sampler.mesh is None:
     params = policy.sampling_params(trainable, sampler.frozen, forward)
     params, key = sharding.local_copy((params, key), trainer_mesh)
-    return finish(params), key
-  trainable, key = sharding.sync((trainable, key), sampler.mesh)
-  return finish(policy.sampling_params(trainable, sampler.frozen, forward)), key
+    # several processes: this process's whole replica (a global array's sum would be a
+    # collective, and the producer thread must issue none)
+    trainer_copy = (
+      trainable if jax.process_count() == 1 else sharding.local_replica(trainable),
+      None,
+    )
+  else:
+    replica, key = sharding.local_replica((trainable, key))
+    copied, key = sharding.place((replica, key), sampler.mesh)
+    params = policy.sampling_params(copied, sampler.frozen, forward)
+    trainer_copy = (replica, copied)
+  weights = finish(params), key
+  if not prints:
+    return weights
+  fingerprints = [None if t is None else weight_sync.fingerprint(t) for t in trainer_copy]
+  return weights, (*fingerprints, weight_sync.fingerprint(weights[0]))
 
 
 _int8_parts = jax.jit(quant.int8_parts, static_argnames=("group", "paths"))
@@ -139,18 +156,23 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
   all of it).
   """
   part = lambda state: learners.policy_of(state_key, state.trainable)
+  synced = {"last": None, "metrics": {}}  # the last weight sync's record (`weight_sync`)
 
-  def weights_of(state):
+  def weights_of(state, where: str):
     mesh = sharding.mesh_of(state)
-    return sampler_weights(p.sampler, part(state), p.setup.forward, state.key, mesh)
+    weights, prints = sampler_weights(
+      p.sampler, part(state), p.setup.forward, state.key, mesh, prints=True
+    )
+    synced["last"], synced["metrics"] = weight_sync.check(synced["last"], *prints, where)
+    return weights
 
   produce = functools.partial(produce, p)
   if max_staleness is None:
 
     def step(state, cursor, index):
-      sampled, cursor = produce(weights_of(state), cursor, index)
+      sampled, cursor = produce(weights_of(state, f"step {index}"), cursor, index)
       state, _, metrics = train(p, state, sampled, index, index, None)
-      return state, cursor, metrics
+      return state, cursor, {**metrics, **synced["metrics"]}
 
     return step, lambda: None, None
 
@@ -158,16 +180,24 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
     """(sampler weights, the trainable part they are made of) of `state`'s policy, or of
     an older `trainable` part under `state`'s key; no array of `state` among them (the
     next train step donates it)."""
-    if trainable is not None:
+    if trainable is not None:  # an older version a resumed run samples from: not a sync
       whole = learners.with_policy(state_key, state.trainable, trainable)
       policy_state = state._replace(trainable=whole)
+      weights = sampler_weights(
+        p.sampler, trainable, p.setup.forward, state.key, sharding.mesh_of(state)
+      )
     else:
       policy_state = state
-    return _without_arrays_of(state, (weights_of(policy_state), part(policy_state)))
+      weights = weights_of(state, "the weight sync after a train step")
+    return _without_arrays_of(state, (weights, part(policy_state)))
+
+  def train_step(state, batch, index, version):
+    state, published, metrics = train(p, state, batch, index, version, publish)
+    return state, published, {**metrics, **synced["metrics"]}
 
   pipe = pipeline.step_fn(
     lambda published, cursor, index: produce(published[0], cursor, index),
-    lambda state, batch, index, version: train(p, state, batch, index, version, publish),
+    train_step,
     publish,
     last=steps,
     max_staleness=max_staleness,

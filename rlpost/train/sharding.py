@@ -108,10 +108,22 @@ def sync(tree, target: jax.sharding.Mesh):
   trainer's mesh first (the target layout, replicated), then copied device to device
   (several processes: each copies its own replica to its own rollout devices). Bitwise
   the same values."""
+  return place(local_replica(tree), target)
+
+
+def place(tree, target: jax.sharding.Mesh):
+  """`tree` (whole arrays of this process, e.g. `local_replica`'s) copied device to device
+  onto every device of `target`, replicated."""
+  return jax.device_put(tree, NamedSharding(target, P()))
+
+
+def local_replica(tree):
+  """`tree` (global arrays on one mesh) whole on every device of its mesh; with several
+  processes, this process's replica on its first device (what `sync` copies)."""
   gathered = _replicated(tree, mesh_of(tree))
   if jax.process_count() > 1:
     gathered = jax.tree.map(lambda x: x.addressable_data(0), gathered)
-  return jax.device_put(gathered, NamedSharding(target, P()))
+  return gathered
 
 
 def _replicated(tree, mesh: jax.sharding.Mesh):

@@ -399,4 +399,28 @@ MUTATIONS = [
     tests=["tests/test_logprobs.py", "tests/test_multiturn.py"],
     why="a multi-turn row's logprobs written to the first slots instead of its sampled ones",
   ),
+  dict(
+    name="sync_guard_never_sees_the_sampler",
+    path="rlpost/train/weight_sync.py",
+    old="    sampler_moved = not np.array_equal(sampler, last.sampler)\n",
+    new="    sampler_moved = not np.array_equal(trainer, last.trainer)\n",
+    tests=["tests/test_weight_sync.py", "tests/test_alarms.py"],
+    why="a sampler left on the initial weights (LoRA never merged) going unnoticed",
+  ),
+  dict(
+    name="fingerprint_without_its_ramp",
+    path="rlpost/train/weight_sync.py",
+    old="    ramp = (jnp.arange(x.size, dtype=jnp.uint32) % 17 + 1).astype(jnp.uint32)\n",
+    new="    ramp = jnp.ones((x.size,), jnp.uint32)\n",
+    tests=["tests/test_weight_sync.py"],
+    why="weights whose elements moved between places fingerprinted as unchanged",
+  ),
+  dict(
+    name="logp_gap_alarm_inverted",
+    path="rlpost/recipes/alarms.py",
+    old="    if logp_gap and gap is not None and gap > logp_gap:\n",
+    new="    if logp_gap and gap is not None and gap < logp_gap:\n",
+    tests=["tests/test_alarms.py"],
+    why="a sampler far from the trainer never warned about (and healthy runs warned)",
+  ),
 ]

@@ -1,0 +1,89 @@
+"""Checks that the sampler samples from the policy the trainer trains (a silent failure
+peers have shipped: a LoRA adapter never merged into the sampler's weights, a sampler
+copy never refreshed after a sync).
+
+At every weight sync the RL loop takes three fingerprints (`fingerprint`: per leaf integer
+sums of the weights' bit patterns; one small program, no host copy of the weights):
+
+  trainer  the policy part of the train state (adapters under LoRA), as the trainer holds it
+  copy     the same part as it reached the sampler's devices (own rollout devices), else
+           None (the sampler reads the trainer's arrays)
+  sampler  the weights the sampler reads (LoRA merged, int8 when sampling in int8)
+
+`check` compares them with the previous sync's: the copy must equal the trainer's part
+exactly (the sync is bitwise), and once the trainer's policy has changed in
+`STALE_LIMIT` syncs in a row while the sampler's weights stayed the same, the run stops
+with `SyncError` (a copy that differs stops it at once). The metric every iteration:
+`sync/stale_syncs`, how many syncs in a row the sampler's weights lagged a changed policy
+(0 in a healthy run).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+STALE_LIMIT = 2  # syncs in a row with a new policy and unchanged sampler weights
+
+
+class SyncError(RuntimeError):
+  """The sampler does not read the weights the trainer trains."""
+
+
+class SyncRecord(NamedTuple):
+  """The fingerprints of the last sync ([leaves, 2] uint32 each) and the count of syncs
+  in a row where the trainer's policy changed but the sampler's weights did not."""
+
+  trainer: np.ndarray
+  sampler: np.ndarray
+  stale: int
+
+
+@jax.jit
+def _fingerprint(tree):
+  def one(x):
+    bits = jax.lax.bitcast_convert_type(jnp.ravel(x).astype(jnp.float32), jnp.uint32)
+    ramp = (jnp.arange(x.size, dtype=jnp.uint32) % 17 + 1).astype(jnp.uint32)
+    return jnp.stack([jnp.sum(bits), jnp.sum(bits * ramp)])
+
+  leaves = jax.tree.leaves(tree)
+  return jnp.stack([one(x) for x in leaves]) if leaves else jnp.zeros((0, 2), jnp.uint32)
+
+
+def fingerprint(tree) -> np.ndarray:
+  """`[leaves, 2]` uint32: per leaf, the sum of its float32 bit patterns and their sum
+  weighted by a ramp, both modulo 2**32. Integer sums do not depend on the order of
+  addition, so equal trees give equal fingerprints on any layout; a change of any one
+  element by one bit changes the first, most swaps of two the second."""
+  return np.asarray(jax.device_get(_fingerprint(tree)))
+
+
+def check(last: SyncRecord | None, trainer, copy, sampler, where: str) -> tuple[SyncRecord, dict]:
+  """The record of this sync and its metrics; raises SyncError on a failed sync.
+
+  Args:
+    last: the previous sync's record (None at the first sync of the run or after a resume).
+    trainer, copy, sampler: this sync's fingerprints (module docstring); copy may be None.
+    where: what synced (e.g. "step 12"), for the message.
+  """
+  if copy is not None and not np.array_equal(trainer, copy):
+    raise SyncError(
+      f"{where}: the policy weights on the sampler's devices differ from the trainer's "
+      f"right after the sync ({int((trainer != copy).any(axis=1).sum())} of {len(trainer)} "
+      "arrays): the sampler would sample from weights that were never trained; check the "
+      "rollout mesh (mesh.rollout) and the device copies"
+    )
+  stale = 0
+  if last is not None:
+    trainer_moved = not np.array_equal(trainer, last.trainer)
+    sampler_moved = not np.array_equal(sampler, last.sampler)
+    stale = last.stale + 1 if trainer_moved and not sampler_moved else 0
+  if stale >= STALE_LIMIT:
+    raise SyncError(
+      f"{where}: the trainer's policy changed at each of the last {stale} weight syncs but "
+      "the weights the sampler reads did not: the run trains a policy it never samples "
+      "(e.g. LoRA adapters not merged into the sampler's weights, or a sampler copy not "
+      "refreshed); rollouts, rewards and metrics would all come from the initial policy"
+    )
+  return SyncRecord(trainer, sampler, stale), {"sync/stale_syncs": float(stale)}

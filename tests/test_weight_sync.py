@@ -1,0 +1,54 @@
+"""The weight-sync guard: the sampler samples the policy the trainer trains (issue 40)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlpost.train import weight_sync
+
+
+def _tree(seed: int):
+  rng = np.random.default_rng(seed)
+  return {"a": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32), "b": [jnp.arange(7)]}
+
+
+def test_fingerprints_tell_a_changed_element_apart():
+  """Equal trees give equal fingerprints; changing any one element by one float32 ulp
+  of its value, or swapping two elements, changes them.
+
+  Mutation caught: the ramp weight dropped (a swap keeps the sum)."""
+  tree = _tree(0)
+  same = weight_sync.fingerprint(jax.tree.map(jnp.copy, tree))
+  np.testing.assert_array_equal(weight_sync.fingerprint(tree), same)
+  a = np.asarray(tree["a"])
+  for i in range(a.size):
+    bumped = a.copy().ravel()
+    bumped[i] = np.nextafter(bumped[i], np.float32(np.inf)) if i % 2 else bumped[i] * 1.001
+    changed = {**tree, "a": jnp.asarray(bumped.reshape(a.shape))}
+    assert not np.array_equal(weight_sync.fingerprint(changed), same), i
+  swapped = a.copy().ravel()
+  swapped[[0, 4]] = swapped[[4, 0]]
+  assert not np.array_equal(
+    weight_sync.fingerprint({**tree, "a": jnp.asarray(swapped.reshape(a.shape))}), same
+  )
+
+
+def test_check_counts_syncs_where_only_the_trainer_moved():
+  """A sync whose trainer part changed but whose sampler weights did not counts one; a
+  second in a row stops the run; a sync where both moved, or neither, resets the count;
+  a copy that differs from the trainer's part stops it at once."""
+  t0, t1, t2 = (np.full((2, 2), v, np.uint32) for v in (0, 1, 2))
+  s0, s1 = (np.full((3, 2), v, np.uint32) for v in (0, 1))
+  last, m = weight_sync.check(None, t0, t0, s0, "step 0")
+  assert m == {"sync/stale_syncs": 0.0}
+  last, m = weight_sync.check(last, t1, None, s0, "step 1")  # trainer moved, sampler not
+  assert m == {"sync/stale_syncs": 1.0}
+  reset, m = weight_sync.check(last, t1, None, s0, "step 2")  # neither moved (no update)
+  assert m == {"sync/stale_syncs": 0.0}
+  with pytest.raises(weight_sync.SyncError, match="step 2: the trainer's policy changed"):
+    weight_sync.check(last, t2, None, s0, "step 2")
+  _, m = weight_sync.check(last, t2, None, s1, "step 2")
+  assert m == {"sync/stale_syncs": 0.0}
+  with pytest.raises(weight_sync.SyncError, match="step 3: the policy weights on the sampler"):
+    weight_sync.check(reset, t2, t1, s1, "step 3")
