@@ -127,6 +127,28 @@ def evaluate(
   return report
 
 
+def solution_sampler(cfg):
+  """`sample(problems, key, k) -> completions` (k per problem, problem-major) of the
+  config's model (`model.init_from`: an earlier run's weights) at `sampling.temperature`,
+  prompts in `data.template`. Loads the model once."""
+  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  config, params, tokenizer = common.load_model(cfg)
+  sc = sampling.SamplingConfig(
+    temperature=cfg.sampling.temperature,
+    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+    max_new_tokens=cfg.sampling.max_new_tokens,
+    pad_id=tokenizer.pad_id,
+    prompt_bucket=cfg.sampling.prompt_bucket,
+  )
+
+  def sample(problems, key, k: int) -> list[str]:
+    return _completions(
+      params, config, tokenizer, problems, cfg.data.template, task.examples, sc, key, k
+    )
+
+  return sample
+
+
 def evaluate_run(
   cfg,
   workdir: str = "",
