@@ -93,3 +93,20 @@ def test_a_cache_directory_that_cannot_be_made_turns_the_cache_off(tmp_path, cap
     assert runtime.enable_compilation_cache(str(blocker / "cache"), 1.0) is None
   assert "running without the compilation cache" in caplog.text
   assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_a_low_memory_map_limit_warns_with_the_fix(tmp_path, caplog):
+  """Linux's default vm.max_map_count (65530) warns, naming the sysctl that raises it; the
+  wanted limit does not; an unreadable file is no limit. Mutation caught: the comparison
+  the wrong way round."""
+  path = tmp_path / "max_map_count"
+  path.write_text("65530\n")
+  with caplog.at_level(logging.WARNING):
+    assert runtime.check_map_count(str(path)) == 65530
+  assert "sysctl -w vm.max_map_count=262144" in caplog.text
+  caplog.clear()
+  path.write_text("262144\n")
+  with caplog.at_level(logging.WARNING):
+    assert runtime.check_map_count(str(path)) == 262144
+  assert not caplog.text
+  assert runtime.check_map_count(str(tmp_path / "absent")) is None

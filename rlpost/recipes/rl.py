@@ -56,6 +56,7 @@ from rlpost.rl import batch as batch_lib
 from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
+from rlpost.train import runtime
 from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -438,6 +439,8 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
   cfg = common.with_int8_paths(cfg, workdir)
   p = build(cfg, loaded, setup=setup)
   setup = p.setup
+  if setup.source == ENV and jax.default_backend() == "cpu":
+    runtime.check_map_count()  # multi-turn rollouts compile a program per shape
   curves, postfix = _CURVES[ENV if setup.source == ENV else (PROMPTS, setup.learner)]
   title = "agentic" if setup.source == ENV else setup.learner
   loop = loop_lib.loop_config(cfg, f"{title}[{cfg.name}]", curves, postfix)

@@ -1,6 +1,6 @@
 """Process-wide settings every experiment applies at start: JAX's persistent compilation
-cache (a resumed run reuses the compiled programs of the run before it) and quiet
-checkpoint-library logs.
+cache (a resumed run reuses the compiled programs of the run before it), quiet
+checkpoint-library logs, and a warning when the kernel's memory-map limit is low.
 
 The cache lives in DIRECTORY/<machine key>: the key names the JAX and jaxlib versions,
 the backend and a digest of the CPU model and its feature flags, so an entry is never
@@ -94,3 +94,32 @@ def quiet_checkpoint_logs() -> None:
   for logger in (logging.getLogger(), logging.getLogger("absl")):
     logger.addFilter(QUIET_CHECKPOINTS)
   absl_logging.get_absl_handler().addFilter(QUIET_CHECKPOINTS)
+
+
+MAP_COUNT_PATH = "/proc/sys/vm/max_map_count"
+MAP_COUNT_WANTED = 262144
+
+
+def check_map_count(path: str = MAP_COUNT_PATH) -> int | None:
+  """Warns when the kernel's limit on a process's memory maps is below MAP_COUNT_WANTED;
+  returns the limit (None where there is none to read).
+
+  XLA:CPU maps three or more sections per compiled program and JAX keeps every program it
+  compiled: a multi-turn run, whose rollouts compile one program per cache and row shape,
+  reached Linux's default 65530 maps after ~30 minutes of a real-model FrozenLake run and
+  aborted with "LLVM ERROR: Unable to allocate section memory".
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      limit = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return None
+  if limit < MAP_COUNT_WANTED:
+    logging.warning(
+      "vm.max_map_count=%d: a long run that compiles many programs (multi-turn rollouts) "
+      "can exhaust it and abort with 'LLVM ERROR: Unable to allocate section memory'; "
+      "raise it with `sudo sysctl -w vm.max_map_count=%d`",
+      limit,
+      MAP_COUNT_WANTED,
+    )
+  return limit
