@@ -127,19 +127,24 @@ def evaluate(
   return report
 
 
-def solution_sampler(cfg):
-  """`sample(problems, key, k) -> completions` (k per problem, problem-major) of the
-  config's model (`model.init_from`: an earlier run's weights) at `sampling.temperature`,
-  prompts in `data.template`. Loads the model once."""
-  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
-  config, params, tokenizer = common.load_model(cfg)
-  sc = sampling.SamplingConfig(
+def _sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
+  """The `sampling` block's settings, stopping at EOS and the end of a turn."""
+  return sampling.SamplingConfig(
     temperature=cfg.sampling.temperature,
     stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
     max_new_tokens=cfg.sampling.max_new_tokens,
     pad_id=tokenizer.pad_id,
     prompt_bucket=cfg.sampling.prompt_bucket,
   )
+
+
+def solution_sampler(cfg):
+  """`sample(problems, key, k) -> completions` (k per problem, problem-major) of the
+  config's model (`model.init_from`: an earlier run's weights) at `sampling.temperature`,
+  prompts in `data.template`. Loads the model once."""
+  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  config, params, tokenizer = common.load_model(cfg)
+  sc = _sampling_config(cfg, tokenizer)
 
   def sample(problems, key, k: int) -> list[str]:
     return _completions(
@@ -192,13 +197,7 @@ def evaluate_run(
   _, params, tokenizer = common.load_model(cfg)
   learner, state = spec.build(cfg, params, settings)
   forward = settings.forward
-  sc = sampling.SamplingConfig(
-    temperature=cfg.sampling.temperature,
-    stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-    max_new_tokens=cfg.sampling.max_new_tokens,
-    pad_id=tokenizer.pad_id,
-    prompt_bucket=cfg.sampling.prompt_bucket,
-  )
+  sc = _sampling_config(cfg, tokenizer)
   settings = {
     "template": cfg.data.template,
     "examples": task.examples,
