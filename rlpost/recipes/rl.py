@@ -72,8 +72,16 @@ _CURVES = {
     ("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
     ("reward/mean", "explained_variance"),
   ),
-  ENV: (
-    ("reward/mean", "success", "greedy/success", "turns/mean", "invalid_action_rate"),
+  ENV: (  # explained_variance: PPO's only
+    (
+      "reward/mean",
+      "success",
+      "greedy/success",
+      "greedy/truncation_rate",
+      "turns/mean",
+      "invalid_action_rate",
+      "explained_variance",
+    ),
     ("reward/mean", "greedy/success"),
   ),
 }
