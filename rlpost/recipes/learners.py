@@ -415,11 +415,6 @@ def policy_of(part: str | None, trainable):
   return trainable if part is None else trainable[part]
 
 
-def with_policy(part: str | None, trainable, policy_weights):
-  """`trainable` with its policy's weights (`policy_of`) replaced by `policy_weights`."""
-  return policy_weights if part is None else {**trainable, part: policy_weights}
-
-
 def name_of(cfg, default: str | None = None) -> str:
   """The learner a ConfigDict selects: `config.learner`; else `default` (an entry point's);
   else "ppo" for a config with a `critic` block, "grpo" otherwise."""

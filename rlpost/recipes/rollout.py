@@ -181,15 +181,11 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
     an older `trainable` part under `state`'s key; no array of `state` among them (the
     next train step donates it)."""
     if trainable is not None:  # an older version a resumed run samples from: not a sync
-      whole = learners.with_policy(state_key, state.trainable, trainable)
-      policy_state = state._replace(trainable=whole)
-      weights = sampler_weights(
-        p.sampler, trainable, p.setup.forward, state.key, sharding.mesh_of(state)
-      )
-    else:
-      policy_state = state
-      weights = weights_of(state, "the weight sync after a train step")
-    return _without_arrays_of(state, (weights, part(policy_state)))
+      mesh = sharding.mesh_of(state)
+      weights = sampler_weights(p.sampler, trainable, p.setup.forward, state.key, mesh)
+      return _without_arrays_of(state, (weights, trainable))
+    weights = weights_of(state, "the weight sync after a train step")
+    return _without_arrays_of(state, (weights, part(state)))
 
   def train_step(state, batch, index, version):
     state, published, metrics = train(p, state, batch, index, version, publish)
