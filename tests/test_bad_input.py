@@ -72,6 +72,12 @@ def _cases(d):
       [*_prompt_run(d / "big.jsonl"), "--config.data.on_too_long=error"],
       "big.jsonl:2: the prompt is 1000001 tokens, above data.max_prompt_tokens=2048",
     ),
+    (
+      "a verifier evaluation without a reward-model run",
+      ("experiments.verifier_eval", f"--fit={d / 'kto.jsonl'}"),
+      [f"--examples={d / 'kto.jsonl'}"],
+      "': no config.json there: give a reward-model run's --workdir",
+    ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
     (

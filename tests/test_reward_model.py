@@ -1,5 +1,7 @@
 """Reward models: the Bradley-Terry loss, the score's token, a tiny run and its resume."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ from rlpost.models import decoder, families, policy
 from rlpost.ops import masks
 from rlpost.recipes import common
 from rlpost.recipes import reward_model as rm_recipe
-from rlpost.supervised import dpo, losses, reward_model
+from rlpost.supervised import classifier_metrics, dpo, losses, reward_model
 from rlpost.text import tokenizer as tokenizer_lib
 
 CONFIG = families.get_config("tiny")
@@ -84,6 +86,40 @@ def test_tiny_reward_model_ranks_held_out_pairs_and_resumes_exactly(tmp_path):
   want = reward_model.scores(trainable, frozen, rows["chosen"], fwd)
   got = reward_model.batch_scores(trainable, frozen, _rl_rows([(p, c) for p, c, _ in pairs]), fwd)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  _check_scored_examples(tmp_path, trainable, frozen, fwd, tok, 2 * cfg.data.seq_len)
+
+
+def _check_scored_examples(tmp_path, trainable, frozen, fwd, tok, seq_len):
+  """`score_examples` on labelled samples written as KTO records (held-out pairs' chosen
+  labelled correct, rejected wrong) in rows of `seq_len` (the refusals do not fit the run's
+  own): the pair rows' scores in file order, labels as written, AUROC 1.0 for this trained
+  model; a record longer than the rows is an error naming its file and line."""
+  held_out = dpo.synthetic_pairs(6, 7)
+  path = tmp_path / "examples.jsonl"
+  records = [
+    {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
+    for r in held_out
+    for k in ("chosen", "rejected")
+  ]
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  scores, labels = rm_recipe.score_examples(str(tmp_path / "whole"), str(path), seq_len)
+  assert labels.tolist() == [r["label"] for r in records]
+  rows = dpo.make_pair_batch(
+    dpo.tokenize_pairs(held_out, tok, seq_len),
+    seq_len=seq_len,
+    pad_id=tok.pad_id,
+    micro_batch_size=1,
+  )
+  for half, got in (("chosen", scores[0::2]), ("rejected", scores[1::2])):
+    want = reward_model.scores(trainable, frozen, rows[half], fwd)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert classifier_metrics.auroc(scores, labels) == 1.0
+  records[3]["completion"] = "9" * seq_len
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(
+    ValueError, match=r"examples\.jsonl:4: prompt \+ completion is \d+ tokens, longer"
+  ):
+    rm_recipe.score_examples(str(tmp_path / "whole"), str(path), seq_len)
 
 
 def _rl_rows(examples):

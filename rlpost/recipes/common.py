@@ -309,6 +309,16 @@ def load_model(cfg):
   return config, params, tokenizer
 
 
+def run_config(workdir: str, field: str, fix: str) -> ml_collections.ConfigDict:
+  """The config.json of the earlier run in `workdir`; its absence is an error naming
+  `field`, ending with `fix`."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    fail(field, workdir, f"no config.json there: {fix}")
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
 def weights_from_run(workdir: str, params, cfg):
   """The trained weights of the run in `workdir` (e.g. an SFT warm-start): its newest
   checkpoint's parameters, or its LoRA adapters merged into `params` (the same base).
@@ -316,11 +326,7 @@ def weights_from_run(workdir: str, params, cfg):
   The earlier run's config.json rebuilds the shape of its train state (trainable
   part and AdamW state of `make_optimizer`: SFT, DPO and GRPO runs).
   """
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    fail("model.init_from", workdir, "no config.json there: give the --workdir of an earlier run")
-  with open(path, encoding="utf-8") as f:
-    source = ml_collections.ConfigDict(json.load(f))
+  source = run_config(workdir, "model.init_from", "give the --workdir of an earlier run")
   for name in ("preset", "weights", "path", "dtype"):
     if source.model.get(name) != cfg.model.get(name):
       fail(
@@ -363,11 +369,7 @@ def reward_model_from_run(workdir: str, field: str = "reward_model.path", shared
   `shared`: (cfg, params, tokenizer) of the policy's base as loaded; a LoRA reward model
   over the same model block (and seed, for random weights) reads those params instead of
   loading a copy of its own."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    fail(field, workdir, "no config.json there: give a reward-model run's --workdir")
-  with open(path, encoding="utf-8") as f:
-    source = ml_collections.ConfigDict(json.load(f))
+  source = run_config(workdir, field, "give a reward-model run's --workdir")
   fwd = forward_config(source, 1.0)
   if fwd.lora and shared is not None and _same_base(source, shared[0]):
     params, tokenizer = shared[1], shared[2]

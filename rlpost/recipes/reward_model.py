@@ -6,6 +6,9 @@ step of the Bradley-Terry loss on the scores of the chosen and rejected halves
 (`supervised.reward_model`), through the one run loop; every `eval.every` steps (and at
 the end) the held-out pairs' pairwise accuracy. The state is checkpointed and resumed as
 every run's.
+
+`score_examples` scores labelled (KTO-format) samples with a trained run, for judging it as
+a correct/incorrect classifier (`supervised.classifier_metrics`).
 """
 
 import functools
@@ -13,12 +16,14 @@ import functools
 import jax
 import numpy as np
 
+from rlpost import errors
 from rlpost.data import chat
 from rlpost.data import jsonl
 from rlpost.recipes import common
 from rlpost.recipes import supervised_run
 from rlpost.supervised import dpo
 from rlpost.supervised import reward_model
+from rlpost.supervised import sft
 from rlpost.train import loop as loop_lib
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -103,3 +108,42 @@ def run(cfg, workdir: str, stop_after: int | None = None):
   )
   loop = loop_lib.loop_config(cfg, "reward_model", ["loss", "accuracy", "margin"])
   return loop_lib.run_loop(workdir, cfg, state, step_fn, loop, stop_after=stop_after)
+
+
+def score_examples(
+  workdir: str, path: str, seq_len: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """(scores [N] float32, labels [N] bool) of the KTO-format records in the JSONL `path`
+  ({"prompt", "completion", "label"}), scored by the reward-model run in `workdir` at each
+  completion's last token, in rows of `seq_len` tokens (None: the run's `data.seq_len`).
+  A longer record is an error naming its file and line (a cut completion would be scored
+  as another text)."""
+  trainable, frozen, fwd, tokenizer = common.reward_model_from_run(workdir, field="workdir")
+  if seq_len is None:
+    seq_len = common.run_config(
+      workdir, "workdir", "give a reward-model run's --workdir"
+    ).data.seq_len
+  records = chat.load_kto_jsonl(path)
+  rows, labels = [], []
+  for i, record in enumerate(records):
+    try:
+      prompt, completion, label = chat.tokenize_kto(record, tokenizer, 1 << 30)
+    except ValueError as e:
+      raise errors.DataError(f"{jsonl.where_of(path, i)}: {e}") from e
+    if len(prompt) + len(completion) > seq_len:
+      raise errors.DataError(
+        f"{jsonl.where_of(path, i)}: prompt + completion is {len(prompt) + len(completion)} "
+        f"tokens, longer than the scoring rows' seq_len={seq_len} (run {workdir}): "
+        "score in longer rows (seq_len; at most the model's context), or shorter samples"
+      )
+    rows.append(chat.concat_prompt_response(prompt, completion))
+    labels.append(label)
+  score = jax.jit(functools.partial(reward_model.scores, fwd=fwd))
+  scores = []
+  for first in range(0, len(rows), EVAL_ROWS):
+    part = rows[first : first + EVAL_ROWS]
+    n = len(part)
+    part = part + part[:1] * (EVAL_ROWS - n)  # one shape for every chunk
+    batch = sft.make_batch(part, seq_len=seq_len, pad_id=tokenizer.pad_id, micro_batch_size=1)
+    scores.append(np.asarray(score(trainable, frozen, batch))[:n])
+  return np.concatenate(scores).astype(np.float32), np.asarray(labels, bool)

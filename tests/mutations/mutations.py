@@ -423,4 +423,12 @@ MUTATIONS = [
     tests=["tests/test_alarms.py"],
     why="a sampler far from the trainer never warned about (and healthy runs warned)",
   ),
+  dict(
+    name="auroc_ties_ranked_by_position",
+    path="rlpost/supervised/classifier_metrics.py",
+    old="  ranks[order] = (first + last + 1) / 2.0  # 1-based ranks, ties at their mean\n",
+    new="  ranks[order] = np.arange(1, len(scores) + 1)\n",
+    tests=["tests/test_classifier_metrics.py"],
+    why="a verifier whose tied scores count as wins or losses by file order",
+  ),
 ]
