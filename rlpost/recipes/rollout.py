@@ -112,13 +112,17 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, pri
     finish = functools.partial(_quantized_for_sampling, paths=sampler.int8)
   if sampler.mesh is None:
     params = policy.sampling_params(trainable, sampler.frozen, forward)
-    params, key = sharding.local_copy((params, key), trainer_mesh)
-    # several processes: this process's whole replica (a global array's sum would be a
-    # collective, and the producer thread must issue none)
-    trainer_copy = (
-      trainable if jax.process_count() == 1 else sharding.local_replica(trainable),
-      None,
-    )
+    if jax.process_count() == 1:
+      trainer_part = trainable
+    elif forward.lora:
+      # several processes: the trainer's part fingerprinted from this process's whole
+      # replica (a global array's sum would be a collective of its own, and the producer
+      # thread must issue none), gathered in the same program as the sampler's weights
+      params, key, trainer_part = sharding.local_copy((params, key, trainable), trainer_mesh)
+    else:
+      params, key = sharding.local_copy((params, key), trainer_mesh)
+      trainer_part = params  # all parameters train: the sampler reads the trainable part
+    trainer_copy = (trainer_part, None)
   else:
     replica, key = sharding.local_replica((trainable, key))
     copied, key = sharding.place((replica, key), sampler.mesh)
