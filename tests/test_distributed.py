@@ -288,7 +288,14 @@ RECIPES = {
 }
 WHOLE_ROUNDS = {"grpo_dynamic"}
 FSDP = {**TINY, "mesh.fsdp": 4}
-LONG_RUN = {**TINY, "train.steps": 100_000, "checkpoint.every": 100_000}
+# a pipelined run on 2 processes (its producer thread waiting in an exchange or sampling)
+DYING = {
+  **TINY,
+  "train.steps": 100_000,
+  "checkpoint.every": 100_000,
+  "rollout.max_staleness": 1,
+  "algo.tis_cap": 2.0,
+}
 HEARTBEAT_S = 10
 
 
@@ -318,7 +325,7 @@ def _launch_all(root):
       "done": done("from1_rest"),
     },
     {"recipe": "carry_save", "workdir": root / "carry", "done": done("carry_saved")},
-    {"recipe": "sft", "overrides": LONG_RUN, "workdir": root / "dying", "done": done("never")},
+    {"recipe": "grpo", "overrides": DYING, "workdir": root / "dying", "done": done("never")},
   ]
   one = [
     {**first_two, "workdir": root / "from1", "done": done("from1_first")},
@@ -406,9 +413,11 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
   - a checkpoint's carry (a pipelined run's older policies) of weights split over fsdp
     across 2 processes is saved by both and restores bitwise with its sharding, on 2
     processes and on 1 (asserted in the launches): orbax's handling of global arrays, as
-    for the state. (Pipelined runs themselves do not run on several processes yet: BUILD.md.)
-  - killing one of two training processes (3 steps into a long SFT run): the other exits
-    non-zero within the heartbeat timeout (10 s) plus 30 s.
+    for the state (pipelined runs on 2 processes themselves:
+    `test_pipelined_runs_with_rollout_devices_on_two_processes_equal_one_process`).
+  - killing one of two training processes (3 steps into a long pipelined GRPO run, its
+    producer thread sampling ahead): the other exits non-zero within the heartbeat
+    timeout (10 s) plus 30 s.
   - fsdp=4 and data=4 (1 process, the same SFT steps) agree as above.
   Mutations caught: every process reading block 0 of a batch (`shares.block` ignoring the
   process index: rows read twice) fails the recipes' share and agreement checks;
@@ -451,23 +460,46 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
   assert not failures, "\n".join(failures)
 
 
+PIPELINED = {"algo.tis_cap": 2.0}  # with each recipe's staleness field set to 1
+STALENESS = {
+  "grpo": "rollout.max_staleness",
+  "ppo": "rollout.max_staleness",
+  "agentic": "max_staleness",
+}
+
+
 @pytest.mark.slow
-def test_rollout_devices_with_two_processes_equal_one_process(tmp_path):
-  """GRPO with LoRA, 3 steps, sampling on devices of its own (`mesh.rollout`): 2 processes
-  x (2 trainer + 2 rollout devices) equal 1 process x (4 + 4), each process copying the
-  adapters to its own rollout devices and sampling its block of prompts there. Slow
-  (~30-40 s, 3 processes): its 8-device layouts fit no other launch of this module."""
-  lora = {**TINY, "lora.enabled": True}
+def test_pipelined_runs_with_rollout_devices_on_two_processes_equal_one_process(tmp_path):
+  """Pipelined runs (max_staleness 1, TIS cap 2: a producer thread samples batch i with
+  the policy of step i - 1 while the trainer trains) sampling on devices of their own
+  (`mesh.rollout`): GRPO with LoRA, PPO and the agentic recipe (FrozenLake), each stopped
+  after 2 of 3 steps and resumed (the checkpoint's carry holds the older policy the next
+  batch is sampled by). 2 processes x (2 trainer + 2 rollout devices) give the same
+  losses, gradient norms and final weights as 1 process x (4 + 4): each process copies
+  the weights to its own rollout devices and samples its block of rows there, and the
+  producer's host agreements (reward statistics, widths) go through a channel of its own
+  (`shares.channel`) instead of collectives that could interleave with the trainer's.
+  Mutation caught: the producer's channel shared with the trainer's (a hang, or the two
+  threads' values swapped). Slow (~60-80 s, 3 processes): its 8-device layouts fit no
+  other launch of this module."""
 
   def runs(rollout, name):
-    return [
-      {
-        "recipe": "grpo",
-        "overrides": {**lora, "mesh.rollout": rollout},
-        "workdir": tmp_path / name,
-        "done": tmp_path / f"{name}.done",
-      }
-    ]
+    out = []
+    for recipe in ("grpo", "ppo", "agentic"):
+      overrides = {**TINY, **PIPELINED, STALENESS[recipe]: 1, "mesh.rollout": rollout}
+      if recipe == "grpo":
+        overrides["lora.enabled"] = True
+      for part, stop in (("first", 2), ("rest", None)):
+        out.append(
+          {
+            "recipe": recipe,
+            "overrides": overrides,
+            "stop_after": stop,
+            "workdir": tmp_path / name / recipe,
+            "done": tmp_path / f"{name}_{recipe}_{part}.done",
+          }
+        )
+    return out
 
   procs = [
     _launch(runs(2, "two"), 2, tmp_path / "two", devices=8),
@@ -475,16 +507,26 @@ def test_rollout_devices_with_two_processes_equal_one_process(tmp_path):
   ]
   for p, d in zip(procs, ("two", "one")):
     _finish(p, tmp_path / d)
-  _assert_same_run(tmp_path / "one", tmp_path / "two")
+  failures = []
+  for recipe in ("grpo", "ppo", "agentic"):
+    one, two = tmp_path / "one" / recipe, tmp_path / "two" / recipe
+    _check(failures, f"{recipe} agreement", _assert_same_run, one, two)
+    staleness = [r["staleness"] for r in _records(two)]
+    if staleness[1:] != [1.0] * (len(staleness) - 1):
+      failures.append(f"{recipe}: staleness per step {staleness}, not 1 after the first")
+  assert not failures, "\n".join(failures)
 
 
 def test_launch_recipes_name_real_configs_and_flags():
-  """The scripts parse; every --dist.* flag they pass is a DistConfig field and every
-  config file they name exists (guards the recipes against renames)."""
+  """The scripts parse; every --dist.* flag they pass is a DistConfig field, every config
+  file they name exists, and every --config.* override they pass is a field of the GRPO
+  config (the recipes' examples, the pipelined ones included; guards against renames)."""
   import dataclasses
   import re
 
   import yaml
+
+  from experiments.configs import grpo_gsm8k  # pylint: disable=g-import-not-at-top
 
   launch = REPO_ROOT / "experiments" / "launch"
   texts = {p.name: p.read_text() for p in launch.iterdir()}
@@ -497,3 +539,9 @@ def test_launch_recipes_name_real_configs_and_flags():
   assert set(re.findall(r"--dist\.(\w+)", everything)) <= fields
   for config in re.findall(r"experiments/configs/(\w+\.py)", everything):
     assert (REPO_ROOT / "experiments" / "configs" / config).exists(), config
+  grpo = grpo_gsm8k.get_config("gemma3_270m")
+  for field in set(re.findall(r"--config\.([\w.]+)=", everything)):
+    block = grpo
+    for part in field.split("."):
+      assert part in block, f"--config.{field}: not a field of the GRPO config"
+      block = block[part]

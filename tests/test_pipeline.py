@@ -1,6 +1,7 @@
 """The off-policy rollout pipeline (rlpost.train.pipeline) with stand-in produce / train
 functions: the staleness bound, nothing lost or doubled, errors surfacing."""
 
+import threading
 import time
 
 import hypothesis
@@ -110,37 +111,39 @@ def test_held_before_any_step_is_an_error():
     pipe.held()
 
 
-@pytest.mark.parametrize(
-  "recipe,variant,field",
-  [
-    ("grpo", "tiny", "rollout.max_staleness"),
-    ("ppo", "tiny", "rollout.max_staleness"),
-    ("agentic", "frozenlake_tiny", "max_staleness"),
-  ],
-)
-def test_a_producer_ahead_of_the_trainer_is_refused_on_several_processes(
-  recipe, variant, field, monkeypatch
-):
-  """max_staleness > 0 on 2 processes fails at the config check, naming the field (its
-  producer thread's cross-process reductions interleave with the trainer's: gloo stopped
-  at the first step); 0 (alternating threads) and one process stay allowed. (Mutation
-  checked: without the check, the 2-process config passes.)"""
-  import importlib  # pylint: disable=g-import-not-at-top
+def test_closing_cancels_a_producer_waiting_in_an_exchange(monkeypatch):
+  """Two processes (the other one never answers): the producer makes batch 0, then waits in
+  a host agreement (`shares.all_rows`) for batch 1, on a channel of its own (not the
+  trainer's "main"); closing the pipeline after step 0 cancels that wait, and the
+  producer thread exits within a second. Mutation caught: the producer's channel without
+  `cancelled` (close() would wait forever)."""
+  from test_shares import _Store  # pylint: disable=g-import-not-at-top
 
-  import jax  # pylint: disable=g-import-not-at-top
+  from rlpost.train import shares  # pylint: disable=g-import-not-at-top
 
-  from conftest import with_overrides  # pylint: disable=g-import-not-at-top
-  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(shares.jax_distributed.global_state, "client", _Store())
+  monkeypatch.setattr(shares.jax, "process_index", lambda: 0)
+  monkeypatch.setattr(shares.jax, "process_count", lambda: 2)
+  channels = []
 
-  configs = importlib.import_module(
-    {"grpo": "experiments.configs.grpo_gsm8k", "ppo": "experiments.configs.ppo_gsm8k"}.get(
-      recipe, "experiments.configs.agentic"
-    )
+  def produce(weights, cursor, index):
+    channels.append(shares._channel.name)  # pylint: disable=protected-access
+    if index == 1:
+      shares.all_rows([1.0])  # process 1 never writes its rows
+    return index, cursor
+
+  pipe = pipeline.step_fn(
+    produce, lambda s, b, i, v: (s, i + 1, {}), lambda s: 0, last=3, max_staleness=1
   )
-  check = rl.check_config
-  config = lambda s: with_overrides(configs.get_config(variant), {field: s, "algo.tis_cap": 2.0})
-  check(config(1))  # one process
-  monkeypatch.setattr(jax, "process_count", lambda: 2)
-  check(config(0))
-  with pytest.raises(ValueError, match=rf"config\.{field}=1: .*2 processes.*use 0 or None"):
-    check(config(1))
+  pipe.step(0, 0, 0)
+  deadline = time.monotonic() + 10
+  while len(channels) < 2:
+    assert time.monotonic() < deadline, "the producer never started batch 1"
+    time.sleep(0.01)
+  closing = threading.Thread(target=pipe.close, daemon=True)
+  start = time.monotonic()
+  closing.start()
+  closing.join(timeout=5)
+  assert not closing.is_alive(), "close() waits on a producer stuck in an exchange"
+  assert time.monotonic() - start < 1.5
+  assert channels[0] == channels[1] != "main" and channels[0].startswith("producer")

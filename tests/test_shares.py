@@ -2,6 +2,9 @@
 batch (rlpost.train.step.global_batch); the real several-process runs are in
 test_distributed.py."""
 
+import threading
+import time
+
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
@@ -58,3 +61,78 @@ def test_rows_of_different_widths_are_refused_unless_padding_is_asked(monkeypatc
   mesh = step_lib.make_mesh(1)
   with pytest.raises(ValueError, match=r"batch field \['loss_mask'\].*\[4\] wide, another's \[5\]"):
     step_lib.global_batch(batch, mesh)
+
+
+class _Store:
+  """An in-memory stand-in for the distributed runtime's key-value client, shared by the
+  threads that play the processes; `gets` records the keys read, `deleted` the keys
+  dropped."""
+
+  def __init__(self):
+    self.values, self.deleted, self.changed = {}, [], threading.Condition()
+
+  def key_value_set_bytes(self, key, value):
+    with self.changed:
+      assert key not in self.values, f"{key} written twice"
+      self.values[key] = value
+      self.changed.notify_all()
+
+  def blocking_key_value_get_bytes(self, key, timeout_ms):
+    with self.changed:
+      if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+        raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+      return self.values[key]
+
+  def key_value_delete(self, key):
+    with self.changed:
+      self.deleted.append(key)
+      del self.values[key]
+
+
+def test_exchanges_on_two_channels_agree_in_any_interleaving(monkeypatch):
+  """Two processes, each a trainer thread (channel "main") and a producer thread (channel
+  "producer"), four threads exchanging at once with random pauses: the k-th exchange of a
+  channel returns both processes' k-th values of that channel, in process order (shapes
+  kept), whatever the interleaving; each process deletes its key of an exchange once the
+  next one on that channel is done. Mutation caught: one counter for all channels (a
+  producer's exchange paired with the trainer's)."""
+  store, results, who = _Store(), {}, threading.local()
+  monkeypatch.setattr(shares.jax_distributed.global_state, "client", store)
+  monkeypatch.setattr(shares.jax, "process_index", lambda: who.index)
+  monkeypatch.setattr(shares.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(shares, "_sequence", {})
+
+  def play(index, name, seed):
+    who.index, rng = index, np.random.default_rng(seed)
+    with shares.channel(name):
+      for k in range(3):
+        time.sleep(rng.uniform(0, 0.02))
+        value = np.arange(index + 1 + k) + (100 if name == "producer" else 0)
+        results[index, name, k] = [a.tolist() for a in shares._exchange(value)]
+
+  threads = [
+    threading.Thread(target=play, args=(i, name, 10 * i + len(name)))
+    for i in (0, 1)
+    for name in ("main", "producer")
+  ]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=20)
+  for name in ("main", "producer"):
+    base = 100 if name == "producer" else 0
+    for k in range(3):
+      want = [list(range(base, base + 1 + k)), list(range(base, base + 2 + k))]
+      assert results.get((0, name, k)) == results.get((1, name, k)) == want, (name, k)
+  assert sorted(store.deleted) == sorted(
+    f"rlpost/shares/{name}/{k}/{i}" for name in ("main", "producer") for k in (0, 1) for i in (0, 1)
+  )
+
+
+def test_a_cancelled_exchange_raises_instead_of_waiting():
+  """Process 0 of 2 waits for a value process 1 never writes: once its channel is
+  cancelled the exchange raises `shares.Cancelled` (a stopped pipeline's producer exits)."""
+  stop = threading.Event()
+  threading.Timer(0.3, stop.set).start()
+  with pytest.raises(shares.Cancelled, match="producer0/0/1"):
+    shares.exchange_with(_Store(), 0, 2, "producer0", 0, np.zeros(1), stop.is_set)

@@ -2,6 +2,11 @@
 # P processes on this machine talking through jax.distributed (gloo on CPU), D devices each:
 #   bash experiments/launch/local_processes.sh 2 2 sft.py:tiny --config.train.micro_batch_size=2 \
 #     --workdir=/tmp/run
+# Pipelined (off-policy by one step, TIS-corrected): each process samples its block of rows on
+# 2 devices of its own while the trainer trains on the other 2, a producer thread ahead:
+#   bash experiments/launch/local_processes.sh 2 4 grpo_gsm8k.py:tiny --config.mesh.rollout=2 \
+#     --config.rollout.max_staleness=1 --config.algo.tis_cap=2.0 \
+#     --config.train.micro_batch_size=2 --workdir=/tmp/run_pipelined
 # Logs: ./process<i>.log; every process gets the same flags.
 # If one process dies the others exit non-zero after --dist.heartbeat_timeout_s.
 set -euo pipefail

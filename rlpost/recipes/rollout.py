@@ -274,15 +274,6 @@ def check_off_policy(s, max_staleness: int | None, tis_cap, field: str = "rollou
     )
   if max_staleness is not None and max_staleness < 0:
     common.fail(field, max_staleness, "use None (sample, then train), 0 or more")
-  if max_staleness and jax.process_count() > 1:
-    common.fail(
-      field,
-      max_staleness,
-      f"a producer running ahead of the trainer does not run on {jax.process_count()} "
-      "processes yet (the two threads' cross-process reductions reach the processes in "
-      "different orders: a collective mismatch at the first step); use 0 or None with "
-      "several processes, or run one process",
-    )
   if max_staleness and tis_cap is None:
     common.fail(
       "algo.tis_cap",

@@ -19,12 +19,21 @@ hands them back before the first step of the resumed run, which then samples exa
 what the uninterrupted run sampled. Unseeded, a run (re)starts its lag where it starts.
 
 A producer error is raised in the trainer's thread at its next batch.
+
+With several processes the producer's host agreements go through a `shares.channel` of
+its own (one per producer started, numbered alike on every process), so they never wait
+on the trainer thread's; stopping the pipeline cancels an agreement it is waiting in.
 """
 
 import dataclasses
+import itertools
 import queue
 import threading
 from typing import Any, Callable, NamedTuple
+
+from rlpost.train import shares
+
+_producers = itertools.count()  # numbers each producer's exchange channel (every process alike)
 
 
 class Produced(NamedTuple):
@@ -70,17 +79,20 @@ class Published:
   stop: bool = False
 
 
-def _producer(produce, published: Published, out: queue.Queue, cursor, first, start, last, s):
+def _producer(
+  produce, published: Published, out: queue.Queue, cursor, first, start, last, s, channel: str
+):
   try:
-    for index in range(start, last):
-      version = max(index - s, first)
-      with published.changed:
-        published.changed.wait_for(lambda: published.stop or version in published.weights)
-        if published.stop:
-          return
-        weights = published.weights[version]
-      batch, cursor = produce(weights, cursor, index)
-      out.put(Produced(index, version, batch, cursor))
+    with shares.channel(channel, cancelled=lambda: published.stop):
+      for index in range(start, last):
+        version = max(index - s, first)
+        with published.changed:
+          published.changed.wait_for(lambda: published.stop or version in published.weights)
+          if published.stop:
+            return
+          weights = published.weights[version]
+        batch, cursor = produce(weights, cursor, index)
+        out.put(Produced(index, version, batch, cursor))
   except BaseException as e:  # handed to the trainer, which raises it
     out.put(e)
 
@@ -159,7 +171,17 @@ def _start(produce, weights, cursor, index: int, seed, last: int, max_staleness:
   out = queue.Queue(maxsize=max_staleness + 1)
   thread = threading.Thread(
     target=_producer,
-    args=(produce, published, out, cursor, first, index, last, max_staleness),
+    args=(
+      produce,
+      published,
+      out,
+      cursor,
+      first,
+      index,
+      last,
+      max_staleness,
+      f"producer{next(_producers)}",
+    ),
     daemon=True,
     name="rollout-producer",
   )

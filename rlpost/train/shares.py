@@ -8,12 +8,102 @@ rows are then disjoint and together the single-process rows. The global arrays a
 assembled from the local rows (`rlpost.train.step.global_batch`); rows are laid out
 over the mesh's devices in process order, so block p lands on process p's devices.
 
-With one process every function here is the identity (no collective is issued).
+With one process every function here is the identity (nothing is exchanged).
+
+With several, the host-side agreements (`all_rows`, `max_over_processes`, ...) are not
+XLA collectives: each is an exchange through the distributed runtime's key-value store
+(`jax.distributed`'s coordination service), on the calling thread's *channel*. Every
+thread that exchanges (the trainer's, a pipelined run's producer: `channel`) numbers its
+own exchanges, so two threads' exchanges can reach the processes in any interleaving
+without being confused, and none of them waits on a device collective the other thread
+issued. A process that dies stops the others through the runtime's heartbeat.
 """
+
+import contextlib
+import io
+import itertools
+import threading
+import time
+from typing import Callable
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+
+from jax._src import distributed as jax_distributed
+
+EXCHANGE_TIMEOUT_S = 3600  # a process that neither answers nor dies for this long: an error
+_POLL_MS = 200  # how often a waiting exchange looks at its channel's `cancelled`
+
+
+class Cancelled(Exception):
+  """An exchange given up because its channel was cancelled (a pipeline stopping)."""
+
+
+class _ThreadChannel(threading.local):
+  name = "main"
+  cancelled: Callable[[], bool] = staticmethod(lambda: False)
+
+
+_channel = _ThreadChannel()
+_sequence: dict = {}  # (process index, channel name) -> the channel's exchange counter
+_sequence_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def channel(name: str, cancelled: Callable[[], bool] | None = None):
+  """Within the block, this thread's exchanges go through channel `name` (the same name
+  on every process, used by one thread at a time; e.g. a pipeline's producer). A
+  `cancelled()` that turns True makes a waiting exchange raise `Cancelled`."""
+  before = _channel.name, _channel.cancelled
+  _channel.name, _channel.cancelled = name, cancelled or (lambda: False)
+  try:
+    yield
+  finally:
+    _channel.name, _channel.cancelled = before
+
+
+def _exchange(x: np.ndarray) -> list[np.ndarray]:
+  """Every process's `x` (any shape and dtype; shapes may differ), in process order."""
+  client, index = jax_distributed.global_state.client, jax.process_index()
+  with _sequence_lock:
+    seq = next(_sequence.setdefault((index, _channel.name), itertools.count()))
+  return exchange_with(
+    client, index, jax.process_count(), _channel.name, seq, x, _channel.cancelled
+  )
+
+
+def exchange_with(client, index: int, count: int, name: str, seq: int, x, cancelled) -> list:
+  """`_exchange` on a key-value `client` (`key_value_set_bytes`, `blocking_key_value_get_
+  bytes`, `key_value_delete`) as process `index` of `count`: exchange `seq` of channel
+  `name`. Each process writes its key, reads all, and deletes its key of exchange seq - 1
+  (every process has read it: each wrote exchange seq after finishing seq - 1)."""
+  key = f"rlpost/shares/{name}/{seq}"
+  buffer = io.BytesIO()
+  np.save(buffer, np.asarray(x), allow_pickle=False)
+  client.key_value_set_bytes(f"{key}/{index}", buffer.getvalue())
+  out = [_wait_for(client, f"{key}/{p}", cancelled) for p in range(count)]
+  if seq:
+    client.key_value_delete(f"rlpost/shares/{name}/{seq - 1}/{index}")
+  return out
+
+
+def _wait_for(client, key: str, cancelled) -> np.ndarray:
+  deadline = time.monotonic() + EXCHANGE_TIMEOUT_S
+  while True:
+    if cancelled():
+      raise Cancelled(key)
+    try:
+      value = client.blocking_key_value_get_bytes(key, _POLL_MS)
+    except Exception as e:  # pylint: disable=broad-except  (jaxlib's error: a deadline)
+      if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
+        raise
+      if time.monotonic() > deadline:
+        raise TimeoutError(
+          f"shares: no process wrote {key} within {EXCHANGE_TIMEOUT_S} s (a process "
+          "stuck, or taking another code path than this one)"
+        ) from e
+      continue
+    return np.load(io.BytesIO(value), allow_pickle=False)
 
 
 def block(num_rows: int, field: str, index: int | None = None, count: int | None = None) -> slice:
@@ -43,7 +133,7 @@ def all_rows(x) -> np.ndarray:
   x = np.asarray(x)
   if jax.process_count() == 1:
     return x
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.concatenate(_exchange(x))
 
 
 def max_over_processes(values) -> np.ndarray:
@@ -51,7 +141,7 @@ def max_over_processes(values) -> np.ndarray:
   values = np.asarray(values, np.int64)
   if jax.process_count() == 1:
     return values
-  return np.asarray(multihost_utils.process_allgather(values)).max(axis=0)
+  return np.max(np.stack(_exchange(values)), axis=0)
 
 
 def sum_over_processes(value: float) -> float:

@@ -431,4 +431,12 @@ MUTATIONS = [
     tests=["tests/test_classifier_metrics.py"],
     why="a verifier whose tied scores count as wins or losses by file order",
   ),
+  dict(
+    name="producer_exchanges_on_the_trainers_channel",
+    path="rlpost/train/pipeline.py",
+    old="    with shares.channel(channel, cancelled=lambda: published.stop):\n",
+    new='    with shares.channel("main", cancelled=lambda: published.stop):\n',
+    tests=["tests/test_pipeline.py", "tests/test_distributed.py"],
+    why="a pipelined run on several processes pairing its producer's host agreements with the trainer's",
+  ),
 ]
