@@ -198,6 +198,27 @@ def prefill(params, tokens_BxP, lengths_B, *, model_config: decoder.Config, cach
   return decoder.vocab_major_logits(params, hidden[:, -1]), cache
 
 
+def row_sharding(params, rows: int) -> jax.sharding.NamedSharding | None:
+  """How the sampler splits `rows` rows over the devices that hold its `params`: when
+  every leaf is replicated on a mesh of several devices (a rollout mesh; a trainer mesh
+  without fsdp), a sharding that gives each device its block of rows, to put the row
+  inputs on (each device then samples its rows alone; per-row keys make the samples the
+  same as on one device). None: one device, weights split over devices, or `rows` not
+  a multiple of the device count (the rows then run whole on every device)."""
+  leaves = jax.tree.leaves(params)
+  first = getattr(leaves[0], "sharding", None) if leaves else None
+  if not isinstance(first, jax.sharding.NamedSharding):
+    return None
+  devices = first.mesh.devices.reshape(-1)
+  if len(devices) == 1 or rows % len(devices):
+    return None
+  if not all(getattr(x, "is_fully_replicated", False) for x in leaves):
+    return None
+  # rows over all of the mesh's axes at once (one mesh for every input of a program)
+  axes = tuple(first.mesh.axis_names)
+  return jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec(axes))
+
+
 def _repeat_rows(tree, n: int):
   """Repeats every row (axis 0; axis 1 of the stacked k/v caches) n times."""
   if n == 1:

@@ -94,6 +94,49 @@ def check_split_run_equals_shared_run(tmp: str, int8: bool = False):
     ), leaves
 
 
+def check_rows_split_over_sampler_devices():
+  """Run in the 8-device subprocess (see the test below)."""
+  from rlpost import continuation
+  from test_multiturn import _counting_env, _random_params, _rollout
+
+  params = _random_params(0)
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[4:]), ("data",))
+  replicated = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.P()))
+  single = jax.device_put(params, jax.devices()[0])
+  seen = []  # per sampler call: (rows, devices its row inputs are split over)
+  inner = {name: getattr(continuation, name) for name in ("start", "extend")}
+
+  def recording(name, position):
+    def call(*args, **kwargs):
+      ids = args[position]
+      split = getattr(ids, "sharding", None)
+      blocks = 1 if split is None or split.is_fully_replicated else len(split.device_set)
+      seen.append((len(ids), blocks))
+      return inner[name](*args, **kwargs)
+
+    return call
+
+  continuation.start, continuation.extend = recording("start", 5), recording("extend", 7)
+  narrow = 0
+  try:
+    for seeds, G in (([0, 1, 2, 3], 2), ([4, 5], 4)):  # 4 prompts split; 2 prompts: a row each
+      env = _counting_env([])
+      whole, _ = _rollout(env, seeds, G=G, total=400, params=single)
+      assert all(n == 1 for _, n in seen), seen
+      seen.clear()
+      split, _ = _rollout(_counting_env([]), seeds, G=G, total=400, params=replicated)
+      assert seen[0] == (len(seeds) * G, 4), seen  # the first turn: every row, 4 blocks
+      assert all(n == (4 if rows % 4 == 0 else 1) for rows, n in seen), seen
+      narrow += sum(rows < 4 for rows, _ in seen)  # later turns too narrow to split
+      seen.clear()
+      np.testing.assert_array_equal(split.batch.tokens, whole.batch.tokens)
+      np.testing.assert_array_equal(split.rewards, whole.rewards)
+      np.testing.assert_allclose(split.batch.sampler_logp, whole.batch.sampler_logp, atol=1e-5)
+    assert narrow, "no sampler call narrower than the 4 devices"
+  finally:
+    continuation.start, continuation.extend = inner["start"], inner["extend"]
+
+
 @pytest.mark.slow
 def test_a_run_sampling_on_its_own_devices_trains_as_one_sampling_on_the_trainers(tmp_path):
   """GRPO tiny with LoRA, 3 iterations, trainer on 4 devices (data=4): sampling on 4 other
@@ -102,10 +145,16 @@ def test_a_run_sampling_on_its_own_devices_trains_as_one_sampling_on_the_trainer
   sampler's int8 copy (made per sync on the sampler's devices, in the "oik" layout).
   Both in one 8-device subprocess (its start-up and shared programs paid once).
   Mutation caught: the adapters not reaching the rollout devices (`sampler_weights`
-  syncing zeros for them: the sampler keeps the base). Slow (~17 s warm, ~60 s cold on a loaded machine): 4 GRPO runs."""
+  syncing zeros for them: the sampler keeps the base). Then multi-turn rollouts (the
+  counting environment, episodes of 1-3 turns) with the weights replicated on 4 sampler
+  devices equal those on one device (tokens, rewards; logprobs within 1e-5): every row
+  input of a sampler call whose rows divide by 4 is split over the 4 devices (each
+  samples its block; 2 prompts x 4 samples: a prompt per row), narrower later turns run
+  whole. Mutation caught: `sampling.row_sharding` returning None (rows replicated). Slow (~17 s warm, ~60 s cold on a loaded machine): 4 GRPO runs."""
   run_with_devices(
     "import test_rollout_mesh\n"
     f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path / 'model')!r})\n"
-    f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path / 'int8')!r}, int8=True)",
+    f"test_rollout_mesh.check_split_run_equals_shared_run({str(tmp_path / 'int8')!r}, int8=True)\n"
+    "test_rollout_mesh.check_rows_split_over_sampler_devices()",
     devices=8,
   )

@@ -6,6 +6,7 @@ import threading
 import time
 
 import hypothesis
+import jax
 import hypothesis.strategies as st
 import numpy as np
 import pytest
@@ -80,7 +81,7 @@ class _Store:
   def blocking_key_value_get_bytes(self, key, timeout_ms):
     with self.changed:
       if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
-        raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+        raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out: {key}")
       return self.values[key]
 
   def key_value_delete(self, key):

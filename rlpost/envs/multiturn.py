@@ -344,16 +344,22 @@ def _first_turn(calls: _Calls, prompts, key, limit):
   single-turn sampler call; `limit` None when the cap is the turn cap). Returns
   (per row: (tokens, logprobs) up to its stop token, _Turns of all N rows)."""
   tokens, lengths = sampling.pad_prompts(prompts, calls.sc, calls.longest)
+  ids, G = np.asarray(calls.ids, np.int32), calls.G
+  split = sampling.row_sharding(calls.params, len(ids))
+  if split is not None:  # each sampler device takes its block of rows
+    if len(prompts) % split.mesh.size:  # prompts that do not split: one per row
+      tokens, lengths, G = np.repeat(tokens, G, axis=0), np.repeat(lengths, G), 1
+    tokens, lengths, ids = jax.device_put((tokens, lengths, ids), split)
   out, cont = continuation.start(
     calls.params,
     tokens,
     lengths,
     key,
     limit,
-    np.asarray(calls.ids, np.int32),
+    ids,
     model_config=calls.model_config,
     config=calls.sc,
-    num_samples=calls.G,
+    num_samples=G,
     keep_cache=not calls.one_call,  # one-turn episodes (a prompt dataset): no later turn
   )
   out = jax.device_get(out)
@@ -384,15 +390,23 @@ def _next_turn(calls: _Calls, state: _Turns, rows: list[_Row], alive, key, limit
   for i, t in enumerate(new):
     if t:
       tokens[i, width - len(t) :] = t
+  kept = np.asarray([rows[r].kept if r in live else 0 for r in pick], np.int32)
+  lengths, ids = (
+    np.asarray([len(t) for t in new], np.int32),
+    np.asarray([calls.ids[r] for r in pick], np.int32),
+  )
+  split = sampling.row_sharding(calls.params, len(pick))
+  if split is not None:  # each sampler device takes its block of rows
+    kept, tokens, lengths, ids = jax.device_put((kept, tokens, lengths, ids), split)
   out, cont = continuation.extend(
     calls.params,
     cont,
-    np.asarray([rows[r].kept if r in live else 0 for r in pick], np.int32),
+    kept,
     tokens,
-    np.asarray([len(t) for t in new], np.int32),
+    lengths,
     key,
     limit,
-    np.asarray([calls.ids[r] for r in pick], np.int32),
+    ids,
     model_config=calls.model_config,
     config=sc,
     cache_size=size,

@@ -94,8 +94,8 @@ def _wait_for(client, key: str, cancelled) -> np.ndarray:
       raise Cancelled(key)
     try:
       value = client.blocking_key_value_get_bytes(key, _POLL_MS)
-    except Exception as e:  # pylint: disable=broad-except  (jaxlib's error: a deadline)
-      if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
+    except jax.errors.JaxRuntimeError as e:  # "DEADLINE_EXCEEDED: GetKeyValue() timed out"
+      if "DEADLINE_EXCEEDED" not in str(e):
         raise
       if time.monotonic() > deadline:
         raise TimeoutError(

@@ -439,4 +439,12 @@ MUTATIONS = [
     tests=["tests/test_pipeline.py", "tests/test_distributed.py"],
     why="a pipelined run on several processes pairing its producer's host agreements with the trainer's",
   ),
+  dict(
+    name="sampler_rows_never_split",
+    path="rlpost/sampling.py",
+    old="  if len(devices) == 1 or rows % len(devices):\n",
+    new="  if True:\n",
+    tests=["tests/test_rollout_mesh.py"],
+    why="every rollout device sampling every row (the sampler replicated, not split)",
+  ),
 ]
