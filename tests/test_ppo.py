@@ -267,3 +267,35 @@ def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
   assert abs(records[0]["kl/first_pass"]) < 1e-6  # actor == reference before it trains
   assert records[1]["grad_norm/critic"] > 0
   assert checkpoint.manager(str(tmp_path)).latest_step() == 2
+
+
+@pytest.mark.parametrize("head_lr", [None, 0.5])
+def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
+  """The PPO optimizer with plain SGD and no clipping, on unit gradients: the critic's
+  trunk moves by critic.learning_rate (0.03) and its head by critic.head_learning_rate
+  (0.5; None: the critic's rate too) times the schedule's factor, the same for both; the
+  actor, gated off during the warm-up, does not move. Mutation caught: the head labelled
+  as the trunk (it would move at the critic's rate)."""
+  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
+
+  cfg = _config(
+    **{"train.optimizer": "sgd", "train.max_grad_norm": 0.0, "critic.head_learning_rate": head_lr}
+  )
+  settings = learners.ppo_settings(cfg, "train.batch_prompts")
+  assert settings.head_learning_rate == head_lr
+  optimizer = learners.ppo_optimizer(cfg, settings)
+  trainable = {
+    "actor": {"w": jnp.zeros(3)},
+    "critic": {"params": {"w": jnp.zeros(4)}, "head": {"w": jnp.zeros((4, 1)), "b": jnp.zeros(())}},
+  }
+  grads = jax.tree.map(jnp.ones_like, trainable)
+  state = optimizer.init(trainable)
+  for _ in range(3):  # past the warm-up's zero rate
+    updates, state = optimizer.update(grads, state, trainable, actor_on=False)
+  trunk = -float(updates["critic"]["params"]["w"][0])
+  assert trunk > 0 and float(jnp.abs(updates["actor"]["w"]).max()) == 0.0
+  rate = settings.critic_learning_rate if head_lr is None else head_lr
+  for leaf in jax.tree.leaves(updates["critic"]["head"]):
+    np.testing.assert_allclose(
+      -np.asarray(leaf), trunk * rate / settings.critic_learning_rate, rtol=1e-5
+    )

@@ -51,6 +51,8 @@ def critic(tiny: bool) -> ml_collections.ConfigDict:
       "mode": placeholder(str),  # lora | full | shared; None: lora with a LoRA actor, else full
       # None: 10x train.learning_rate (Tunix, verl); the tiny model's full trunk wants 1x
       "learning_rate": 3e-2 if tiny else placeholder(float),
+      # the value head's own rate (its own AdamW); None: the critic's learning_rate
+      "head_learning_rate": placeholder(float),
     }
   )
 

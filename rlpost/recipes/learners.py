@@ -84,20 +84,26 @@ class CriticConfig:
 
   mode: one of critic.MODES; None: 'lora' with a LoRA actor, else 'full'.
   learning_rate: the critic's peak learning rate; None: 10x train.learning_rate.
+  head_learning_rate: the value head's own peak learning rate (its own AdamW, clipped
+    on its own); None: the head trains with the rest of the critic at learning_rate.
   """
 
   mode: str | None = None
   learning_rate: float | None = None
+  head_learning_rate: float | None = None
 
   def __post_init__(self):
     if self.mode is not None and self.mode not in critic_lib.MODES:
       raise ValueError(f"CriticConfig.mode={self.mode!r}: use one of {', '.join(critic_lib.MODES)}")
-    rate = self.learning_rate
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-      raise ValueError(
-        f"CriticConfig.learning_rate={rate!r}: must be a finite number > 0 "
-        "(None: 10x train.learning_rate)"
-      )
+    for name, none in (
+      ("learning_rate", "10x train.learning_rate"),
+      ("head_learning_rate", "the critic's learning_rate"),
+    ):
+      rate = getattr(self, name)
+      if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ValueError(
+          f"CriticConfig.{name}={rate!r}: must be a finite number > 0 (None: {none})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +124,7 @@ class PPOSettings:
   micro_batch_size: int
   seed: int
   gae_in_step: bool = False
+  head_learning_rate: float | None = None  # the value head's own rate (None: the critic's)
 
   @property
   def updates_per_iteration(self) -> int:
@@ -264,6 +271,7 @@ def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
     mini_batch_size=mini,
     micro_batch_size=t.micro_batch_size,
     seed=cfg.seed,
+    head_learning_rate=critic_cfg.head_learning_rate,
   )
 
 
@@ -271,16 +279,25 @@ def ppo_optimizer(cfg, settings: PPOSettings) -> optax.GradientTransformation:
   """One optax tree: the actor's AdamW gated on `actor_on`, the critic's at its own rate.
 
   Each part is clipped to train.max_grad_norm on its own and scheduled over its
-  own optimizer steps (the actor's start after the critic warm-up).
+  own optimizer steps (the actor's start after the critic warm-up). With
+  `head_learning_rate` the value head is a third part, at that rate.
   """
   per_iter = settings.updates_per_iteration
   total = cfg.train.steps * per_iter
   actor = common.make_optimizer(cfg, total - settings.algo.critic_warmup_steps * per_iter)
   critic = common.make_optimizer(cfg, total, learning_rate=settings.critic_learning_rate)
-  return optax.multi_transform(
-    {"actor": step_lib.gated(actor, "actor_on"), "critic": critic},
-    {"actor": "actor", "critic": "critic"},
-  )
+  parts = {"actor": step_lib.gated(actor, "actor_on"), "critic": critic}
+  if settings.head_learning_rate is None:
+    return optax.multi_transform(parts, {"actor": "actor", "critic": "critic"})
+  parts["head"] = common.make_optimizer(cfg, total, learning_rate=settings.head_learning_rate)
+
+  def labels(trainable):  # the critic's head apart from its trunk (adapters or params)
+    return {
+      "actor": "actor",
+      "critic": {k: "head" if k == "head" else "critic" for k in trainable["critic"]},
+    }
+
+  return optax.multi_transform(parts, labels)
 
 
 def build_ppo(cfg, params, settings: PPOSettings):

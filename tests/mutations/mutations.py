@@ -447,4 +447,12 @@ MUTATIONS = [
     tests=["tests/test_rollout_mesh.py"],
     why="every rollout device sampling every row (the sampler replicated, not split)",
   ),
+  dict(
+    name="value_head_at_the_critics_rate",
+    path="rlpost/recipes/learners.py",
+    old='{k: "head" if k == "head" else "critic" for k in trainable["critic"]}',
+    new='{k: "critic" for k in trainable["critic"]}',
+    tests=["tests/test_ppo.py"],
+    why="critic.head_learning_rate set but ignored (the head at the trunk's rate)",
+  ),
 ]
