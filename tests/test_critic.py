@@ -4,6 +4,8 @@ import dataclasses
 
 import functools
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,3 +118,60 @@ def test_bad_layout_names_the_field_and_the_choices():
     critic_lib.CriticLayout("twin")
   with pytest.raises(ValueError, match="LoraConfig"):
     critic_lib.CriticLayout("lora")
+
+
+@hypothesis.settings(max_examples=30, deadline=None)
+@hypothesis.given(
+  st.integers(0, 2**16),
+  st.floats(-3, 3),
+  st.floats(0.01, 5),
+  st.floats(0.05, 1.0),
+  st.integers(0, 3),
+)
+def test_return_statistics_move_without_changing_a_value(
+  seed, batch_mean, batch_std, decay, earlier
+):
+  """PopArt: after `with_return_stats` every value (head output x std + mean) is what it
+  was, to float32 rounding, while the statistics become the first batch's own (count 0)
+  or move towards the batch's with weight `decay` (the mixture's mean and variance, against
+  a float64 transcription through mean squares); the loss's unit
+  `value_scale` is their std. Mutation caught: the head's bias not rescaled."""
+  rng = np.random.default_rng(seed)
+  layout = critic_lib.CriticLayout("shared", normalize=True)
+  critic = critic_lib.init_critic(jax.random.key(0), {"embed": jnp.zeros((5, 8))}, layout)
+  critic["head"] = {
+    "w": jnp.asarray(rng.normal(size=(8, 1)), jnp.float32),
+    "b": jnp.float32(rng.normal()),
+  }
+  for _ in range(earlier):  # some batches seen before
+    critic = critic_lib.with_return_stats(
+      critic, np.float32(rng.normal()), np.float32(rng.uniform(0.1, 2)), np.float32(0.5)
+    )
+  hidden = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
+  before = critic_lib.values_from_hidden(critic["head"], hidden, critic["stats"])
+  stats = {k: float(v) for k, v in critic["stats"].items()}
+  after_critic = critic_lib.with_return_stats(
+    critic, np.float32(batch_mean), np.float32(batch_std), np.float32(decay)
+  )
+  after = critic_lib.values_from_hidden(after_critic["head"], hidden, after_critic["stats"])
+  np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * (1 + abs(batch_mean)))
+  weight = 1.0 if earlier == 0 else decay  # the mixture's mean and variance, in float64
+  want_mean = (1 - weight) * stats["mean"] + weight * batch_mean
+  want_sq = (1 - weight) * (stats["var"] + stats["mean"] ** 2) + weight * (
+    batch_std**2 + batch_mean**2
+  )
+  want_var = want_sq - want_mean**2
+  new = after_critic["stats"]
+  np.testing.assert_allclose(new["mean"], want_mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new["var"], want_var, rtol=1e-4, atol=1e-6)
+  assert float(new["count"]) == earlier + 1
+  want_std = max(want_var, critic_lib.MIN_STD**2) ** 0.5
+  np.testing.assert_allclose(critic_lib.value_scale(after_critic), want_std, rtol=1e-3)
+
+
+def test_a_critic_without_statistics_reads_values_in_return_units():
+  """No `normalize`: no "stats", the unit is 1 and values are the head's outputs."""
+  critic = critic_lib.init_critic(
+    jax.random.key(0), {"embed": jnp.zeros((5, 8))}, critic_lib.CriticLayout("shared")
+  )
+  assert "stats" not in critic and float(critic_lib.value_scale(critic)) == 1.0

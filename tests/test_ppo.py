@@ -299,3 +299,27 @@ def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
     np.testing.assert_allclose(
       -np.asarray(leaf), trunk * rate / settings.critic_learning_rate, rtol=1e-5
     )
+
+
+@pytest.mark.slow
+def test_normalised_values_track_the_returns_and_the_optimizer_leaves_them(tmp_path):
+  """Tiny PPO with `critic.value_norm_decay=0.5` (4 iterations): the running return
+  statistics are the first batch's returns' mean, then each iteration halfway towards the
+  batch's (`value_norm/mean` against the logged `returns/mean`), so nothing but
+  `with_return_stats` moves them (not AdamW's weight decay); the final critic holds them
+  with count 4, and the run's losses and values stay finite. Mutation caught: the stats
+  labelled as critic parameters (the optimizer's decay moves them)."""
+  state = rl.run(
+    _config(**{"train.steps": 4, "critic.value_norm_decay": 0.5, "train.weight_decay": 0.1}),
+    str(tmp_path),
+  )
+  records = _metrics(tmp_path)
+  assert len(records) == 4
+  want = None
+  for r in records:
+    want = r["returns/mean"] if want is None else 0.5 * want + 0.5 * r["returns/mean"]
+    np.testing.assert_allclose(r["value_norm/mean"], want, rtol=1e-4, atol=1e-6)
+    assert np.isfinite(r["loss"]) and np.isfinite(r["values/mean"])
+  stats = state.trainable["critic"]["stats"]
+  assert float(stats["count"]) == 4
+  np.testing.assert_allclose(float(stats["mean"]), want, rtol=1e-4, atol=1e-6)

@@ -53,6 +53,9 @@ def critic(tiny: bool) -> ml_collections.ConfigDict:
       "learning_rate": 3e-2 if tiny else placeholder(float),
       # the value head's own rate (its own AdamW); None: the critic's learning_rate
       "head_learning_rate": placeholder(float),
+      # values normalised with running return statistics, each batch's at this weight
+      # (PopArt-style); None: values in return units
+      "value_norm_decay": placeholder(float),
     }
   )
 

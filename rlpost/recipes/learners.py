@@ -86,11 +86,15 @@ class CriticConfig:
   learning_rate: the critic's peak learning rate; None: 10x train.learning_rate.
   head_learning_rate: the value head's own peak learning rate (its own AdamW, clipped
     on its own); None: the head trains with the rest of the critic at learning_rate.
+  value_norm_decay: None: values in return units. d in (0, 1]: values normalised with
+    running return statistics (`critic.with_return_stats`, PopArt-style), each batch's
+    entering them with weight d (the first batch's alone).
   """
 
   mode: str | None = None
   learning_rate: float | None = None
   head_learning_rate: float | None = None
+  value_norm_decay: float | None = None
 
   def __post_init__(self):
     if self.mode is not None and self.mode not in critic_lib.MODES:
@@ -104,6 +108,12 @@ class CriticConfig:
         raise ValueError(
           f"CriticConfig.{name}={rate!r}: must be a finite number > 0 (None: {none})"
         )
+    decay = self.value_norm_decay
+    if decay is not None and not 0 < decay <= 1:
+      raise ValueError(
+        f"CriticConfig.value_norm_decay={decay!r}: must be in (0, 1] (the weight of each "
+        "batch's return statistics; None: values not normalised)"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +135,7 @@ class PPOSettings:
   seed: int
   gae_in_step: bool = False
   head_learning_rate: float | None = None  # the value head's own rate (None: the critic's)
+  value_norm_decay: float | None = None  # running return statistics' weight (None: off)
 
   @property
   def updates_per_iteration(self) -> int:
@@ -260,7 +271,9 @@ def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
   if critic_lr is None:  # train.learning_rate is checked finite and > 0 with the optimizer
     critic_lr = 10 * t.learning_rate
   layout = critic_lib.CriticLayout(
-    mode, common.lora_config(cfg, always=True) if mode == "lora" else None
+    mode,
+    common.lora_config(cfg, always=True) if mode == "lora" else None,
+    normalize=critic_cfg.value_norm_decay is not None,
   )
   return PPOSettings(
     algo=algo,
@@ -272,6 +285,7 @@ def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
     micro_batch_size=t.micro_batch_size,
     seed=cfg.seed,
     head_learning_rate=critic_cfg.head_learning_rate,
+    value_norm_decay=critic_cfg.value_norm_decay,
   )
 
 
@@ -287,14 +301,17 @@ def ppo_optimizer(cfg, settings: PPOSettings) -> optax.GradientTransformation:
   actor = common.make_optimizer(cfg, total - settings.algo.critic_warmup_steps * per_iter)
   critic = common.make_optimizer(cfg, total, learning_rate=settings.critic_learning_rate)
   parts = {"actor": step_lib.gated(actor, "actor_on"), "critic": critic}
-  if settings.head_learning_rate is None:
+  if settings.head_learning_rate is not None:
+    parts["head"] = common.make_optimizer(cfg, total, learning_rate=settings.head_learning_rate)
+  if settings.critic.normalize:
+    parts["stats"] = optax.set_to_zero()  # moved by `with_return_stats` only
+  if len(parts) == 2:
     return optax.multi_transform(parts, {"actor": "actor", "critic": "critic"})
-  parts["head"] = common.make_optimizer(cfg, total, learning_rate=settings.head_learning_rate)
 
-  def labels(trainable):  # the critic's head apart from its trunk (adapters or params)
+  def labels(trainable):  # the critic's head and statistics apart from its trunk
     return {
       "actor": "actor",
-      "critic": {k: "head" if k == "head" else "critic" for k in trainable["critic"]},
+      "critic": {k: k if k in parts else "critic" for k in trainable["critic"]},
     }
 
   return optax.multi_transform(parts, labels)
@@ -368,6 +385,16 @@ def ppo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
       metrics[f"{name}/first_pass"] = passes[0][name]
   metrics["actor_on"] = float(actor_on)
   metrics["time/forward_s"] = forward_s
+  if settings.value_norm_decay is not None:  # after the batch's updates, as PopArt
+    critic = critic_lib.with_return_stats(
+      state.trainable["critic"],
+      np.float32(metrics["returns/mean"]),
+      np.float32(metrics["returns/std"]),
+      np.float32(settings.value_norm_decay),
+    )
+    state = state._replace(trainable={**state.trainable, "critic": critic})
+    mean, std = jax.device_get(critic_lib.return_stats(critic))
+    metrics.update({"value_norm/mean": float(mean), "value_norm/std": float(std)})
   return state, metrics
 
 

@@ -359,25 +359,30 @@ def value_loss(
   clip_range=0.2,
   aggregation="token-mean",
   max_tokens=None,
+  scale=1.0,
 ):
-  """Clipped value loss `0.5 * max((v - R)^2, (v_clip - R)^2)`, PPO-style.
+  """Clipped value loss `0.5 * max((v - R)^2, (v_clip - R)^2) / scale^2`, PPO-style.
 
-  `v_clip = old_v + clip(v - old_v, -clip_range, clip_range)`; `clip_range=None`
-  gives the plain squared error. Returns `(loss, {'vf_clip_frac', ...})`, where
-  `vf_clip_frac` is the fraction of valid tokens where the clipped term won.
+  `v_clip = old_v + clip(v - old_v, -clip_range * scale, clip_range * scale)`;
+  `clip_range=None` gives the plain squared error. `scale` ([] float, no gradient): the
+  unit the values are learned in (normalised values: the returns' running std; the loss
+  and the clip are then those of the values and returns divided by it). Returns `(loss,
+  {'vf_clip_frac', ...})`, where `vf_clip_frac` is the fraction of valid tokens where the
+  clipped term won.
   """
   chex.assert_equal_shape([values_BxT, old_values_BxT, returns_BxT, mask_BxT])
   mask_BxT = mask_BxT.astype(jnp.float32)
   values_BxT = _clean(values_BxT, mask_BxT)
   old_BxT = jax.lax.stop_gradient(_clean(old_values_BxT, mask_BxT))
   returns_BxT = jax.lax.stop_gradient(_clean(returns_BxT, mask_BxT))
-  unclipped_BxT = jnp.square(values_BxT - returns_BxT)
+  scale = jax.lax.stop_gradient(jnp.asarray(scale, jnp.float32))
+  unclipped_BxT = jnp.square((values_BxT - returns_BxT) / scale)
   if clip_range is None:
     per_token_BxT, clipped_won_BxT = unclipped_BxT, jnp.zeros_like(mask_BxT)
   else:
-    delta_BxT = jnp.clip(values_BxT - old_BxT, -clip_range, clip_range)
+    delta_BxT = jnp.clip(values_BxT - old_BxT, -clip_range * scale, clip_range * scale)
     v_clip_BxT = old_BxT + delta_BxT
-    clipped_BxT = jnp.square(v_clip_BxT - returns_BxT)
+    clipped_BxT = jnp.square((v_clip_BxT - returns_BxT) / scale)
     per_token_BxT = jnp.maximum(unclipped_BxT, clipped_BxT)
     clipped_won_BxT = (clipped_BxT > unclipped_BxT).astype(jnp.float32)
   loss = 0.5 * aggregate(per_token_BxT, mask_BxT, aggregation, max_tokens)

@@ -383,6 +383,7 @@ def ppo_loss(
   entropy=None,
   sampler_logp=None,
   ref_logp=None,
+  value_scale=1.0,
 ):
   """PPO loss: policy loss (+ beta * KL unless it is in the reward) + vf_coef * value loss
   - entropy bonus.
@@ -390,7 +391,8 @@ def ppo_loss(
   Shapes `[batch, seq]`; `logp_BxT` and `values_BxT` are differentiated (actor,
   critic); `old_logp`, `old_values` and `returns` come from the rollout.
   `ref_logp` (optional) adds the `kl` metric, and the loss term when
-  `not config.kl_in_reward and beta > 0`. Returns `(loss, metrics)`.
+  `not config.kl_in_reward and beta > 0`. `value_scale`: the unit the value loss is
+  measured in (`critic.value_scale`). Returns `(loss, metrics)`.
   """
   max_tokens = mask_BxT.shape[1]
   loss, metrics = _policy_term(
@@ -414,6 +416,7 @@ def ppo_loss(
     clip_range=config.clip_range_value,
     aggregation=config.loss_agg_mode,
     max_tokens=max_tokens,
+    scale=value_scale,
   )
   metrics.update(vf_metrics, vf_loss=vf_loss)
   loss = loss + config.vf_coef * vf_loss
@@ -539,6 +542,7 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
       entropy=entropy,
       sampler_logp=batch.sampler_logp,
       ref_logp=batch.ref_logp,
+      value_scale=critic_lib.value_scale(trainable["critic"]),
     )
     return loss, {**metrics, **moments, **_sampler_gap(logp, batch.sampler_logp, mask)}
 

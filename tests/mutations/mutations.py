@@ -98,8 +98,8 @@ MUTATIONS = [
   dict(
     name="value_loss_abs",
     path="rlpost/rl/losses.py",
-    old="  unclipped_BxT = jnp.square(values_BxT - returns_BxT)\n",
-    new="  unclipped_BxT = jnp.abs(values_BxT - returns_BxT)\n",
+    old="  unclipped_BxT = jnp.square((values_BxT - returns_BxT) / scale)\n",
+    new="  unclipped_BxT = jnp.abs((values_BxT - returns_BxT) / scale)\n",
     tests=["tests/test_losses.py", "tests/test_critic.py", "tests/test_ppo.py"],
     why="value loss as an absolute error",
   ),
@@ -450,9 +450,17 @@ MUTATIONS = [
   dict(
     name="value_head_at_the_critics_rate",
     path="rlpost/recipes/learners.py",
-    old='{k: "head" if k == "head" else "critic" for k in trainable["critic"]}',
-    new='{k: "critic" for k in trainable["critic"]}',
+    old='"critic": {k: k if k in parts else "critic" for k in trainable["critic"]},',
+    new='"critic": {k: "stats" if k == "stats" else "critic" for k in trainable["critic"]},',
     tests=["tests/test_ppo.py"],
     why="critic.head_learning_rate set but ignored (the head at the trunk's rate)",
+  ),
+  dict(
+    name="popart_bias_not_rescaled",
+    path="rlpost/models/critic.py",
+    old='  head = {"w": head["w"] * std / new_std, "b": (std * head["b"] + mean - new_mean) / new_std}\n',
+    new='  head = {"w": head["w"] * std / new_std, "b": head["b"]}\n',
+    tests=["tests/test_critic.py"],
+    why="normalised values that jump whenever the return statistics move",
   ),
 ]
