@@ -12,9 +12,11 @@ a correct/incorrect classifier (`supervised.classifier_metrics`).
 """
 
 import functools
+import os
 
 import jax
 import numpy as np
+import tqdm
 
 from rlpost import errors
 from rlpost.data import chat
@@ -140,7 +142,10 @@ def score_examples(
     labels.append(label)
   score = jax.jit(functools.partial(reward_model.scores, fwd=fwd))
   scores = []
-  for first in range(0, len(rows), EVAL_ROWS):
+  chunks = tqdm.trange(
+    0, len(rows), EVAL_ROWS, desc=f"scoring {os.path.basename(path)}", leave=False
+  )
+  for first in chunks:
     part = rows[first : first + EVAL_ROWS]
     n = len(part)
     part = part + part[:1] * (EVAL_ROWS - n)  # one shape for every chunk
