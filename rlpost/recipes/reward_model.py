@@ -32,6 +32,7 @@ from rlpost.train import step as step_lib
 
 SOURCES = ("jsonl", "synthetic")
 EVAL_ROWS = 8  # held-out pairs scored per call
+SCORE_BUCKET = 64  # `score_examples` pads each chunk to a multiple of this
 
 
 def check_config(cfg):
@@ -117,7 +118,8 @@ def score_examples(
 ) -> tuple[np.ndarray, np.ndarray]:
   """(scores [N] float32, labels [N] bool) of the KTO-format records in the JSONL `path`
   ({"prompt", "completion", "label"}), scored by the reward-model run in `workdir` at each
-  completion's last token, in rows of `seq_len` tokens (None: the run's `data.seq_len`).
+  completion's last token, in rows of at most `seq_len` tokens (None: the run's
+  `data.seq_len`; rows of similar length are scored together, padded to SCORE_BUCKET).
   A longer record is an error naming its file and line (a cut completion would be scored
   as another text)."""
   trainable, frozen, fwd, tokenizer = common.reward_model_from_run(workdir, field="workdir")
@@ -141,14 +143,18 @@ def score_examples(
     rows.append(chat.concat_prompt_response(prompt, completion))
     labels.append(label)
   score = jax.jit(functools.partial(reward_model.scores, fwd=fwd))
-  scores = []
+  # Shortest first, each chunk padded to its longest row rounded up to SCORE_BUCKET tokens
+  # (a few shapes, far fewer padded tokens than rows of seq_len); scores back in file order.
+  order = np.argsort([len(tokens) for tokens, _ in rows], kind="stable")
+  scores = np.zeros(len(rows), np.float32)
   chunks = tqdm.trange(
     0, len(rows), EVAL_ROWS, desc=f"scoring {os.path.basename(path)}", leave=False
   )
   for first in chunks:
-    part = rows[first : first + EVAL_ROWS]
-    n = len(part)
-    part = part + part[:1] * (EVAL_ROWS - n)  # one shape for every chunk
-    batch = sft.make_batch(part, seq_len=seq_len, pad_id=tokenizer.pad_id, micro_batch_size=1)
-    scores.append(np.asarray(score(trainable, frozen, batch))[:n])
-  return np.concatenate(scores).astype(np.float32), np.asarray(labels, bool)
+    picked = order[first : first + EVAL_ROWS]
+    part = [rows[i] for i in picked]
+    part += part[:1] * (EVAL_ROWS - len(part))  # one row count for every chunk
+    width = min(seq_len, -(-max(len(t) for t, _ in part) // SCORE_BUCKET) * SCORE_BUCKET)
+    batch = sft.make_batch(part, seq_len=width, pad_id=tokenizer.pad_id, micro_batch_size=1)
+    scores[picked] = np.asarray(score(trainable, frozen, batch))[: len(picked)]
+  return scores, np.asarray(labels, bool)
