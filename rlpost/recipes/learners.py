@@ -372,8 +372,10 @@ def ppo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
     if mini < rows:  # a fresh, reproducible order per (iteration, epoch)
       order = np.random.default_rng([settings.seed, index, epoch]).permutation(rows)
     for first in range(0, rows, mini):
-      mini_batch = batch_lib.select_rows(batch, order[first : first + mini])
+      mini_batch = _select_rows(batch, order[first : first + mini])
       state, m = learner.train_step(state, learner.frozen, mini_batch, opt_args)
+      if passes:  # at most two steps in flight (see `_select_rows`)
+        jax.block_until_ready(passes[-1])
       passes.append(m)
   passes = jax.device_get(passes)
   if moments is None:  # GAE ran in the (single) train step
@@ -398,6 +400,11 @@ def ppo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
   return state, metrics
 
 
+# A mini-batch's rows in one program, not one eager gather per field and primitive. With
+# several CPU devices per process (and across processes) dozens of small programs queued at
+# once could exhaust a device's in-flight slots, which later programs, launched out of
+# order, hold while waiting on an earlier one: a deadlock (seen on 2 processes x 2 devices).
+_select_rows = jax.jit(batch_lib.select_rows)
 _ppo_advantages = jax.jit(objectives.ppo_advantages, static_argnames="config")
 _moments = jax.jit(objectives.value_moments)
 
