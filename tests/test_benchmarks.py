@@ -87,3 +87,34 @@ def test_decode_benchmark_reads_the_int8_copy_with_the_dots_it_was_given():
   assert report["sampler_weights"] == "int8"
   assert report["int8_paths"] == {"layer_layout": "oik", "activations_left_max_rows": 0}
   assert report["batched"]["tokens_per_s"] > 0 and report["single_stream"]["tokens_per_s"] > 0
+
+
+def test_preference_benchmark_trains_without_its_held_out_pairs_and_gives_kto_both_answers(
+  tmp_path,
+):
+  """preference_losses --data: the training file holds every pair but the last `held_out`
+  (those are the held-out accuracy's pairs), and KTO's holds each training pair's chosen
+  answer as desirable and its rejected one as undesirable (a pairs file used to fail KTO
+  for want of a 'completion' field). Mutations: the held-out pairs trained on; a label
+  flipped."""
+  from experiments.benchmarks import preference_losses
+  from rlpost.data import chat
+
+  pairs = [
+    {"prompt": f"q{i}", "chosen": f"good{i}", "rejected": f"bad{i}", "system": "s"}
+    for i in range(5)
+  ]
+  data = tmp_path / "pairs.jsonl"
+  data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+  (tmp_path / "dpo").mkdir()
+  (tmp_path / "kto").mkdir()
+  dpo_file = preference_losses.train_file(str(data), 2, False, str(tmp_path / "dpo"))
+  assert chat.load_dpo_jsonl(dpo_file) == pairs[:3]
+  kto_file = preference_losses.train_file(str(data), 2, True, str(tmp_path / "kto"))
+  assert chat.load_kto_jsonl(kto_file) == [
+    {"prompt": f"q{i}", "system": "s", "completion": f"{answer}{i}", "label": answer == "good"}
+    for i in range(3)
+    for answer in ("good", "bad")
+  ]
+  with pytest.raises(ValueError, match="--eval_pairs=5"):
+    preference_losses.train_file(str(data), 5, False, str(tmp_path))

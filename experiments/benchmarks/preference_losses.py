@@ -15,6 +15,7 @@ measures it); for the reward model, its pairwise accuracy.
 """
 
 import json
+import os
 import resource
 import tempfile
 
@@ -34,7 +35,7 @@ _EVAL_PAIRS = flags.DEFINE_integer("eval_pairs", 32, "Held-out pairs.")
 _WORKER = flags.DEFINE_string("worker", "", "Internal: run this loss and print its JSON.")
 
 
-def _configs(loss: str):
+def _configs(loss: str, workdir: str):
   from experiments.configs import dpo as dpo_configs  # pylint: disable=g-import-not-at-top
   from experiments.configs import reward_model as rm_configs  # pylint: disable=g-import-not-at-top
 
@@ -44,8 +45,38 @@ def _configs(loss: str):
   cfg.train.steps, cfg.lora.enabled = _STEPS.value, _LORA.value
   cfg.checkpoint.every = 10**9
   if _DATA.value:
-    cfg.data.source, cfg.data.path = "jsonl", _DATA.value
+    cfg.data.source = "jsonl"
+    cfg.data.path = train_file(_DATA.value, _EVAL_PAIRS.value, loss == "kto", workdir)
   return cfg
+
+
+def train_file(data: str, held_out: int, kto: bool, workdir: str) -> str:
+  """The pairs of `data` less its last `held_out` ones, written to `workdir`; `kto`:
+  unpaired, each chosen answer a desirable record, each rejected one an undesirable
+  one (as `dpo.synthetic_kto` does for the synthetic pairs)."""
+  from rlpost.data import chat  # pylint: disable=g-import-not-at-top
+
+  pairs = chat.load_dpo_jsonl(data)
+  if len(pairs) <= held_out:
+    raise ValueError(
+      f"--data: {len(pairs)} pairs leave none to train on after the last --eval_pairs="
+      f"{held_out} held out; give more pairs or a smaller --eval_pairs"
+    )
+  records = pairs[: len(pairs) - held_out]
+  if kto:
+    records = [
+      {
+        **{k: p[k] for k in p if k in ("prompt", "system")},
+        "completion": p[key],
+        "label": key == "chosen",
+      }
+      for p in records
+      for key in ("chosen", "rejected")
+    ]
+  path = os.path.join(workdir, "train.jsonl")
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  return path
 
 
 def _pairs(cfg, tokenizer):
@@ -87,8 +118,8 @@ def _worker(loss: str) -> dict:
   from rlpost.recipes import reward_model as rm_recipe  # pylint: disable=g-import-not-at-top
   from rlpost.supervised import dpo  # pylint: disable=g-import-not-at-top
 
-  cfg = _configs(loss)
   workdir = tempfile.mkdtemp()
+  cfg = _configs(loss, workdir)
   if loss == "reward_model":
     _, record = rm_recipe.run(cfg, workdir)
     return {
