@@ -52,9 +52,9 @@ def _configs(loss: str, workdir: str):
 
 def train_file(data: str, held_out: int, kto: bool, workdir: str) -> str:
   """The pairs of `data` less its last `held_out` ones, written to `workdir`; `kto`:
-  unpaired, each chosen answer a desirable record, each rejected one an undesirable
-  one (as `dpo.synthetic_kto` does for the synthetic pairs)."""
+  unpaired (`dpo.unpaired`), as `dpo.synthetic_kto` does for the synthetic pairs."""
   from rlpost.data import chat  # pylint: disable=g-import-not-at-top
+  from rlpost.supervised import dpo  # pylint: disable=g-import-not-at-top
 
   pairs = chat.load_dpo_jsonl(data)
   if len(pairs) <= held_out:
@@ -64,15 +64,7 @@ def train_file(data: str, held_out: int, kto: bool, workdir: str) -> str:
     )
   records = pairs[: len(pairs) - held_out]
   if kto:
-    records = [
-      {
-        **{k: p[k] for k in p if k in ("prompt", "system")},
-        "completion": p[key],
-        "label": key == "chosen",
-      }
-      for p in records
-      for key in ("chosen", "rejected")
-    ]
+    records = dpo.unpaired(records)
   path = os.path.join(workdir, "train.jsonl")
   with open(path, "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in records)

@@ -189,14 +189,23 @@ def synthetic_pairs(num_pairs: int, seed: int) -> list[dict[str, str]]:
   ]
 
 
-def synthetic_kto(num_pairs: int, seed: int) -> list[dict]:
-  """`synthetic_pairs` unpaired: each chosen answer a desirable record, each rejected one
-  an undesirable record, interleaved."""
+def unpaired(pairs: list[dict]) -> list[dict]:
+  """KTO records of preference pairs: each chosen answer a desirable record, each rejected
+  one an undesirable record, interleaved (prompt and system kept)."""
   return [
-    {"prompt": p["prompt"], "completion": p[key], "label": key == "chosen"}
-    for p in synthetic_pairs(num_pairs, seed)
+    {
+      **{k: p[k] for k in ("prompt", "system") if k in p},
+      "completion": p[key],
+      "label": key == "chosen",
+    }
+    for p in pairs
     for key in ("chosen", "rejected")
   ]
+
+
+def synthetic_kto(num_pairs: int, seed: int) -> list[dict]:
+  """`synthetic_pairs` unpaired (`unpaired`)."""
+  return unpaired(synthetic_pairs(num_pairs, seed))
 
 
 def initial_reference(params):
