@@ -431,6 +431,13 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   np.testing.assert_allclose(loss, loss3, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads3)
 
+  # the rollout keeps the slots its longest row uses (`multiturn.batch_width`): empty
+  # slots appended change neither the loss nor the gradients
+  wide = batch_lib.with_width(jax.device_get(batch), batch.completion_len + 64, TOK.pad_id)
+  (loss4, _), grads4 = grad_fn(params, None, jax.tree.map(jnp.asarray, wide))
+  np.testing.assert_allclose(loss, loss4, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads4)
+
   logp = objectives.completion_logprobs_jit(params, None, batch, fwd)
   loss_of_logp = lambda lp: objectives.grpo_loss(
     lp,
@@ -1054,6 +1061,45 @@ _token_ids = st.builds(
 )
 
 
+@pytest.mark.parametrize(
+  "total, fixed_shapes, widest, width",
+  [
+    (200, False, int, 128),  # 2 slots used; the floor: capacity 80 + 1, rounded up to 64
+    (100, False, int, 100),  # capped at max_total_tokens
+    (200, True, int, 200),  # fixed shapes: every slot
+    (400, False, lambda n: max(n, 150), 192),  # another process's longest row: 150 slots
+  ],
+)
+def test_a_batch_keeps_the_slots_its_rows_use_and_loss_slots_whatever_the_width(
+  total, fixed_shapes, widest, width, monkeypatch
+):
+  """One-turn episodes of 2 sampled tokens (10 turns x 8 tokens: 80 loss slots at most):
+  the batch's width follows the longest row over the processes (`widest`), rounded up to
+  64 slots, never below the loss-slot capacity, so every batch of the run has loss_slots
+  of the same width. Mutations caught: the floor dropped (64 slots, below the capacity:
+  no loss_slots), `widest` not asked (128), `fixed_shapes` ignored (128)."""
+  step = lambda state, text: protocol.Step(state, "", 1.0, True, {})
+  env = protocol.Env("one turn", lambda task, seed: (seed, "go"), step, max_turns=10)
+  _patch_sampler(monkeypatch, _ScriptedSampler([[[7, 8]]]))
+  turns = multiturn.TurnConfig("plain", 8, total, fixed_shapes=fixed_shapes)
+  out = multiturn.rollout(
+    None,
+    env,
+    [None, None],
+    [3, 4],
+    jax.random.key(0),
+    tokenizer=TOK,
+    model_config=None,
+    sampling_config=_sampling_config(8),
+    turns=turns,
+    widest=widest,
+  )
+  assert out.batch.completion_len == width
+  assert out.batch.loss_mask.sum(1).tolist() == [2, 2]
+  assert out.batch.loss_slots.shape == (2, 80)
+  assert out.turn_rewards.shape == (2, width)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
   turns_of_row=st.lists(st.lists(_token_ids, min_size=1, max_size=4), min_size=1, max_size=4),
@@ -1151,8 +1197,11 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
       turns=turns,
       num_generations=G,
     )
-  b, P, T = out.batch, out.batch.prompt_len, total
-  assert b.loss_mask.shape == (tasks * G, T)
+  # T: the slots a row may fill; W: the batch's width (all T with fixed shapes, else the
+  # longest row's slots rounded up to 64, at least the loss-slot capacity, at most T)
+  b, P, T, W = out.batch, out.batch.prompt_len, total, out.batch.completion_len
+  assert b.loss_mask.shape == (tasks * G, W)
+  lengths = []
 
   for r, e in enumerate(out.episodes):
     seed = seeds[r // G]
@@ -1175,25 +1224,30 @@ def test_random_envs_and_outputs_keep_the_batch_invariants(
       stream, sampled, turn_of = stream + obs, sampled + [0] * len(obs), turn_of + [k] * len(obs)
       k += 1
     n = len(stream)
+    lengths.append(n)
     assert (e.done, e.truncated) == (done, not done), r
-    assert b.tokens[r, P:].tolist() == stream + [TOK.pad_id] * (T - n)
-    assert b.valid[r, P:].tolist() == [True] * n + [False] * (T - n)
+    assert b.tokens[r, P:].tolist() == stream + [TOK.pad_id] * (W - n)
+    assert b.valid[r, P:].tolist() == [True] * n + [False] * (W - n)
     masked = mask_truncated and e.truncated
-    expected_mask = [0] * T if masked else sampled + [0] * (T - n)
+    expected_mask = [0] * W if masked else sampled + [0] * (W - n)
     np.testing.assert_array_equal(b.loss_mask[r], expected_mask)
-    assert b.turn_ids[r].tolist() == turn_of + [-1] * (T - n)
+    assert b.turn_ids[r].tolist() == turn_of + [-1] * (W - n)
     logp = [
       _scripted_logp(t, len(prompt) + j) if m else 0.0
       for j, (t, m) in enumerate(zip(stream, sampled))
     ]
-    np.testing.assert_array_equal(b.sampler_logp[r], np.float32(logp + [0.0] * (T - n)))
+    np.testing.assert_array_equal(b.sampler_logp[r], np.float32(logp + [0.0] * (W - n)))
     assert len(e.texts) == len(e.turn_rewards) == len(e.infos) == k + 1
     for j, text in enumerate(e.texts):
       assert text == TOK.decode([t for t, m, i in zip(stream, sampled, turn_of) if m and i == j])
       assert e.turn_rewards[j] == env_script[(seed + j) % len(env_script)][1]
     assert out.rewards[r] == np.float32(sum(e.turn_rewards))
-    placed = np.zeros(T, np.float32)
+    placed = np.zeros(W, np.float32)
     for j, reward in enumerate([] if masked else e.turn_rewards):
       placed[max(i for i in range(n) if sampled[i] and turn_of[i] == j)] += reward
     np.testing.assert_array_equal(out.turn_rewards[r], placed)
+  capacity = max_turns * turn_tokens  # sampled slots a row can fill
+  floor = capacity + 1 if capacity < total else 1
+  assert W == (total if fixed_shapes else min(total, -(-max(max(lengths), floor) // 64) * 64))
+  assert (b.loss_slots is not None) == (capacity < total)
   assert len(seen_steps) == sum(len(e.texts) for e in out.episodes)

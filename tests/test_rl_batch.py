@@ -1,5 +1,7 @@
 """RLBatch building: stop-string truncation and re-padding prompts of different buckets."""
 
+import dataclasses
+
 import pytest
 import jax
 import numpy as np
@@ -67,9 +69,11 @@ def test_truncate_at_stop_strings_with_sentencepiece_spaces():
 
 
 @pytest.mark.slow
-def test_concat_batches_re_pads_prompts_of_different_buckets():
-  """Rows whose prompts fell in different buckets (8 and 16 slots) are left-padded to 16;
-  every row's completion logprobs are those of its own batch."""
+def test_concat_batches_re_pads_prompts_and_completion_widths():
+  """Rows whose prompts fell in different buckets (8 and 16 slots) are left-padded to 16,
+  and rows of a narrower completion width (6 slots, against 9) get empty slots appended
+  (not valid, off the loss mask, turn id -1); every row's completion logprobs are those
+  of its own batch. Mutation caught: appended slots with turn id 0."""
   params = _random_params(2)
   sc = sampling.SamplingConfig(temperature=1.0, max_new_tokens=6, prompt_bucket=8, stop_ids=())
   batches = []
@@ -78,19 +82,25 @@ def test_concat_batches_re_pads_prompts_of_different_buckets():
     out = sampling.sample(
       params, tokens, lengths, jax.random.key(k), model_config=CONFIG, config=sc, num_samples=2
     )
-    batches.append(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
+    b = batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2)
+    batches.append(dataclasses.replace(b, turn_ids=np.zeros(b.loss_mask.shape, np.int32)))
   assert [b.prompt_len for b in batches] == [8, 16]
+  batches[0] = batch_lib.with_width(batches[0], 9, pad_id=0)  # a wider rollout's rows
   joined = batch_lib.concatenate(batches, pad_id=0)
-  assert joined.tokens.shape == (6, 16 + 6)
+  assert joined.tokens.shape == (6, 16 + 9)
   first = joined.tokens[:2]
   np.testing.assert_array_equal(first[:, :8], 0)  # the new slots are left padding
   assert not joined.valid[:2, :8].any() and (joined.positions[:2, :8] == 0).all()
   np.testing.assert_array_equal(first[:, 8:], batches[0].tokens)
+  assert not joined.valid[2:, 16 + 6 :].any() and not joined.loss_mask[2:, 6:].any()
+  np.testing.assert_array_equal(joined.tokens[2:, 16:22], batches[1].tokens[:, 16:])
+  assert (joined.turn_ids[:, 6:] == -1).all() and (joined.turn_ids[:, :6] == 0).all()
   fwd = policy.ForwardConfig(CONFIG)
   logp = lambda b: np.asarray(
     objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
   )
-  np.testing.assert_allclose(logp(joined), np.concatenate([logp(b) for b in batches]), atol=1e-5)
+  parts = [logp(batches[0]), batch_lib.pad_slots(logp(batches[1]), 9)]
+  np.testing.assert_allclose(logp(joined), np.concatenate(parts), atol=1e-5)
   np.testing.assert_allclose(logp(joined), joined.sampler_logp, atol=1e-4)
 
 

@@ -13,8 +13,10 @@ observation tokens are prefilled. The sampled text is decoded only to give it to
   -> env.step (alive rows, concurrently) -> observation ids] x turns -> RLBatch
 
 The training stream of a row is [first prompt | completion slots]: the prompt
-is the context (left-padded, as in single-turn), the T = `max_total_tokens`
-completion slots hold the turns and observations. `loss_mask` is 1 exactly on
+is the context (left-padded, as in single-turn), the T completion slots hold the
+turns and observations: T = `max_total_tokens` with `fixed_shapes`, else the slots the
+batch's longest row uses (`batch_width`: empty trailing slots would cost every pass
+that trains on the batch compute and change nothing it computes). `loss_mask` is 1 exactly on
 sampled tokens; observation and scaffolding tokens are `valid` context with
 `loss_mask` 0 (see `rlpost.text.scaffold`).
 
@@ -58,6 +60,9 @@ from rlpost.rl import batch as batch_lib
 # A later turn's new tokens (observations) are padded to a multiple of this: they are
 # few, and padding them to the prompt bucket multiplied a turn's prefill work.
 _NEW_BUCKET = 16
+# Without `fixed_shapes` a batch keeps the completion slots its longest row uses, rounded
+# up to a multiple of this (each width is one compilation of the passes that train on it).
+WIDTH_BUCKET = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,9 +458,10 @@ def rollout(
     first_row: the global id of row 0 when these tasks are one process's block of
       a larger batch: each row's random numbers follow its global id, so the
       episodes do not depend on the process count.
-    widest: this process's longest first prompt -> the longest over the processes
-      sampling one batch (`rlpost.train.shares.max_over_processes`; one process:
-      itself): every process pads its prompts to that width.
+    widest: a width on this process (its longest first prompt; its longest row) -> the
+      widest over the processes sampling one batch (`rlpost.train.shares.
+      max_over_processes`; one process: itself): every process pads its prompts, and
+      sizes its completion slots (`batch_width`), to those. Called twice per rollout.
   """
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
   _check_rollout_args(sc, turns, tasks, seeds, env)
@@ -492,7 +498,7 @@ def rollout(
       if _take_step(rows[r], text, step, turn, env.max_turns, tokenizer, turns)
     ]
     turn += 1
-  return _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row)
+  return _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row, widest)
 
 
 def _make_calls(
@@ -556,15 +562,31 @@ def _take_step(row: _Row, text: str, step, turn: int, max_turns: int, tokenizer,
   return True
 
 
-def _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row) -> Rollout:
+def batch_width(used: int, turns: TurnConfig, capacity: int, widest=int) -> int:
+  """T, a batch's completion slots: `turns.max_total_tokens` with `fixed_shapes`; else
+  `used` (this process's longest row; `widest`: the longest over the processes sampling
+  the batch) rounded up to WIDTH_BUCKET, at most `max_total_tokens`. A loss-slot
+  `capacity` below `max_total_tokens` is a floor (+ 1): every batch of a run then has
+  `loss_slots` (`batch.with_loss_slots`), or none does."""
+  T = turns.max_total_tokens
+  if turns.fixed_shapes:
+    return T
+  floor = capacity + 1 if capacity < T else 1
+  return min(T, -(-max(widest(used), floor) // WIDTH_BUCKET) * WIDTH_BUCKET)
+
+
+def _finish(
+  rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row, widest
+) -> Rollout:
   """The Rollout of the finished rows: the RLBatch, rewards (checked finite in float32),
   turn rewards on their tokens, and the Episodes."""
-  T = turns.max_total_tokens
-  batch = _stream_batch(prompts, G, rows, T, sc, longest)
-  # a row samples at most max_turns x max_turn_tokens of its T slots: only those are
+  # a row samples at most max_turns x max_turn_tokens of its slots: only those are
   # projected onto the vocabulary (the bound comes from the config: same shapes on
   # every process and every iteration)
-  batch = batch_lib.with_loss_slots(batch, env.max_turns * turns.max_turn_tokens)
+  capacity = env.max_turns * turns.max_turn_tokens
+  T = batch_width(max(len(row.stream) for row in rows), turns, capacity, widest)
+  batch = _stream_batch(prompts, G, rows, T, sc, longest)
+  batch = batch_lib.with_loss_slots(batch, capacity)
   if turns.mask_truncated:
     keep = ~np.asarray([row.truncated for row in rows])[:, None]
     batch = dataclasses.replace(batch, loss_mask=batch.loss_mask * keep)

@@ -620,10 +620,11 @@ def _groups_of(chosen, G: int, pad_id: int, whole: bool):
     [batch_lib.select_rows(out.batch, rows) for out, _, rows in parts], pad_id
   )
   join = lambda get: np.concatenate([get(out)[rows] for out, _, rows in parts])
+  width = batch.completion_len  # the rollouts' widest (`multiturn.batch_width`)
   out = multiturn.Rollout(
     batch,
     join(lambda o: o.rewards),
-    join(lambda o: o.turn_rewards),
+    join(lambda o: batch_lib.pad_slots(o.turn_rewards, width)),
     [e for out, _, rows in parts for e in out.episodes[rows]],
   )
   penalty = None if parts[0][1] is None else np.concatenate([pen[rows] for _, pen, rows in parts])

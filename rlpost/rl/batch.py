@@ -167,10 +167,39 @@ def _left_pad(batch: RLBatch, prompt_len: int, pad_id: int) -> RLBatch:
   )
 
 
+def pad_slots(x_NxT: np.ndarray, width: int, value=0) -> np.ndarray:
+  """`x_NxT` with empty completion slots (`value`) appended up to `width` columns."""
+  return np.pad(x_NxT, ((0, 0), (0, width - x_NxT.shape[1])), constant_values=value)
+
+
+def with_width(batch: RLBatch, width: int, pad_id: int) -> RLBatch:
+  """The batch with empty completion slots appended up to `width` (>= T): pad tokens,
+  not valid, position 0, off the loss mask, turn id -1, every per-slot value 0. Nothing
+  any loss or pass computes changes (they read `valid` and `loss_mask`)."""
+  if width == batch.completion_len:
+    return batch
+  per_slot = {
+    name: pad_slots(x, width, -1 if name == "turn_ids" else 0)
+    for name in ("loss_mask", "sampler_logp", "advantages", "scores", "old_logp", "ref_logp")
+    + ("values", "returns", "token_rewards", "turn_ids")
+    if (x := getattr(batch, name)) is not None and x.ndim == 2
+  }
+  S = batch.prompt_len + width
+  return dataclasses.replace(
+    batch,
+    tokens=pad_slots(batch.tokens, S, pad_id),
+    positions=pad_slots(batch.positions, S, 0),
+    valid=pad_slots(batch.valid, S, False),
+    **per_slot,
+  )
+
+
 def concatenate(batches: list[RLBatch], pad_id: int) -> RLBatch:
-  """Row-concatenates batches whose context lengths may differ (left re-padding)."""
+  """Row-concatenates batches whose context lengths (left re-padding) and completion
+  widths (empty slots appended) may differ."""
   prompt_len = max(b.prompt_len for b in batches)
-  batches = [_left_pad(b, prompt_len, pad_id) for b in batches]
+  width = max(b.completion_len for b in batches)
+  batches = [with_width(_left_pad(b, prompt_len, pad_id), width, pad_id) for b in batches]
   return jax.tree.map(lambda *xs: np.concatenate(xs), *batches)
 
 
