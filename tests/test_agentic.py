@@ -178,6 +178,28 @@ def test_turn_credit_over_frozenlake_episodes(monkeypatch):
     np.testing.assert_allclose(fused[key], apart[key], rtol=2e-4, atol=1e-6, err_msg=key)
 
 
+def test_ppo_plays_num_generations_episodes_of_each_task(monkeypatch):
+  """algo.num_generations=2 with PPO: 4 tasks give 8 rows, task-major (rows 2k and 2k+1
+  start from the same map) and sampled apart; the critic scores all 8. Mutation caught:
+  PPO's samples per task fixed at 1 (4 rows: the mini-batch of 8 is refused)."""
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
+
+  overrides = {"algo.num_generations": 2, "train.batch_tasks": 4, "eval.every": 0}
+  cfg = _config("frozenlake_tiny,ppo", **overrides, **{"env.fixed_map": ""})
+  p = rl.build(cfg)
+  scored, inner = [], learners.score_tokens
+  monkeypatch.setattr(learners, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
+  _, _, metrics = rl.iteration(p, p.state, Cursor(0, 0, 0), 0)
+  b = jax.device_get(scored[-1][0])
+  assert b.tokens.shape[0] == 8 and np.isfinite(metrics["loss"])
+  P = b.prompt_len
+  prompts = [tuple(t[:P][v[:P]]) for t, v in zip(b.tokens, b.valid)]
+  assert prompts[0::2] == prompts[1::2] and len(set(prompts)) > 1  # one map per pair
+  streams = [tuple(t[v]) for t, v in zip(b.tokens, b.valid)]
+  assert any(streams[2 * k] != streams[2 * k + 1] for k in range(4))
+
+
 @pytest.mark.slow
 def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp_path, monkeypatch):
   """sampling.weights=int8: the training episodes come from the int8 copy (their logprobs
@@ -368,6 +390,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny,ppo", {"algo.critic_warmup_steps": 100}, "critic_warmup_steps"),
     ("frozenlake_tiny,ppo", {"critic.mode": "twin"}, "critic.mode"),
     ("frozenlake_tiny,ppo", {"algo.mini_batch_size": 5}, "algo.mini_batch_size"),
+    ("frozenlake_tiny,ppo", {"algo.num_generations": 0}, "algo.num_generations"),
     ("cartpole_tiny", {}, "ENV_MODEL"),
     ("frozenlake_tiny", {"eval.seed_offset": 10}, "eval.seed_offset"),
     ("frozenlake_tiny", {"sampling.temperature": 0.0}, "sampling.temperature"),

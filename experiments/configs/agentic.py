@@ -18,7 +18,7 @@ ENV_MODEL:
                       --config.env.fewshot=0`); held-out tasks are GSM8K test problems
 ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
 (the `algo` block of configs/grpo_gsm8k.py); ppo: PPO with a learned critic (the `algo`
-and `critic` blocks of configs/ppo_gsm8k.py), one episode per task; on the real model's
+and `critic` blocks of configs/ppo_gsm8k.py), algo.num_generations episodes per task (1); on the real model's
 FrozenLake maps with GAE over turns, per-turn rewards and two mini-batches per iteration.
 """
 
@@ -122,7 +122,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(
     {
       "steps": 80 if tiny else 60,
-      # task seeds per step (GRPO: x algo.num_generations episodes; PPO: one episode each)
+      # task seeds per step, x algo.num_generations episodes each (PPO: 1 by default)
       "batch_tasks": 16 if algo == "ppo" else (1 if tiny else 2),
       "micro_batch_size": 8,
       "learning_rate": 1e-2 if tiny else 2e-5,

@@ -19,6 +19,7 @@ def algorithm(tiny: bool) -> ml_collections.ConfigDict:
       "num_iterations": 1,  # epochs over each rollout batch
       # rows per optimizer step; None: the whole batch
       "mini_batch_size": 8 if tiny else placeholder(int),
+      "num_generations": 1,  # samples per prompt (episodes per task); the critic is the baseline
       "gamma": 1.0,
       "gae_lambda": 0.95,  # the actor's advantages
       "critic_lambda": 1.0,  # the critic's targets (VC-PPO: decoupled from gae_lambda)

@@ -120,7 +120,7 @@ class CriticConfig:
 class PPOSettings:
   """A PPO learner's settings (`ppo_settings`).
 
-  rows: one batch's rows (one sample per task); mini_batch_size: rows per optimizer
+  rows: one batch's rows (algo.num_generations per task); mini_batch_size: rows per optimizer
   step; gae_in_step: set by `build_ppo` (it depends on the mesh): the batch feeds a
   single optimizer step, so GAE runs in the loss on the step's own values.
   """
@@ -149,7 +149,7 @@ class LearnerSpec(NamedTuple):
     (`tasks_field`: the `train` field counting one batch's tasks).
   build(cfg, params, settings) -> (Learner, fresh TrainState).
   update(learner, state, batch, index) -> (state, metrics) (module doc).
-  samples_per_task(settings) -> rows sampled per task (G; PPO: 1).
+  samples_per_task(settings) -> rows sampled per task (G: algo.num_generations).
   policy_part: the key of `state.trainable` the sampler reads (None: all of it).
   groups: the learner compares the G samples of a task (so groups whose rewards tie
     carry no signal: what `rollout.dynamic_sampling` drops).
@@ -244,19 +244,20 @@ def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
 
 def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
   """The `algo`, `critic`, `train` and forward settings of a PPO learner whose batch has
-  `cfg.train[tasks_field]` rows (one sample per task)."""
+  `cfg.train[tasks_field] * algo.num_generations` rows."""
   algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
   critic_cfg = common.from_block(CriticConfig, cfg.critic, "critic")
   t = cfg.train
-  rows = t[tasks_field.split(".")[1]]
-  if rows < 1:
-    common.fail(tasks_field, rows, "must be >= 1")
+  tasks = t[tasks_field.split(".")[1]]
+  if tasks < 1:
+    common.fail(tasks_field, tasks, "must be >= 1")
+  rows = tasks * algo.num_generations
   mini = algo.mini_batch_size or rows
   if rows % mini:
     common.fail(
       "algo.mini_batch_size",
       mini,
-      f"{tasks_field} = {rows} rows (one sample per task) are not divisible "
+      f"{tasks_field} * algo.num_generations = {rows} rows are not divisible "
       f"by it; choose a divisor of {rows}, or None for the whole batch",
     )
   common.check_rows_per_device(cfg, mini, f"a mini-batch (algo.mini_batch_size or {tasks_field})")
@@ -455,7 +456,12 @@ LEARNERS: dict[str, LearnerSpec] = {
     groups=True,
   ),
   "ppo": LearnerSpec(
-    ppo_settings, build_ppo, ppo_update, lambda s: 1, policy_part="actor", groups=False
+    ppo_settings,
+    build_ppo,
+    ppo_update,
+    lambda s: s.algo.num_generations,
+    policy_part="actor",
+    groups=False,
   ),
 }
 

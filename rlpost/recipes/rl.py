@@ -141,7 +141,7 @@ class Setup:
 
   @property
   def num_generations(self) -> int:
-    """Episodes per task: the learner's samples per task (G; PPO: 1)."""
+    """Episodes per task: the learner's samples per task (G, `algo.num_generations`)."""
     return self.spec.samples_per_task(self.settings)
 
 

@@ -137,6 +137,9 @@ class PPOConfig:
     num_iterations: epochs over each rollout batch.
     mini_batch_size: rows per optimizer step (None: the whole batch); each
       epoch takes the rows in a fresh order.
+    num_generations: samples per prompt (episodes per task): rows of one prompt that the
+      critic sees end differently. PPO's baseline is the critic, not the group, so 1 is
+      the usual; the losses do not read it.
     gamma: discount, in [0, 1].
     gae_lambda: GAE lambda of the actor's advantages, in [0, 1].
     critic_lambda: GAE lambda of the critic's value targets (VC-PPO decouples
@@ -164,6 +167,7 @@ class PPOConfig:
 
   num_iterations: int = 1
   mini_batch_size: int | None = None
+  num_generations: int = 1
   gamma: float = 1.0
   gae_lambda: float = 0.95
   critic_lambda: float = 1.0
@@ -199,6 +203,7 @@ class PPOConfig:
       "mini_batch_size",
       "use >= 1 rows per optimizer step, or None for the whole batch",
     )
+    _require(self.num_generations >= 1, self, "num_generations", "use >= 1 samples per prompt")
     _require(
       self.clip_range_value is None or self.clip_range_value > 0,
       self,
