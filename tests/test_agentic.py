@@ -550,3 +550,31 @@ def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"env\.data_dir='.*nope'") as err:
     rl.make_env(cfg)
   assert "data.data_dir" not in str(err.value).replace("env.data_dir", "")
+
+
+def test_episode_metrics_count_successes_failures_and_truncations():
+  """Four hand-made episodes: reached the goal, fell in a hole (done, no success), cut
+  at max_turns, and an invalid move then a hole. Rates per episode (success, failure,
+  truncation) and per turn (invalid actions). Mutations caught: failure counted on
+  truncated episodes; success read from the first turn's info."""
+  from rlpost.envs import multiturn  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import reports  # pylint: disable=g-import-not-at-top
+
+  def episode(infos, done, truncated):
+    n = len(infos)
+    return multiturn.Episode(
+      None, 0, "", 0.0, [0.0] * n, [""] * n, [""] * n, infos, done, truncated
+    )
+
+  step = {"success": False, "invalid_action": False}
+  won = {"success": True, "invalid_action": False}
+  bad = {"success": False, "invalid_action": True}
+  episodes = [
+    episode([step, step, won], True, False),
+    episode([step, step], True, False),
+    episode([step] * 4, False, True),
+    episode([bad, won | {"success": False}], True, False),
+  ]
+  m = reports.episode_metrics(episodes)
+  assert (m["success"], m["failure_rate"], m["truncation_rate"]) == (0.25, 0.5, 0.25)
+  assert m["invalid_action_rate"] == 1 / 11 and m["turns/mean"] == 11 / 4

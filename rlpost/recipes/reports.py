@@ -69,7 +69,8 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   Rates per turn: tool_call_rate, tool_error_rate, invalid_action_rate; per
   episode: success and EPISODE_ACCURACY keys (the last turn's info, when the
   environment reports them), tool_episode_rate (episodes with a tool call),
-  truncation_rate.
+  truncation_rate, failure_rate (ended by the environment without success: FrozenLake's
+  holes).
   """
   last = [e.infos[-1] if e.infos else {} for e in episodes]
   count = lambda key: [sum(bool(i.get(key)) for i in e.infos) for e in episodes]
@@ -82,6 +83,7 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
     "invalid_action": count("invalid_action"),
     "tool_episode": [any(i.get("tool_call") for i in e.infos) for e in episodes],
     "truncated": [e.truncated for e in episodes],
+    "failed": [e.done and not bool(i.get("success")) for e, i in zip(episodes, last)],
     **{key: [bool(i.get(key)) for i in last] for key in EPISODE_ACCURACY},
     **{f"has/{key}": [key in i for i in last] for key in EPISODE_ACCURACY},
   }
@@ -97,6 +99,7 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
     "tool_episode_rate": float(v["tool_episode"].mean()),
     "invalid_action_rate": float(v["invalid_action"].sum() / turns),
     "truncation_rate": float(v["truncated"].mean()),
+    "failure_rate": float(v["failed"].mean()),
   }
   for key in EPISODE_ACCURACY:
     if v[f"has/{key}"].any():

@@ -78,6 +78,7 @@ _CURVES = {
       "success",
       "greedy/success",
       "greedy/truncation_rate",
+      "greedy/failure_rate",
       "turns/mean",
       "invalid_action_rate",
       "explained_variance",
