@@ -209,7 +209,7 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(straig
     ({"critic.learning_rate": 0.0}, ["config.critic.learning_rate=0.0", "> 0"]),
     ({"critic.mode": ""}, ["config.critic.mode=''", "lora, full, shared"]),
     ({"critic.nosuch": 1}, ["config.critic.nosuch", "valid fields of config.critic"]),
-    ({"algo.num_generations": 4}, ["config.algo.num_generations", "valid fields"]),
+    ({"algo.advantage_estimator": "rloo"}, ["config.algo.advantage_estimator", "valid fields"]),
     ({"rollout.dynamic_sampling": True}, ["config.rollout.dynamic_sampling=True", "use False"]),
     ({"sampling.temperature": 0.0}, ["config.sampling.temperature=0.0", "> 0"]),
     ({"rollout.max_staleness": 1}, ["config.algo.tis_cap=None", "max_staleness=1"]),
