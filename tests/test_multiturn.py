@@ -383,7 +383,9 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   gradient w.r.t. a masked token's logprob is exactly 0.
 
   Mutation caught: the loss taking `valid` (which includes observation tokens)
-  for `loss_mask`. (Dropping one of the masking layers inside `losses` alone is
+  for `loss_mask`; by the appended-slots check (64 empty completion slots change neither
+  loss nor gradients, what `multiturn.batch_width` relies on): a row's mean taken over
+  its T slots instead of its loss tokens (session 30). (Dropping one of the masking layers inside `losses` alone is
   not caught: each quantity is masked again downstream, by design.)
   """
   out, params = _rollout(_counting_env([]), seeds=[1, 2, 5, 4], G=2, turn_tokens=6, total=120)
