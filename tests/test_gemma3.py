@@ -258,3 +258,65 @@ def test_gated_gelu_forward_under_grad_is_bitwise_the_primal():
   primal = jax.jit(decoder.gated_gelu)(gate, up)
   under_grad, _ = jax.jit(lambda g, u: jax.vjp(decoder.gated_gelu, g, u))(gate, up)
   np.testing.assert_array_equal(np.asarray(under_grad), np.asarray(primal))
+
+
+@pytest.mark.parametrize("remat", [None, "dots"])
+def test_shared_prefix_computed_once_gives_the_full_forward_and_its_gradients(remat):
+  """`shared_prefix=K`: row 0's first K slots computed once, the rest of every row
+  attending them, gives the K = 0 hidden states at every slot that attends something
+  and the same gradients (params and LoRA adapters), with left padding inside the
+  prefix, a sliding window (8) shorter than the prefix (12), rows of different lengths.
+
+  Mutations that fail here: the other slots not reading the prefix keys (`front` left
+  out), the prefix's RoPE tables taken from the rest's slots, the rest's mask
+  columns cut to its own slots, the broadcast prefix under stop_gradient."""
+  from rlpost.models import lora as lora_lib
+
+  params = _random_params(3)
+  adapters = lora_lib.init_adapters(jax.random.key(4), params, lora_lib.LoraConfig(rank=4))
+  adapters = jax.tree.map(lambda x: x + 0.05, adapters)
+  B, S, K = 3, 24, 12
+  tokens = jax.random.randint(jax.random.key(5), (B, S), 0, CONFIG.vocab_size)
+  tokens = tokens.at[:, :K].set(tokens[0, :K])
+  valid = jnp.ones((B, S), bool).at[:, :2].set(False).at[1, 19:].set(False)
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  mask = causal_attention_mask(valid)
+
+  def hidden(params, adapters, k):
+    h, _ = decoder.forward(
+      params,
+      tokens,
+      positions,
+      mask,
+      config=CONFIG,
+      return_hidden=True,
+      adapters=adapters,
+      remat=remat,
+      shared_prefix=k,
+    )
+    return h
+
+  def loss(params, adapters, k):  # a nonlinear read of every slot that attends something
+    return jnp.sum(jnp.sin(hidden(params, adapters, k)) * valid[..., None])
+
+  run = jax.jit(hidden, static_argnums=2)
+  chex.assert_trees_all_close(
+    jnp.where(valid[..., None], run(params, adapters, K), 0),
+    jnp.where(valid[..., None], run(params, adapters, 0), 0),
+    atol=2e-4,
+    rtol=1e-5,
+  )
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+  chex.assert_trees_all_close(
+    grads(params, adapters, K), grads(params, adapters, 0), atol=2e-3, rtol=1e-4
+  )
+
+
+def test_shared_prefix_out_of_range_or_with_a_cache_raises():
+  params = _random_params()
+  args = (params, jnp.zeros((2, 5), jnp.int32), jnp.zeros((2, 5), jnp.int32))
+  with pytest.raises(ValueError, match=r"shared_prefix=5: must be in \[0, 5\)"):
+    decoder.forward(*args, jnp.ones((2, 5, 5), bool), config=CONFIG, shared_prefix=5)
+  with pytest.raises(ValueError, match="0 with a cache"):
+    cache = decoder.init_cache(CONFIG, 2, 8)
+    decoder.forward(*args, jnp.ones((2, 5, 8), bool), cache, config=CONFIG, shared_prefix=2)

@@ -126,3 +126,90 @@ def test_loss_slots_list_each_rows_loss_tokens_in_order():
   assert batch_lib.with_loss_slots(batch, 10) is batch
   with pytest.raises(ValueError, match="row 0 has 3 loss tokens, above the loss_slots capacity 2"):
     batch_lib.with_loss_slots(batch, 2)
+
+
+def _rows(tokens_NxS, valid_NxS=None):
+  """A batch of these context rows (positions counting valid slots), one completion slot."""
+  tokens = np.asarray(tokens_NxS, np.int32)
+  valid = np.ones(tokens.shape, bool) if valid_NxS is None else np.asarray(valid_NxS)
+  N = tokens.shape[0]
+  return batch_lib.RLBatch(
+    tokens=tokens,
+    positions=np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32),
+    valid=valid,
+    loss_mask=np.ones((N, 1), np.float32),
+    sampler_logp=np.zeros((N, 1), np.float32),
+  )
+
+
+def test_shared_prefix_is_the_rows_common_leading_slots_rounded_down():
+  """`with_shared_prefix`: the leading slots where tokens, positions and `valid` agree in
+  every row, rounded down to PREFIX_BUCKET and kept below S; with a gather (several
+  processes), the least over processes and where their rows 0 agree.
+
+  Mutations caught: rounding up; `valid` (and with it positions) not compared; the
+  gathered rows 0 not compared (only the processes' own K)."""
+  assert batch_lib.PREFIX_BUCKET == 16
+  rng = np.random.default_rng(0)
+  base = rng.integers(3, 200, size=(1, 70))
+  tokens = np.repeat(base, 3, axis=0)
+  tokens[1, 37:] += 1
+  assert batch_lib.with_shared_prefix(_rows(tokens)).shared_prefix == 32
+  valid = np.ones(tokens.shape, bool)
+  valid[2, 20] = False  # same tokens, a hole in one row: its positions shift too
+  assert batch_lib.with_shared_prefix(_rows(tokens, valid)).shared_prefix == 16
+  assert batch_lib.with_shared_prefix(_rows(tokens[:, :15])).shared_prefix == 0
+  same = np.repeat(base, 2, axis=0)
+  assert batch_lib.with_shared_prefix(_rows(same)).shared_prefix == 64  # < S = 70
+
+  # Two processes, each with rows agreeing on 40 slots; their rows 0 differ at slot 20.
+  other = same.copy()
+  other[:, 20:] += 1
+  per_process = [_rows(same[:, :]), _rows(other)]
+  per_process[0].tokens[1, 40:] += 1
+  per_process[1].tokens[1, 40:] += 1
+
+  sent = []  # each process's message: what shares.all_rows gathers
+  for b in per_process:
+    batch_lib.with_shared_prefix(b, lambda x: sent.append(x) or x)
+  gathered = lambda x: np.concatenate(sent)
+  ks = [batch_lib.with_shared_prefix(b, gathered).shared_prefix for b in per_process]
+  assert ks == [16, 16]
+  assert batch_lib.with_shared_prefix(per_process[0]).shared_prefix == 32  # alone: its own
+
+
+def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full_batch():
+  """The trainer's passes read `shared_prefix` (`policy.completion_hidden`): the
+  completion logprobs and the PPO loss's gradients of a batch whose rows share their
+  prompt equal those without it; a batch that claims a prefix its rows do not share
+  gets row 0's (so the setting is used, not ignored). Mutation caught: completion_hidden
+  not passing the batch's prefix on."""
+  from rlpost.models import critic as critic_lib
+
+  params = _random_params(2)
+  batch = _text_batch("shared context: ", ["ab", "cde", "f"], T=4)
+  assert batch.prompt_len == 17
+  shared = batch_lib.with_shared_prefix(batch)
+  assert shared.shared_prefix == 16
+  fwd = policy.ForwardConfig(CONFIG)
+  logp = lambda b: np.asarray(
+    objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
+  )
+  np.testing.assert_allclose(logp(shared), logp(batch), atol=2e-5)
+  liar = dataclasses.replace(batch, tokens=batch.tokens.copy())
+  liar.tokens[1, 3] += 1  # row 1's prompt now differs at slot 3
+  assert not np.allclose(logp(liar)[1], logp(batch)[1], atol=1e-3)
+  np.testing.assert_allclose(
+    logp(dataclasses.replace(liar, shared_prefix=16))[1], logp(batch)[1], atol=2e-5
+  )
+
+  layout = critic_lib.CriticLayout("full", None)
+  trainable = {"actor": params, "critic": critic_lib.init_critic(jax.random.key(1), params, layout)}
+  loss_fn = objectives.make_ppo_loss_fn(objectives.PPOConfig(beta=0.0), fwd, layout)
+  grads = lambda b: jax.jit(jax.grad(lambda t: loss_fn(t, None, b)[0]))(trainable)
+  scored = lambda b: batch_lib.to_device(
+    dataclasses.replace(b, scores=np.asarray([1.0, -0.5, 0.25], np.float32))
+  )
+  import chex
+
+  chex.assert_trees_all_close(grads(scored(shared)), grads(scored(batch)), atol=1e-4, rtol=1e-4)

@@ -462,6 +462,7 @@ def forward(
   remat: str | None = None,
   compute_dtype=None,
   gather=None,
+  shared_prefix: int = 0,
 ):
   """Runs the decoder on `tokens_BxT`.
 
@@ -491,16 +492,17 @@ def forward(
     gather: None, or (no cache only) a function applied to each layer's
       (weights, adapters) at the top of the layer scan: FSDP gathers the layer's
       shards there (`policy.ForwardConfig.fsdp_axis`), so one layer is whole at a time.
+    shared_prefix: K (static; no cache): each row's first K slots equal row 0's and
+      attend only each other; they run once, from row 0 (`_shared_prefix_layers`).
 
   Returns:
     (logits or hidden, new cache or None).
   """
   c = config
   B, T = tokens_BxT.shape
-  _check_forward_args(T, cache, remat)
+  _check_forward_args(T, cache, remat, shared_prefix)
   x = jnp.take(params["embed"], tokens_BxT, axis=0).astype(jnp.float32)
-  if c.embed_multiplier is not None:
-    x = x * c.embed_multiplier
+  x = x if c.embed_multiplier is None else x * c.embed_multiplier
   if cache is None:
     key_pos_BxS = positions_BxT
   else:
@@ -517,7 +519,8 @@ def forward(
 
   new_cache = None
   if cache is None:
-    x = _layers(x, params["layers"], lora_layers, is_global, block, remat, gather)
+    run = (lambda *a: _shared_prefix_layers(*a, shared_prefix)) if shared_prefix else _layers
+    x = run(x, params["layers"], lora_layers, is_global, block, remat, gather)
   else:
     x, ck, cv = _cached_layers(x, params["layers"], lora_layers, is_global, cache, block, c)
     new_cache = {"k": ck, "v": cv, "pos": key_pos_BxS, "index": cache["index"] + T}
@@ -543,9 +546,13 @@ def _masks_and_ropes(positions_BxT, key_pos_BxS, attn_mask_BxTxS, config: Config
   return (attn_mask_BxTxS & in_window, attn_mask_BxTxS), (local, glob)
 
 
-def _check_forward_args(T: int, cache, remat) -> None:
+def _check_forward_args(T: int, cache, remat, shared_prefix: int = 0) -> None:
   if remat not in _REMAT_POLICIES:
     raise ValueError(f"remat={remat!r} is not one of {sorted(map(str, _REMAT_POLICIES))}")
+  if shared_prefix and (cache is not None or not 0 < shared_prefix < T):
+    raise ValueError(
+      f"shared_prefix={shared_prefix}: must be in [0, {T}) slots, and 0 with a cache"
+    )
   if cache is not None and T > cache["k"].shape[2]:
     raise ValueError(
       f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
@@ -568,6 +575,45 @@ def _layers(x, layers, lora_layers, is_global_L, block, remat, gather):
     body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
   x, _ = jax.lax.scan(body, x, (layers, lora_layers, is_global_L))
   return x
+
+
+def _shared_prefix_layers(x, layers, lora_layers, is_global_L, block, remat, gather, K: int):
+  """`_layers` with the first K slots of every row computed once, from row 0: the same
+  function of the inputs as `_layers` (float32 rounding aside) at every slot that attends
+  at least one key (slots that attend none, padding, are garbage either way), in
+  (B - 1) * K fewer token-layers.
+
+  Per layer, row 0's prefix [1, K] runs first (its keys and values kept); then every
+  row's other slots [B, T - K] run with row 0's prefix keys and values broadcast in
+  front of their own. Masks and RoPE tables are sliced to match. Returns x [B, T, D]
+  with row 0's prefix in every row (a broadcast: its gradient sums over rows)."""
+  B = x.shape[0]
+  front = lambda a, b: jnp.concatenate([jnp.broadcast_to(a, (B, *a.shape[1:])), b], axis=1)
+  prefix_block = _sliced_block(block, lambda a: a[:1, :K], lambda m: m[:1, :K, :K])
+  rest_block = _sliced_block(block, lambda a: a[:, K:], lambda m: m[:, K:, :])
+
+  def body(carry, inputs):
+    x_p, x_r = carry
+    layer, lora, glob = inputs
+    if gather is not None:
+      layer, lora = gather((layer, lora))
+    x_p, kv_p = prefix_block(x_p, layer, lora, glob, lambda k, v: (k, v, (k, v)))
+    keys = lambda k, v: (front(kv_p[0], k), front(kv_p[1], v), None)
+    x_r, _ = rest_block(x_r, layer, lora, glob, keys)
+    return (x_p, x_r), None
+
+  if remat is not None:
+    body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat])
+  (x_p, x_r), _ = jax.lax.scan(body, (x[:1, :K], x[:, K:]), (layers, lora_layers, is_global_L))
+  return front(x_p, x_r)
+
+
+def _sliced_block(block, rows_and_slots, mask_slice):
+  """`block` (a `_block` partial over full-width masks and RoPE tables) for some of the
+  slots: `rows_and_slots` cuts [B, T, ...] tables, `mask_slice` cuts [B, T, S] masks."""
+  masks = jax.tree.map(mask_slice, block.keywords["masks"])
+  ropes = jax.tree.map(rows_and_slots, block.keywords["ropes"])
+  return functools.partial(block, masks=masks, ropes=ropes)
 
 
 def _cached_layers(x, layers, lora_layers, is_global_L, cache, block, config: Config):

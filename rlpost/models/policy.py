@@ -96,9 +96,16 @@ def sampling_params(trainable, frozen, fwd: ForwardConfig):
 
 
 def hidden_states(
-  params, adapters, tokens_BxS, positions_BxS, attn_mask_BxSxS, fwd: ForwardConfig
+  params,
+  adapters,
+  tokens_BxS,
+  positions_BxS,
+  attn_mask_BxSxS,
+  fwd: ForwardConfig,
+  shared_prefix: int = 0,
 ) -> jax.Array:
-  """Final-normed hidden states [B, S, D] float32 of the policy (no logits)."""
+  """Final-normed hidden states [B, S, D] float32 of the policy (no logits); the first
+  `shared_prefix` slots computed once (`decoder.forward`)."""
   hidden_BxSxD, _ = decoder.forward(
     params,
     tokens_BxS,
@@ -111,6 +118,7 @@ def hidden_states(
     remat=REMAT[fwd.remat],
     compute_dtype=fwd.compute_dtype,
     gather=_layer_gather(fwd.fsdp_axis),
+    shared_prefix=shared_prefix,
   )
   return hidden_BxSxD
 
@@ -126,11 +134,13 @@ def completion_hidden(params, adapters, batch, fwd: ForwardConfig) -> jax.Array:
   """`[N, T, D]` hidden states of an `RLBatch` at the slots that predict its completion.
 
   Slot P + t - 1 predicts completion token t (slot P + t): logprobs and critic
-  values of token t are both read there.
+  values of token t are both read there. The batch's `shared_prefix` slots are
+  computed once.
   """
   P, T = batch.prompt_len, batch.completion_len
+  mask_BxSxS = causal_attention_mask(batch.valid)
   hidden_BxSxD = hidden_states(
-    params, adapters, batch.tokens, batch.positions, causal_attention_mask(batch.valid), fwd
+    params, adapters, batch.tokens, batch.positions, mask_BxSxS, fwd, batch.shared_prefix
   )
   return hidden_BxSxD[:, P - 1 : P + T - 1]
 

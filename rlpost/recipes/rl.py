@@ -664,9 +664,11 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish=None, poo
   metrics = dict(metrics)
   scores = out.turn_rewards if setup.per_turn_rewards else out.rewards
   batch = dataclasses.replace(out.batch, scores=scores)
+  batch = batch_lib.with_shared_prefix(batch, shares.all_rows if jax.process_count() > 1 else None)
   batch = batch_lib.to_device(step_lib.global_batch(batch, sharding.mesh_of(state)))
   state, update_metrics = setup.spec.update(p.learner, state, batch, index)
   metrics.update(update_metrics)
+  metrics["shared_prefix"] = batch.shared_prefix  # slots the trainer's passes computed once
   weights = publish(state) if publish else None
   elapsed = time.perf_counter() - start
   metrics["time/rollout_s"] = rollout_s

@@ -48,6 +48,9 @@ class RLBatch:
                                  logprobs project only these C <= T slots onto the
                                  vocabulary (a multi-turn row samples a few tokens per
                                  turn among many observation slots)
+  shared_prefix  int (static)    K: every row's first K slots hold row 0's tokens,
+                                 positions and `valid` (`with_shared_prefix`); the
+                                 trainer's passes compute them once (`decoder.forward`)
   """
 
   tokens: jax.Array | np.ndarray
@@ -65,6 +68,7 @@ class RLBatch:
   turn_ids: jax.Array | np.ndarray | None = None
   policy_version: jax.Array | np.ndarray | None = None
   loss_slots: jax.Array | np.ndarray | None = None
+  shared_prefix: int = dataclasses.field(default=0, metadata={"static": True})
 
   @property
   def completion_len(self) -> int:
@@ -95,6 +99,41 @@ class RLBatch:
       chex.assert_shape(self.loss_slots, (n, None))
       if self.loss_slots.shape[1] > t:
         raise ValueError(f"loss_slots is {self.loss_slots.shape[1]} wide, above T={t}")
+    if not 0 <= self.shared_prefix < s:
+      raise ValueError(f"shared_prefix={self.shared_prefix} is outside [0, S={s})")
+
+
+# `with_shared_prefix` rounds the prefix down to a multiple of this many slots (a run's
+# batches then compile a few programs, not one per prefix length); shorter prefixes: 0.
+PREFIX_BUCKET = 16
+
+
+def with_shared_prefix(batch: RLBatch, gather=None) -> RLBatch:
+  """The batch with `shared_prefix` set: the longest run of leading slots whose tokens,
+  positions and `valid` are the same in every row, rounded down to PREFIX_BUCKET, and
+  below S (host side, NumPy). E.g. the instruction every FrozenLake prompt starts with,
+  or a GRPO batch's one prompt.
+
+  gather: None with one process; else `rlpost.train.shares.all_rows`, so that every
+  process sampling one batch sets the same K (its rows' and every process's row 0
+  agree there). Without it K is this process's alone.
+  """
+  lead_NxSx3 = np.stack(
+    [np.asarray(batch.tokens), np.asarray(batch.positions), np.asarray(batch.valid)], axis=-1
+  ).astype(np.int64)
+  S = lead_NxSx3.shape[1]
+  k = _agreeing_slots(lead_NxSx3)
+  if gather is not None:  # every process's K and row 0, in one exchange
+    shared_PxR = gather(np.concatenate([[k], lead_NxSx3[0].reshape(-1)])[None])
+    k = min(int(shared_PxR[:, 0].min()), _agreeing_slots(shared_PxR[:, 1:].reshape(-1, S, 3)))
+  k = min(k, S - 1) // PREFIX_BUCKET * PREFIX_BUCKET
+  return dataclasses.replace(batch, shared_prefix=k)
+
+
+def _agreeing_slots(rows_NxSxF: np.ndarray) -> int:
+  """How many leading slots hold the same features in every row."""
+  same_S = np.all(rows_NxSxF == rows_NxSxF[:1], axis=(0, 2))
+  return int(same_S.size if same_S.all() else np.argmin(same_S))
 
 
 def with_loss_slots(batch: RLBatch, capacity: int) -> RLBatch:
