@@ -128,47 +128,68 @@ def test_loss_slots_list_each_rows_loss_tokens_in_order():
     batch_lib.with_loss_slots(batch, 2)
 
 
-def _rows(tokens_NxS, valid_NxS=None):
-  """A batch of these context rows (positions counting valid slots), one completion slot."""
-  tokens = np.asarray(tokens_NxS, np.int32)
-  valid = np.ones(tokens.shape, bool) if valid_NxS is None else np.asarray(valid_NxS)
-  N = tokens.shape[0]
+def _left_padded(contexts, P: int, T: int = 2):
+  """A batch of these token lists left-padded to P context slots (positions from 0),
+  then T completion slots holding 7, 8, ... (valid, on the loss mask)."""
+  N = len(contexts)
+  tokens = np.zeros((N, P + T), np.int32)
+  positions = np.zeros((N, P + T), np.int32)
+  valid = np.zeros((N, P + T), bool)
+  for r, c in enumerate(contexts):
+    tokens[r, P - len(c) : P] = c
+    positions[r, P - len(c) : P] = np.arange(len(c))
+    positions[r, P:] = len(c) + np.arange(T)
+  tokens[:, P:] = 7 + np.arange(T)
+  valid[:, P:] = True
+  for r, c in enumerate(contexts):
+    valid[r, P - len(c) : P] = True
   return batch_lib.RLBatch(
     tokens=tokens,
-    positions=np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32),
+    positions=positions,
     valid=valid,
-    loss_mask=np.ones((N, 1), np.float32),
-    sampler_logp=np.zeros((N, 1), np.float32),
+    loss_mask=np.ones((N, T), np.float32),
+    sampler_logp=np.zeros((N, T), np.float32),
   )
 
 
-def test_shared_prefix_is_the_rows_common_leading_slots_rounded_down():
-  """`with_shared_prefix`: the leading slots where tokens, positions and `valid` agree in
-  every row, rounded down to PREFIX_BUCKET and kept below S; with a gather (several
-  processes), the least over processes and where their rows 0 agree.
+def test_shared_prefix_moves_the_opening_every_context_shares_to_the_first_slots():
+  """`with_shared_prefix`: K = the context tokens (with positions) every row opens with,
+  below the shortest context, rounded down to PREFIX_BUCKET; each row's context becomes
+  those K, its padding, the rest of it (completion slots untouched); with a gather
+  (several processes), the least over processes and where their rows 0 agree.
 
-  Mutations caught: rounding up; `valid` (and with it positions) not compared; the
-  gathered rows 0 not compared (only the processes' own K)."""
+  Mutations caught: rounding up; positions not compared; K not kept below the shortest
+  context; the padding put before the prefix; the gathered rows 0 not compared."""
   assert batch_lib.PREFIX_BUCKET == 16
   rng = np.random.default_rng(0)
-  base = rng.integers(3, 200, size=(1, 70))
-  tokens = np.repeat(base, 3, axis=0)
-  tokens[1, 37:] += 1
-  assert batch_lib.with_shared_prefix(_rows(tokens)).shared_prefix == 32
-  valid = np.ones(tokens.shape, bool)
-  valid[2, 20] = False  # same tokens, a hole in one row: its positions shift too
-  assert batch_lib.with_shared_prefix(_rows(tokens, valid)).shared_prefix == 16
-  assert batch_lib.with_shared_prefix(_rows(tokens[:, :15])).shared_prefix == 0
-  same = np.repeat(base, 2, axis=0)
-  assert batch_lib.with_shared_prefix(_rows(same)).shared_prefix == 64  # < S = 70
+  opening = list(rng.integers(3, 200, size=37))
+  tails = [list(rng.integers(3, 200, size=n)) for n in (5, 9, 2)]
+  tails[1][0] = opening[0] + 1  # shares no more than the opening
+  batch = _left_padded([opening + t for t in tails], P=50)
+  out = batch_lib.with_shared_prefix(batch)
+  assert out.shared_prefix == 32
+  for r, t in enumerate(tails):
+    pad = 50 - 37 - len(t)
+    np.testing.assert_array_equal(out.tokens[r, :32], opening[:32])
+    np.testing.assert_array_equal(out.positions[r, :32], np.arange(32))
+    assert out.valid[r, :32].all() and not out.valid[r, 32 : 32 + pad].any()
+    np.testing.assert_array_equal(out.tokens[r, 32 + pad : 50], opening[32:] + t)
+    np.testing.assert_array_equal(out.positions[r, 32 + pad : 50], np.arange(32, 37 + len(t)))
+    np.testing.assert_array_equal(out.tokens[r, 50:], batch.tokens[r, 50:])
+  # a context of 32 tokens, all shared: K stays below it (slot P - 1 keeps its last token)
+  short = batch_lib.with_shared_prefix(_left_padded([opening, opening[:32]], P=48))
+  assert short.shared_prefix == 16 and short.tokens[1, 47] == opening[31]
+  shifted = _left_padded([opening + t for t in tails], P=50)
+  shifted.positions[1, :50] += 1  # the same tokens one position later: nothing shared
+  assert batch_lib.with_shared_prefix(shifted).shared_prefix == 0
+  assert batch_lib.with_shared_prefix(_left_padded([opening[:15]] * 2, P=16)).shared_prefix == 0
 
-  # Two processes, each with rows agreeing on 40 slots; their rows 0 differ at slot 20.
-  other = same.copy()
-  other[:, 20:] += 1
-  per_process = [_rows(same[:, :]), _rows(other)]
-  per_process[0].tokens[1, 40:] += 1
-  per_process[1].tokens[1, 40:] += 1
-
+  # Two processes, each with rows agreeing on 37 tokens; their rows 0 differ at token 20.
+  other = opening[:20] + [opening[20] + 1] + opening[21:]
+  per_process = [
+    _left_padded([opening + tails[0], opening + tails[2]], P=50),
+    _left_padded([other + tails[1], other + tails[2]], P=50),
+  ]
   sent = []  # each process's message: what shares.all_rows gathers
   for b in per_process:
     batch_lib.with_shared_prefix(b, lambda x: sent.append(x) or x)
@@ -180,24 +201,28 @@ def test_shared_prefix_is_the_rows_common_leading_slots_rounded_down():
 
 def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full_batch():
   """The trainer's passes read `shared_prefix` (`policy.completion_hidden`): the
-  completion logprobs and the PPO loss's gradients of a batch whose rows share their
-  prompt equal those without it; a batch that claims a prefix its rows do not share
-  gets row 0's (so the setting is used, not ignored). Mutation caught: completion_hidden
-  not passing the batch's prefix on."""
+  completion logprobs and the PPO loss's gradients of a batch whose contexts (of three
+  lengths, left-padded) open alike equal those of the batch as it was before
+  `with_shared_prefix` moved the opening; a batch that claims a prefix its rows do not
+  share gets row 0's (so the setting is used, not ignored). Mutations caught:
+  completion_hidden not passing the batch's prefix on; the padding moved before the
+  prefix."""
+  import chex
   from rlpost.models import critic as critic_lib
 
   params = _random_params(2)
-  batch = _text_batch("shared context: ", ["ab", "cde", "f"], T=4)
-  assert batch.prompt_len == 17
+  contexts = [TOK.encode("a shared instruction: " + t) for t in ("go", "then left", "up")]
+  batch = _left_padded(contexts, P=40, T=4)
   shared = batch_lib.with_shared_prefix(batch)
   assert shared.shared_prefix == 16
+  assert not np.array_equal(shared.tokens, batch.tokens)  # the openings moved
   fwd = policy.ForwardConfig(CONFIG)
   logp = lambda b: np.asarray(
     objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
   )
   np.testing.assert_allclose(logp(shared), logp(batch), atol=2e-5)
-  liar = dataclasses.replace(batch, tokens=batch.tokens.copy())
-  liar.tokens[1, 3] += 1  # row 1's prompt now differs at slot 3
+  liar = dataclasses.replace(shared, tokens=shared.tokens.copy(), shared_prefix=0)
+  liar.tokens[1, 3] += 1  # row 1's context now differs at slot 3
   assert not np.allclose(logp(liar)[1], logp(batch)[1], atol=1e-3)
   np.testing.assert_allclose(
     logp(dataclasses.replace(liar, shared_prefix=16))[1], logp(batch)[1], atol=2e-5
@@ -210,6 +235,4 @@ def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full
   scored = lambda b: batch_lib.to_device(
     dataclasses.replace(b, scores=np.asarray([1.0, -0.5, 0.25], np.float32))
   )
-  import chex
-
   chex.assert_trees_all_close(grads(scored(shared)), grads(scored(batch)), atol=1e-4, rtol=1e-4)

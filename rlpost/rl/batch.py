@@ -109,31 +109,60 @@ PREFIX_BUCKET = 16
 
 
 def with_shared_prefix(batch: RLBatch, gather=None) -> RLBatch:
-  """The batch with `shared_prefix` set: the longest run of leading slots whose tokens,
-  positions and `valid` are the same in every row, rounded down to PREFIX_BUCKET, and
-  below S (host side, NumPy). E.g. the instruction every FrozenLake prompt starts with,
-  or a GRPO batch's one prompt.
+  """The batch with the context tokens every row starts with moved to its first slots,
+  and `shared_prefix` set to how many (host side, NumPy).
+
+  K: the longest run of leading context tokens (with their positions) that every row's
+  context opens with, below each row's context length (slot P - 1, which predicts the
+  first completion token, stays the row's last context token), rounded down to
+  PREFIX_BUCKET. E.g. the instruction every FrozenLake prompt starts with, whatever
+  each prompt's length. Each row's context slots are reordered: those K tokens, then
+  its padding, then the rest of its context. Positions and `valid` move with the tokens
+  and attention reads slots in order, so every pass computes what it did before.
 
   gather: None with one process; else `rlpost.train.shares.all_rows`, so that every
-  process sampling one batch sets the same K (its rows' and every process's row 0
-  agree there). Without it K is this process's alone.
+  process sampling one batch sets the same K (one exchange of each process's K and row
+  0's leading context tokens). Without it K is this process's alone.
   """
-  lead_NxSx3 = np.stack(
-    [np.asarray(batch.tokens), np.asarray(batch.positions), np.asarray(batch.valid)], axis=-1
-  ).astype(np.int64)
-  S = lead_NxSx3.shape[1]
-  k = _agreeing_slots(lead_NxSx3)
-  if gather is not None:  # every process's K and row 0, in one exchange
-    shared_PxR = gather(np.concatenate([[k], lead_NxSx3[0].reshape(-1)])[None])
-    k = min(int(shared_PxR[:, 0].min()), _agreeing_slots(shared_PxR[:, 1:].reshape(-1, S, 3)))
-  k = min(k, S - 1) // PREFIX_BUCKET * PREFIX_BUCKET
-  return dataclasses.replace(batch, shared_prefix=k)
+  P = batch.prompt_len
+  tokens, positions = np.asarray(batch.tokens), np.asarray(batch.positions)
+  valid = np.asarray(batch.valid)
+  contexts = [
+    np.stack([t[:P][ok[:P]], q[:P][ok[:P]]]) for t, q, ok in zip(tokens, positions, valid)
+  ]
+  shortest = min(c.shape[1] for c in contexts)
+  k = min(_common_prefix(contexts), shortest - 1)
+  if gather is not None:  # every process's K and row 0's context, in one exchange
+    lead = np.zeros((2, P), np.int64)
+    lead[:, : contexts[0].shape[1]] = contexts[0]
+    shared_PxR = gather(np.concatenate([[k], lead.reshape(-1)])[None])
+    firsts = list(shared_PxR[:, 1:].reshape(-1, 2, P)[:, :, : max(k, 0)])
+    k = min(int(shared_PxR[:, 0].min()), _common_prefix(firsts))
+  k = max(k, 0) // PREFIX_BUCKET * PREFIX_BUCKET
+  if k == 0:
+    return dataclasses.replace(batch, shared_prefix=0)
+  order_NxP = np.stack([_prefix_first(ok[:P], k) for ok in valid])
+  moved = lambda x: np.concatenate([np.take_along_axis(x[:, :P], order_NxP, 1), x[:, P:]], 1)
+  return dataclasses.replace(
+    batch,
+    tokens=moved(tokens),
+    positions=moved(positions),
+    valid=moved(valid),
+    shared_prefix=k,
+  )
 
 
-def _agreeing_slots(rows_NxSxF: np.ndarray) -> int:
-  """How many leading slots hold the same features in every row."""
-  same_S = np.all(rows_NxSxF == rows_NxSxF[:1], axis=(0, 2))
-  return int(same_S.size if same_S.all() else np.argmin(same_S))
+def _common_prefix(rows) -> int:
+  """How many leading columns every [F, L_i] array agrees on."""
+  n = min(r.shape[1] for r in rows)
+  same = np.all(np.stack([r[:, :n] for r in rows]) == rows[0][None, :, :n], axis=(0, 1))
+  return int(n if same.all() else np.argmin(same))
+
+
+def _prefix_first(valid_P: np.ndarray, k: int) -> np.ndarray:
+  """A context's slot order [P]: its first k valid slots, its invalid ones, the rest."""
+  slots = np.flatnonzero(valid_P)
+  return np.concatenate([slots[:k], np.flatnonzero(~valid_P), slots[k:]])
 
 
 def with_loss_slots(batch: RLBatch, capacity: int) -> RLBatch:
