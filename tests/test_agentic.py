@@ -99,7 +99,8 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   The fixed 2x2 map "SF,HG" needs right, then down: "always right" stays stuck, "down"
   first falls into the hole, so the greedy policy has to read its position. Measured
   (seeds 0, 2, 3, 4): greedy success 1.0 from iteration 10-14 on. Mutations caught: zero
-  advantages (learners._grpo_advantages returning zeros), a flipped policy-loss sign.
+  advantages (learners._grpo_advantages returning zeros), a flipped policy-loss sign, the
+  recipe's `train()` not setting the batch's shared prefix.
   """
   cfg = _config(**{"checkpoint.every": 1000, "train.steps": 25})
   rl.run(cfg, str(tmp_path), loaded=answering_model())
@@ -110,6 +111,9 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   assert end >= 0.5 and end >= start + 0.3, f"greedy success {start} -> {end}: {greedy}"
   last = records[-1]
   assert last["invalid_action_rate"] < 0.5 and last["turns/mean"] <= cfg.env.max_turns
+  # every episode opens with the same prompt: the trainer computed it once (and learned)
+  shared = [r["shared_prefix"] for r in records if "shared_prefix" in r]
+  assert len(shared) == cfg.train.steps and min(shared) >= 16, shared
   with open(tmp_path / "trajectories.jsonl") as f:
     transcripts = [json.loads(line) for line in f]
   steps = sorted({t["step"] for t in transcripts})
