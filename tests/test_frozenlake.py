@@ -106,6 +106,21 @@ def test_safe_path_reaches_the_goal():
   assert steps[-1].state.turn == 6
 
 
+def test_hole_penalty_is_paid_by_the_hole_alone():
+  # the same walks with and without a penalty: only the step into the hole pays it
+  env = make(hole_penalty=0.5)
+  state, _ = env.reset(None, 0)
+  _, hole = play(env, state, ["right", "down"])
+  assert (hole.reward, hole.done, hole.info["success"]) == (-0.5, True, False)
+  steps = play(env, state, ["down", "down", "right", "right", "down", "right"])
+  assert [s.reward for s in steps] == [0.0] * 5 + [1.0]
+  assert env.step(state, "jump").reward == -0.1  # an invalid reply: invalid_penalty only
+  assert env.step(state, "up").reward == 0.0  # off the grid: stays on S
+  config = fl.FrozenLakeConfig(fixed_map=",".join(MAP4), hole_penalty=0.25)
+  built = fl.build(config, None).env
+  assert play(built, built.reset(None, 0)[0], ["right", "down"])[1].reward == -0.25
+
+
 def test_step_after_done_raises():
   env = make()
   state, _ = env.reset(None, 0)
@@ -327,6 +342,8 @@ def test_validate_map_rejects_bad_maps(bad, match):
     (dict(max_turns=0), "max_turns=0"),
     (dict(style="letters"), "style='letters'"),
     (dict(invalid_penalty=-0.1), "invalid_penalty=-0.1"),
+    (dict(hole_penalty=-1.0), "hole_penalty=-1.0 must be >= 0"),
+    (dict(hole_penalty=float("nan")), "hole_penalty=nan must be a finite number"),
     (dict(slippery="yes"), "slippery='yes'"),
     (dict(fixed_map=("SF", "FF")), "exactly one 'G'"),
   ],

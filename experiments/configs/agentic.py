@@ -167,6 +167,7 @@ def frozenlake_env(tiny: bool) -> ml_collections.ConfigDict:
       "max_turns": 3 if tiny else 8,
       "style": "char" if tiny else "word",  # char: L/D/R/U; word: left/down/right/up
       "invalid_penalty": 0.1,
+      "hole_penalty": 0.0,  # subtracted when a walk ends in a hole (0: as running out of turns)
       "fixed_map": "SF,HG" if tiny else "",  # rows, comma-separated; "" = from the seed
     }
   )

@@ -2,8 +2,10 @@
 
 A map is a tuple of equal-length strings over S (start, exactly one), F (frozen),
 H (hole) and G (goal, exactly one). The agent moves left, down, right or up; a
-move off the grid stays in place; stepping on H ends the episode with reward 0,
-reaching G ends it with reward 1 (info success True), any other move gives 0.
+move off the grid stays in place; stepping on H ends the episode with reward
+-`hole_penalty` (default 0), reaching G ends it with reward 1 (info success True),
+any other move gives 0. With the default a hole and a walk that runs out of turns
+earn the same 0: a penalty gives the learner a reason to read where the holes are.
 
 Slippery lakes move in the intended direction with probability 1/3 and in each
 of the two perpendicular directions with 1/3 (never the opposite), drawn from
@@ -225,7 +227,14 @@ def _info(success: bool, invalid: bool) -> dict:
   return {"success": success, "invalid_action": invalid}
 
 
-def step_state(state: State, text: str, style: str, slippery: bool, invalid_penalty: float) -> Step:
+def step_state(
+  state: State,
+  text: str,
+  style: str,
+  slippery: bool,
+  invalid_penalty: float,
+  hole_penalty: float = 0.0,
+) -> Step:
   """One FrozenLake step from `state` given the reply `text`; `state` is not changed."""
   if state.done:
     raise ValueError("step called on a finished episode (state.done is True); reset first")
@@ -238,7 +247,7 @@ def step_state(state: State, text: str, style: str, slippery: bool, invalid_pena
   tile = state.map[row][col]
   done = tile in "HG"
   new = state._replace(row=row, col=col, turn=state.turn + 1, done=done)
-  reward = 1.0 if tile == "G" else 0.0
+  reward = 1.0 if tile == "G" else (-float(hole_penalty) if tile == "H" else 0.0)
   obs = "" if done else observation(new, style)
   return Step(new, obs, reward, done, _info(tile == "G", False))
 
@@ -246,7 +255,9 @@ def step_state(state: State, text: str, style: str, slippery: bool, invalid_pena
 # ---- the env ----
 
 
-def _check_env_args(size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map):
+def _check_env_args(
+  size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map, hole_penalty=0.0
+):
   _check_size_and_hole_prob(size, hole_prob)
   if not isinstance(slippery, bool):
     raise ValueError(f"slippery={slippery!r} must be True or False")
@@ -258,6 +269,13 @@ def _check_env_args(size, slippery, hole_prob, max_turns, style, invalid_penalty
     raise ValueError(f"invalid_penalty={invalid_penalty!r} must be a finite number (e.g. 0.1)")
   if invalid_penalty < 0:
     raise ValueError(f"invalid_penalty={invalid_penalty!r} must be >= 0 (it is subtracted)")
+  if not isinstance(hole_penalty, (int, float)) or not math.isfinite(hole_penalty):
+    raise ValueError(f"hole_penalty={hole_penalty!r} must be a finite number (e.g. 0.5)")
+  if hole_penalty < 0:
+    raise ValueError(
+      f"hole_penalty={hole_penalty!r} must be >= 0 (it is subtracted when the walk ends in a "
+      "hole; 0: a hole earns what running out of turns does)"
+    )
   if fixed_map is not None:
     validate_map(fixed_map)
 
@@ -270,6 +288,7 @@ def make_env(
   style: str = "word",
   invalid_penalty: float = 0.1,
   fixed_map: tuple[str, ...] | None = None,
+  hole_penalty: float = 0.0,
 ) -> Env:
   """A FrozenLake `Env`.
 
@@ -279,7 +298,9 @@ def make_env(
   agent's position); later ones are `observation` alone (after an invalid
   reply, `invalid_message(style)` first); "" once done.
   """
-  _check_env_args(size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map)
+  _check_env_args(
+    size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map, hole_penalty
+  )
   fixed = None if fixed_map is None else tuple(fixed_map)
 
   def reset(task, seed):
@@ -294,7 +315,7 @@ def make_env(
     return state, f"{instructions(style)}\n\n{observation(state, style)}"
 
   def step(state, text):
-    return step_state(state, text, style, slippery, invalid_penalty)
+    return step_state(state, text, style, slippery, invalid_penalty, hole_penalty)
 
   return Env(name="frozenlake", reset=reset, step=step, max_turns=max_turns, stop_strings=())
 
@@ -311,6 +332,7 @@ class FrozenLakeConfig:
   style: str = "word"
   invalid_penalty: float = 0.1
   fixed_map: str = ""
+  hole_penalty: float = 0.0
 
   def __post_init__(self):
     _check_env_args(
@@ -321,6 +343,7 @@ class FrozenLakeConfig:
       self.style,
       self.invalid_penalty,
       self.rows(),
+      self.hole_penalty,
     )
 
   def rows(self) -> tuple[str, ...] | None:
@@ -337,6 +360,7 @@ def build(config: FrozenLakeConfig, run: RunInfo) -> EnvTasks:
     style=config.style,
     invalid_penalty=config.invalid_penalty,
     fixed_map=config.rows(),
+    hole_penalty=config.hole_penalty,
   )
   del run  # nothing of the run changes FrozenLake
   none = lambda seeds: [None] * len(seeds)
