@@ -121,6 +121,32 @@ def test_hole_penalty_is_paid_by_the_hole_alone():
   assert play(built, built.reset(None, 0)[0], ["right", "down"])[1].reward == -0.25
 
 
+def test_neighbours_line_names_what_each_move_leads_to():
+  env = make(neighbours=True)  # MAP4: SFFF / FHFH / FFFH / HFFG
+  state, first = env.reset(None, 0)
+  assert first.endswith(
+    "PFFF\nFHFH\nFFFH\nHFFG\nYou are at row 1, column 1.\n"
+    "Around you: left edge, down frozen, right frozen, up edge.\nYour move:"
+  )
+  assert "Around you: left edge, down frozen, right hole, up start." in first  # the example
+  right = env.step(state, "right")
+  assert right.observation.endswith(
+    "Around you: left start, down hole, right frozen, up edge.\nYour move:"
+  )
+  steps = play(env, state, ["down", "down", "right", "right", "down"])
+  assert steps[-1].observation.endswith(
+    "Around you: left frozen, down edge, right goal, up frozen.\nYour move:"
+  )
+  invalid = env.step(state, "jump").observation
+  assert invalid.startswith(fl.invalid_message("word")) and "Around you: left edge" in invalid
+  # the same walk without the line: every observation is the board and position alone
+  plain = play(make(), make().reset(None, 0)[0], ["down", "down", "right", "right", "down"])
+  assert [s.observation.replace(fl.neighbours_line(s.state) + "\n", "") for s in steps] == [
+    s.observation for s in plain
+  ]
+  assert [s.reward for s in steps] == [s.reward for s in plain]
+
+
 def test_step_after_done_raises():
   env = make()
   state, _ = env.reset(None, 0)
@@ -343,6 +369,8 @@ def test_validate_map_rejects_bad_maps(bad, match):
     (dict(style="letters"), "style='letters'"),
     (dict(invalid_penalty=-0.1), "invalid_penalty=-0.1"),
     (dict(hole_penalty=-1.0), "hole_penalty=-1.0 must be >= 0"),
+    (dict(neighbours=1), "neighbours=1 must be True or False"),
+    (dict(neighbours=True, style="char"), "neighbours=True with style='char'"),
     (dict(hole_penalty=float("nan")), "hole_penalty=nan must be a finite number"),
     (dict(slippery="yes"), "slippery='yes'"),
     (dict(fixed_map=("SF", "FF")), "exactly one 'G'"),

@@ -12,6 +12,10 @@ of the two perpendicular directions with 1/3 (never the opposite), drawn from
 `np.random.default_rng((seed, turn))`: deterministic given the episode's seed
 and the turn, with no random generator kept in the state.
 
+With `neighbours` (word style) each observation also names what every move leads to
+("Around you: left edge, down hole, right frozen, up start."): the board read for the
+model, a local rule a small model can learn where reading the grid's columns is hard.
+
 Replies are parsed in one of two styles, fixed when the env is made:
   "word": the reply names exactly one distinct action word (left, down, right,
     up), case-insensitive, as a whole word ("leftover" is not "left"; "left, I
@@ -163,16 +167,20 @@ def answer_hint(style: str) -> str:
   raise ValueError(f"style={style!r} must be one of {STYLES}")
 
 
-def instructions(style: str) -> str:
-  """The text opening an episode (before the board) in `style`."""
+def instructions(style: str, neighbours: bool = False) -> str:
+  """The text opening an episode (before the board) in `style` (word style with
+  `neighbours`: the worked example shows the neighbours line too)."""
   if style == "char":
     return f"S start, F ice, H hole, G goal, P you.\n{answer_hint(style)}"
+  near = lambda words: f"Around you: {words}.\n" if neighbours else ""
   return (
     "Walk on the frozen lake from S to G without stepping into a hole.\n"
     "S: start, F: frozen (safe), H: hole (episode ends), G: goal, P: your position.\n"
     f"{answer_hint(style)}\n\n"
-    "Example:\nSFF\nPHF\nFFG\nYou are at row 2, column 1.\nYour move: down\n"
-    "SFF\nFHF\nPFG\nYou are at row 3, column 1.\nYour move: right"
+    "Example:\nSFF\nPHF\nFFG\nYou are at row 2, column 1.\n"
+    f"{near('left edge, down frozen, right hole, up start')}Your move: down\n"
+    "SFF\nFHF\nPFG\nYou are at row 3, column 1.\n"
+    f"{near('left edge, down edge, right frozen, up frozen')}Your move: right"
   )
 
 
@@ -195,14 +203,30 @@ def render(state: State) -> str:
   return "\n".join(rows)
 
 
-def observation(state: State, style: str) -> str:
+TILE_WORDS = {"S": "start", "F": "frozen", "H": "hole", "G": "goal"}
+
+
+def neighbours_line(state: State) -> str:
+  """What each move leads to, e.g. "Around you: left edge, down hole, right frozen, up
+  start." (edge: off the map, where a move stays in place)."""
+  words = []
+  for name, (dr, dc) in zip(ACTIONS, DELTAS):
+    r, c = state.row + dr, state.col + dc
+    inside = 0 <= r < len(state.map) and 0 <= c < len(state.map[0])
+    words.append(f"{name} {TILE_WORDS[state.map[r][c]] if inside else 'edge'}")
+  return f"Around you: {', '.join(words)}."
+
+
+def observation(state: State, style: str, neighbours: bool = False) -> str:
   """The board, then the agent's position on its own line (the last thing the model
-  reads before answering: a small model need not find P in the grid)."""
+  reads before answering: a small model need not find P in the grid); in word style
+  with `neighbours`, then what each move leads to (`neighbours_line`)."""
   r, c = state.row, state.col
   if style == "char":
     where = f"At {r},{c}."
   else:  # ends with a cue a base (not chat-tuned) model continues with a move
-    where = f"You are at row {r + 1}, column {c + 1}.\nYour move:"
+    near = f"{neighbours_line(state)}\n" if neighbours else ""
+    where = f"You are at row {r + 1}, column {c + 1}.\n{near}Your move:"
   return f"{render(state)}\n{where}"
 
 
@@ -234,6 +258,7 @@ def step_state(
   slippery: bool,
   invalid_penalty: float,
   hole_penalty: float = 0.0,
+  neighbours: bool = False,
 ) -> Step:
   """One FrozenLake step from `state` given the reply `text`; `state` is not changed."""
   if state.done:
@@ -241,14 +266,14 @@ def step_state(
   action = parse_action(text, style)
   if action is None:
     new = state._replace(turn=state.turn + 1)
-    obs = f"{invalid_message(style)}\n{observation(new, style)}"
+    obs = f"{invalid_message(style)}\n{observation(new, style, neighbours)}"
     return Step(new, obs, -float(invalid_penalty), False, _info(False, True))
   row, col = move(state, realized_action(action, state.seed, state.turn, slippery))
   tile = state.map[row][col]
   done = tile in "HG"
   new = state._replace(row=row, col=col, turn=state.turn + 1, done=done)
   reward = 1.0 if tile == "G" else (-float(hole_penalty) if tile == "H" else 0.0)
-  obs = "" if done else observation(new, style)
+  obs = "" if done else observation(new, style, neighbours)
   return Step(new, obs, reward, done, _info(tile == "G", False))
 
 
@@ -256,7 +281,15 @@ def step_state(
 
 
 def _check_env_args(
-  size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map, hole_penalty=0.0
+  size,
+  slippery,
+  hole_prob,
+  max_turns,
+  style,
+  invalid_penalty,
+  fixed_map,
+  hole_penalty=0.0,
+  neighbours=False,
 ):
   _check_size_and_hole_prob(size, hole_prob)
   if not isinstance(slippery, bool):
@@ -276,6 +309,13 @@ def _check_env_args(
       f"hole_penalty={hole_penalty!r} must be >= 0 (it is subtracted when the walk ends in a "
       "hole; 0: a hole earns what running out of turns does)"
     )
+  if not isinstance(neighbours, bool):
+    raise ValueError(f"neighbours={neighbours!r} must be True or False")
+  if neighbours and style != "word":
+    raise ValueError(
+      f"neighbours=True with style={style!r}: the neighbours line is written in word style "
+      "only (set style='word', or neighbours=False)"
+    )
   if fixed_map is not None:
     validate_map(fixed_map)
 
@@ -289,17 +329,26 @@ def make_env(
   invalid_penalty: float = 0.1,
   fixed_map: tuple[str, ...] | None = None,
   hole_penalty: float = 0.0,
+  neighbours: bool = False,
 ) -> Env:
   """A FrozenLake `Env`.
 
   reset(task, seed): `task` is a map, or None for `fixed_map` when given, else
   `generate_map(size, seed, hole_prob)`. The first observation is
-  `instructions(style)` then `observation(state, style)` (the board and the
-  agent's position); later ones are `observation` alone (after an invalid
+  `instructions(style, neighbours)` then `observation(state, style, neighbours)` (the
+  board and the agent's position); later ones are `observation` alone (after an invalid
   reply, `invalid_message(style)` first); "" once done.
   """
   _check_env_args(
-    size, slippery, hole_prob, max_turns, style, invalid_penalty, fixed_map, hole_penalty
+    size,
+    slippery,
+    hole_prob,
+    max_turns,
+    style,
+    invalid_penalty,
+    fixed_map,
+    hole_penalty,
+    neighbours,
   )
   fixed = None if fixed_map is None else tuple(fixed_map)
 
@@ -312,10 +361,11 @@ def make_env(
       m = tuple(task)
     row, col = _find(m, "S")
     state = State(map=m, row=row, col=col, turn=0, seed=int(seed), done=False)
-    return state, f"{instructions(style)}\n\n{observation(state, style)}"
+    first = observation(state, style, neighbours)
+    return state, f"{instructions(style, neighbours)}\n\n{first}"
 
   def step(state, text):
-    return step_state(state, text, style, slippery, invalid_penalty, hole_penalty)
+    return step_state(state, text, style, slippery, invalid_penalty, hole_penalty, neighbours)
 
   return Env(name="frozenlake", reset=reset, step=step, max_turns=max_turns, stop_strings=())
 
@@ -333,6 +383,7 @@ class FrozenLakeConfig:
   invalid_penalty: float = 0.1
   fixed_map: str = ""
   hole_penalty: float = 0.0
+  neighbours: bool = False
 
   def __post_init__(self):
     _check_env_args(
@@ -344,6 +395,7 @@ class FrozenLakeConfig:
       self.invalid_penalty,
       self.rows(),
       self.hole_penalty,
+      self.neighbours,
     )
 
   def rows(self) -> tuple[str, ...] | None:
@@ -361,6 +413,7 @@ def build(config: FrozenLakeConfig, run: RunInfo) -> EnvTasks:
     invalid_penalty=config.invalid_penalty,
     fixed_map=config.rows(),
     hole_penalty=config.hole_penalty,
+    neighbours=config.neighbours,
   )
   del run  # nothing of the run changes FrozenLake
   none = lambda seeds: [None] * len(seeds)
