@@ -447,10 +447,17 @@ def _none_fields(block, prefix=""):
 
 @pytest.mark.real_model
 @pytest.mark.parametrize(
-  "variant", ["frozenlake_gemma3", "frozenlake_slippery_gemma3", "frozenlake6x6_gemma3"]
+  "variant",
+  [
+    "frozenlake_gemma3",
+    "frozenlake_slippery_gemma3",
+    "frozenlake6x6_gemma3",
+    "frozenlake_near_gemma3",
+  ],
 )
 def test_frozenlake_variants_fit_their_longest_episode(variant):
-  """The real-model FrozenLake variants (4x4, slippery 4x4, 6x6): a valid config whose
+  """The real-model FrozenLake variants (4x4, slippery 4x4, 6x6, 4x4 with the neighbours
+  line): a valid config whose
   episode of `env.max_turns` valid moves, each turn `rollout.max_turn_tokens` sampled
   tokens and the board that follows, fits the completion window in Gemma's tokens (an
   invalid reply's message makes its turn ~18 tokens longer: episodes of many invalid
@@ -464,14 +471,16 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   tok = loading.load_gguf_tokenizer()
   env = rl.make_env(cfg).env
   state, _ = env.reset(None, 7)
-  board = frozenlake.observation(state, cfg.env.style)  # what follows every valid move
+  board = frozenlake.observation(state, cfg.env.style, cfg.env.neighbours)  # after a valid move
   per_turn = cfg.rollout.max_turn_tokens + len(scaffold.text_ids(tok, "\n" + board))
   assert cfg.env.max_turns * per_turn <= cfg.rollout.max_total_tokens, per_turn
   assert (cfg.env.size, cfg.env.slippery) == {
     "frozenlake_gemma3": (4, False),
     "frozenlake_slippery_gemma3": (4, True),
     "frozenlake6x6_gemma3": (6, False),
+    "frozenlake_near_gemma3": (4, False),
   }[variant]
+  assert cfg.env.neighbours == (variant == "frozenlake_near_gemma3")
 
 
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])

@@ -97,7 +97,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.env.slippery, c.env.max_turns, total_tokens = True, 12, 512
   if env_model == "frozenlake6x6_gemma3":
     c.env.size, c.env.max_turns, total_tokens = 6, 16, 768
-  if env_model == "frozenlake_near_gemma3":  # ~16 more tokens per observation
+  if env_model == "frozenlake_near_gemma3":  # ~16 more tokens per observation (47 per turn)
     c.env.neighbours, total_tokens = True, 512
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
