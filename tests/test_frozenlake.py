@@ -121,6 +121,21 @@ def test_hole_penalty_is_paid_by_the_hole_alone():
   assert play(built, built.reset(None, 0)[0], ["right", "down"])[1].reward == -0.25
 
 
+def test_progress_reward_pays_each_cell_closer_to_the_goal():
+  # MAP4 = SFFF / FHFH / FFFH / HFFG: the safe path's 6 moves each bring G one cell closer
+  env = make(progress_reward=0.1, hole_penalty=0.3)
+  state, _ = env.reset(None, 0)
+  steps = play(env, state, ["down", "down", "right", "right", "down", "right"])
+  assert [s.reward for s in steps] == pytest.approx([0.1] * 5 + [1.1])
+  assert sum(s.reward for s in steps) == pytest.approx(1.0 + 0.1 * fl.goal_distance(MAP4, 0, 0))
+  assert env.step(state, "up").reward == 0.0  # off the grid: no closer
+  assert env.step(steps[0].state, "up").reward == pytest.approx(-0.1)  # back up: further
+  hole = play(env, state, ["right", "down"])[1]  # into (1, 1): closer, but a hole
+  assert hole.reward == pytest.approx(0.1 - 0.3) and hole.done
+  assert env.step(state, "jump").reward == -0.1  # an invalid reply: no move, no progress
+  assert [fl.goal_distance(MAP4, r, c) for r, c in [(0, 0), (3, 3), (1, 2), (3, 0)]] == [6, 0, 3, 3]
+
+
 def test_neighbours_line_names_what_each_move_leads_to():
   env = make(neighbours=True)  # MAP4: SFFF / FHFH / FFFH / HFFG
   state, first = env.reset(None, 0)
@@ -369,6 +384,8 @@ def test_validate_map_rejects_bad_maps(bad, match):
     (dict(style="letters"), "style='letters'"),
     (dict(invalid_penalty=-0.1), "invalid_penalty=-0.1"),
     (dict(hole_penalty=-1.0), "hole_penalty=-1.0 must be >= 0"),
+    (dict(progress_reward=-0.1), "progress_reward=-0.1 must be >= 0"),
+    (dict(progress_reward=True), "progress_reward=True must be a finite number"),
     (dict(neighbours=1), "neighbours=1 must be True or False"),
     (dict(neighbours=True, style="char"), "neighbours=True with style='char'"),
     (dict(hole_penalty=float("nan")), "hole_penalty=nan must be a finite number"),
@@ -379,6 +396,11 @@ def test_validate_map_rejects_bad_maps(bad, match):
 def test_make_env_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     fl.make_env(**kwargs)
+
+
+def test_make_env_names_an_unknown_rule():
+  with pytest.raises(TypeError, match="make_env got \\['holes'\\]; its rules are"):
+    fl.make_env(holes=0.1)
 
 
 def test_bad_seed_and_size_are_rejected():

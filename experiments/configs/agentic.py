@@ -178,6 +178,7 @@ def frozenlake_env(tiny: bool) -> ml_collections.ConfigDict:
       "style": "char" if tiny else "word",  # char: L/D/R/U; word: left/down/right/up
       "invalid_penalty": 0.1,
       "hole_penalty": 0.0,  # subtracted when a walk ends in a hole (0: as running out of turns)
+      "progress_reward": 0.0,  # paid per cell a move brings the agent closer to G
       # word style: each observation also says what every move leads to ("Around you:
       # left edge, down hole, ..."): ~16 more tokens per turn
       "neighbours": False,

@@ -6,6 +6,8 @@ move off the grid stays in place; stepping on H ends the episode with reward
 -`hole_penalty` (default 0), reaching G ends it with reward 1 (info success True),
 any other move gives 0. With the default a hole and a walk that runs out of turns
 earn the same 0: a penalty gives the learner a reason to read where the holes are.
+`progress_reward` (default 0) adds that much per cell a move brings the agent closer
+to G (and takes it per cell further): a denser signal than the goal alone.
 
 Slippery lakes move in the intended direction with probability 1/3 and in each
 of the two perpendicular directions with 1/3 (never the opposite), drawn from
@@ -251,70 +253,77 @@ def _info(success: bool, invalid: bool) -> dict:
   return {"success": success, "invalid_action": invalid}
 
 
-def step_state(
-  state: State,
-  text: str,
-  style: str,
-  slippery: bool,
-  invalid_penalty: float,
-  hole_penalty: float = 0.0,
-  neighbours: bool = False,
-) -> Step:
-  """One FrozenLake step from `state` given the reply `text`; `state` is not changed."""
+class Rules(NamedTuple):
+  """How replies are read and steps are scored: `make_env`'s arguments past the map's."""
+
+  style: str = "word"
+  slippery: bool = False
+  invalid_penalty: float = 0.1  # subtracted for a reply that names no move
+  hole_penalty: float = 0.0  # subtracted for the step into a hole
+  progress_reward: float = 0.0  # per cell a move brings the agent closer to G (or - further)
+  neighbours: bool = False  # observations name what each move leads to (word style)
+
+
+def goal_distance(m: tuple[str, ...], row: int, col: int) -> int:
+  """Moves from (row, col) to G on an empty map (|rows apart| + |columns apart|)."""
+  goal_row, goal_col = _find(m, "G")
+  return abs(goal_row - row) + abs(goal_col - col)
+
+
+def step_state(state: State, text: str, rules: Rules) -> Step:
+  """One FrozenLake step from `state` given the reply `text`; `state` is not changed.
+
+  Reward: 1 on G, -hole_penalty on H, -invalid_penalty for a reply naming no move; a
+  move also earns progress_reward x (cells closer to G), the step into a hole included.
+  """
   if state.done:
     raise ValueError("step called on a finished episode (state.done is True); reset first")
+  style = rules.style
   action = parse_action(text, style)
   if action is None:
     new = state._replace(turn=state.turn + 1)
-    obs = f"{invalid_message(style)}\n{observation(new, style, neighbours)}"
-    return Step(new, obs, -float(invalid_penalty), False, _info(False, True))
-  row, col = move(state, realized_action(action, state.seed, state.turn, slippery))
+    obs = f"{invalid_message(style)}\n{observation(new, style, rules.neighbours)}"
+    return Step(new, obs, -float(rules.invalid_penalty), False, _info(False, True))
+  row, col = move(state, realized_action(action, state.seed, state.turn, rules.slippery))
   tile = state.map[row][col]
   done = tile in "HG"
   new = state._replace(row=row, col=col, turn=state.turn + 1, done=done)
-  reward = 1.0 if tile == "G" else (-float(hole_penalty) if tile == "H" else 0.0)
-  obs = "" if done else observation(new, style, neighbours)
+  reward = 1.0 if tile == "G" else (-float(rules.hole_penalty) if tile == "H" else 0.0)
+  closer = goal_distance(state.map, state.row, state.col) - goal_distance(state.map, row, col)
+  reward += float(rules.progress_reward) * closer
+  obs = "" if done else observation(new, style, rules.neighbours)
   return Step(new, obs, reward, done, _info(tile == "G", False))
 
 
 # ---- the env ----
 
 
-def _check_env_args(
-  size,
-  slippery,
-  hole_prob,
-  max_turns,
-  style,
-  invalid_penalty,
-  fixed_map,
-  hole_penalty=0.0,
-  neighbours=False,
-):
+def _check_penalty(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ValueError(f"{name}={value!r} must be a finite number (e.g. 0.1)")
+  if value < 0:
+    raise ValueError(
+      f"{name}={value!r} must be >= 0 (invalid_penalty and hole_penalty are subtracted; "
+      "progress_reward is paid per cell closer to G)"
+    )
+
+
+def _check_env_args(size, hole_prob, max_turns, fixed_map, rules: Rules):
   _check_size_and_hole_prob(size, hole_prob)
-  if not isinstance(slippery, bool):
-    raise ValueError(f"slippery={slippery!r} must be True or False")
+  if not isinstance(rules.slippery, bool):
+    raise ValueError(f"slippery={rules.slippery!r} must be True or False")
   if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
     raise ValueError(f"max_turns={max_turns!r} must be a positive integer")
-  if style not in STYLES:
-    raise ValueError(f"style={style!r} must be one of {STYLES}")
-  if not isinstance(invalid_penalty, (int, float)) or not math.isfinite(invalid_penalty):
-    raise ValueError(f"invalid_penalty={invalid_penalty!r} must be a finite number (e.g. 0.1)")
-  if invalid_penalty < 0:
-    raise ValueError(f"invalid_penalty={invalid_penalty!r} must be >= 0 (it is subtracted)")
-  if not isinstance(hole_penalty, (int, float)) or not math.isfinite(hole_penalty):
-    raise ValueError(f"hole_penalty={hole_penalty!r} must be a finite number (e.g. 0.5)")
-  if hole_penalty < 0:
+  if rules.style not in STYLES:
+    raise ValueError(f"style={rules.style!r} must be one of {STYLES}")
+  for name in ("invalid_penalty", "hole_penalty", "progress_reward"):
+    _check_penalty(name, getattr(rules, name))
+  if not isinstance(rules.neighbours, bool):
+    raise ValueError(f"neighbours={rules.neighbours!r} must be True or False")
+  if rules.neighbours and rules.style != "word":
     raise ValueError(
-      f"hole_penalty={hole_penalty!r} must be >= 0 (it is subtracted when the walk ends in a "
-      "hole; 0: a hole earns what running out of turns does)"
-    )
-  if not isinstance(neighbours, bool):
-    raise ValueError(f"neighbours={neighbours!r} must be True or False")
-  if neighbours and style != "word":
-    raise ValueError(
-      f"neighbours=True with style={style!r}: the neighbours line is written in word style "
-      "only (set style='word', or neighbours=False)"
+      f"neighbours=True with style={rules.style!r}: the neighbours line is written in word "
+      "style only (set style='word', or neighbours=False)"
     )
   if fixed_map is not None:
     validate_map(fixed_map)
@@ -322,16 +331,12 @@ def _check_env_args(
 
 def make_env(
   size: int = 4,
-  slippery: bool = False,
   hole_prob: float = 0.2,
   max_turns: int = 8,
-  style: str = "word",
-  invalid_penalty: float = 0.1,
   fixed_map: tuple[str, ...] | None = None,
-  hole_penalty: float = 0.0,
-  neighbours: bool = False,
+  **rules,
 ) -> Env:
-  """A FrozenLake `Env`.
+  """A FrozenLake `Env`; `rules`: the fields of `Rules` (style, slippery, penalties, ...).
 
   reset(task, seed): `task` is a map, or None for `fixed_map` when given, else
   `generate_map(size, seed, hole_prob)`. The first observation is
@@ -339,18 +344,13 @@ def make_env(
   board and the agent's position); later ones are `observation` alone (after an invalid
   reply, `invalid_message(style)` first); "" once done.
   """
-  _check_env_args(
-    size,
-    slippery,
-    hole_prob,
-    max_turns,
-    style,
-    invalid_penalty,
-    fixed_map,
-    hole_penalty,
-    neighbours,
-  )
+  unknown = sorted(set(rules) - set(Rules._fields))
+  if unknown:
+    raise TypeError(f"make_env got {unknown}; its rules are {list(Rules._fields)}")
+  rules = Rules(**rules)
+  _check_env_args(size, hole_prob, max_turns, fixed_map, rules)
   fixed = None if fixed_map is None else tuple(fixed_map)
+  style, neighbours = rules.style, rules.neighbours
 
   def reset(task, seed):
     _check_seed(seed)
@@ -365,7 +365,7 @@ def make_env(
     return state, f"{instructions(style, neighbours)}\n\n{first}"
 
   def step(state, text):
-    return step_state(state, text, style, slippery, invalid_penalty, hole_penalty, neighbours)
+    return step_state(state, text, rules)
 
   return Env(name="frozenlake", reset=reset, step=step, max_turns=max_turns, stop_strings=())
 
@@ -383,37 +383,23 @@ class FrozenLakeConfig:
   invalid_penalty: float = 0.1
   fixed_map: str = ""
   hole_penalty: float = 0.0
+  progress_reward: float = 0.0
   neighbours: bool = False
 
   def __post_init__(self):
-    _check_env_args(
-      self.size,
-      self.slippery,
-      self.hole_prob,
-      self.max_turns,
-      self.style,
-      self.invalid_penalty,
-      self.rows(),
-      self.hole_penalty,
-      self.neighbours,
-    )
+    _check_env_args(self.size, self.hole_prob, self.max_turns, self.rows(), self.rules())
 
   def rows(self) -> tuple[str, ...] | None:
     return tuple(r.strip() for r in self.fixed_map.split(",")) if self.fixed_map else None
+
+  def rules(self) -> Rules:
+    return Rules(**{name: getattr(self, name) for name in Rules._fields})
 
 
 def build(config: FrozenLakeConfig, run: RunInfo) -> EnvTasks:
   """The table's constructor (`rlpost.envs.table`): maps come from the seeds."""
   env = make_env(
-    size=config.size,
-    slippery=config.slippery,
-    hole_prob=config.hole_prob,
-    max_turns=config.max_turns,
-    style=config.style,
-    invalid_penalty=config.invalid_penalty,
-    fixed_map=config.rows(),
-    hole_penalty=config.hole_penalty,
-    neighbours=config.neighbours,
+    config.size, config.hole_prob, config.max_turns, config.rows(), **config.rules()._asdict()
   )
   del run  # nothing of the run changes FrozenLake
   none = lambda seeds: [None] * len(seeds)
