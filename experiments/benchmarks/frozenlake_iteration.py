@@ -15,8 +15,8 @@ Issue 38's comparison with e160d23 (one PPO update per iteration, GAE over token
 episode's reward on its last token) overrides the newer trees' defaults to match it:
   --set=algo.critic_warmup_steps=1 --tree_set=1:algo.credit=token
   --tree_set=1:per_turn_rewards=False --tree_set=1:algo.mini_batch_size=16
-  --tree_set=1:algo.num_iterations=1 --tree_set=1:critic.head_learning_rate=None
-  --tree_set=1:critic.value_norm_decay=None   (the last three: dd62ee5's defaults undone)
+  --tree_set=1:algo.num_iterations=1   (since dd62ee5 the default is two epochs; the value
+  head's own rate and normalised values, also defaults since then, cost no trunk pass)
 
 A tree may appear twice (e.g. with and without an override). Run the trees once before
 timing them when their compilation caches are cold: a later tree would find programs
