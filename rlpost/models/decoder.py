@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from rlpost.models import attention as attention_lib
 from rlpost.models import lora as lora_lib
 from rlpost.models import quant
 
@@ -58,7 +59,6 @@ Config = Any  # a family's frozen Config dataclass (module docstring)
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # training matmul input dtypes (`compute_dtype`)
 ACTIVATIONS = ("gelu_tanh", "silu")
-_MASKED = -2.3819763e38  # most negative bfloat16-representable float32
 # What the "dots" remat policy keeps per layer: the projection outputs the backward
 # pass reads (q, k, v before their norms; o and down before theirs), the MLP hidden
 # `act(gate) * up` and the two products gated_gelu saves, and the LoRA `x @ a`.
@@ -315,18 +315,6 @@ def _proj(
   ]
 
 
-def _attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, config: Config):
-  """Grouped-query attention; softmax in float32. Returns [B, T, N*hd] float32."""
-  B, T, N, H = q_BxTxNxH.shape
-  K = config.num_kv_heads
-  q = q_BxTxNxH.reshape(B, T, K, N // K, H)
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH.astype(jnp.float32))
-  scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASKED)
-  probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH.astype(jnp.float32))
-  return out.reshape(B, T, N * H)
-
-
 def _pick(is_global, local_and_global):
   """The global or local member of a pair; `is_global` is a Python bool or a traced scalar."""
   local, glob = local_and_global
@@ -366,7 +354,7 @@ def _block(
   k = apply_rope(k, cos, sin)
   k_all, v_all, carry_out = keys_fn(k, v)
   mask = _pick(is_global, masks)
-  attn = _attention(q, k_all, v_all, mask, c)
+  attn = attention_lib.attention(q, k_all, v_all, mask, c.num_kv_heads)
   out = lambda x, name, size: checkpoint_name(proj(x, (name,), (size,))[0], "proj_out")
   x = x_BxTxD + post(out(attn, "o", c.embed_dim), "post_attn_norm")
   h = norm(x, "mlp_norm")

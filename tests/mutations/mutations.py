@@ -215,6 +215,14 @@ MUTATIONS = [
   ),
   # --- model and masks
   dict(
+    name="attention_backward_rowsum_dropped",
+    path="rlpost/models/attention.py",
+    old="  d_scores = probs_BxKxQxS * (d_probs - jnp.sum(d_probs * probs_BxKxQxS, axis=-1, keepdims=True))\n",
+    new="  d_scores = probs_BxKxQxS * d_probs\n",
+    tests=["tests/test_attention.py"],
+    why="the softmax backward without its row-sum term: wrong q and k gradients",
+  ),
+  dict(
     name="rmsnorm_without_one_plus",
     path="rlpost/models/decoder.py",
     old="    scale = offset + scale\n",
