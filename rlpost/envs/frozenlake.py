@@ -212,10 +212,11 @@ def neighbours_line(state: State) -> str:
   """What each move leads to, e.g. "Around you: left edge, down hole, right frozen, up
   start." (edge: off the map, where a move stays in place)."""
   words = []
-  for name, (dr, dc) in zip(ACTIONS, DELTAS):
-    r, c = state.row + dr, state.col + dc
-    inside = 0 <= r < len(state.map) and 0 <= c < len(state.map[0])
-    words.append(f"{name} {TILE_WORDS[state.map[r][c]] if inside else 'edge'}")
+  for action, name in enumerate(ACTIONS):
+    r, c = move(state, action)  # off the map: stays in place
+    words.append(
+      f"{name} {'edge' if (r, c) == (state.row, state.col) else TILE_WORDS[state.map[r][c]]}"
+    )
   return f"Around you: {', '.join(words)}."
 
 
