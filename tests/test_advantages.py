@@ -360,7 +360,7 @@ def test_overlong_penalty_rejects_bad_buffer():
 
 # ------------------------------------------------------------------ turn-level GAE
 
-_turn_gae = jax.jit(adv.turn_gae)
+_turn_gae = jax.jit(adv.turn_gae, static_argnames="value_at")
 
 
 def _turns(rng, batch, seq):
@@ -371,15 +371,16 @@ def _turns(rng, batch, seq):
   return mask, ids
 
 
-def _np_turn_gae(rewards, values, mask, ids, gamma, lam):
+def _np_turn_gae(rewards, values, mask, ids, gamma, lam, value_at="end"):
   """The obvious reference: per row, the turns as runs of valid tokens with one id; a turn's
-  reward the sum of its tokens', its value the last token's; GAE over turns (float64)."""
+  reward the sum of its tokens', its value the last token's (or the first's); GAE over
+  turns (float64)."""
   advantages, returns = np.zeros(rewards.shape), np.zeros(rewards.shape)
   for b in range(rewards.shape[0]):
     idx = np.flatnonzero(mask[b])
     runs = np.split(idx, np.flatnonzero(np.diff(ids[b, idx])) + 1) if idx.size else []
     r = np.array([rewards[b, run].astype(np.float64).sum() for run in runs])
-    v = np.array([float(values[b, run[-1]]) for run in runs])
+    v = np.array([float(values[b, run[-1 if value_at == "end" else 0]]) for run in runs])
     v_next = np.append(v[1:], 0.0)
     delta = r + gamma * v_next - v
     for k, run in enumerate(runs):
@@ -390,21 +391,26 @@ def _np_turn_gae(rewards, values, mask, ids, gamma, lam):
 
 @SETTINGS
 @given(
-  shape=token_shapes, seed=st.integers(0, 2**16), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0)
+  shape=token_shapes,
+  seed=st.integers(0, 2**16),
+  gamma=st.floats(0.0, 1.0),
+  lam=st.floats(0.0, 1.0),
+  value_at=st.sampled_from(adv.TURN_VALUES),
 )
-def test_turn_gae_matches_the_per_turn_direct_sum(shape, seed, gamma, lam):
-  """Against the O(turns^2) reference, with observation slots, holes and padding; masked
-  slots hold junk that must never be read.
+def test_turn_gae_matches_the_per_turn_direct_sum(shape, seed, gamma, lam, value_at):
+  """Against the O(turns^2) reference, with observation slots, holes and padding, a turn's
+  value read at its last or its first token; masked slots hold junk that must never be read.
 
   Mutations caught: a turn's reward sum not reset at its end (`turn_gae_rewards_summed_
-  across_turns`); every valid token taken as a turn's end (`turn_ends_every_token`)."""
+  across_turns`); every valid token taken as a turn's end (`turn_ends_every_token`); a
+  start value not carried over the turn's later tokens (`turn_start_value_not_carried`)."""
   rng = np.random.default_rng(seed)
   mask, ids = _turns(rng, *shape)
   rewards = rng.normal(size=shape).astype(np.float32)
   values = rng.normal(size=shape).astype(np.float32)
   junk_r, junk_v = np.where(mask, rewards, np.nan), np.where(mask, values, np.inf)
-  got_adv, got_ret = _turn_gae(junk_r, junk_v, mask, ids, gamma=gamma, lam=lam)
-  want_adv, want_ret = _np_turn_gae(rewards, values, mask, ids, gamma, lam)
+  got_adv, got_ret = _turn_gae(junk_r, junk_v, mask, ids, gamma=gamma, lam=lam, value_at=value_at)
+  want_adv, want_ret = _np_turn_gae(rewards, values, mask, ids, gamma, lam, value_at)
   np.testing.assert_allclose(got_adv, want_adv, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(got_ret, want_ret, atol=1e-5, rtol=1e-5)
 
@@ -462,3 +468,17 @@ def test_turn_gae_hand_worked_three_turns():
   got_adv, got_ret = _turn_gae(rewards, values, mask, ids, gamma=0.9, lam=0.5)
   np.testing.assert_allclose(got_adv, [[0.6445, 0.6445, 0, 0.01, 0.01, 0, 0.2, 0]], atol=1e-6)
   np.testing.assert_allclose(got_ret, [[0.9445, 0.9445, 0, 0.61, 0.61, 0, 1.0, 0]], atol=1e-6)
+
+
+def test_turn_gae_hand_worked_three_turns_valued_at_their_first_tokens():
+  """The example above with each turn's value read at its first token: values 5.0, 7.0,
+  0.8 (turn 2 has one token). delta = (0.4 + 6.3 - 5.0, -0.2 + 0.72 - 7.0, 1.0 - 0.8) =
+  (1.7, -6.48, 0.2); A = (1.7 + 0.45 * -6.39, -6.48 + 0.45 * 0.2, 0.2) =
+  (-1.1755, -6.39, 0.2); returns A + V = (3.8245, 0.61, 1.0)."""
+  mask = np.array([[1, 1, 0, 1, 1, 0, 1, 0]], bool)
+  ids = np.array([[0, 0, 0, 1, 1, 1, 2, -1]], np.int32)
+  rewards = np.array([[-0.1, 0.5, 9.0, 0.0, -0.2, 9.0, 1.0, 9.0]], np.float32)
+  values = np.array([[5.0, 0.3, 9.0, 7.0, 0.6, 9.0, 0.8, 9.0]], np.float32)
+  got_adv, got_ret = _turn_gae(rewards, values, mask, ids, gamma=0.9, lam=0.5, value_at="start")
+  np.testing.assert_allclose(got_adv, [[-1.1755, -1.1755, 0, -6.39, -6.39, 0, 0.2, 0]], atol=1e-5)
+  np.testing.assert_allclose(got_ret, [[3.8245, 3.8245, 0, 0.61, 0.61, 0, 1.0, 0]], atol=1e-5)

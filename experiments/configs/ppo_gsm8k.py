@@ -38,6 +38,8 @@ def algorithm(tiny: bool) -> ml_collections.ConfigDict:
       "whiten_advantages": True,
       # token: GAE over sampled tokens; turn: over an episode's turns (value at each turn's end)
       "credit": "token",
+      # credit=turn: a turn's value at its last sampled token (end) or its first (start: V(s))
+      "turn_value": "end",
       "policy_loss": "clipped",  # clipped | gspo | cispo
       "loss_agg_mode": "token-mean",
       "tis_cap": placeholder(float),

@@ -222,28 +222,63 @@ def turn_ends(mask_BxT, turn_ids_BxT):
   return _reverse_masked_scan(step, none_B, (mask_TxB, ids_TxB)).T
 
 
-def turn_gae(rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT, *, gamma, lam):
+def turn_starts(mask_BxT, turn_ids_BxT):
+  """`[B, T]` bool: the first valid token of each turn (`turn_ends` read backwards)."""
+  return turn_ends(mask_BxT[:, ::-1], turn_ids_BxT[:, ::-1])[:, ::-1]
+
+
+def _turn_start_values(values_BxT, mask_BxT, turn_ids_BxT):
+  """`[B, T]`: at each valid token, the value at its turn's first valid token (else 0)."""
+  starts_TxB = turn_starts(mask_BxT, turn_ids_BxT).T
+
+  def step(carry_B, xs):
+    v_B, start_B, m_B = xs
+    carry_B = jnp.where(start_B, v_B, carry_B)
+    return carry_B, jnp.where(m_B, carry_B, 0.0)
+
+  zeros_B = jnp.zeros(starts_TxB.shape[1], jnp.float32)
+  xs = (values_BxT.T.astype(jnp.float32), starts_TxB, mask_BxT.T)
+  return jax.lax.scan(step, zeros_B, xs)[1].T
+
+
+TURN_VALUES = ("end", "start")  # where turn_gae reads a turn's value
+
+
+def turn_gae(rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT, *, gamma, lam, value_at="end"):
   """GAE with a turn as the step: credit assignment across the turns of an episode.
 
   Each turn's rewards (its valid tokens' rewards summed: a turn reward on its last token,
-  per-token KL penalties) are its step reward; its value is the critic's at its last
-  valid token (`turn_ends`); `gae` runs over those turn ends, so that
-  `delta_k = R_k + gamma * V_{k+1} - V_k`, `A_k = delta_k + gamma * lam * A_{k+1}`
-  (after the last turn V = A = 0). Every valid token of turn k carries A_k and the
-  value target `A_k + V_k`; masked positions are 0 and never read.
+  per-token KL penalties) are its step reward; its value V_k is the critic's at its last
+  valid token (`value_at="end"`, `turn_ends`) or at its first (`"start"`, `turn_starts`);
+  `gae` runs over the turns, so that `delta_k = R_k + gamma * V_{k+1} - V_k`,
+  `A_k = delta_k + gamma * lam * A_{k+1}` (after the last turn V = A = 0). Every valid
+  token of turn k carries A_k and the value target `A_k + V_k`; masked positions are 0
+  and never read.
+
+  With the critic's alignment (a token's value is read where that token is predicted),
+  the value at a turn's first token sees the observation only: V(s_k), the state in which
+  the turn's action is chosen. The value at its last token has also read the action's
+  other tokens (e.g. the move before an end-of-turn token): closer to Q(s_k, a_k), whose
+  advantage `R_k + V_{k+1} - Q(s_k, a_k)` is 0 in expectation for every action, so a
+  critic that predicts well leaves the actor little to learn from.
 
   Args:
     rewards_BxT, values_BxT: `[batch, seq]` per-token rewards and critic values.
     mask_BxT: `[batch, seq]` bool or 0/1 (the loss mask: sampled tokens).
     turn_ids_BxT: `[batch, seq]` int, the turn of each slot.
     gamma, lam: discount and GAE lambda per turn.
+    value_at: one of TURN_VALUES, the token whose value is the turn's.
 
   Returns:
     `(advantages_BxT, returns_BxT)`, float32.
   """
   chex.assert_equal_shape([rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT])
+  if value_at not in TURN_VALUES:
+    raise ValueError(f"turn_gae value_at={value_at!r}: use one of {TURN_VALUES}")
   mask_BxT = mask_BxT.astype(bool)
   ends_BxT = turn_ends(mask_BxT, turn_ids_BxT)
+  if value_at == "start":  # each turn's first value moved onto its tokens (read at its end)
+    values_BxT = _turn_start_values(values_BxT, mask_BxT, turn_ids_BxT)
   rewards_TxB = jnp.where(mask_BxT, rewards_BxT, 0.0).astype(jnp.float32).T
 
   def add(sum_B, xs):  # a turn's rewards summed onto its last token

@@ -162,6 +162,9 @@ class PPOConfig:
       at its last sampled token, every token of the turn given the turn's advantage);
       `gamma`, `gae_lambda` and `critic_lambda` then discount per turn, not per token.
       A batch without `turn_ids` is one turn per row.
+    turn_value: with `credit="turn"`, the token whose value is the turn's ("end": its
+      last sampled token, which has read the action; "start": its first, which has read
+      only the observation, V(s); `advantages.turn_gae` says why "start" is the state value).
     policy_loss, loss_agg_mode, tis_cap: as in GRPOConfig.
   """
 
@@ -185,6 +188,7 @@ class PPOConfig:
   critic_warmup_steps: int = 0
   whiten_advantages: bool = True
   credit: str = "token"
+  turn_value: str = "end"
   policy_loss: str = "clipped"
   loss_agg_mode: str = "token-mean"
   tis_cap: float | None = None
@@ -192,6 +196,7 @@ class PPOConfig:
   def __post_init__(self):
     _require(0.0 <= self.epsilon < 1.0, self, "epsilon", "use a value in [0, 1)")
     _one_of(self, "credit", CREDITS)
+    _one_of(self, "turn_value", adv_lib.TURN_VALUES)
     for side in ("epsilon_low", "epsilon_high"):
       if getattr(self, side) is None:  # Tunix: both sides default to epsilon
         object.__setattr__(self, side, self.epsilon)
@@ -364,7 +369,13 @@ def ppo_advantages(
   if config.credit == "turn":
     turns_BxT = jnp.zeros(mask_BxT.shape, jnp.int32) if turn_ids_BxT is None else turn_ids_BxT
     gae = functools.partial(
-      adv_lib.turn_gae, rewards_BxT, values_BxT, mask_BxT, turns_BxT, gamma=config.gamma
+      adv_lib.turn_gae,
+      rewards_BxT,
+      values_BxT,
+      mask_BxT,
+      turns_BxT,
+      gamma=config.gamma,
+      value_at=config.turn_value,
     )
   else:
     gae = functools.partial(adv_lib.gae, rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma)

@@ -336,6 +336,14 @@ MUTATIONS = [
     why="turn-level GAE with every sampled token a turn (token-level credit)",
   ),
   dict(
+    name="turn_start_value_not_carried",
+    path="rlpost/rl/advantages.py",
+    old="    carry_B = jnp.where(start_B, v_B, carry_B)\n",
+    new="    carry_B = v_B\n",
+    tests=["tests/test_advantages.py"],
+    why="turn values read at the start: each token's own value used as its turn's",
+  ),
+  dict(
     name="turn_credit_without_turn_ids",
     path="rlpost/recipes/learners.py",
     old="    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, algo, batch.turn_ids\n",
