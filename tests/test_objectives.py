@@ -47,6 +47,8 @@ GRPO, PPO = objectives.GRPOConfig, objectives.PPOConfig
     (PPO, dict(critic_warmup_steps=-1), "critic_warmup_steps", ">= 0"),
     (PPO, dict(mini_batch_size=0), "mini_batch_size", "None for the whole batch"),
     (PPO, dict(epsilon=1.0), "epsilon", "[0, 1)"),
+    (PPO, dict(credit="episode"), "credit", "token, turn"),
+    (PPO, dict(turn_value="middle"), "turn_value", "end, start"),
   ],
 )
 def test_config_validation_names_field_and_fix(cls, kwargs, field, hint):
@@ -252,6 +254,26 @@ def test_ppo_advantages_and_loss():
   np.testing.assert_allclose(
     loss, mean(pg_tok) + 0.5 * mean(vf_tok) - 0.01 * mean(entropy), rtol=1e-5
   )
+
+
+@pytest.mark.parametrize("turn_value", ["end", "start"])
+def test_ppo_turn_credit_reads_each_turns_value_where_the_config_says(turn_value):
+  """`credit="turn"`: the advantages and returns are `turn_gae`'s with `value_at` the
+  config's `turn_value` (and not the other's: the values differ inside a turn here).
+
+  Mutation caught: `ppo_advantages` not passing `turn_value` on (always "end")."""
+  mask, old, _, ref, _, _ = _batch(4)
+  rng = np.random.default_rng(4)
+  scores = rng.normal(size=mask.shape).astype(np.float32)
+  values = rng.normal(size=mask.shape).astype(np.float32)
+  ids = np.cumsum(rng.random(mask.shape) < 0.3, axis=1).astype(np.int32)
+  config = PPO(gamma=0.9, gae_lambda=0.8, critic_lambda=0.8, beta=0.0, credit="turn")
+  config = dataclasses.replace(config, turn_value=turn_value, whiten_advantages=False)
+  adv, returns, _ = objectives.ppo_advantages(scores, values, old, ref, mask, config, ids)
+  for value_at in ("end", "start"):
+    want = adv_lib.turn_gae(scores, values, mask, ids, gamma=0.9, lam=0.8, value_at=value_at)
+    same = np.allclose(adv, want[0], atol=1e-6) and np.allclose(returns, want[1], atol=1e-6)
+    assert same == (value_at == turn_value), value_at
 
 
 def test_ppo_epsilon_sides_default_to_epsilon():

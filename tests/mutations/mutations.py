@@ -344,6 +344,14 @@ MUTATIONS = [
     why="turn values read at the start: each token's own value used as its turn's",
   ),
   dict(
+    name="turn_value_not_passed_on",
+    path="rlpost/rl/objectives.py",
+    old="      value_at=config.turn_value,\n",
+    new='      value_at="end",\n',
+    tests=["tests/test_objectives.py"],
+    why="PPOConfig.turn_value ignored: turn values always read at the turn's end",
+  ),
+  dict(
     name="turn_credit_without_turn_ids",
     path="rlpost/recipes/learners.py",
     old="    batch.scores, values, logp, batch.ref_logp, batch.loss_mask, algo, batch.turn_ids\n",
