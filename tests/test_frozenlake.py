@@ -418,3 +418,44 @@ def test_step_returns_a_protocol_step():
   out = env.step(state, "down")
   assert isinstance(out, Step) and isinstance(out.state, fl.State)
   assert out.state.map == MAP4 and fl.observation(out.state, "word") == out.observation
+
+
+def test_map_blind_baselines_agree_with_the_envs_own_steps():
+  """`experiments.frozenlake_baselines` plays every move sequence on every map at once;
+  each sequence's outcome equals the env's own episode (`make_env` reset/step with the
+  move words, stopping when done), and the report's figures are those outcomes' counts.
+
+  Mutations caught: holes not ending the walk; a move off the grid wrapping or not stopping
+  at the edge; the random figure as the best sequence's share."""
+  import itertools
+
+  import numpy as np
+
+  from experiments import frozenlake_baselines as fb
+
+  maps = [fl.generate_map(3, seed, 0.3) for seed in range(6)]
+  turns = 5
+  env = fl.make_env(size=3, hole_prob=0.3, max_turns=turns)
+  sequences = list(itertools.product(range(4), repeat=turns))
+  got = fb.successes(maps, np.array(sequences))
+  want = np.zeros(got.shape, bool)
+  for j, m in enumerate(maps):
+    for i, seq in enumerate(sequences):
+      state, _ = env.reset(m, 0)
+      for a in seq:
+        step = env.step(state, fl.ACTIONS[a])
+        state = step.state
+        if step.done:
+          want[i, j] = step.info["success"]
+          break
+  np.testing.assert_array_equal(got, want)
+  assert want.any() and not want.all()  # some walks win, some fall or run out of moves
+  report = fb.baselines(maps, turns)
+  assert report["random"] == pytest.approx(want.mean())
+  assert report["best_fixed"]["solved"] == want.sum(axis=1).max()
+  stairs = [1, 2] * 3  # down, right, ... in ACTIONS order
+  assert (
+    report["staircase_down_first"]["solved"] == want[sequences.index(tuple(stairs[:turns]))].sum()
+  )
+  with pytest.raises(ValueError, match="--turns=11"):
+    fb.baselines(maps, 11)

@@ -1,0 +1,89 @@
+r"""What FrozenLake's held-out maps give a policy that never reads the map: the yardstick
+for a trained model's greedy success (`experiments.agentic`'s evaluation maps).
+
+  python -m experiments.frozenlake_baselines [--size=4] [--hole_prob=0.2] [--turns=8]
+      [--num_maps=100] [--seed_offset=1000000]
+
+Every sequence of `turns` moves is played on every map (non-slippery, as
+`rlpost.envs.frozenlake`'s step: a move off the grid stays in place, H and G end the
+walk). Prints one JSON object: `random` (the exact expected success of uniformly random
+moves: the mean over all sequences), the two staircases (`down, right, ...` and
+`right, down, ...`) and `best_fixed`, the one sequence that solves the most maps, each
+with its count of maps solved.
+"""
+
+import itertools
+import json
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from rlpost.envs import frozenlake
+
+_SIZE = flags.DEFINE_integer("size", 4, "Maps are size x size.")
+_HOLE_PROB = flags.DEFINE_float("hole_prob", 0.2, "Hole probability of the map generator.")
+_TURNS = flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
+_NUM_MAPS = flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
+_SEED_OFFSET = flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
+
+MAX_TURNS = 10  # 4^10 sequences x maps is as far as enumerating goes
+
+
+def successes(maps, sequences_SxK) -> np.ndarray:
+  """`[S, M]` bool: whether the moves of each sequence (`[S, K]` action ids, `ACTIONS`
+  order) reach G on each map, walking from S and stopping at the first H or G."""
+  tiles_MxNxN = np.array([[list(row) for row in m] for m in maps])
+  starts = np.array([frozenlake._find(m, "S") for m in maps])
+  n_seq, m_idx = len(sequences_SxK), np.arange(len(maps))
+  row, col = (np.broadcast_to(starts[:, i], (n_seq, len(maps))).copy() for i in (0, 1))
+  alive = np.ones(row.shape, bool)
+  won = np.zeros(row.shape, bool)
+  deltas = np.array(frozenlake.DELTAS)
+  for action_S in np.asarray(sequences_SxK).T:
+    new_row = row + deltas[action_S, 0][:, None]
+    new_col = col + deltas[action_S, 1][:, None]
+    inside = (new_row >= 0) & (new_row < tiles_MxNxN.shape[1])
+    inside &= (new_col >= 0) & (new_col < tiles_MxNxN.shape[2])
+    row = np.where(alive & inside, new_row, row)
+    col = np.where(alive & inside, new_col, col)
+    tile = tiles_MxNxN[m_idx[None, :], row, col]
+    won |= alive & (tile == "G")
+    alive &= (tile != "G") & (tile != "H")
+  return won
+
+
+def baselines(maps, turns: int) -> dict:
+  """The JSON report for `maps` and episodes of `turns` moves (see the module docstring)."""
+  if not 1 <= turns <= MAX_TURNS:
+    raise ValueError(
+      f"--turns={turns}: every one of 4^turns move sequences is played; use 1..{MAX_TURNS}"
+    )
+  actions = frozenlake.ACTIONS
+  sequences = np.array(list(itertools.product(range(len(actions)), repeat=turns)))
+  won_SxM = successes(maps, sequences)
+  solved_S = won_SxM.sum(axis=1)
+  names = lambda seq: [actions[a] for a in seq]
+  down, right = actions.index("down"), actions.index("right")
+  report = {"maps": len(maps), "turns": turns, "random": float(won_SxM.mean())}
+  for name, pair in (
+    ("staircase_down_first", (down, right)),
+    ("staircase_right_first", (right, down)),
+  ):
+    seq = [pair[t % 2] for t in range(turns)]
+    index = int(np.flatnonzero((sequences == seq).all(axis=1))[0])
+    report[name] = {"moves": names(seq), "solved": int(solved_S[index])}
+  best = int(np.argmax(solved_S))
+  report["best_fixed"] = {"moves": names(sequences[best]), "solved": int(solved_S[best])}
+  return report
+
+
+def main(argv):
+  del argv
+  seeds = range(_SEED_OFFSET.value, _SEED_OFFSET.value + _NUM_MAPS.value)
+  maps = [frozenlake.generate_map(_SIZE.value, s, _HOLE_PROB.value) for s in seeds]
+  print(json.dumps(baselines(maps, _TURNS.value)))
+
+
+if __name__ == "__main__":
+  app.run(main)
