@@ -71,13 +71,17 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.algo.num_generations = 16 if tiny else 8
   if tiny:
     c.algo.beta = 0.0  # no reference pass: the tiny task has nothing to stay close to
-  if algo == "ppo" and not tiny and not calc:
-    # issue 38's PPO for the real FrozenLake maps, chosen before its final run (the best of
-    # the runs in README's "Multi-turn FrozenLake"): GAE over turns (a value per turn, read
-    # at the turn's last sampled token), each turn's reward on that turn, two epochs of two
-    # mini-batches of 8 episodes per iteration, 3 critic-only iterations first, the value
-    # head on its own AdamW at 1e-3 and values normalised by running return statistics
+  real_ppo = algo == "ppo" and not tiny and not calc
+  if real_ppo:
+    # issue 38's PPO for the real FrozenLake maps, the best of the runs in README's
+    # "Multi-turn FrozenLake" (session 33's; its critic the first to explain >= 0.3 of the
+    # returns' variance): GAE over turns with a value per turn read at the turn's first
+    # sampled token (V(s): the observation, not the move), each turn's reward on that turn,
+    # two epochs of two mini-batches of 8 episodes per iteration, 3 critic-only iterations
+    # first, the value head on its own AdamW at 1e-3 and values normalised by running
+    # return statistics; the actor's rate 1e-4 (train.learning_rate, below)
     c.algo.credit = "turn"
+    c.algo.turn_value = "start"
     c.algo.mini_batch_size = 8
     c.algo.num_iterations = 2
     c.algo.critic_warmup_steps = 3
@@ -135,7 +139,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       # task seeds per step, x algo.num_generations episodes each (PPO: 1 by default)
       "batch_tasks": 16 if algo == "ppo" else (1 if tiny else 2),
       "micro_batch_size": 8,
-      "learning_rate": 1e-2 if tiny else 2e-5,
+      "learning_rate": 1e-2 if tiny else (1e-4 if real_ppo else 2e-5),
       "warmup_fraction": 0.1,
       "weight_decay": 0.1,
       "adam_b1": 0.9,
