@@ -21,12 +21,6 @@ import numpy as np
 
 from rlpost.envs import frozenlake
 
-_SIZE = flags.DEFINE_integer("size", 4, "Maps are size x size.")
-_HOLE_PROB = flags.DEFINE_float("hole_prob", 0.2, "Hole probability of the map generator.")
-_TURNS = flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
-_NUM_MAPS = flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
-_SEED_OFFSET = flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
-
 MAX_TURNS = 10  # 4^10 sequences x maps is as far as enumerating goes
 
 
@@ -80,10 +74,16 @@ def baselines(maps, turns: int) -> dict:
 
 def main(argv):
   del argv
-  seeds = range(_SEED_OFFSET.value, _SEED_OFFSET.value + _NUM_MAPS.value)
-  maps = [frozenlake.generate_map(_SIZE.value, s, _HOLE_PROB.value) for s in seeds]
-  print(json.dumps(baselines(maps, _TURNS.value)))
+  f = flags.FLAGS
+  seeds = range(f.seed_offset, f.seed_offset + f.num_maps)
+  maps = [frozenlake.generate_map(f.size, s, f.hole_prob) for s in seeds]
+  print(json.dumps(baselines(maps, f.turns)))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags defined here only: importing the functions defines none
+  flags.DEFINE_integer("size", 4, "Maps are size x size.")
+  flags.DEFINE_float("hole_prob", 0.2, "Hole probability of the map generator.")
+  flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
+  flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
+  flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
   app.run(main)
