@@ -28,7 +28,7 @@ def successes(maps, sequences_SxK) -> np.ndarray:
   """`[S, M]` bool: whether the moves of each sequence (`[S, K]` action ids, `ACTIONS`
   order) reach G on each map, walking from S and stopping at the first H or G."""
   tiles_MxNxN = np.array([[list(row) for row in m] for m in maps])
-  starts = np.array([frozenlake._find(m, "S") for m in maps])
+  starts = np.array([np.argwhere(tiles == "S")[0] for tiles in tiles_MxNxN])
   n_seq, m_idx = len(sequences_SxK), np.arange(len(maps))
   row, col = (np.broadcast_to(starts[:, i], (n_seq, len(maps))).copy() for i in (0, 1))
   alive = np.ones(row.shape, bool)

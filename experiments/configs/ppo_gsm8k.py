@@ -36,7 +36,7 @@ def algorithm(tiny: bool) -> ml_collections.ConfigDict:
       "kl_clamp": placeholder(float),
       "critic_warmup_steps": 2 if tiny else 5,  # critic-only iterations first
       "whiten_advantages": True,
-      # token: GAE over sampled tokens; turn: over an episode's turns (value at each turn's end)
+      # token: GAE over sampled tokens; turn: over an episode's turns (one value per turn)
       "credit": "token",
       # credit=turn: a turn's value at its last sampled token (end) or its first (start: V(s))
       "turn_value": "end",

@@ -159,7 +159,7 @@ class PPOConfig:
     whiten_advantages: whiten advantages over the batch's loss tokens.
     credit: "token": GAE over the sampled tokens (each token a step); "turn": GAE over
       an episode's turns (`advantages.turn_gae`: a turn's rewards summed, its value read
-      at its last sampled token, every token of the turn given the turn's advantage);
+      at the token `turn_value` names, every token of the turn given the turn's advantage);
       `gamma`, `gae_lambda` and `critic_lambda` then discount per turn, not per token.
       A batch without `turn_ids` is one turn per row.
     turn_value: with `credit="turn"`, the token whose value is the turn's ("end": its
