@@ -453,11 +453,12 @@ def _none_fields(block, prefix=""):
     "frozenlake_slippery_gemma3",
     "frozenlake6x6_gemma3",
     "frozenlake_near_gemma3",
+    "frozenlake_near_shaped_gemma3",
   ],
 )
 def test_frozenlake_variants_fit_their_longest_episode(variant):
   """The real-model FrozenLake variants (4x4, slippery 4x4, 6x6, 4x4 with the neighbours
-  line): a valid config whose
+  line, and with shaped rewards too): a valid config whose
   episode of `env.max_turns` valid moves, each turn `rollout.max_turn_tokens` sampled
   tokens and the board that follows, fits the completion window in Gemma's tokens (an
   invalid reply's message makes its turn ~18 tokens longer: episodes of many invalid
@@ -479,8 +480,11 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
     "frozenlake_slippery_gemma3": (4, True),
     "frozenlake6x6_gemma3": (6, False),
     "frozenlake_near_gemma3": (4, False),
+    "frozenlake_near_shaped_gemma3": (4, False),
   }[variant]
-  assert cfg.env.neighbours == (variant == "frozenlake_near_gemma3")
+  assert cfg.env.neighbours == variant.startswith("frozenlake_near")
+  shaped = variant == "frozenlake_near_shaped_gemma3"
+  assert (cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0) == (shaped, shaped)
 
 
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])

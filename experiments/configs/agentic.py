@@ -14,6 +14,9 @@ ENV_MODEL:
                       turns
   frozenlake_near_gemma3  frozenlake_gemma3 whose observations also say what each move
                       leads to ("Around you: left edge, down hole, ..."; env.neighbours)
+  frozenlake_near_shaped_gemma3  frozenlake_near_gemma3 with shaped rewards: 0.1 per cell
+                      a move brings the agent closer to G (taken per cell further), 0.5
+                      off for the step into a hole (success is still reaching G)
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -39,6 +42,7 @@ VARIANTS = {
   "frozenlake_slippery_gemma3": "gemma3_270m",
   "frozenlake6x6_gemma3": "gemma3_270m",
   "frozenlake_near_gemma3": "gemma3_270m",
+  "frozenlake_near_shaped_gemma3": "gemma3_270m",
   "gsm8k_calc_gemma3": "gemma3_270m",
 }
 ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)
@@ -101,8 +105,12 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.env.slippery, c.env.max_turns, total_tokens = True, 12, 512
   if env_model == "frozenlake6x6_gemma3":
     c.env.size, c.env.max_turns, total_tokens = 6, 16, 768
-  if env_model == "frozenlake_near_gemma3":  # ~16 more tokens per observation (47 per turn)
+  if env_model.startswith("frozenlake_near"):  # ~16 more tokens per observation (47 per turn)
     c.env.neighbours, total_tokens = True, 512
+  if env_model == "frozenlake_near_shaped_gemma3":
+    # a step into a hole ends below a walk that stops short at the same distance, and
+    # each turn's move is paid for its own progress (PPO's per-turn rewards see it there)
+    c.env.hole_penalty, c.env.progress_reward = 0.5, 0.1
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
     {
