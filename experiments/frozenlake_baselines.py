@@ -1,5 +1,6 @@
-r"""What FrozenLake's held-out maps give a policy that never reads the map: the yardstick
-for a trained model's greedy success (`experiments.agentic`'s evaluation maps).
+r"""What FrozenLake's held-out maps give a policy that never reads the map, and one that
+reads only the neighbours line: yardsticks for a trained model's greedy success
+(`experiments.agentic`'s evaluation maps).
 
   python -m experiments.frozenlake_baselines [--size=4] [--hole_prob=0.2] [--turns=8]
       [--num_maps=100] [--seed_offset=1000000]
@@ -9,7 +10,10 @@ Every sequence of `turns` moves is played on every map (non-slippery, as
 walk). Prints one JSON object: `random` (the exact expected success of uniformly random
 moves: the mean over all sequences), the two staircases (`down, right, ...` and
 `right, down, ...`) and `best_fixed`, the one sequence that solves the most maps, each
-with its count of maps solved.
+with its count of maps solved; and `neighbour_reader`, the staircase that reads each
+observation's neighbours line (`Around you: left edge, down hole, ...`; the
+`frozenlake_near` variants) and steps around holes and edges, played through the env's
+own reset/step, with its counts of maps solved, walks into a hole and walks cut short.
 """
 
 import itertools
@@ -72,12 +76,52 @@ def baselines(maps, turns: int) -> dict:
   return report
 
 
+def read_neighbours(observation: str) -> dict[str, str]:
+  """{move: what it leads to} from the last `Around you: ...` line of `observation`, e.g.
+  {"left": "edge", "down": "hole", "right": "frozen", "up": "start"}."""
+  prefix = "Around you: "
+  lines = [line for line in observation.splitlines() if line.startswith(prefix)]
+  if not lines:
+    raise ValueError(f"no neighbours line ({prefix!r}) in the observation {observation!r}")
+  return dict(part.split(" ", 1) for part in lines[-1][len(prefix) :].rstrip(".").split(", "))
+
+
+def neighbour_reader_move(observation: str, previous: str | None) -> str:
+  """`down` and `right` in turn (`down` first), else the other of the two, `left`, `up`:
+  the first whose neighbour is neither a hole nor the edge (all are: the turn's own)."""
+  first = "right" if previous == "down" else "down"
+  order = (first, "down" if first == "right" else "right", "left", "up")
+  around = read_neighbours(observation)
+  return next((m for m in order if around[m] not in ("hole", "edge")), first)
+
+
+def neighbour_reader(maps, turns: int) -> dict:
+  """`neighbour_reader_move` played on `maps` (square, one size) through the env's
+  reset/step with the neighbours line on: {"solved", "holes", "truncated"} counts."""
+  env = frozenlake.make_env(len(maps[0]), max_turns=turns, neighbours=True)
+  counts = {"solved": 0, "holes": 0, "truncated": 0}
+  for m in maps:
+    state, observation = env.reset(m, 0)
+    previous, outcome = None, "truncated"
+    for _ in range(turns):
+      previous = neighbour_reader_move(observation, previous)
+      step = env.step(state, previous)
+      state, observation = step.state, step.observation
+      if step.done:
+        outcome = "solved" if step.info["success"] else "holes"
+        break
+    counts[outcome] += 1
+  return counts
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
   seeds = range(f.seed_offset, f.seed_offset + f.num_maps)
   maps = [frozenlake.generate_map(f.size, s, f.hole_prob) for s in seeds]
-  print(json.dumps(baselines(maps, f.turns)))
+  report = baselines(maps, f.turns)
+  report["neighbour_reader"] = neighbour_reader(maps, f.turns)
+  print(json.dumps(report))
 
 
 if __name__ == "__main__":  # flags defined here only: importing the functions defines none

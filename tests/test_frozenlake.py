@@ -459,3 +459,59 @@ def test_map_blind_baselines_agree_with_the_envs_own_steps():
   )
   with pytest.raises(ValueError, match="--turns=11"):
     fb.baselines(maps, 11)
+
+
+def test_neighbour_reader_reads_the_line_and_walks_as_a_tile_level_reference():
+  """`experiments.frozenlake_baselines`' neighbour reader: its parse of the env's neighbours
+  line names every cell's neighbours as the map's tiles do; on a hand-made map it steps
+  around the hole on the staircase (right, down, right, down, right, down); on generated
+  maps its counts equal a reference written on the tiles (down/right in turn, then the
+  other, left, up: the first inside the map and not a hole).
+
+  Mutations caught: holes read as safe; the edge read as safe; the turn order not
+  alternating (down every turn)."""
+  from experiments import frozenlake_baselines as fb
+
+  m = ("SFFF", "HFFF", "FHFF", "FFFG")
+  for row in range(4):
+    for col in range(4):
+      state = fl.State(map=m, row=row, col=col, turn=0, seed=0, done=False)
+      around = fb.read_neighbours(fl.observation(state, "word", neighbours=True))
+      for (dr, dc), name in zip(fl.DELTAS, fl.ACTIONS):
+        r, c = row + dr, col + dc
+        inside = 0 <= r < 4 and 0 <= c < 4
+        assert around[name] == (fl.TILE_WORDS[m[r][c]] if inside else "edge")
+  env = fl.make_env(4, max_turns=8, neighbours=True)
+  state, obs = env.reset(m, 0)
+  moves, previous = [], None
+  while not state.done:
+    previous = fb.neighbour_reader_move(obs, previous)
+    moves.append(previous)
+    step = env.step(state, previous)
+    state, obs = step.state, step.observation
+  assert moves == ["right", "down", "right", "down", "right", "down"] and step.info["success"]
+
+  def reference(tiles, turns=8):
+    row, col, previous = 0, 0, None
+    for _ in range(turns):
+      first = 2 if previous == 1 else 1  # ACTIONS: left, down, right, up
+      for a in (first, 3 - first, 0, 3):
+        r, c = row + fl.DELTAS[a][0], col + fl.DELTAS[a][1]
+        if 0 <= r < len(tiles) and 0 <= c < len(tiles) and tiles[r][c] != "H":
+          break
+      else:
+        a = first
+      r, c = row + fl.DELTAS[a][0], col + fl.DELTAS[a][1]
+      if 0 <= r < len(tiles) and 0 <= c < len(tiles):
+        row, col = r, c
+      previous = a
+      if tiles[row][col] in "HG":
+        return "solved" if tiles[row][col] == "G" else "holes"
+    return "truncated"
+
+  maps = [fl.generate_map(4, seed, 0.3) for seed in range(40)]
+  want = {"solved": 0, "holes": 0, "truncated": 0}
+  for tiles in maps:
+    want[reference(tiles)] += 1
+  assert fb.neighbour_reader(maps, 8) == want
+  assert want["solved"] and want["truncated"]  # both outcomes occur on these maps
