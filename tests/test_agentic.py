@@ -484,7 +484,9 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   }[variant]
   assert cfg.env.neighbours == variant.startswith("frozenlake_near")
   shaped = variant == "frozenlake_near_shaped_gemma3"
-  assert (cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0) == (shaped, shaped)
+  assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
+    shaped
+  }
 
 
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])

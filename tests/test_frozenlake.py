@@ -136,6 +136,28 @@ def test_progress_reward_pays_each_cell_closer_to_the_goal():
   assert [fl.goal_distance(MAP4, r, c) for r, c in [(0, 0), (3, 3), (1, 2), (3, 0)]] == [6, 0, 3, 3]
 
 
+def test_edge_penalty_is_paid_by_a_move_off_the_map_alone():
+  # MAP4 = SFFF / FHFH / FFFH / HFFG: from S, up and left leave the map; on ice a move
+  # asked inside the map that slides off it pays too
+  env = make(edge_penalty=0.2, progress_reward=0.1)
+  state, _ = env.reset(None, 0)
+  for move in ("up", "left"):
+    step = env.step(state, move)
+    assert (step.reward, (step.state.row, step.state.col)) == (pytest.approx(-0.2), (0, 0))
+  steps = play(env, state, ["down", "down", "right", "right", "down", "right"])
+  assert [s.reward for s in steps] == pytest.approx([0.1] * 5 + [1.1])  # no edge: unchanged
+  assert env.step(steps[0].state, "left").reward == pytest.approx(-0.2)  # (1, 0): left edge
+  assert env.step(state, "jump").reward == -0.1  # an invalid reply: no move, no edge
+  ice = make(edge_penalty=0.2, slippery=True)
+  outcomes = set()
+  for seed in range(40):  # "down" from S slides left (off the map) or right, or goes down
+    s0, _ = ice.reset(None, seed)
+    step = ice.step(s0, "down")
+    outcomes.add(((step.state.row, step.state.col), step.reward))
+  assert outcomes == {((0, 0), -0.2), ((1, 0), 0.0), ((0, 1), 0.0)}
+  assert fl.FrozenLakeConfig(fixed_map=",".join(MAP4), edge_penalty=0.3).rules().edge_penalty == 0.3
+
+
 def test_neighbours_line_names_what_each_move_leads_to():
   env = make(neighbours=True)  # MAP4: SFFF / FHFH / FFFH / HFFG
   state, first = env.reset(None, 0)
@@ -386,6 +408,7 @@ def test_validate_map_rejects_bad_maps(bad, match):
     (dict(hole_penalty=-1.0), "hole_penalty=-1.0 must be >= 0"),
     (dict(progress_reward=-0.1), "progress_reward=-0.1 must be >= 0"),
     (dict(progress_reward=True), "progress_reward=True must be a finite number"),
+    (dict(edge_penalty=-0.1), "edge_penalty=-0.1 must be >= 0"),
     (dict(neighbours=1), "neighbours=1 must be True or False"),
     (dict(neighbours=True, style="char"), "neighbours=True with style='char'"),
     (dict(hole_penalty=float("nan")), "hole_penalty=nan must be a finite number"),

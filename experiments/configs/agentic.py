@@ -16,7 +16,8 @@ ENV_MODEL:
                       leads to ("Around you: left edge, down hole, ..."; env.neighbours)
   frozenlake_near_shaped_gemma3  frozenlake_near_gemma3 with shaped rewards: 0.1 per cell
                       a move brings the agent closer to G (taken per cell further), 0.5
-                      off for the step into a hole (success is still reaching G)
+                      off for the step into a hole, 0.2 off for a move off the map
+                      (success is still reaching G)
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -108,9 +109,11 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   if env_model.startswith("frozenlake_near"):  # ~16 more tokens per observation (47 per turn)
     c.env.neighbours, total_tokens = True, 512
   if env_model == "frozenlake_near_shaped_gemma3":
-    # a step into a hole ends below a walk that stops short at the same distance, and
-    # each turn's move is paid for its own progress (PPO's per-turn rewards see it there)
-    c.env.hole_penalty, c.env.progress_reward = 0.5, 0.1
+    # a step into a hole ends below a walk that stops short at the same distance, each
+    # turn's move is paid for its own progress (PPO's per-turn rewards see it there), and
+    # a move into the edge the neighbours line names costs more than a step back: the base
+    # model repeats its last move (P(down) 0.006 after `right` x 3 at the right edge)
+    c.env.hole_penalty, c.env.progress_reward, c.env.edge_penalty = 0.5, 0.1, 0.2
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
   c.rollout = ml_collections.ConfigDict(
     {
@@ -191,6 +194,7 @@ def frozenlake_env(tiny: bool) -> ml_collections.ConfigDict:
       "invalid_penalty": 0.1,
       "hole_penalty": 0.0,  # subtracted when a walk ends in a hole (0: as running out of turns)
       "progress_reward": 0.0,  # paid per cell a move brings the agent closer to G
+      "edge_penalty": 0.0,  # subtracted for a move off the map (the agent stays in place)
       # word style: each observation also says what every move leads to ("Around you:
       # left edge, down hole, ..."): ~16 more tokens per turn
       "neighbours": False,

@@ -262,6 +262,7 @@ class Rules(NamedTuple):
   invalid_penalty: float = 0.1  # subtracted for a reply that names no move
   hole_penalty: float = 0.0  # subtracted for the step into a hole
   progress_reward: float = 0.0  # per cell a move brings the agent closer to G (or - further)
+  edge_penalty: float = 0.0  # subtracted for a move off the map (the agent stays in place)
   neighbours: bool = False  # observations name what each move leads to (word style)
 
 
@@ -274,8 +275,9 @@ def goal_distance(m: tuple[str, ...], row: int, col: int) -> int:
 def step_state(state: State, text: str, rules: Rules) -> Step:
   """One FrozenLake step from `state` given the reply `text`; `state` is not changed.
 
-  Reward: 1 on G, -hole_penalty on H, -invalid_penalty for a reply naming no move; a
-  move also earns progress_reward x (cells closer to G), the step into a hole included.
+  Reward: 1 on G, -hole_penalty on H, -invalid_penalty for a reply naming no move,
+  -edge_penalty for a move off the map (the agent stays in place); a move also earns
+  progress_reward x (cells closer to G), the step into a hole included.
   """
   if state.done:
     raise ValueError("step called on a finished episode (state.done is True); reset first")
@@ -292,6 +294,8 @@ def step_state(state: State, text: str, rules: Rules) -> Step:
   reward = 1.0 if tile == "G" else (-float(rules.hole_penalty) if tile == "H" else 0.0)
   closer = goal_distance(state.map, state.row, state.col) - goal_distance(state.map, row, col)
   reward += float(rules.progress_reward) * closer
+  if (row, col) == (state.row, state.col):  # the move (as realised on ice) left the map
+    reward -= float(rules.edge_penalty)
   obs = "" if done else observation(new, style, rules.neighbours)
   return Step(new, obs, reward, done, _info(tile == "G", False))
 
@@ -304,8 +308,8 @@ def _check_penalty(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be a finite number (e.g. 0.1)")
   if value < 0:
     raise ValueError(
-      f"{name}={value!r} must be >= 0 (invalid_penalty and hole_penalty are subtracted; "
-      "progress_reward is paid per cell closer to G)"
+      f"{name}={value!r} must be >= 0 (invalid_penalty, hole_penalty and edge_penalty are "
+      "subtracted; progress_reward is paid per cell closer to G)"
     )
 
 
@@ -317,7 +321,7 @@ def _check_env_args(size, hole_prob, max_turns, fixed_map, rules: Rules):
     raise ValueError(f"max_turns={max_turns!r} must be a positive integer")
   if rules.style not in STYLES:
     raise ValueError(f"style={rules.style!r} must be one of {STYLES}")
-  for name in ("invalid_penalty", "hole_penalty", "progress_reward"):
+  for name in ("invalid_penalty", "hole_penalty", "progress_reward", "edge_penalty"):
     _check_penalty(name, getattr(rules, name))
   if not isinstance(rules.neighbours, bool):
     raise ValueError(f"neighbours={rules.neighbours!r} must be True or False")
@@ -386,6 +390,7 @@ class FrozenLakeConfig:
   hole_penalty: float = 0.0
   progress_reward: float = 0.0
   neighbours: bool = False
+  edge_penalty: float = 0.0
 
   def __post_init__(self):
     _check_env_args(self.size, self.hole_prob, self.max_turns, self.rows(), self.rules())
