@@ -487,4 +487,20 @@ MUTATIONS = [
     tests=["tests/test_critic.py"],
     why="normalised values that jump whenever the return statistics move",
   ),
+  dict(
+    name="edge_penalty_on_every_move",
+    path="rlpost/envs/frozenlake.py",
+    old="  if (row, col) == (state.row, state.col):  # the move (as realised on ice) left the map\n",
+    new="  if (row, col) != (state.row, state.col):  # the move (as realised on ice) left the map\n",
+    tests=["tests/test_frozenlake.py"],
+    why="the edge penalty charged to every move that goes somewhere, not to a move off the map",
+  ),
+  dict(
+    name="neighbour_reader_walks_into_holes",
+    path="experiments/frozenlake_baselines.py",
+    old='  return next((m for m in order if around[m] not in ("hole", "edge")), first)\n',
+    new='  return next((m for m in order if around[m] not in ("edge",)), first)\n',
+    tests=["tests/test_frozenlake.py"],
+    why="the neighbours-line baseline that does not read holes (its 91/100 overstated)",
+  ),
 ]
