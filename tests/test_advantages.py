@@ -482,3 +482,119 @@ def test_turn_gae_hand_worked_three_turns_valued_at_their_first_tokens():
   got_adv, got_ret = _turn_gae(rewards, values, mask, ids, gamma=0.9, lam=0.5, value_at="start")
   np.testing.assert_allclose(got_adv, [[-1.1755, -1.1755, 0, -6.39, -6.39, 0, 0.2, 0]], atol=1e-5)
   np.testing.assert_allclose(got_ret, [[3.8245, 3.8245, 0, 0.61, 0.61, 0, 1.0, 0]], atol=1e-5)
+
+
+# ------------------------------------------------------------------ turn-level GRPO
+
+_turn_grpo = jax.jit(adv.turn_grpo, static_argnums=3)
+
+
+def _np_turn_grpo(rewards, mask, ids, G):
+  """The obvious reference (float64): per row, its turns as runs of valid tokens with one
+  id; a turn's reward-to-go the row's valid rewards from the run's first token on; the
+  baseline the mean over the group's rows with that turn id; the scale the std (ddof=1)
+  of the group's returns; a tied group 0."""
+  N = rewards.shape[0]
+  r = np.where(mask, rewards, 0.0).astype(np.float64)
+  to_go = [{} for _ in range(N)]  # row -> {turn id: (reward-to-go, its slots)}
+  for b in range(N):
+    idx = np.flatnonzero(mask[b])
+    runs = np.split(idx, np.flatnonzero(np.diff(ids[b, idx])) + 1) if idx.size else []
+    for run in runs:
+      to_go[b][int(ids[b, run[0]])] = (r[b, run[0] :].sum(), run)
+  out = np.zeros(rewards.shape)
+  for first in range(0, N, G):
+    group = range(first, first + G)
+    returns = r[first : first + G].sum(axis=1)
+    if returns.max() == returns.min():
+      continue
+    std = returns.std(ddof=1)
+    for b in group:
+      for k, (value, run) in to_go[b].items():
+        baseline = np.mean([to_go[j][k][0] for j in group if k in to_go[j]])
+        out[b, run] = (value - baseline) / (std + 1e-6)
+  return out
+
+
+@SETTINGS
+@given(
+  groups=st.sampled_from([1, 2]),
+  G=st.sampled_from([2, 3]),
+  seq=st.sampled_from([1, 6, 11]),
+  seed=st.integers(0, 2**16),
+)
+def test_turn_grpo_matches_the_per_turn_reference(groups, G, seq, seed):
+  """Against the obvious loop, with observation slots, holes, padding, empty rows and
+  turns that not every row of a group reaches; masked slots hold junk never read.
+
+  Mutations caught: the baseline averaged over every row of the group, rows without the
+  turn counted as 0 (`turn_grpo_baseline_over_all_rows`); rewards so far instead of to go
+  (`turn_grpo_rewards_so_far`)."""
+  rng = np.random.default_rng(seed)
+  shape = (groups * G, seq)
+  mask, ids = _turns(rng, *shape)
+  rewards = np.round(rng.normal(size=shape), 1).astype(np.float32)
+  junk = np.where(mask, rewards, np.nan)
+  got = _turn_grpo(junk, mask, ids, G)
+  np.testing.assert_allclose(got, _np_turn_grpo(rewards, mask, ids, G), atol=1e-4, rtol=1e-4)
+
+
+@SETTINGS
+@given(G=st.sampled_from([2, 4]), seq=st.sampled_from([1, 6, 11]), seed=st.integers(0, 2**16))
+def test_turn_grpo_with_one_turn_per_row_is_grpo(G, seq, seed):
+  """One turn per row (reward on its last token): `grpo` of the returns on every valid
+  token, bitwise."""
+  rng = np.random.default_rng(seed)
+  N = 2 * G
+  mask = np.zeros((N, seq), bool)
+  rewards = np.zeros((N, seq), np.float32)
+  returns = rng.normal(size=N).astype(np.float32)
+  for b in range(N):
+    n = rng.integers(1, seq + 1)
+    mask[b, :n], rewards[b, n - 1] = True, returns[b]
+  ids = np.where(mask, 0, -1).astype(np.int32)
+  got = np.asarray(_turn_grpo(rewards, mask, ids, G))
+  want = np.where(mask, np.asarray(_grpo(returns, G))[:, None], 0.0)
+  np.testing.assert_array_equal(got, want)
+
+
+def test_turn_grpo_hand_worked_three_rows():
+  """One group of 3. Row 0: turns at slots (0, 1), (3), (5), rewards 0.2, -0.5, 1.0
+  (return 0.7). Row 1: turns (0), (2, 3), rewards 0.2, 0.4 (return 0.6). Row 2: turn (0),
+  reward -0.8 (a hole at once: return -0.8). Rewards to go: row 0 (0.7, 0.5, 1.0), row 1
+  (0.6, 0.4), row 2 (-0.8). Baselines: turn 0 mean(0.7, 0.6, -0.8) = 0.1667, turn 1
+  mean(0.5, 0.4) = 0.45, turn 2 1.0 (row 0 alone). Returns' std (ddof=1) 0.8386.
+  Advantages: row 0 (0.5333, 0.05, 0) / 0.8386 = (0.6360, 0.0596, 0), row 1
+  (0.4333, -0.05) / 0.8386 = (0.5167, -0.0596), row 2 -0.9667 / 0.8386 = -1.1527."""
+  mask = np.array([[1, 1, 0, 1, 0, 1], [1, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]], bool)
+  ids = np.array([[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]], np.int32)
+  rewards = np.array(
+    [[0.0, 0.2, 9.0, -0.5, 9.0, 1.0], [0.2, 9.0, 0.0, 0.4, 9.0, 9.0], [-0.8] + [9.0] * 5],
+    np.float32,
+  )
+  std = np.std([0.7, 0.6, -0.8], ddof=1)
+  np.testing.assert_allclose(std, 0.8386, atol=1e-4)
+  want = [
+    [0.6360, 0.6360, 0, 0.0596, 0, 0],
+    [0.5167, 0, -0.0596, -0.0596, 0, 0],
+    [-1.1527, 0, 0, 0, 0, 0],
+  ]
+  np.testing.assert_allclose(_turn_grpo(rewards, mask, ids, 3), want, atol=1e-4)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), bonus=st.floats(-2.0, 2.0))
+def test_turn_grpo_a_reward_every_row_earns_moves_nothing(seed, bonus):
+  """A reward that every row of the group earns at a turn all of them reach leaves every
+  advantage as it was: the turn's baseline and the earlier ones move with it."""
+  rng = np.random.default_rng(seed)
+  G, seq = 3, 11
+  mask, ids = _turns(rng, G, seq)
+  mask[:, :2], ids[:, :2] = True, 0  # every row has turn 0 at slots 0-1
+  rewards = np.round(rng.normal(size=(G, seq)), 1).astype(np.float32)
+  assume(len(set(np.where(mask, rewards, 0).sum(axis=1).tolist())) > 1)
+  moved = rewards.copy()
+  moved[:, 1] += bonus
+  np.testing.assert_allclose(
+    _turn_grpo(moved, mask, ids, G), _turn_grpo(rewards, mask, ids, G), atol=2e-4
+  )

@@ -403,6 +403,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"rollout.template": "html"}, "rollout.template"),
     ("frozenlake_tiny", {"train.micro_batch_size": 5}, "train.micro_batch_size"),
     ("frozenlake_tiny", {"per_turn_rewards": True}, "per_turn_rewards"),
+    ("frozenlake_tiny", {"algo.credit": "turn"}, r"algo\.credit='turn'.*per_turn_rewards=True"),
     ("frozenlake_tiny", {"train.steps": 0, "eval.every": 0}, "train.steps.*greedy evaluation"),
     ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
     ("frozenlake_tiny", {"max_staleness": 1}, "algo.tis_cap.*max_staleness=1"),
@@ -458,7 +459,7 @@ def _none_fields(block, prefix=""):
 )
 def test_frozenlake_variants_fit_their_longest_episode(variant):
   """The real-model FrozenLake variants (4x4, slippery 4x4, 6x6, 4x4 with the neighbours
-  line, and with shaped rewards too): a valid config whose
+  line, and with shaped rewards too, whose GRPO credits turns): a valid config whose
   episode of `env.max_turns` valid moves, each turn `rollout.max_turn_tokens` sampled
   tokens and the board that follows, fits the completion window in Gemma's tokens (an
   invalid reply's message makes its turn ~18 tokens longer: episodes of many invalid
@@ -485,6 +486,10 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   assert cfg.env.neighbours == variant.startswith("frozenlake_near")
   shaped = variant == "frozenlake_near_shaped_gemma3"
   assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
+    shaped
+  }
+  # GRPO on the shaped rewards credits each turn with its own (per-turn rewards)
+  assert {cfg.algo.credit == "turn", cfg.per_turn_rewards, cfg.train.learning_rate == 1e-4} == {
     shaped
   }
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -26,8 +27,11 @@ from experiments.configs import grpo_gsm8k
 from rlpost import errors
 from rlpost.data import tasks as tasks_lib
 from rlpost.envs import single_turn
-from rlpost.models import policy
-from rlpost.recipes import rl
+from rlpost.models import families, policy
+from rlpost.recipes import learners, rl
+from rlpost.rl import advantages as adv_lib
+from rlpost.rl import batch as batch_lib
+from rlpost.rl import objectives
 from rlpost.train import checkpoint
 
 
@@ -324,6 +328,13 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monk
     # A negative penalty would reward over-long completions.
     ({"rollout.overlong_penalty": -1.0}, r"config\.rollout\.overlong_penalty=-1\.0"),
     ({"rollout.nosuch": 1}, r"config\.rollout\.nosuch: no such field; valid fields"),
+    # A completion is one turn: turn credit would be episode credit under another name.
+    ({"algo.credit": "turn"}, r"config\.algo\.credit='turn': a prompt's completion is one"),
+    ({"algo.credit": "step"}, r"config\.algo\.credit='step': use one of episode, turn"),
+    (
+      {"algo.credit": "turn", "algo.advantage_estimator": "rloo"},
+      r"config\.algo\.credit='turn': turn credit is the grpo estimator's",
+    ),
   ],
 )
 def test_degenerate_settings_fail_before_any_model_is_loaded(
@@ -768,3 +779,48 @@ def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(d
   assert metrics["dynamic/rounds"] == 4 and metrics["dynamic/filled"] == 4
   lines = [r.getMessage() for r in caplog.records if "dynamic sampling" in r.getMessage()]
   assert [line.split(" after ")[1].split(" ")[0] for line in lines] == ["3", "4"], lines
+
+
+@pytest.mark.parametrize("credit", objectives.GRPO_CREDITS)
+def test_grpo_update_trains_on_the_credit_its_config_names(credit):
+  """`grpo_update` hands its train step `advantages.turn_grpo` of per-turn rewards with
+  credit "turn", and `grpo` of the returns on every row with "episode"; both count tied
+  groups from the rows' returns (one group of 3 here: none tie).
+
+  Mutation caught: the learner ignoring `algo.credit` (`grpo_turn_credit_ignored`)."""
+  mask = np.array([[1, 1, 0, 1, 0, 1], [1, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]], np.float32)
+  ids = np.array([[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]], np.int32)
+  turn_rewards = np.zeros(mask.shape, np.float32)
+  turn_rewards[0, [1, 3, 5]], turn_rewards[1, [0, 3]], turn_rewards[2, 0] = (
+    (0.2, -0.5, 1.0),
+    (0.2, 0.4),
+    -0.8,
+  )
+  returns = turn_rewards.sum(axis=1)
+  N, T = mask.shape
+  batch = batch_lib.RLBatch(
+    tokens=np.zeros((N, T + 2), np.int32),
+    positions=np.tile(np.arange(T + 2, dtype=np.int32), (N, 1)),
+    valid=np.ones((N, T + 2), bool),
+    loss_mask=mask,
+    sampler_logp=np.zeros((N, T), np.float32),
+    scores=turn_rewards if credit == "turn" else returns,
+    turn_ids=ids,
+  )
+  seen = []
+
+  def train_step(state, frozen, step_batch):
+    seen.append(step_batch)
+    return state, {"loss": 0.0}
+
+  algo = objectives.GRPOConfig(num_generations=3, beta=0.0, credit=credit)
+  fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
+  learner = learners.Learner("grpo", learners.GRPOSettings(algo, fwd, N), None, None, train_step)
+  _, metrics = learners.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, 0)
+  (step_batch,) = seen
+  if credit == "turn":
+    want = adv_lib.turn_grpo(turn_rewards, mask, ids, 3)
+  else:
+    want = adv_lib.grpo(returns, 3)
+  np.testing.assert_array_equal(step_batch.advantages, want)
+  assert step_batch.scores is None and metrics["zero_signal_groups"] == 0.0

@@ -17,7 +17,8 @@ ENV_MODEL:
   frozenlake_near_shaped_gemma3  frozenlake_near_gemma3 with shaped rewards: 0.1 per cell
                       a move brings the agent closer to G (taken per cell further), 0.5
                       off for the step into a hole, 0.2 off for a move off the map
-                      (success is still reaching G)
+                      (success is still reaching G); with grpo, each turn credited
+                      with its own reward-to-go (algo.credit=turn) at rate 1e-4
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -92,9 +93,16 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     c.algo.critic_warmup_steps = 3
     c.critic.head_learning_rate = 1e-3
     c.critic.value_norm_decay = 0.1
-  # PPO: each turn's reward on that turn's last sampled token (else the episode's sum on
-  # its last sampled token); GRPO always uses the episode's sum.
-  c.per_turn_rewards = algo == "ppo" and not tiny and not calc
+  turn_grpo = env_model == "frozenlake_near_shaped_gemma3" and algo == "grpo"
+  if turn_grpo:
+    # issue 38's GRPO on the shaped neighbours line (chosen before its run, after the
+    # 39 / 100 of the summed reward): each turn credited with its reward-to-go against the
+    # group's at that turn, so the hole's 0.5 and the edge's 0.2 fall on the turn that
+    # earned them; the actor's rate of the PPO run
+    c.algo.credit = "turn"
+  # Each turn's reward on that turn's last sampled token (PPO, GRPO with turn credit);
+  # else the episode's sum on its last sampled token.
+  c.per_turn_rewards = (algo == "ppo" and not tiny and not calc) or turn_grpo
   # None: play, then train. s >= 0: a producer thread plays the next iterations' episodes
   # with the policy exactly s updates old (0: the synchronous schedule; s > 0 needs
   # algo.tis_cap)
@@ -150,7 +158,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
       # task seeds per step, x algo.num_generations episodes each (PPO: 1 by default)
       "batch_tasks": 16 if algo == "ppo" else (1 if tiny else 2),
       "micro_batch_size": 8,
-      "learning_rate": 1e-2 if tiny else (1e-4 if real_ppo else 2e-5),
+      "learning_rate": 1e-2 if tiny else (1e-4 if real_ppo or turn_grpo else 2e-5),
       "warmup_fraction": 0.1,
       "weight_decay": 0.1,
       "adam_b1": 0.9,

@@ -34,6 +34,9 @@ def algorithm(name: str) -> ml_collections.ConfigDict:
       "loss_agg_mode": "seq-mean-token-mean",
       "entropy_coef": 0.0,
       "tis_cap": placeholder(float),  # truncated importance sampling cap; None: off
+      # episode: one advantage per row; turn: per turn of a multi-turn episode (agentic
+      # runs with per_turn_rewards=True)
+      "credit": "episode",
     }
   )
   if name == "drgrpo":

@@ -206,21 +206,27 @@ def build_grpo(cfg, params, settings: GRPOSettings):
 
 
 _grpo_advantages = jax.jit(objectives.grpo_advantages, static_argnames="config")
+_turn_grpo = jax.jit(adv_lib.turn_grpo, static_argnums=3)
 _tied_groups = jax.jit(
   lambda scores_N, G: jnp.sum(adv_lib.zero_signal_groups(scores_N, G)), static_argnums=1
 )
 
 
 def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
-  """Group-relative advantages of `batch.scores` [N] over the whole batch, reference and
-  old logprobs as needed, then num_iterations train steps. Returns (state, metrics
+  """Group-relative advantages of `batch.scores` over the whole batch (the rows' returns
+  [N], or with `algo.credit="turn"` per-turn rewards [N, T]), reference and old logprobs
+  as needed, then num_iterations train steps. Returns (state, metrics
   averaged over the passes, plus first-pass ratio and KL and `zero_signal_groups`, the
   share of groups whose G rewards tie, when G > 1)."""
   del index  # every GRPO iteration is alike
   algo, forward = learner.settings.algo, learner.settings.forward
   G = algo.num_generations
-  advantages = _grpo_advantages(batch.scores, algo)
-  tied = _tied_groups(batch.scores, G) if G > 1 else None
+  if algo.credit == "turn":  # scores: per-turn rewards [N, T]
+    advantages = _turn_grpo(batch.scores, batch.loss_mask, batch.turn_ids, G)
+    returns = jnp.sum(jnp.where(batch.loss_mask > 0, batch.scores, 0.0), axis=1)
+  else:
+    advantages, returns = _grpo_advantages(batch.scores, algo), batch.scores
+  tied = _tied_groups(returns, G) if G > 1 else None
   batch = dataclasses.replace(batch, advantages=advantages, scores=None)
   params, adapters = policy.policy_params(state.trainable, learner.frozen, forward)
   logprobs = lambda w, a: objectives.completion_logprobs_jit(w, a, batch, forward)

@@ -210,6 +210,12 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   if s.max_new_tokens is None:
     common.fail("sampling.max_new_tokens", None, "must be >= 1 token")
   settings = spec.settings(cfg, "train.batch_prompts")
+  if name == "grpo" and settings.algo.credit != "episode":
+    common.fail(
+      "algo.credit",
+      settings.algo.credit,
+      "a prompt's completion is one turn: use 'episode' (turn credit is for environments)",
+    )
   d = common.from_block(blocks.DataConfig, cfg.data, "data")
   common.check_loop_settings(cfg)
   if r.overlong_buffer and r.overlong_buffer > s.max_new_tokens:
@@ -285,12 +291,19 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   settings = spec.settings(cfg, "train.batch_tasks")
   ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
   rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
-  if cfg.per_turn_rewards and name != "ppo":
+  turn_grpo = name == "grpo" and settings.algo.credit == "turn"
+  if cfg.per_turn_rewards and name != "ppo" and not turn_grpo:
     common.fail(
       "per_turn_rewards",
       True,
-      "only PPO places rewards per token; GRPO's advantage is per episode (of the summed "
-      "reward): use False, or learner ppo (the ',ppo' variant)",
+      "GRPO with algo.credit='episode' scores each episode by its summed reward: use "
+      "False, algo.credit='turn' (each turn's reward-to-go), or learner ppo (',ppo')",
+    )
+  if turn_grpo and not cfg.per_turn_rewards:
+    common.fail(
+      "algo.credit",
+      "turn",
+      "turn credit reads each turn's reward where the turn ends: set per_turn_rewards=True",
     )
   t = cfg.train
   if t.steps * t.batch_tasks > ev.seed_offset:

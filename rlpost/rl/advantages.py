@@ -300,6 +300,51 @@ def turn_gae(rewards_BxT, values_BxT, mask_BxT, turn_ids_BxT, *, gamma, lam, val
   return adv_TxB.T, returns_TxB.T
 
 
+def turn_grpo(rewards_BxT, mask_BxT, turn_ids_BxT, group_size, *, epsilon=1e-6):
+  """GRPO with a turn as the unit of credit: `[N, T]` float32 advantages.
+
+  Turn k of row i is credited with its reward-to-go R_ik (the row's rewards from the
+  turn's first valid token on: that turn's and the later turns'), less the mean of R_jk
+  over the rows j of its group that have a turn k, over the std (ddof=1) of the group's
+  episode returns R_j0 plus `epsilon`; every valid token of the turn carries it. A group
+  whose returns tie gets 0, as in `grpo`. With one turn per row this is `grpo` of the
+  returns on every valid token; rewards earned before a turn do not reach its credit.
+
+  Args:
+    rewards_BxT: `[N, T]` per-token rewards (a turn's on its last valid token,
+      `envs.multiturn.place_turn_rewards`); masked positions are ignored.
+    mask_BxT: `[N, T]` bool or 0/1, the sampled tokens.
+    turn_ids_BxT: `[N, T]` int, the turn of each slot (0, 1, ...; -1 empty).
+    group_size: G, rows per group (prompt-major, as `grpo`), >= 2.
+  """
+  if group_size < 2:
+    raise ValueError(f"turn_grpo needs group_size >= 2 (std of one sample), got {group_size}")
+  chex.assert_equal_shape([rewards_BxT, mask_BxT, turn_ids_BxT])
+  mask_BxT = mask_BxT.astype(bool)
+  N, T = mask_BxT.shape
+  rewards_BxT = jnp.where(mask_BxT, rewards_BxT, 0.0).astype(jnp.float32)
+  to_go_BxT = jnp.flip(jnp.cumsum(jnp.flip(rewards_BxT, 1), axis=1), 1)
+  # [N, K]: each turn's reward-to-go, read at its first valid token (ids 0..T: K = T + 1)
+  K = T + 1
+  slot_BxT = jnp.where(turn_starts(mask_BxT, turn_ids_BxT), turn_ids_BxT, K)
+  rows_Bx1 = jnp.arange(N)[:, None]
+  turn_to_go_BxK = jnp.zeros((N, K), jnp.float32).at[rows_Bx1, slot_BxT].set(to_go_BxT, mode="drop")
+  has_BxK = jnp.zeros((N, K), bool).at[rows_Bx1, slot_BxT].set(True, mode="drop")
+  to_go_PxGxK = turn_to_go_BxK.reshape(N // group_size, group_size, K)
+  has_PxGxK = has_BxK.reshape(to_go_PxGxK.shape)
+  count_Px1xK = jnp.sum(has_PxGxK, axis=1, keepdims=True)
+  mean_Px1xK = jnp.sum(jnp.where(has_PxGxK, to_go_PxGxK, 0.0), axis=1, keepdims=True) / (
+    jnp.maximum(count_Px1xK, 1)
+  )
+  returns_PxG = _groups(jnp.sum(rewards_BxT, axis=1), group_size)
+  std_Px1x1 = jnp.std(returns_PxG, axis=1, ddof=1, keepdims=True)[..., None]
+  adv_PxGxK = (to_go_PxGxK - mean_Px1xK) / (std_Px1x1 + epsilon)
+  adv_PxGxK = jnp.where(_all_equal(returns_PxG)[..., None], 0.0, adv_PxGxK)
+  turn_BxT = jnp.clip(turn_ids_BxT, 0, T).astype(jnp.int32)
+  adv_BxT = jnp.take_along_axis(adv_PxGxK.reshape(N, K), turn_BxT, axis=1)
+  return jnp.where(mask_BxT, adv_BxT, 0.0)
+
+
 def zero_signal_groups(rewards_N, group_size):
   """DAPO dynamic sampling: `[N // G]` bool, True where a group's rewards tie.
 

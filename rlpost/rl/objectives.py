@@ -76,6 +76,9 @@ def _validate_policy_fields(c):
   )
 
 
+GRPO_CREDITS = ("episode", "turn")  # GRPOConfig.credit: what one advantage covers
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
   """GRPO-family settings (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++, CISPO).
@@ -95,6 +98,10 @@ class GRPOConfig:
       divides by the completion width T).
     entropy_coef: weight of the entropy bonus.
     tis_cap: truncated importance sampling cap, or None.
+    credit: what one advantage covers (GRPO_CREDITS): "episode", the row's summed reward
+      through `advantage_estimator` on every token; "turn", each turn's reward-to-go
+      against its group's at that turn (`advantages.turn_grpo`; needs per-turn rewards
+      `[N, T]` and `turn_ids`, the grpo estimator).
   """
 
   num_generations: int = 4
@@ -110,9 +117,18 @@ class GRPOConfig:
   loss_agg_mode: str = "token-mean"
   entropy_coef: float = 0.0
   tis_cap: float | None = None
+  credit: str = "episode"
 
   def __post_init__(self):
     _one_of(self, "advantage_estimator", adv_lib.ESTIMATORS)
+    _one_of(self, "credit", GRPO_CREDITS)
+    _require(
+      self.credit == "episode" or self.advantage_estimator == "grpo",
+      self,
+      "credit",
+      f"turn credit is the grpo estimator's (advantages.turn_grpo), not "
+      f"{self.advantage_estimator!r}: use credit='episode' or advantage_estimator='grpo'",
+    )
     _require(self.num_generations >= 1, self, "num_generations", "use at least 1 sample per prompt")
     _require(
       self.advantage_estimator not in adv_lib.GROUP_ESTIMATORS or self.num_generations >= 2,

@@ -503,4 +503,28 @@ MUTATIONS = [
     tests=["tests/test_frozenlake.py"],
     why="the neighbours-line baseline that does not read holes (its 91/100 overstated)",
   ),
+  dict(
+    name="turn_grpo_baseline_over_all_rows",
+    path="rlpost/rl/advantages.py",
+    old="    jnp.maximum(count_Px1xK, 1)\n",
+    new="    group_size\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GRPO's baseline counting a row that never reached the turn as 0",
+  ),
+  dict(
+    name="turn_grpo_rewards_so_far",
+    path="rlpost/rl/advantages.py",
+    old="  to_go_BxT = jnp.flip(jnp.cumsum(jnp.flip(rewards_BxT, 1), axis=1), 1)\n",
+    new="  to_go_BxT = jnp.cumsum(rewards_BxT, axis=1)\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GRPO crediting a turn with the rewards before it, not after",
+  ),
+  dict(
+    name="grpo_turn_credit_ignored",
+    path="rlpost/recipes/learners.py",
+    old='  if algo.credit == "turn":  # scores: per-turn rewards [N, T]\n',
+    new="  if False:\n",
+    tests=["tests/test_grpo.py"],
+    why="GRPO with algo.credit='turn' training on episode advantages (or failing on [N, T])",
+  ),
 ]
