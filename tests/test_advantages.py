@@ -492,8 +492,9 @@ _turn_grpo = jax.jit(adv.turn_grpo, static_argnums=3)
 def _np_turn_grpo(rewards, mask, ids, G):
   """The obvious reference (float64): per row, its turns as runs of valid tokens with one
   id; a turn's reward-to-go the row's valid rewards from the run's first token on; the
-  baseline the mean over the group's rows with that turn id; the scale the std (ddof=1)
-  of the group's returns; a tied group 0."""
+  baseline the mean over the group's rows with that turn id; the scale the group's pooled
+  std of the deviations (sum of squares over the sum of each turn's rows - 1); a group
+  whose rewards-to-go tie at every turn 0."""
   N = rewards.shape[0]
   r = np.where(mask, rewards, 0.0).astype(np.float64)
   to_go = [{} for _ in range(N)]  # row -> {turn id: (reward-to-go, its slots)}
@@ -505,14 +506,15 @@ def _np_turn_grpo(rewards, mask, ids, G):
   out = np.zeros(rewards.shape)
   for first in range(0, N, G):
     group = range(first, first + G)
-    returns = r[first : first + G].sum(axis=1)
-    if returns.max() == returns.min():
+    turns = {k for b in group for k in to_go[b]}
+    at = {k: [to_go[j][k][0] for j in group if k in to_go[j]] for k in turns}
+    if all(max(v) == min(v) for v in at.values()):
       continue
-    std = returns.std(ddof=1)
+    squares = sum(((np.array(v) - np.mean(v)) ** 2).sum() for v in at.values())
+    std = np.sqrt(squares / max(sum(len(v) - 1 for v in at.values()), 1))
     for b in group:
       for k, (value, run) in to_go[b].items():
-        baseline = np.mean([to_go[j][k][0] for j in group if k in to_go[j]])
-        out[b, run] = (value - baseline) / (std + 1e-6)
+        out[b, run] = (value - np.mean(at[k])) / (std + 1e-6)
   return out
 
 
@@ -533,7 +535,7 @@ def test_turn_grpo_matches_the_per_turn_reference(groups, G, seq, seed):
   rng = np.random.default_rng(seed)
   shape = (groups * G, seq)
   mask, ids = _turns(rng, *shape)
-  rewards = np.round(rng.normal(size=shape), 1).astype(np.float32)
+  rewards = (np.round(4 * rng.normal(size=shape)) / 4).astype(np.float32)  # exact sums
   junk = np.where(mask, rewards, np.nan)
   got = _turn_grpo(junk, mask, ids, G)
   np.testing.assert_allclose(got, _np_turn_grpo(rewards, mask, ids, G), atol=1e-4, rtol=1e-4)
@@ -543,7 +545,7 @@ def test_turn_grpo_matches_the_per_turn_reference(groups, G, seq, seed):
 @given(G=st.sampled_from([2, 4]), seq=st.sampled_from([1, 6, 11]), seed=st.integers(0, 2**16))
 def test_turn_grpo_with_one_turn_per_row_is_grpo(G, seq, seed):
   """One turn per row (reward on its last token): `grpo` of the returns on every valid
-  token, bitwise."""
+  token, up to float32 rounding (the pooled std sums its squares in another order)."""
   rng = np.random.default_rng(seed)
   N = 2 * G
   mask = np.zeros((N, seq), bool)
@@ -555,7 +557,7 @@ def test_turn_grpo_with_one_turn_per_row_is_grpo(G, seq, seed):
   ids = np.where(mask, 0, -1).astype(np.int32)
   got = np.asarray(_turn_grpo(rewards, mask, ids, G))
   want = np.where(mask, np.asarray(_grpo(returns, G))[:, None], 0.0)
-  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_turn_grpo_hand_worked_three_rows():
@@ -563,30 +565,48 @@ def test_turn_grpo_hand_worked_three_rows():
   (return 0.7). Row 1: turns (0), (2, 3), rewards 0.2, 0.4 (return 0.6). Row 2: turn (0),
   reward -0.8 (a hole at once: return -0.8). Rewards to go: row 0 (0.7, 0.5, 1.0), row 1
   (0.6, 0.4), row 2 (-0.8). Baselines: turn 0 mean(0.7, 0.6, -0.8) = 0.1667, turn 1
-  mean(0.5, 0.4) = 0.45, turn 2 1.0 (row 0 alone). Returns' std (ddof=1) 0.8386.
-  Advantages: row 0 (0.5333, 0.05, 0) / 0.8386 = (0.6360, 0.0596, 0), row 1
-  (0.4333, -0.05) / 0.8386 = (0.5167, -0.0596), row 2 -0.9667 / 0.8386 = -1.1527."""
+  mean(0.5, 0.4) = 0.45, turn 2 1.0 (row 0 alone). Deviations: turn 0 (0.5333, 0.4333,
+  -0.9667), turn 1 (0.05, -0.05), turn 2 (0); squares 1.4117 over (3-1) + (2-1) + (1-1) =
+  3: pooled std 0.6860. Advantages: row 0 (0.7775, 0.0729, 0), row 1 (0.6317, -0.0729),
+  row 2 -1.4092."""
   mask = np.array([[1, 1, 0, 1, 0, 1], [1, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]], bool)
   ids = np.array([[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]], np.int32)
   rewards = np.array(
     [[0.0, 0.2, 9.0, -0.5, 9.0, 1.0], [0.2, 9.0, 0.0, 0.4, 9.0, 9.0], [-0.8] + [9.0] * 5],
     np.float32,
   )
-  std = np.std([0.7, 0.6, -0.8], ddof=1)
-  np.testing.assert_allclose(std, 0.8386, atol=1e-4)
   want = [
-    [0.6360, 0.6360, 0, 0.0596, 0, 0],
-    [0.5167, 0, -0.0596, -0.0596, 0, 0],
-    [-1.1527, 0, 0, 0, 0, 0],
+    [0.7775, 0.7775, 0, 0.0729, 0, 0],
+    [0.6317, 0, -0.0729, -0.0729, 0, 0],
+    [-1.4092, 0, 0, 0, 0, 0],
   ]
   np.testing.assert_allclose(_turn_grpo(rewards, mask, ids, 3), want, atol=1e-4)
+
+
+def test_turn_grpo_returns_that_tie_over_turns_that_differ_stay_finite_and_scaled():
+  """Two rows whose returns tie (0.1 + 0.2 - 0.3 and 0.0: equal but for float rounding)
+  while their turns differ: the pooled std of the turns' deviations scales them, so the
+  advantages are O(1), not divided by the returns' std of ~0. Turn 0: to-go 0.0 and 0.0;
+  turn 1: 0.2 - 0.3 = -0.1 and 0 (row 1 a single turn 0 then turn 1 of reward 0).
+
+  Mutation caught: the scale the std of the returns (`turn_grpo_scaled_by_the_returns_std`,
+  session 35's first version, found by the reference test's examples)."""
+  mask = np.array([[1, 1, 1], [1, 1, 0]], bool)
+  ids = np.array([[0, 1, 2], [0, 1, -1]], np.int32)
+  rewards = np.array([[0.1, 0.2, -0.3], [0.0, 0.0, 0.0]], np.float32)
+  got = np.asarray(_turn_grpo(rewards, mask, ids, 2))
+  assert np.all(np.isfinite(got)) and np.abs(got).max() < 2.0, got
+  np.testing.assert_allclose(got, _np_turn_grpo(rewards, mask, ids, 2), atol=1e-4)
 
 
 @SETTINGS
 @given(seed=st.integers(0, 2**16), bonus=st.floats(-2.0, 2.0))
 def test_turn_grpo_a_reward_every_row_earns_moves_nothing(seed, bonus):
   """A reward that every row of the group earns at a turn all of them reach leaves every
-  advantage as it was: the turn's baseline and the earlier ones move with it."""
+  advantage as it was: the turn's baseline and the earlier ones move with it.
+
+  Mutation caught: every turn's baseline the group's mean episode return
+  (`turn_grpo_baseline_the_mean_return`: the later turns' credit moves with the bonus)."""
   rng = np.random.default_rng(seed)
   G, seq = 3, 11
   mask, ids = _turns(rng, G, seq)

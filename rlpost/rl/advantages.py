@@ -305,10 +305,13 @@ def turn_grpo(rewards_BxT, mask_BxT, turn_ids_BxT, group_size, *, epsilon=1e-6):
 
   Turn k of row i is credited with its reward-to-go R_ik (the row's rewards from the
   turn's first valid token on: that turn's and the later turns'), less the mean of R_jk
-  over the rows j of its group that have a turn k, over the std (ddof=1) of the group's
-  episode returns R_j0 plus `epsilon`; every valid token of the turn carries it. A group
-  whose returns tie gets 0, as in `grpo`. With one turn per row this is `grpo` of the
-  returns on every valid token; rewards earned before a turn do not reach its credit.
+  over the rows j of its group that have a turn k, over the group's pooled std of those
+  deviations (their squares summed over rows and turns, over the sum of each turn's
+  rows - 1) plus `epsilon`; every valid token of the turn carries it. A group whose
+  rewards-to-go tie at every turn gets 0, as `grpo` a tied group. With one turn per row
+  this is `grpo` of the returns on every valid token; rewards earned before a turn do
+  not reach its credit. (The std of the episode returns alone would not do: returns that
+  tie, exactly or but for float rounding, over turns that differ would divide by ~0.)
 
   Args:
     rewards_BxT: `[N, T]` per-token rewards (a turn's on its last valid token,
@@ -336,10 +339,18 @@ def turn_grpo(rewards_BxT, mask_BxT, turn_ids_BxT, group_size, *, epsilon=1e-6):
   mean_Px1xK = jnp.sum(jnp.where(has_PxGxK, to_go_PxGxK, 0.0), axis=1, keepdims=True) / (
     jnp.maximum(count_Px1xK, 1)
   )
-  returns_PxG = _groups(jnp.sum(rewards_BxT, axis=1), group_size)
-  std_Px1x1 = jnp.std(returns_PxG, axis=1, ddof=1, keepdims=True)[..., None]
-  adv_PxGxK = (to_go_PxGxK - mean_Px1xK) / (std_Px1x1 + epsilon)
-  adv_PxGxK = jnp.where(_all_equal(returns_PxG)[..., None], 0.0, adv_PxGxK)
+  dev_PxGxK = jnp.where(has_PxGxK, to_go_PxGxK - mean_Px1xK, 0.0)
+  dof_Px1x1 = jnp.sum(jnp.maximum(count_Px1xK - 1, 0), axis=2, keepdims=True)
+  var_Px1x1 = jnp.sum(dev_PxGxK * dev_PxGxK, axis=(1, 2), keepdims=True) / jnp.maximum(dof_Px1x1, 1)
+  adv_PxGxK = dev_PxGxK / (jnp.sqrt(var_Px1x1) + epsilon)
+  low, high = (
+    jnp.where(has_PxGxK, to_go_PxGxK, jnp.inf),
+    jnp.where(has_PxGxK, to_go_PxGxK, -jnp.inf),
+  )
+  tied_Px1x1 = jnp.all(
+    (jnp.min(low, axis=1) >= jnp.max(high, axis=1)) | (count_Px1xK[:, 0] == 0), axis=1
+  )[:, None, None]
+  adv_PxGxK = jnp.where(tied_Px1x1, 0.0, adv_PxGxK)
   turn_BxT = jnp.clip(turn_ids_BxT, 0, T).astype(jnp.int32)
   adv_BxT = jnp.take_along_axis(adv_PxGxK.reshape(N, K), turn_BxT, axis=1)
   return jnp.where(mask_BxT, adv_BxT, 0.0)

@@ -527,4 +527,20 @@ MUTATIONS = [
     tests=["tests/test_grpo.py"],
     why="GRPO with algo.credit='turn' training on episode advantages (or failing on [N, T])",
   ),
+  dict(
+    name="turn_grpo_baseline_the_mean_return",
+    path="rlpost/rl/advantages.py",
+    old="  dev_PxGxK = jnp.where(has_PxGxK, to_go_PxGxK - mean_Px1xK, 0.0)\n",
+    new="  dev_PxGxK = jnp.where(has_PxGxK, to_go_PxGxK - mean_Px1xK[:, :, :1], 0.0)\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GRPO comparing each turn's reward-to-go with whole episodes' returns",
+  ),
+  dict(
+    name="turn_grpo_scaled_by_the_returns_std",
+    path="rlpost/rl/advantages.py",
+    old="  adv_PxGxK = dev_PxGxK / (jnp.sqrt(var_Px1x1) + epsilon)\n",
+    new="  adv_PxGxK = dev_PxGxK / (jnp.std(to_go_PxGxK[..., 0], 1, ddof=1)[:, None, None] + epsilon)\n",
+    tests=["tests/test_advantages.py"],
+    why="turn-level GRPO dividing by the returns' std: ~0 when returns tie over turns that differ",
+  ),
 ]
