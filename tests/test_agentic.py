@@ -488,10 +488,14 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
     shaped
   }
-  # GRPO on the shaped rewards credits each turn with its own (per-turn rewards)
-  assert {cfg.algo.credit == "turn", cfg.per_turn_rewards, cfg.train.learning_rate == 1e-4} == {
-    shaped
-  }
+  # GRPO on the shaped rewards credits each turn with its own (per-turn rewards), two
+  # passes over each batch
+  assert {
+    cfg.algo.credit == "turn",
+    cfg.per_turn_rewards,
+    cfg.train.learning_rate == 1e-4,
+    cfg.algo.num_iterations == 2,
+  } == {shaped}
 
 
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])
