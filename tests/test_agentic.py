@@ -404,6 +404,7 @@ def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_exam
     ("frozenlake_tiny", {"train.micro_batch_size": 5}, "train.micro_batch_size"),
     ("frozenlake_tiny", {"per_turn_rewards": True}, "per_turn_rewards"),
     ("frozenlake_tiny", {"algo.credit": "turn"}, r"algo\.credit='turn'.*per_turn_rewards=True"),
+    ("frozenlake_tiny", {"algo.credit": "state"}, r"algo\.credit='state'.*per_turn_rewards=True"),
     ("frozenlake_tiny", {"train.steps": 0, "eval.every": 0}, "train.steps.*greedy evaluation"),
     ("frozenlake_tiny", {"eval.batch_tasks": -1}, "eval"),
     ("frozenlake_tiny", {"max_staleness": 1}, "algo.tis_cap.*max_staleness=1"),

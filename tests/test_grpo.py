@@ -32,6 +32,7 @@ from rlpost.recipes import learners, rl
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
+from rlpost.rl import state_credit
 from rlpost.train import checkpoint
 
 
@@ -330,6 +331,7 @@ def test_bad_config_fails_fast_naming_the_field(overrides, field, tmp_path, monk
     ({"rollout.nosuch": 1}, r"config\.rollout\.nosuch: no such field; valid fields"),
     # A completion is one turn: turn credit would be episode credit under another name.
     ({"algo.credit": "turn"}, r"config\.algo\.credit='turn': a prompt's completion is one"),
+    ({"algo.credit": "state"}, r"config\.algo\.credit='state': a prompt's completion is one"),
     ({"algo.credit": "step"}, r"config\.algo\.credit='step': use one of episode, turn"),
     (
       {"algo.credit": "turn", "algo.advantage_estimator": "rloo"},
@@ -784,10 +786,12 @@ def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(d
 @pytest.mark.parametrize("credit", objectives.GRPO_CREDITS)
 def test_grpo_update_trains_on_the_credit_its_config_names(credit):
   """`grpo_update` hands its train step `advantages.turn_grpo` of per-turn rewards with
-  credit "turn", and `grpo` of the returns on every row with "episode"; both count tied
-  groups from the rows' returns (one group of 3 here: none tie).
+  credit "turn", `state_credit.state_grpo` of them with each turn's state read from the
+  completion slots' tokens with "state", and `grpo` of the returns on every row with
+  "episode"; all count tied groups from the rows' returns (one group of 3: none tie).
 
-  Mutation caught: the learner ignoring `algo.credit` (`grpo_turn_credit_ignored`)."""
+  Mutations caught: the learner ignoring `algo.credit` (`grpo_turn_credit_ignored`,
+  `grpo_state_credit_ignored`)."""
   mask = np.array([[1, 1, 0, 1, 0, 1], [1, 0, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]], np.float32)
   ids = np.array([[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]], np.int32)
   turn_rewards = np.zeros(mask.shape, np.float32)
@@ -798,13 +802,14 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
   )
   returns = turn_rewards.sum(axis=1)
   N, T = mask.shape
+  tokens = np.arange(N * (T + 2), dtype=np.int32).reshape(N, T + 2) % 5  # 2 prompt slots
   batch = batch_lib.RLBatch(
-    tokens=np.zeros((N, T + 2), np.int32),
+    tokens=tokens,
     positions=np.tile(np.arange(T + 2, dtype=np.int32), (N, 1)),
     valid=np.ones((N, T + 2), bool),
     loss_mask=mask,
     sampler_logp=np.zeros((N, T), np.float32),
-    scores=turn_rewards if credit == "turn" else returns,
+    scores=returns if credit == "episode" else turn_rewards,
     turn_ids=ids,
   )
   seen = []
@@ -820,7 +825,10 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
   (step_batch,) = seen
   if credit == "turn":
     want = adv_lib.turn_grpo(turn_rewards, mask, ids, 3)
+  elif credit == "state":
+    keys = state_credit.observation_keys(tokens[:, 2:], mask, ids)
+    want = state_credit.state_grpo(turn_rewards, mask, ids, keys, 3)
   else:
     want = adv_lib.grpo(returns, 3)
-  np.testing.assert_array_equal(step_batch.advantages, want)
+  np.testing.assert_allclose(step_batch.advantages, want, rtol=1e-6, atol=1e-6)  # jit's rounding
   assert step_batch.scores is None and metrics["zero_signal_groups"] == 0.0

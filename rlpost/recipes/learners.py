@@ -24,6 +24,7 @@ the field), a `build` and an `update`, and one LEARNERS entry.
 """
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable, NamedTuple
@@ -39,6 +40,7 @@ from rlpost.recipes import common
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
+from rlpost.rl import state_credit
 from rlpost.train import host_memory
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
@@ -207,6 +209,17 @@ def build_grpo(cfg, params, settings: GRPOSettings):
 
 _grpo_advantages = jax.jit(objectives.grpo_advantages, static_argnames="config")
 _turn_grpo = jax.jit(adv_lib.turn_grpo, static_argnums=3)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _state_grpo(scores_BxT, mask_BxT, turn_ids_BxT, tokens_BxS, G):
+  """`state_credit.state_grpo` with each turn's state read from the completion slots
+  (the last T of the `[N, S]` tokens)."""
+  T = mask_BxT.shape[1]
+  keys = state_credit.observation_keys(tokens_BxS[:, -T:], mask_BxT, turn_ids_BxT)
+  return state_credit.state_grpo(scores_BxT, mask_BxT, turn_ids_BxT, keys, G)
+
+
 _tied_groups = jax.jit(
   lambda scores_N, G: jnp.sum(adv_lib.zero_signal_groups(scores_N, G)), static_argnums=1
 )
@@ -214,18 +227,21 @@ _tied_groups = jax.jit(
 
 def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
   """Group-relative advantages of `batch.scores` over the whole batch (the rows' returns
-  [N], or with `algo.credit="turn"` per-turn rewards [N, T]), reference and old logprobs
+  [N], or with turn or state credit per-turn rewards [N, T]), reference and old logprobs
   as needed, then num_iterations train steps. Returns (state, metrics
   averaged over the passes, plus first-pass ratio and KL and `zero_signal_groups`, the
   share of groups whose G rewards tie, when G > 1)."""
   del index  # every GRPO iteration is alike
   algo, forward = learner.settings.algo, learner.settings.forward
   G = algo.num_generations
-  if algo.credit == "turn":  # scores: per-turn rewards [N, T]
-    advantages = _turn_grpo(batch.scores, batch.loss_mask, batch.turn_ids, G)
-    returns = jnp.sum(jnp.where(batch.loss_mask > 0, batch.scores, 0.0), axis=1)
-  else:
+  if algo.credit == "episode":
     advantages, returns = _grpo_advantages(batch.scores, algo), batch.scores
+  else:  # scores: per-turn rewards [N, T]
+    if algo.credit == "turn":
+      advantages = _turn_grpo(batch.scores, batch.loss_mask, batch.turn_ids, G)
+    else:
+      advantages = _state_grpo(batch.scores, batch.loss_mask, batch.turn_ids, batch.tokens, G)
+    returns = jnp.sum(jnp.where(batch.loss_mask > 0, batch.scores, 0.0), axis=1)
   tied = _tied_groups(returns, G) if G > 1 else None
   batch = dataclasses.replace(batch, advantages=advantages, scores=None)
   params, adapters = policy.policy_params(state.trainable, learner.frozen, forward)

@@ -214,7 +214,8 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
     common.fail(
       "algo.credit",
       settings.algo.credit,
-      "a prompt's completion is one turn: use 'episode' (turn credit is for environments)",
+      "a prompt's completion is one turn: use 'episode' (turn and state credit are for "
+      "environments)",
     )
   d = common.from_block(blocks.DataConfig, cfg.data, "data")
   common.check_loop_settings(cfg)
@@ -291,19 +292,20 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   settings = spec.settings(cfg, "train.batch_tasks")
   ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
   rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
-  turn_grpo = name == "grpo" and settings.algo.credit == "turn"
+  turn_grpo = name == "grpo" and settings.algo.credit != "episode"
   if cfg.per_turn_rewards and name != "ppo" and not turn_grpo:
     common.fail(
       "per_turn_rewards",
       True,
-      "GRPO with algo.credit='episode' scores each episode by its summed reward: use "
-      "False, algo.credit='turn' (each turn's reward-to-go), or learner ppo (',ppo')",
+      "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
+      "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
     )
   if turn_grpo and not cfg.per_turn_rewards:
     common.fail(
       "algo.credit",
-      "turn",
-      "turn credit reads each turn's reward where the turn ends: set per_turn_rewards=True",
+      settings.algo.credit,
+      f"{settings.algo.credit} credit reads each turn's reward where the turn ends: set "
+      "per_turn_rewards=True",
     )
   t = cfg.train
   if t.steps * t.batch_tasks > ev.seed_offset:

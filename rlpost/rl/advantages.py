@@ -325,14 +325,8 @@ def turn_grpo(rewards_BxT, mask_BxT, turn_ids_BxT, group_size, *, epsilon=1e-6):
   chex.assert_equal_shape([rewards_BxT, mask_BxT, turn_ids_BxT])
   mask_BxT = mask_BxT.astype(bool)
   N, T = mask_BxT.shape
-  rewards_BxT = jnp.where(mask_BxT, rewards_BxT, 0.0).astype(jnp.float32)
-  to_go_BxT = jnp.flip(jnp.cumsum(jnp.flip(rewards_BxT, 1), axis=1), 1)
-  # [N, K]: each turn's reward-to-go, read at its first valid token (ids 0..T: K = T + 1)
   K = T + 1
-  slot_BxT = jnp.where(turn_starts(mask_BxT, turn_ids_BxT), turn_ids_BxT, K)
-  rows_Bx1 = jnp.arange(N)[:, None]
-  turn_to_go_BxK = jnp.zeros((N, K), jnp.float32).at[rows_Bx1, slot_BxT].set(to_go_BxT, mode="drop")
-  has_BxK = jnp.zeros((N, K), bool).at[rows_Bx1, slot_BxT].set(True, mode="drop")
+  turn_to_go_BxK, has_BxK = turn_rewards_to_go(rewards_BxT, mask_BxT, turn_ids_BxT)
   to_go_PxGxK = turn_to_go_BxK.reshape(N // group_size, group_size, K)
   has_PxGxK = has_BxK.reshape(to_go_PxGxK.shape)
   count_Px1xK = jnp.sum(has_PxGxK, axis=1, keepdims=True)
@@ -351,9 +345,35 @@ def turn_grpo(rewards_BxT, mask_BxT, turn_ids_BxT, group_size, *, epsilon=1e-6):
     (jnp.min(low, axis=1) >= jnp.max(high, axis=1)) | (count_Px1xK[:, 0] == 0), axis=1
   )[:, None, None]
   adv_PxGxK = jnp.where(tied_Px1x1, 0.0, adv_PxGxK)
+  return per_turn_to_slots(adv_PxGxK.reshape(N, K), mask_BxT, turn_ids_BxT)
+
+
+def turn_rewards_to_go(rewards_BxT, mask_BxT, turn_ids_BxT):
+  """Each turn's reward-to-go: (`[N, K]` float32, `[N, K]` bool), K = T + 1 (turn ids
+  0..T).
+
+  Entry k of a row is the row's rewards summed from turn k's first valid token on, and
+  True where the row has a valid token of turn k (else 0 and False).
+  """
+  mask_BxT = mask_BxT.astype(bool)
+  N, T = mask_BxT.shape
+  K = T + 1
+  rewards_BxT = jnp.where(mask_BxT, rewards_BxT, 0.0).astype(jnp.float32)
+  to_go_BxT = jnp.flip(jnp.cumsum(jnp.flip(rewards_BxT, 1), axis=1), 1)
+  slot_BxT = jnp.where(turn_starts(mask_BxT, turn_ids_BxT), turn_ids_BxT, K)
+  rows_Bx1 = jnp.arange(N)[:, None]
+  to_go_BxK = jnp.zeros((N, K), jnp.float32).at[rows_Bx1, slot_BxT].set(to_go_BxT, mode="drop")
+  has_BxK = jnp.zeros((N, K), bool).at[rows_Bx1, slot_BxT].set(True, mode="drop")
+  return to_go_BxK, has_BxK
+
+
+def per_turn_to_slots(per_turn_BxK, mask_BxT, turn_ids_BxT):
+  """`[N, T]`: each valid slot gets its turn's entry of `per_turn_BxK` (K = T + 1); 0
+  elsewhere."""
+  T = mask_BxT.shape[1]
   turn_BxT = jnp.clip(turn_ids_BxT, 0, T).astype(jnp.int32)
-  adv_BxT = jnp.take_along_axis(adv_PxGxK.reshape(N, K), turn_BxT, axis=1)
-  return jnp.where(mask_BxT, adv_BxT, 0.0)
+  per_slot_BxT = jnp.take_along_axis(per_turn_BxK, turn_BxT, axis=1)
+  return jnp.where(mask_BxT.astype(bool), per_slot_BxT, 0.0)
 
 
 def zero_signal_groups(rewards_N, group_size):

@@ -76,7 +76,7 @@ def _validate_policy_fields(c):
   )
 
 
-GRPO_CREDITS = ("episode", "turn")  # GRPOConfig.credit: what one advantage covers
+GRPO_CREDITS = ("episode", "turn", "state")  # GRPOConfig.credit: what one advantage covers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +100,10 @@ class GRPOConfig:
     tis_cap: truncated importance sampling cap, or None.
     credit: what one advantage covers (GRPO_CREDITS): "episode", the row's summed reward
       through `advantage_estimator` on every token; "turn", each turn's reward-to-go
-      against its group's at that turn (`advantages.turn_grpo`; needs per-turn rewards
-      `[N, T]` and `turn_ids`, the grpo estimator).
+      against its group's at that turn (`advantages.turn_grpo`); "state", the episode's
+      grpo advantage plus each turn's reward-to-go against the group's turns that
+      answered the same observation (`state_credit.state_grpo`). Turn and state credit
+      need per-turn rewards `[N, T]`, `turn_ids` and the grpo estimator.
   """
 
   num_generations: int = 4
@@ -126,8 +128,9 @@ class GRPOConfig:
       self.credit == "episode" or self.advantage_estimator == "grpo",
       self,
       "credit",
-      f"turn credit is the grpo estimator's (advantages.turn_grpo), not "
-      f"{self.advantage_estimator!r}: use credit='episode' or advantage_estimator='grpo'",
+      f"{self.credit} credit is the grpo estimator's (advantages.turn_grpo, "
+      f"state_credit.state_grpo), not {self.advantage_estimator!r}: use credit='episode' "
+      "or advantage_estimator='grpo'",
     )
     _require(self.num_generations >= 1, self, "num_generations", "use at least 1 sample per prompt")
     _require(
