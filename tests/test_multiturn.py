@@ -30,6 +30,7 @@ from rlpost.recipes import learners
 from rlpost.rl import batch as batch_lib
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import objectives
+from rlpost.rl import state_credit
 from conftest import require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
 from test_gsm8k_calc import EXAMPLE, NATALIA
@@ -745,6 +746,47 @@ def test_turn_rewards_sit_on_each_turns_last_sampled_token_and_sum_to_the_episod
     else:
       assert mask_truncated and e.truncated
     np.testing.assert_array_equal(out.turn_rewards[r], expected)
+
+
+def _parity_env() -> protocol.Env:
+  """Observations that several rows of a group read: the turn and the parity of the
+  reply's length in bytes; episodes of 2 + seed % 2 turns."""
+
+  def reset(task, seed):
+    return (seed, 0), f"start {seed}"
+
+  def step(state, text):
+    seed, turn = state
+    done = turn + 1 >= 2 + seed % 2
+    obs = "" if done else f"at {turn} {len(text.encode()) % 2}"
+    return protocol.Step((seed, turn + 1), obs, float(len(text) % 3), done, {})
+
+  return protocol.Env("parity", reset, step, max_turns=4)
+
+
+@pytest.mark.slow
+def test_state_keys_of_a_rollout_are_equal_exactly_where_turns_read_the_same_text():
+  """`state_credit.observation_keys` on a real rollout's batch (plain template): two
+  turns of a group get one key iff they read the same text (the first observation for
+  the first turn, else the environment's answer to the turn before), the layout of
+  `envs.multiturn` (a turn's answer after its sampled tokens, with its turn id).
+
+  Mutation caught: each turn keyed by its own answer (the one after it), not the one it
+  read (`observation_keys_of_the_answer_after`)."""
+  out, _ = _rollout(_parity_env(), seeds=[1, 2, 5], G=2, turn_tokens=5, total=192, template="plain")
+  b = out.batch
+  T = b.completion_len
+  keys = np.asarray(state_credit.observation_keys(b.tokens[:, -T:], b.loss_mask, b.turn_ids))
+  turns = []  # (group, text read, key)
+  for r, e in enumerate(out.episodes):
+    read = [e.first_observation] + e.observations[: len(e.texts) - 1]
+    assert sorted(set(b.turn_ids[r][b.loss_mask[r] > 0])) == list(range(len(e.texts)))
+    turns += [(r // 2, text, tuple(keys[r, k])) for k, text in enumerate(read)]
+  pairs = [(a, c) for a in turns for c in turns if a[0] == c[0] and a is not c]
+  same_text = [a[1] == c[1] for a, c in pairs]
+  assert any(a[1] == c[1] and a[1].startswith("at") for a, c in pairs), "no later state shared"
+  assert not all(same_text)
+  assert [a[2] == c[2] for a, c in pairs] == same_text
 
 
 def test_per_token_scores_give_reward_to_go_returns_per_turn():

@@ -15,15 +15,14 @@ _state_grpo = jax.jit(state_credit.state_grpo, static_argnums=4)
 
 
 def _np_keys(tokens, mask, ids):
-  """The obvious states: row -> {turn id: (later turn?, its unsampled slots' (offset from
-  the turn's first slot, token) pairs)}."""
+  """The obvious states: row -> {turn id: (later turn?, the previous turn's unsampled
+  slots as (offset from the first of them, token) pairs)}."""
   out = []
   for b in range(tokens.shape[0]):
     row = {}
     for k in sorted({int(i) for i in ids[b] if i >= 0}):
-      slots = np.flatnonzero(ids[b] == k)
-      seen = tuple((int(t - slots[0]), int(tokens[b, t])) for t in slots if not mask[b, t])
-      row[k] = (k > 0, seen)
+      answer = [t for t in np.flatnonzero(ids[b] == k - 1) if not mask[b, t]] if k else []
+      row[k] = (k > 0, tuple((int(t - answer[0]), int(tokens[b, t])) for t in answer))
     out.append(row)
   return out
 
@@ -90,8 +89,9 @@ def test_state_grpo_matches_the_per_state_reference(groups, G, seq, seed):
 @SETTINGS
 @given(seq=st.sampled_from([4, 9]), seed=st.integers(0, 2**16))
 def test_observation_keys_are_equal_exactly_where_the_observations_are(seq, seed):
-  """Two turns' keys are equal iff they are both first turns or both later ones with the
-  same unsampled tokens at the same offsets; a row's sampled tokens do not enter them.
+  """Two turns' keys are equal iff they are both first turns or both later ones whose
+  previous turns' unsampled tokens (the answers they read) are the same tokens at the
+  same offsets; a row's sampled tokens do not enter them.
 
   Mutations caught: offsets left out of the hash (`observation_keys_without_offsets`: a
   reordered observation is the same state); sampled tokens hashed too
@@ -111,18 +111,20 @@ def test_observation_keys_are_equal_exactly_where_the_observations_are(seq, seed
 
 
 def _walks(moves, G):
-  """A batch of G rows, each a list of turns (observation tokens, reward): each turn one
-  sampled token after its observation tokens (none for the first), its reward there."""
+  """A batch of G rows, each a list of turns (what the turn answered, its reward), laid
+  out as `envs.multiturn` does: each turn one sampled token (its reward there), then the
+  environment's answer that the next turn reads (no sampled token; the first turn's
+  answer, the prompt, is not in the slots)."""
   T = max(sum(len(obs) + 1 for obs, _ in row) for row in moves)
   tokens, ids = np.zeros((G, T), np.int32), np.full((G, T), -1, np.int32)
   mask, rewards = np.zeros((G, T), bool), np.zeros((G, T), np.float32)
   for b, row in enumerate(moves):
     t = 0
-    for k, (obs, reward) in enumerate(row):
-      tokens[b, t : t + len(obs)], ids[b, t : t + len(obs) + 1] = obs, k
-      t += len(obs)
-      tokens[b, t], mask[b, t], rewards[b, t] = 9, True, reward
-      t += 1
+    for k, (_, reward) in enumerate(row):
+      tokens[b, t], mask[b, t], rewards[b, t], ids[b, t] = 9, True, reward, k
+      answer = row[k + 1][0] if k + 1 < len(row) else ()
+      tokens[b, t + 1 : t + 1 + len(answer)], ids[b, t + 1 : t + 1 + len(answer)] = answer, k
+      t += 1 + len(answer)
   return tokens, mask, ids, rewards
 
 

@@ -637,8 +637,8 @@ def _stream_batch(prompts, G, rows: list[_Row], T, sc, longest) -> batch_lib.RLB
   """The RLBatch of the rows: first prompts left-padded to the bucket of `longest`
   tokens, then T completion slots.
 
-  turn_ids: the turn a slot's token belongs to (observations: the turn they
-  answer), -1 on empty slots.
+  turn_ids: the turn a slot's token belongs to (an observation: the turn it answers,
+  whose sampled tokens it follows; the next turn reads it), -1 on empty slots.
   """
   N = len(rows)
   P = -(-longest // sc.prompt_bucket) * sc.prompt_bucket

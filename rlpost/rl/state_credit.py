@@ -6,11 +6,13 @@ gives a baseline per state from the group's own samples, with no critic (the ide
 GiGPO, Feng et al. 2025, arXiv:2505.10978: step-level groups over repeated states). Here
 the reward-to-go is undiscounted and the scale is the group's pooled std over its states.
 
-Here a turn's state is the observation it answered: the tokens of its own slots that
-were not sampled (the environment's text and the scaffold around it), or, for the first
-turn, the group's shared prompt. Equal tokens at equal offsets are one state; the test
-is a 64-bit hash of them (`observation_keys`), so two different observations share a
-state with probability ~2^-64 per pair.
+Here a turn's state is the observation it answered. In a multi-turn batch
+(`envs.multiturn`) turn k's slots are its sampled tokens, then the environment's answer
+(the observation and the scaffold around it, not sampled), so turn k answered turn
+k - 1's unsampled tokens; the first turn answered the prompt, which its group shares.
+Equal tokens at equal offsets are one state; the test is a 64-bit hash of them
+(`observation_keys`), so two different observations share a state with probability
+~2^-64 per pair.
 
 Row order is prompt-major (rows `b*G .. b*G + G-1` share a prompt), as in `advantages`.
 """
@@ -37,24 +39,24 @@ def _mix32(x):
 def observation_keys(tokens_BxT, mask_BxT, turn_ids_BxT):
   """What each turn answered, as `[N, K, 2]` uint32 keys (K = T + 1: turn ids 0..T).
 
-  Key k of a row hashes turn k's slots that are not sampled (mask 0, turn id k): each
-  token with its offset from the turn's first slot, summed over the slots. Equal
-  observation tokens give equal keys; the first turn (answering the prompt, which a
-  group shares) gets (0, 0), and every later turn a constant added to its sum, so that a
-  later turn with no observation tokens is not the prompt's state.
+  Key k >= 1 of a row hashes turn k - 1's slots that are not sampled (mask 0, turn id
+  k - 1: the environment's answer to that turn): each token with its offset from the
+  first of them, summed over them, plus a constant (so that an empty answer is not the
+  prompt's state). Key 0 (the first turn, answering the prompt its group shares) is
+  (0, 0). Equal answers give equal keys, whatever the replies before them.
 
   Args:
     tokens_BxT: `[N, T]` int, the completion slots' tokens.
     mask_BxT: `[N, T]` bool or 0/1, the sampled tokens.
-    turn_ids_BxT: `[N, T]` int, the turn of each slot (observations: the turn that
-      answers them; -1 empty).
+    turn_ids_BxT: `[N, T]` int, the turn of each slot (a turn's sampled tokens and the
+      answer after them; -1 empty).
   """
   chex.assert_equal_shape([tokens_BxT, mask_BxT, turn_ids_BxT])
   N, T = tokens_BxT.shape
   K = T + 1
   turn_BxT = turn_ids_BxT.astype(jnp.int32)
-  observed_BxT = (turn_BxT >= 0) & ~mask_BxT.astype(bool)
-  slot_BxT = jnp.where(turn_BxT >= 0, turn_BxT, K)  # K: dropped
+  answer_BxT = (turn_BxT >= 0) & ~mask_BxT.astype(bool)
+  slot_BxT = jnp.where(answer_BxT, turn_BxT, K)  # K: dropped
   rows_Bx1 = jnp.arange(N)[:, None]
   t_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (N, T))
   first_BxK = jnp.full((N, K), T, jnp.int32).at[rows_Bx1, slot_BxT].min(t_BxT, mode="drop")
@@ -64,9 +66,10 @@ def observation_keys(tokens_BxT, mask_BxT, turn_ids_BxT):
   keys = []
   for seed in _SEEDS:
     h_BxT = _mix32(_mix32(token_BxT ^ jnp.uint32(seed)) + offset_BxT)
-    h_BxT = jnp.where(observed_BxT, h_BxT, jnp.uint32(0))
-    key_BxK = jnp.zeros((N, K), jnp.uint32).at[rows_Bx1, slot_BxT].add(h_BxT, mode="drop")
-    keys.append(key_BxK.at[:, 1:].add(_mix32(jnp.uint32(seed))))
+    h_BxT = jnp.where(answer_BxT, h_BxT, jnp.uint32(0))
+    answer_BxK = jnp.zeros((N, K), jnp.uint32).at[rows_Bx1, slot_BxT].add(h_BxT, mode="drop")
+    later_BxK = answer_BxK[:, :-1] + _mix32(jnp.uint32(seed))  # turn k: turn k - 1's answer
+    keys.append(jnp.concatenate([jnp.zeros((N, 1), jnp.uint32), later_BxK], axis=1))
   return jnp.stack(keys, axis=-1)
 
 

@@ -560,6 +560,14 @@ MUTATIONS = [
     why="state credit's pooled std counting a degree of freedom per turn, not per turn past a state's first",
   ),
   dict(
+    name="observation_keys_of_the_answer_after",
+    path="rlpost/rl/state_credit.py",
+    old="    later_BxK = answer_BxK[:, :-1] + _mix32(jnp.uint32(seed))  # turn k: turn k - 1's answer\n",
+    new="    later_BxK = answer_BxK[:, 1:] + _mix32(jnp.uint32(seed))\n",
+    tests=["tests/test_state_credit.py", "tests/test_multiturn.py"],
+    why="state credit keying a turn by the observation after it (where it led), not the one it read",
+  ),
+  dict(
     name="observation_keys_without_offsets",
     path="rlpost/rl/state_credit.py",
     old="    h_BxT = _mix32(_mix32(token_BxT ^ jnp.uint32(seed)) + offset_BxT)\n",
