@@ -110,12 +110,12 @@ def test_observation_keys_are_equal_exactly_where_the_observations_are(seq, seed
   np.testing.assert_array_equal(_keys(resampled, mask, ids), keys)
 
 
-def _walks(moves, G):
+def _walks(moves, G, width=None):
   """A batch of G rows, each a list of turns (what the turn answered, its reward), laid
   out as `envs.multiturn` does: each turn one sampled token (its reward there), then the
   environment's answer that the next turn reads (no sampled token; the first turn's
-  answer, the prompt, is not in the slots)."""
-  T = max(sum(len(obs) + 1 for obs, _ in row) for row in moves)
+  answer, the prompt, is not in the slots); `width` slots (None: the longest row's)."""
+  T = width or max(sum(len(obs) + 1 for obs, _ in row) for row in moves)
   tokens, ids = np.zeros((G, T), np.int32), np.full((G, T), -1, np.int32)
   mask, rewards = np.zeros((G, T), bool), np.zeros((G, T), np.float32)
   for b, row in enumerate(moves):
@@ -162,7 +162,7 @@ def test_state_grpo_with_every_later_state_unique_is_the_episode_term(G, turns, 
     for b in range(2 * G)
   ]
   walks = [[(obs, float(rng.integers(-2, 3))) for obs, _ in walk] for walk in walks]
-  tokens, mask, ids, rewards = _walks(walks, 2 * G)
+  tokens, mask, ids, rewards = _walks(walks, 2 * G, width=12)  # one program per G
   got = np.asarray(_state_grpo(rewards, mask, ids, _keys(tokens, mask, ids), G))
   episode = np.asarray(adv.grpo(rewards.sum(axis=1), G))
   first = np.argmax(mask, axis=1)
