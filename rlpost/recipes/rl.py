@@ -292,15 +292,15 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   settings = spec.settings(cfg, "train.batch_tasks")
   ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
   rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
-  turn_grpo = name == "grpo" and settings.algo.credit != "episode"
-  if cfg.per_turn_rewards and name != "ppo" and not turn_grpo:
+  per_turn_grpo = name == "grpo" and settings.algo.credit != "episode"
+  if cfg.per_turn_rewards and name != "ppo" and not per_turn_grpo:
     common.fail(
       "per_turn_rewards",
       True,
       "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
       "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
     )
-  if turn_grpo and not cfg.per_turn_rewards:
+  if per_turn_grpo and not cfg.per_turn_rewards:
     common.fail(
       "algo.credit",
       settings.algo.credit,
