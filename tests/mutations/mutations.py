@@ -578,8 +578,8 @@ MUTATIONS = [
   dict(
     name="observation_keys_hash_sampled_tokens",
     path="rlpost/rl/state_credit.py",
-    old="  observed_BxT = (turn_BxT >= 0) & ~mask_BxT.astype(bool)\n",
-    new="  observed_BxT = turn_BxT >= 0\n",
+    old="  answer_BxT = (turn_BxT >= 0) & ~mask_BxT.astype(bool)\n",
+    new="  answer_BxT = turn_BxT >= 0\n",
     tests=["tests/test_state_credit.py"],
     why="observation keys hashing the turn's own reply: no two replies share a state",
   ),
