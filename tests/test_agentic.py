@@ -489,13 +489,14 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
     shaped
   }
-  # GRPO on the shaped rewards credits each turn with its own (per-turn rewards), two
-  # passes over each batch
+  # GRPO on the shaped rewards credits each turn against the group's turns in its state
+  # (per-turn rewards), PPO's steps: two passes of two mini-batches of 8 over each batch
   assert {
-    cfg.algo.credit == "turn",
+    cfg.algo.credit == "state",
     cfg.per_turn_rewards,
     cfg.train.learning_rate == 1e-4,
     cfg.algo.num_iterations == 2,
+    cfg.algo.mini_batch_size == 8,
   } == {shaped}
 
 

@@ -820,7 +820,7 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
 
   algo = objectives.GRPOConfig(num_generations=3, beta=0.0, credit=credit)
   fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
-  learner = learners.Learner("grpo", learners.GRPOSettings(algo, fwd, N), None, None, train_step)
+  learner = learners.Learner("grpo", learners.GRPOSettings(algo, fwd, N, N), None, None, train_step)
   _, metrics = learners.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, 0)
   (step_batch,) = seen
   if credit == "turn":
@@ -832,3 +832,98 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
     want = adv_lib.grpo(returns, 3)
   np.testing.assert_allclose(step_batch.advantages, want, rtol=1e-6, atol=1e-6)  # jit's rounding
   assert step_batch.scores is None and metrics["zero_signal_groups"] == 0.0
+
+
+@pytest.mark.parametrize("passes,mini", [(2, 2), (1, 3)])
+def test_grpo_mini_batches_take_every_row_once_per_pass_with_whole_batch_advantages(
+  passes, mini, monkeypatch
+):
+  """`algo.mini_batch_size` splits each pass of `grpo_update` into steps of that many rows:
+  every row once per pass, in an order fresh per pass and reproducible from (seed,
+  iteration); each step's rows keep the advantages of their whole group (G = 3 rows, cut
+  across mini-batches of 2) and the old logprobs of the batch, taken once even with one
+  pass (the policy moves between its mini-batches).
+
+  Mutations caught: old logprobs only with several passes (`grpo_old_logp_only_for_passes`),
+  one order for every pass (`train_passes_one_order`)."""
+  N, T, G = 6, 3, 3
+  returns = np.array([0.1, 0.9, -0.4, 1.0, 0.0, 0.3], np.float32)
+  batch = batch_lib.RLBatch(
+    tokens=np.tile(np.arange(N, dtype=np.int32)[:, None], (1, T + 1)),  # a row's id
+    positions=np.tile(np.arange(T + 1, dtype=np.int32), (N, 1)),
+    valid=np.ones((N, T + 1), bool),
+    loss_mask=np.ones((N, T), np.float32),
+    sampler_logp=np.zeros((N, T), np.float32),
+    scores=returns,
+  )
+  old = -np.arange(1, N + 1, dtype=np.float32)[:, None] * np.ones((1, T), np.float32)
+  monkeypatch.setattr(objectives, "completion_logprobs_jit", lambda *args: old)
+  algo = objectives.GRPOConfig(num_generations=G, beta=0.0, num_iterations=passes)
+  fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
+  want = np.asarray(adv_lib.grpo(returns, G))
+
+  def orders(index):
+    seen = []
+
+    def train_step(state, frozen, step_batch):
+      seen.append(step_batch)
+      return state, {"loss": 0.0, "kl": 0.0}
+
+    settings = learners.GRPOSettings(algo, fwd, N, mini, seed=5)
+    learner = learners.Learner("grpo", settings, None, None, train_step)
+    learners.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, index)
+    assert len(seen) == passes * N // mini
+    for step_batch in seen:
+      rows = np.asarray(step_batch.tokens)[:, 0]
+      assert rows.shape == (mini,)
+      np.testing.assert_allclose(step_batch.advantages, want[rows], rtol=1e-6)
+      np.testing.assert_array_equal(step_batch.old_logp, old[rows])
+    order = np.concatenate([np.asarray(b.tokens)[:, 0] for b in seen]).reshape(passes, N)
+    for pass_order in order:
+      assert sorted(pass_order) == list(range(N))
+    return order
+
+  first = orders(index=7)
+  np.testing.assert_array_equal(orders(index=7), first)
+  assert not np.array_equal(orders(index=8), first)
+  if passes == 2:
+    assert not np.array_equal(first[0], first[1])
+
+
+def test_grpo_schedule_spans_every_mini_batch_step():
+  """The GRPO optimizer's schedule runs over train.steps x passes x mini-batches: with plain
+  SGD on unit gradients (no warm-up, clipping or decay) each of the 3 x 2 x 2 planned steps
+  moves, and the step after them does not (the cosine ends there).
+
+  Mutation caught: the schedule over train.steps x passes (`grpo_schedule_without_mini_batches`:
+  it would end after 6 steps)."""
+  cfg = _config(
+    **{
+      "train.steps": 3,
+      "train.optimizer": "sgd",
+      "train.warmup_fraction": 0.0,
+      "train.weight_decay": 0.0,
+      "train.max_grad_norm": 0.0,
+      "algo.num_iterations": 2,
+      "algo.mini_batch_size": 8,
+    }
+  )
+  settings = learners.grpo_settings(cfg, "train.batch_prompts")
+  assert (settings.rows, settings.mini_batch_size) == (16, 8)
+  assert learners.updates_per_iteration(settings) == 4
+  optimizer = learners.grpo_optimizer(cfg, settings)
+  params = {"w": jax.numpy.zeros(2)}
+  grads = {"w": jax.numpy.ones(2)}
+  opt_state, moved = optimizer.init(params), []
+  for _ in range(13):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    moved.append(float(abs(updates["w"][0])))
+  assert all(m > 0 for m in moved[:12]) and moved[12] == 0.0, moved
+
+
+def test_grpo_mini_batch_size_must_divide_the_batch():
+  """A mini-batch size that does not divide the batch's rows is refused, naming the field,
+  the value and the rows."""
+  cfg = _config(**{"algo.mini_batch_size": 5})
+  with pytest.raises(errors.ConfigError, match=r"algo.mini_batch_size.*5.*divisor of 16"):
+    learners.grpo_settings(cfg, "train.batch_prompts")

@@ -23,6 +23,8 @@ def algorithm(name: str) -> ml_collections.ConfigDict:
     {
       "num_generations": 4,  # G completions per prompt
       "num_iterations": 1,  # mu: optimisation passes per rollout batch
+      # rows per optimizer step (None: the whole batch; advantages over the whole batch)
+      "mini_batch_size": placeholder(int),
       "advantage_estimator": "grpo",  # grpo | drgrpo | rloo | reinforce_pp
       "policy_loss": "clipped",  # clipped | gspo (rlpost.rl.losses.POLICY_LOSSES)
       "beta": 0.08,  # KL(policy || reference) coefficient
@@ -34,8 +36,8 @@ def algorithm(name: str) -> ml_collections.ConfigDict:
       "loss_agg_mode": "seq-mean-token-mean",
       "entropy_coef": 0.0,
       "tis_cap": placeholder(float),  # truncated importance sampling cap; None: off
-      # episode: one advantage per row; turn: per turn of a multi-turn episode (agentic
-      # runs with per_turn_rewards=True)
+      # episode: one advantage per row; turn / state: per turn of a multi-turn episode,
+      # against the group's at that turn / in that state (agentic, per_turn_rewards=True)
       "credit": "episode",
     }
   )

@@ -73,11 +73,15 @@ class Learner(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GRPOSettings:
-  """algo: the `algo` block; forward: the trainer's forward; rows: one batch's rows."""
+  """algo: the `algo` block; forward: the trainer's forward; rows: one batch's rows;
+  mini_batch_size: rows per optimizer step (algo.mini_batch_size or rows); seed: the
+  mini-batch orders' (cfg.seed)."""
 
   algo: objectives.GRPOConfig
   forward: policy.ForwardConfig
   rows: int
+  mini_batch_size: int
+  seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +143,24 @@ class PPOSettings:
   head_learning_rate: float | None = None  # the value head's own rate (None: the critic's)
   value_norm_decay: float | None = None  # running return statistics' weight (None: off)
 
-  @property
-  def updates_per_iteration(self) -> int:
-    return self.algo.num_iterations * (self.rows // self.mini_batch_size)
+
+def updates_per_iteration(settings: GRPOSettings | PPOSettings) -> int:
+  """Optimizer steps per batch: passes x mini-batches."""
+  return settings.algo.num_iterations * (settings.rows // settings.mini_batch_size)
+
+
+def _mini_batch_rows(cfg, algo, rows: int, tasks_field: str) -> int:
+  """algo.mini_batch_size (None: `rows`), checked to divide the batch and the devices."""
+  mini = algo.mini_batch_size or rows
+  if rows % mini:
+    common.fail(
+      "algo.mini_batch_size",
+      mini,
+      f"{tasks_field} * algo.num_generations = {rows} rows are not divisible "
+      f"by it; choose a divisor of {rows}, or None for the whole batch",
+    )
+  common.check_rows_per_device(cfg, mini, f"a mini-batch (algo.mini_batch_size or {tasks_field})")
+  return mini
 
 
 class LearnerSpec(NamedTuple):
@@ -174,7 +193,15 @@ def grpo_settings(cfg, tasks_field: str) -> GRPOSettings:
     common.fail(tasks_field, tasks, "must be >= 1")
   rows = tasks * algo.num_generations
   common.check_rows_per_device(cfg, rows, f"{tasks_field} * algo.num_generations")
-  return GRPOSettings(algo, common.forward_config(cfg, cfg.sampling.temperature), rows)
+  mini = _mini_batch_rows(cfg, algo, rows, tasks_field)
+  forward = common.forward_config(cfg, cfg.sampling.temperature)
+  return GRPOSettings(algo, forward, rows, mini, cfg.seed)
+
+
+def grpo_optimizer(cfg, settings: GRPOSettings) -> optax.GradientTransformation:
+  """The `train` block's optimizer, scheduled over the run's optimizer steps (train.steps
+  x passes x mini-batches)."""
+  return common.make_optimizer(cfg, cfg.train.steps * updates_per_iteration(settings))
 
 
 def build_grpo(cfg, params, settings: GRPOSettings):
@@ -189,7 +216,7 @@ def build_grpo(cfg, params, settings: GRPOSettings):
     trainable, ref_params = jax.tree.map(jnp.copy, params), params
   else:
     ref_params = None
-  optimizer = common.make_optimizer(cfg, cfg.train.steps * algo.num_iterations)
+  optimizer = grpo_optimizer(cfg, settings)
   mesh = common.make_mesh(cfg)
   # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
   state = step_lib.place(
@@ -228,10 +255,9 @@ _tied_groups = jax.jit(
 def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
   """Group-relative advantages of `batch.scores` over the whole batch (the rows' returns
   [N], or with turn or state credit per-turn rewards [N, T]), reference and old logprobs
-  as needed, then num_iterations train steps. Returns (state, metrics
-  averaged over the passes, plus first-pass ratio and KL and `zero_signal_groups`, the
-  share of groups whose G rewards tie, when G > 1)."""
-  del index  # every GRPO iteration is alike
+  as needed, then num_iterations passes of mini-batch train steps (`_train_passes`).
+  Returns (state, metrics averaged over the steps, plus the first step's ratio and KL and
+  `zero_signal_groups`, the share of groups whose G rewards tie, when G > 1)."""
   algo, forward = learner.settings.algo, learner.settings.forward
   G = algo.num_generations
   if algo.credit == "episode":
@@ -248,13 +274,9 @@ def grpo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
   logprobs = lambda w, a: objectives.completion_logprobs_jit(w, a, batch, forward)
   if algo.beta > 0:
     batch = dataclasses.replace(batch, ref_logp=logprobs(learner.ref_params, None))
-  if algo.num_iterations > 1:
+  if updates_per_iteration(learner.settings) > 1:
     batch = dataclasses.replace(batch, old_logp=logprobs(params, adapters))
-  passes = []
-  for _ in range(algo.num_iterations):
-    state, m = learner.train_step(state, learner.frozen, batch)
-    passes.append(m)
-  passes = jax.device_get(passes)
+  state, passes = _train_passes(learner, state, batch, index)
   metrics = {k: np.mean([m[k] for m in passes]) for k in passes[0]}
   for name in ("ratio_mean", "kl", "sampler_logp_gap", "sampler_logp_gap_mean"):
     if name in passes[0]:
@@ -274,15 +296,7 @@ def ppo_settings(cfg, tasks_field: str) -> PPOSettings:
   if tasks < 1:
     common.fail(tasks_field, tasks, "must be >= 1")
   rows = tasks * algo.num_generations
-  mini = algo.mini_batch_size or rows
-  if rows % mini:
-    common.fail(
-      "algo.mini_batch_size",
-      mini,
-      f"{tasks_field} * algo.num_generations = {rows} rows are not divisible "
-      f"by it; choose a divisor of {rows}, or None for the whole batch",
-    )
-  common.check_rows_per_device(cfg, mini, f"a mini-batch (algo.mini_batch_size or {tasks_field})")
+  mini = _mini_batch_rows(cfg, algo, rows, tasks_field)
   if algo.critic_warmup_steps >= t.steps:
     common.fail(
       "algo.critic_warmup_steps",
@@ -319,7 +333,7 @@ def ppo_optimizer(cfg, settings: PPOSettings) -> optax.GradientTransformation:
   own optimizer steps (the actor's start after the critic warm-up). With
   `head_learning_rate` the value head is a third part, at that rate.
   """
-  per_iter = settings.updates_per_iteration
+  per_iter = updates_per_iteration(settings)
   total = cfg.train.steps * per_iter
   actor = common.make_optimizer(cfg, total - settings.algo.critic_warmup_steps * per_iter)
   critic = common.make_optimizer(cfg, total, learning_rate=settings.critic_learning_rate)
@@ -388,19 +402,7 @@ def ppo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
   forward_s = time.perf_counter() - start
   actor_on = index >= algo.critic_warmup_steps
   opt_args = {"actor_on": jnp.asarray(actor_on)}
-  passes = []
-  rows, mini = settings.rows, settings.mini_batch_size
-  for epoch in range(algo.num_iterations):
-    order = np.arange(rows)
-    if mini < rows:  # a fresh, reproducible order per (iteration, epoch)
-      order = np.random.default_rng([settings.seed, index, epoch]).permutation(rows)
-    for first in range(0, rows, mini):
-      mini_batch = _select_rows(batch, order[first : first + mini])
-      state, m = learner.train_step(state, learner.frozen, mini_batch, opt_args)
-      if passes:  # at most two steps in flight (see `_select_rows`)
-        jax.block_until_ready(passes[-1])
-      passes.append(m)
-  passes = jax.device_get(passes)
+  state, passes = _train_passes(learner, state, batch, index, opt_args)
   if moments is None:  # GAE ran in the (single) train step
     moments = {k: passes[0].pop(k) for k in list(passes[0]) if k.startswith("moments/")}
   metrics = objectives.value_stats(moments)
@@ -421,6 +423,26 @@ def ppo_update(learner: Learner, state, batch: batch_lib.RLBatch, index: int):
     mean, std = jax.device_get(critic_lib.return_stats(critic))
     metrics.update({"value_norm/mean": float(mean), "value_norm/std": float(std)})
   return state, metrics
+
+
+def _train_passes(learner: Learner, state, batch: batch_lib.RLBatch, index: int, *step_args):
+  """algo.num_iterations passes over `batch`, each in mini-batches of
+  `settings.mini_batch_size` rows taken in a fresh order per (seed, index, pass) (the
+  batch as it is when it is one mini-batch). Returns (state, each step's metrics on host)."""
+  settings = learner.settings
+  rows, mini = settings.rows, settings.mini_batch_size
+  passes = []
+  for epoch in range(settings.algo.num_iterations):
+    order = np.arange(rows)
+    if mini < rows:  # a fresh, reproducible order per (iteration, epoch)
+      order = np.random.default_rng([settings.seed, index, epoch]).permutation(rows)
+    for first in range(0, rows, mini):
+      step_batch = batch if mini == rows else _select_rows(batch, order[first : first + mini])
+      state, m = learner.train_step(state, learner.frozen, step_batch, *step_args)
+      if passes:  # at most two steps in flight (see `_select_rows`)
+        jax.block_until_ready(passes[-1])
+      passes.append(m)
+  return state, jax.device_get(passes)
 
 
 # A mini-batch's rows in one program, not one eager gather per field and primitive. With
@@ -447,7 +469,7 @@ def score_tokens(learner: Learner, state, batch: batch_lib.RLBatch):
     batch = dataclasses.replace(batch, ref_logp=ref_logp)
   if settings.gae_in_step:
     return batch, None
-  with_old = algo.num_iterations > 1 or settings.mini_batch_size < settings.rows
+  with_old = updates_per_iteration(settings) > 1
   old_logp, values = objectives.ppo_rollout_forward(
     state.trainable, learner.frozen, batch, settings.forward, settings.critic, with_old
   )

@@ -44,6 +44,12 @@ def _validate_policy_fields(c):
   _require(
     c.num_iterations >= 1, c, "num_iterations", "use >= 1 optimisation passes per rollout batch"
   )
+  _require(
+    c.mini_batch_size is None or c.mini_batch_size >= 1,
+    c,
+    "mini_batch_size",
+    "use >= 1 rows per optimizer step, or None for the whole batch",
+  )
   _one_of(c, "policy_loss", losses.POLICY_LOSSES)
   _require(0.0 <= c.epsilon_low < 1.0, c, "epsilon_low", "use a value in [0, 1)")
   _require(c.epsilon_high >= 0.0, c, "epsilon_high", "use a value >= 0")
@@ -86,6 +92,9 @@ class GRPOConfig:
   Attributes:
     num_generations: samples per prompt G (rows are prompt-major `b*G+g`).
     num_iterations: optimisation passes (mu) over each rollout batch.
+    mini_batch_size: rows per optimizer step (None: the whole batch); each pass takes
+      the rows in a fresh order. Advantages are computed over the whole batch first, so a
+      group split across mini-batches keeps its whole-group baseline.
     advantage_estimator: an `advantages.ESTIMATORS` name.
     policy_loss: a `losses.POLICY_LOSSES` name ('clipped'; 'gspo' for GSPO).
     beta: weight of the KL(policy || reference) loss term; 0 disables it.
@@ -108,6 +117,7 @@ class GRPOConfig:
 
   num_generations: int = 4
   num_iterations: int = 1
+  mini_batch_size: int | None = None
   advantage_estimator: str = "grpo"
   policy_loss: str = "clipped"
   beta: float = 0.04
@@ -221,12 +231,6 @@ class PPOConfig:
         object.__setattr__(self, side, self.epsilon)
     for name in ("gamma", "gae_lambda", "critic_lambda"):
       _require(0.0 <= getattr(self, name) <= 1.0, self, name, "use a value in [0, 1]")
-    _require(
-      self.mini_batch_size is None or self.mini_batch_size >= 1,
-      self,
-      "mini_batch_size",
-      "use >= 1 rows per optimizer step, or None for the whole batch",
-    )
     _require(self.num_generations >= 1, self, "num_generations", "use >= 1 samples per prompt")
     _require(
       self.clip_range_value is None or self.clip_range_value > 0,

@@ -599,4 +599,28 @@ MUTATIONS = [
     tests=["tests/test_advantages.py"],
     why="turn-level GRPO dividing by the returns' std: ~0 when returns tie over turns that differ",
   ),
+  dict(
+    name="grpo_old_logp_only_for_passes",
+    path="rlpost/recipes/learners.py",
+    old="  if updates_per_iteration(learner.settings) > 1:\n",
+    new="  if learner.settings.algo.num_iterations > 1:\n",
+    tests=["tests/test_grpo.py"],
+    why="GRPO mini-batches of one pass without old logprobs: later steps' ratios against the moved policy",
+  ),
+  dict(
+    name="train_passes_one_order",
+    path="rlpost/recipes/learners.py",
+    old="      order = np.random.default_rng([settings.seed, index, epoch]).permutation(rows)\n",
+    new="      order = np.random.default_rng([settings.seed, index]).permutation(rows)\n",
+    tests=["tests/test_grpo.py"],
+    why="every pass over a batch taking its mini-batches in the same order",
+  ),
+  dict(
+    name="grpo_schedule_without_mini_batches",
+    path="rlpost/recipes/learners.py",
+    old="  return common.make_optimizer(cfg, cfg.train.steps * updates_per_iteration(settings))\n",
+    new="  return common.make_optimizer(cfg, cfg.train.steps * settings.algo.num_iterations)\n",
+    tests=["tests/test_grpo.py"],
+    why="a GRPO schedule that ends before the run's mini-batch steps do",
+  ),
 ]
