@@ -16,8 +16,8 @@ the field), a `build` and an `update`, and one LEARNERS entry.
 
   grpo: the GRPO family (the `algo` block: `objectives.GRPOConfig`; Dr.GRPO, DAPO,
     GSPO, RLOO, REINFORCE++ are its estimators and losses). G samples per task;
-    group-relative advantages on the rows' scores -> reference / old logprobs ->
-    num_iterations x train_step.
+    group-relative advantages on the whole batch's scores -> reference / old logprobs ->
+    passes (num_iterations) x mini-batches of the train step.
   ppo: PPO with a learned critic (the `algo` block: `objectives.PPOConfig`, the
     `critic` block). One sample per task; critic values and GAE (or GAE inside the
     single train step) -> epochs x mini-batches of the actor + critic train step.
