@@ -19,8 +19,8 @@ ENV_MODEL:
                       off for the step into a hole, 0.2 off for a move off the map
                       (success is still reaching G); with grpo, each turn credited
                       with its reward-to-go against the group's turns in the same
-                      state (algo.credit=state) at rate 1e-4, two passes of two
-                      mini-batches of 8 over each batch (PPO's optimizer steps)
+                      state (algo.credit=state) at rate 1e-4, two passes over
+                      each batch (algo.num_iterations=2)
   gsm8k_calc_gemma3   the real Gemma 3 270M on GSM8K with a calculator tool (rlpost.envs.
                       gsm8k_calc): 2 solved tool-call examples in the prompt (after the
                       tool-trace SFT, `--config.model.init_from=SFT_WORKDIR
@@ -102,12 +102,10 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     # group's at that turn, so the hole's 0.5 and the edge's 0.2 fall on the turn that
     # earned them; the actor's rate of the PPO run. Two optimizer passes over each batch
     # (session 36, chosen before its run): every episode is trained on twice, as in PPO's
-    # two epochs. Session 37 (chosen before its run): state credit (session 36's best
-    # GRPO, 43 / 100), and each pass in two mini-batches of 8 rows, so GRPO makes PPO's
-    # 4 optimizer steps per iteration (120 in 30; with whole-batch passes it made 60)
+    # two epochs. State credit since session 37: session 36's best GRPO (43 / 100; each
+    # pass in two mini-batches of 8, PPO's 4 steps per iteration, fell to 2 / 100 at 20)
     c.algo.credit = "state"
     c.algo.num_iterations = 2
-    c.algo.mini_batch_size = 8
   # Each turn's reward on that turn's last sampled token (PPO, GRPO with turn credit);
   # else the episode's sum on its last sampled token.
   c.per_turn_rewards = (algo == "ppo" and not tiny and not calc) or turn_grpo
