@@ -106,7 +106,7 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     # pass in two mini-batches of 8, PPO's 4 steps per iteration, fell to 2 / 100 at 20)
     c.algo.credit = "state"
     c.algo.num_iterations = 2
-  # Each turn's reward on that turn's last sampled token (PPO, GRPO with turn credit);
+  # Each turn's reward on that turn's last sampled token (PPO, GRPO with turn or state credit);
   # else the episode's sum on its last sampled token.
   c.per_turn_rewards = (algo == "ppo" and not tiny and not calc) or turn_grpo
   # None: play, then train. s >= 0: a producer thread plays the next iterations' episodes
