@@ -14,6 +14,14 @@ with its count of maps solved; and `neighbour_reader`, the staircase that reads 
 observation's neighbours line (`Around you: left edge, down hole, ...`; the
 `frozenlake_near` variants) and steps around holes and edges, played through the env's
 own reset/step, with its counts of maps solved, walks into a hole and walks cut short.
+
+  python -m experiments.frozenlake_baselines --outcomes=WORKDIR/eval_outcomes.jsonl
+
+reads a run's greedy evaluations instead (`rlpost.recipes.reports.write_outcomes`) and
+prints one JSON object per evaluation step: its counts of maps solved, walks into a hole
+and walks cut short, and how far the walks are one map-blind sequence (`map_reading`).
+Each episode's replies are replayed on the map its seed draws (with --size and
+--hole_prob), and a walk that does not end as recorded is an error.
 """
 
 import itertools
@@ -114,9 +122,67 @@ def neighbour_reader(maps, turns: int) -> dict:
   return counts
 
 
+def replayed_walks(record: dict, size: int, hole_prob: float, style: str = "word") -> list:
+  """Each episode of an `eval_outcomes.jsonl` record replayed through the env's reset/step
+  on the map its seed draws: [(moves, outcome)], moves a tuple of action ids (-1: a reply
+  that names no move), outcome "solved", "holes" or "truncated". Raises ValueError when
+  a replay ends otherwise than the record says (another map size or hole probability)."""
+  walks = []
+  for e in record["episodes"]:
+    env = frozenlake.make_env(size, hole_prob, max_turns=max(len(e["replies"]), 1), style=style)
+    state, _ = env.reset(None, e["seed"])
+    moves, success = [], False
+    for reply in e["replies"]:
+      if state.done:  # the walk ended before its replies did
+        break
+      action = frozenlake.parse_action(reply, style)
+      moves.append(-1 if action is None else action)
+      step = env.step(state, reply)
+      state, success = step.state, bool(step.info["success"])
+    done = state.done
+    if len(moves) < len(e["replies"]) or (done, success) != (e["done"], e["success"]):
+      raise ValueError(
+        f"step {record['step']}, seed {e['seed']}: the replies replayed on the map of "
+        f"--size={size} --hole_prob={hole_prob} end after {len(moves)} moves with "
+        f"done={done}, success={success}, but the run recorded {len(e['replies'])} replies, "
+        f"done={e['done']}, success={e['success']}: give the run's "
+        "env.size and env.hole_prob"
+      )
+    walks.append((tuple(moves), "solved" if success else "holes" if done else "truncated"))
+  return walks
+
+
+def map_reading(walks) -> dict:
+  """How far greedy walks ([(moves, outcome)], `replayed_walks`) are one fixed sequence.
+
+  A policy that never reads the map plays one sequence on every map, and each walk is a
+  prefix of it (cut by a hole or the goal). `one_sequence`: the most walks that are
+  prefixes of one sequence (`sequence`: the longest of them, as move names, "?" for no
+  move); `solved_off_sequence`: maps solved by a walk that is not among them.
+  """
+  prefix = lambda a, b: b[: len(a)] == a
+  counts = [sum(prefix(other, moves) for other, _ in walks) for moves, _ in walks]
+  best = walks[int(np.argmax(counts))][0]
+  outcomes = [outcome for _, outcome in walks]
+  names = [frozenlake.ACTIONS[a] if a >= 0 else "?" for a in best]
+  return {
+    **{k: outcomes.count(k) for k in ("solved", "holes", "truncated")},
+    "one_sequence": max(counts),
+    "sequence": names,
+    "solved_off_sequence": sum(o == "solved" and not prefix(m, best) for m, o in walks),
+  }
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
+  if f.outcomes:
+    with open(f.outcomes, encoding="utf-8") as file:
+      for line in file:
+        record = json.loads(line)
+        walks = replayed_walks(record, f.size, f.hole_prob)
+        print(json.dumps({"step": record["step"], **map_reading(walks)}))
+    return
   seeds = range(f.seed_offset, f.seed_offset + f.num_maps)
   maps = [frozenlake.generate_map(f.size, s, f.hole_prob) for s in seeds]
   report = baselines(maps, f.turns)
@@ -130,4 +196,5 @@ if __name__ == "__main__":  # flags defined here only: importing the functions d
   flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
   flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
   flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
+  flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl to read instead.")
   app.run(main)

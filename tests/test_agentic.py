@@ -257,6 +257,7 @@ def test_resume_continues_exactly(tmp_path):
   assert read("straight") == read("resumed")
   held_out = read("resumed", "eval_trajectories.jsonl")
   assert held_out == read("straight", "eval_trajectories.jsonl")
+  assert read("resumed", "eval_outcomes.jsonl") == read("straight", "eval_outcomes.jsonl")
   assert [json.loads(line)["step"] for line in held_out.splitlines()] == [0, 1, 2, 3, 4]
 
 
@@ -286,7 +287,7 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
   records = run_metrics(tmp_path / "pipe")
   assert [r.pop("staleness") for r in records if r["step"]] == [0.0] * 3
   assert run_metrics(tmp_path / "sync") == records
-  for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
+  for name in ("trajectories.jsonl", "eval_trajectories.jsonl", "eval_outcomes.jsonl"):
     assert (tmp_path / "sync" / name).read_text() == (tmp_path / "pipe" / name).read_text()
   stale = cfg(max_staleness=1, **{"algo.tis_cap": 2.0, "algo.critic_warmup_steps": 0})
   whole = rl.run(stale, str(tmp_path / "stale"))
@@ -295,7 +296,7 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
   rl.run(stale, str(tmp_path / "resumed"), stop_after=2)
   assert _bytes_equal(whole, rl.run(stale, str(tmp_path / "resumed")))
   assert run_metrics(tmp_path / "resumed") == records
-  for name in ("trajectories.jsonl", "eval_trajectories.jsonl"):
+  for name in ("trajectories.jsonl", "eval_trajectories.jsonl", "eval_outcomes.jsonl"):
     assert (tmp_path / "stale" / name).read_text() == (tmp_path / "resumed" / name).read_text()
 
 
@@ -370,6 +371,16 @@ def test_zero_steps_evaluates_only(tmp_path):
   rl.run(_config(**{"train.steps": 0}), str(tmp_path), loaded=_loaded())
   (record,) = run_metrics(tmp_path)
   assert record["step"] == 0 and "greedy/success" in record and "reward/mean" not in record
+  # Every held-out episode in brief: its outcome and replies, as the transcripts and metrics.
+  read = lambda name: map(json.loads, (tmp_path / name).read_text().splitlines())
+  (outcomes,) = read("eval_outcomes.jsonl")
+  episodes = outcomes["episodes"]
+  assert outcomes["step"] == 0 and len(episodes) == _config().eval.num_tasks
+  assert np.mean([e["success"] for e in episodes]) == record["greedy/success"]
+  assert np.mean([e["truncated"] for e in episodes]) == record["greedy/truncation_rate"]
+  for brief, whole in zip(episodes, read("eval_trajectories.jsonl")):
+    assert brief["seed"] == whole["seed"] and brief["reward"] == whole["reward"]
+    assert brief["replies"] == [t["assistant"] for t in whole["turns"]]
   assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 

@@ -538,3 +538,57 @@ def test_neighbour_reader_reads_the_line_and_walks_as_a_tile_level_reference():
     want[reference(tiles)] += 1
   assert fb.neighbour_reader(maps, 8) == want
   assert want["solved"] and want["truncated"]  # both outcomes occur on these maps
+
+
+def test_greedy_outcomes_replay_and_read_as_one_sequence_or_not():
+  """`frozenlake_baselines.replayed_walks` replays a run's outcome record on the maps its
+  seeds draw, and `map_reading` counts the walks one fixed sequence explains: a
+  map-blind staircase is one sequence on every map (none solved off it); the neighbour
+  reader is not, and solves maps off its commonest sequence; a record from other maps is
+  refused, naming the flags.
+
+  Mutations caught: the prefix test reversed; walks solved off the sequence never
+  counted; the replay's outcome not compared (lengths only)."""
+  import numpy as np
+
+  from experiments import frozenlake_baselines as fb
+
+  seeds = range(500, 540)
+  env = fl.make_env(4, max_turns=8, neighbours=True)
+
+  def record(policy):
+    episodes = []
+    for seed in seeds:
+      state, obs = env.reset(None, seed)
+      replies, previous, step = [], None, None
+      while len(replies) < 8 and not state.done:
+        previous = policy(obs, previous, len(replies))
+        replies.append(f" {previous}\n")
+        step = env.step(state, previous)
+        state, obs = step.state, step.observation
+      success = bool(step.info["success"])
+      episodes.append(
+        dict(seed=seed, reward=0.0, success=success, done=state.done, truncated=not state.done)
+        | {"replies": replies}
+      )
+    return {"step": 3, "episodes": episodes}
+
+  stairs = record(lambda obs, prev, t: ("down", "right")[t % 2])
+  walks = fb.replayed_walks(stairs, 4, 0.2)
+  blind = fb.map_reading(walks)
+  assert blind["one_sequence"] == len(seeds) and blind["solved_off_sequence"] == 0
+  assert blind["sequence"][:2] == ["down", "right"]
+  maps = [fl.generate_map(4, s, 0.2) for s in seeds]
+  solved = int(fb.successes(maps, np.array([[1, 2] * 4])).sum())
+  assert blind["solved"] == solved and sum(blind[k] for k in ("solved", "holes", "truncated")) == 40
+  reader = fb.map_reading(
+    fb.replayed_walks(record(lambda o, p, t: fb.neighbour_reader_move(o, p)), 4, 0.2)
+  )
+  assert reader["one_sequence"] < len(seeds) and reader["solved_off_sequence"] > 0
+  assert reader["solved"] > blind["solved"]
+  with pytest.raises(ValueError, match="--hole_prob=0.5"):
+    fb.replayed_walks(stairs, 4, 0.5)
+  won = next(e for e in stairs["episodes"] if e["success"])
+  won["success"] = False  # as if the walk had ended in a hole
+  with pytest.raises(ValueError, match=f"seed {won['seed']}: .* success=True, but the run"):
+    fb.replayed_walks(stairs, 4, 0.2)

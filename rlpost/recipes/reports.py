@@ -19,6 +19,8 @@ from rlpost.train import shares
 EPISODE_ACCURACY = ("answer_accuracy", "format_accuracy")  # last-turn info keys averaged
 TRANSCRIPTS = "trajectories.jsonl"  # sampled training episodes
 EVAL_TRANSCRIPTS = "eval_trajectories.jsonl"  # greedy held-out episodes
+EVAL_OUTCOMES = "eval_outcomes.jsonl"  # every greedy held-out episode, in brief
+REPLY_CHARS = 200  # an outcome record's replies are clipped to this many characters
 
 
 def single_turn_metrics(out: multiturn.Rollout, reward_names, accuracy_names, extra) -> dict:
@@ -129,3 +131,26 @@ def write_trajectories(workdir: str, step: int, episodes, name: str = TRANSCRIPT
       "turns": turns,
     }
     metrics_lib.append_jsonl(path, json.loads(json.dumps(record, default=str)))
+
+
+def write_outcomes(workdir: str, step: int, episodes) -> None:
+  """Appends one record to workdir/EVAL_OUTCOMES for `episodes` (every held-out episode of
+  one evaluation): {"step", "episodes": [{"seed", "reward", "success", "done",
+  "truncated", "replies"}]}, each reply its first REPLY_CHARS characters (records after
+  a resume point dropped); process 0 writes, the others do nothing."""
+  if jax.process_index():
+    return
+  path = os.path.join(workdir, EVAL_OUTCOMES)
+  metrics_lib.truncate_jsonl(path, step - 1)
+  brief = [
+    {
+      "seed": e.seed,
+      "reward": float(e.reward),
+      "success": bool(e.infos and e.infos[-1].get("success")),
+      "done": bool(e.done),
+      "truncated": bool(e.truncated),
+      "replies": [t[:REPLY_CHARS] for t in e.texts],
+    }
+    for e in episodes
+  ]
+  metrics_lib.append_jsonl(path, {"step": step, "episodes": brief})

@@ -700,8 +700,8 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish=None, poo
 def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics.
 
-  The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl.
-  With several processes every process plays all of them (the same greedy episodes).
+  The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl,
+  every episode's outcome and replies to workdir/eval_outcomes.jsonl. With several processes every process plays all of them (the same greedy episodes).
   """
   setup = p.setup
   seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
@@ -718,6 +718,7 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   reports.write_trajectories(
     workdir, step, episodes[: setup.trajectories_logged], reports.EVAL_TRANSCRIPTS
   )
+  reports.write_outcomes(workdir, step, episodes)
   return {f"greedy/{k}": v for k, v in reports.episode_metrics(episodes).items()}
 
 

@@ -504,6 +504,14 @@ MUTATIONS = [
     why="the neighbours-line baseline that does not read holes (its 91/100 overstated)",
   ),
   dict(
+    name="map_reading_prefix_reversed",
+    path="experiments/frozenlake_baselines.py",
+    old="  counts = [sum(prefix(other, moves) for other, _ in walks) for moves, _ in walks]\n",
+    new="  counts = [sum(prefix(moves, other) for other, _ in walks) for moves, _ in walks]\n",
+    tests=["tests/test_frozenlake.py"],
+    why="a run's greedy walks counted as one sequence by their extensions, not their prefixes",
+  ),
+  dict(
     name="turn_grpo_baseline_over_all_rows",
     path="rlpost/rl/advantages.py",
     old="    jnp.maximum(count_Px1xK, 1)\n",
