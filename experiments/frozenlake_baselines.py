@@ -127,9 +127,9 @@ def replayed_walks(record: dict, size: int, hole_prob: float, style: str = "word
   on the map its seed draws: [(moves, outcome)], moves a tuple of action ids (-1: a reply
   that names no move), outcome "solved", "holes" or "truncated". Raises ValueError when
   a replay ends otherwise than the record says (another map size or hole probability)."""
+  env = frozenlake.make_env(size, hole_prob, style=style)  # step ignores max_turns
   walks = []
   for e in record["episodes"]:
-    env = frozenlake.make_env(size, hole_prob, max_turns=max(len(e["replies"]), 1), style=style)
     state, _ = env.reset(None, e["seed"])
     moves, success = [], False
     for reply in e["replies"]:

@@ -701,7 +701,8 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics.
 
   The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl,
-  every episode's outcome and replies to workdir/eval_outcomes.jsonl. With several processes every process plays all of them (the same greedy episodes).
+  every episode's outcome and replies to workdir/eval_outcomes.jsonl. With several
+  processes every process plays all of them (the same greedy episodes).
   """
   setup = p.setup
   seeds = [setup.eval_seed_offset + k for k in range(setup.eval_tasks)]
