@@ -94,17 +94,17 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 import conftest
+import program_sharing
 from conftest import with_overrides
 from rlpost.train import distributed
 args = json.loads(sys.argv[1])
 distributed.initialize(distributed.DistConfig(**args["dist"]))
 if jax.process_count() > 1:
-  # Process 0 compiles each program that spans both processes and sends its binary to the
-  # other, which waits instead of compiling it too. The persistent cache is off here: on
-  # CPU it is keyed per process, so a hit on process 0 alone would leave process 1
-  # waiting for a binary never sent.
-  jax.config.update("jax_share_binary_between_hosts", True)
+  # Process 0 compiles each program that spans both processes and publishes its binary;
+  # the other loads it (program_sharing). The persistent cache is off here: on CPU it is
+  # keyed per process, so a hit on process 0 alone would compile nothing to share.
   jax.config.update("jax_enable_compilation_cache", False)
+  program_sharing.share_compiled_programs()
 conftest.use_codegen_levels()  # after: it compiles a probe program, which starts the backend
 import optax
 from experiments.configs import agentic as agentic_configs, dpo as dpo_configs
