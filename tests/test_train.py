@@ -22,7 +22,7 @@ def _linear_loss(w, frozen, mb):
 
 
 def _run(num_devices: int, micro: int, steps: int = 3, optimizer: str = "sgd"):
-  """Trains w [4] from zero; returns (w, last loss, first-step grad_norm).
+  """Trains w [4] from zero; returns (w, last loss, first-step grad_norm, last "mse" metric).
 
   SGD by default: its update is proportional to the gradient, so a gradient
   summed instead of averaged (over micro-batches or devices) changes the weights.
@@ -40,7 +40,7 @@ def _run(num_devices: int, micro: int, steps: int = 3, optimizer: str = "sgd"):
   for _ in range(steps):
     state, metrics = step(state, None, {"x": x, "y": y})
     norms.append(float(metrics["grad_norm"]))
-  return np.asarray(state.trainable), float(metrics["loss"]), norms[0]
+  return np.asarray(state.trainable), float(metrics["loss"]), norms[0], float(metrics["mse"])
 
 
 def _data():
@@ -55,11 +55,13 @@ def _analytic_first_grad_norm() -> float:
 
 
 def test_micro_batches_equal_one_batch():
-  """Mutation caught: gradients summed over micro-batches (only loss/metrics divided)."""
-  w1, l1, g1 = _run(1, 8)
-  w4, l4, g4 = _run(1, 2)
+  """The loss's own metrics are means over micro-batches too. Mutations caught: gradients
+  summed over micro-batches (only loss/metrics divided); the metrics of the first
+  micro-batch only (`train_step_metrics_of_one_micro_batch`)."""
+  w1, l1, g1, m1 = _run(1, 8)
+  w4, l4, g4, m4 = _run(1, 2)
   np.testing.assert_allclose(w4, w1, rtol=1e-5, atol=1e-6)
-  assert abs(l4 - l1) < 1e-5
+  assert abs(l4 - l1) < 1e-5 and abs(m4 - m1) < 1e-5 and abs(m1 - l1) < 1e-6
   np.testing.assert_allclose([g1, g4], _analytic_first_grad_norm(), rtol=1e-5)
   # AdamW is still exact across micro-batch splits (a weaker check: scale-blind).
   np.testing.assert_allclose(
@@ -81,8 +83,8 @@ def test_two_devices_equal_one_device():
     """
     import numpy as np
     import test_train
-    w2, l2, g2 = test_train._run(2, 2)
-    w1, l1, g1 = test_train._run(1, 4)
+    w2, l2, g2, _ = test_train._run(2, 2)
+    w1, l1, g1, _ = test_train._run(1, 4)
     np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
     assert abs(l2 - l1) < 1e-5
     np.testing.assert_allclose([g1, g2], test_train._analytic_first_grad_norm(), rtol=1e-5)

@@ -256,16 +256,13 @@ def _summed_over_micro_batches(local_grad, trainable, batch, n: int):
 
   def accumulate(carry, mb):
     (loss, metrics), grads = local_grad(trainable, mb)
-    return jax.tree.map(jnp.add, carry, (grads, loss, metrics)), None
+    return jax.tree.map(jnp.add, carry, (grads, loss)), metrics
 
-  metric_shapes = jax.eval_shape(lambda: local_grad(trainable, first)[0][1])
-  zeros = (
-    jax.tree.map(jnp.zeros_like, trainable),
-    jnp.zeros(()),
-    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
-  )
-  (grads, loss, metrics), _ = jax.lax.scan(accumulate, zeros, micro)
-  return grads, loss, metrics
+  # The metrics leave the scan stacked ([n] each) and are summed after it: an accumulator
+  # for them would need their shapes first, i.e. a second trace of the forward and backward.
+  zeros = (jax.tree.map(jnp.zeros_like, trainable), jnp.zeros(()))
+  (grads, loss), metrics = jax.lax.scan(accumulate, zeros, micro)
+  return grads, loss, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
 
 
 def _apply_if_finite(optimizer, state: TrainState, grads, loss, opt_args):

@@ -206,6 +206,14 @@ MUTATIONS = [
     why="gradients summed over micro-batches instead of averaged",
   ),
   dict(
+    name="train_step_metrics_of_one_micro_batch",
+    path="rlpost/train/step.py",
+    old="  return grads, loss, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)\n",
+    new="  return grads, loss, jax.tree.map(lambda m: m[0] * n, metrics)\n",
+    tests=["tests/test_train.py"],
+    why="the loss's metrics of the first micro-batch only, not summed over all",
+  ),
+  dict(
     name="fsdp_gradient_not_divided",
     path="rlpost/train/step.py",
     old="    lambda g, s: g / fsdp if sharding.FSDP in s else _mean_over(g, sharding.FSDP, fsdp),\n",
