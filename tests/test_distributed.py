@@ -101,8 +101,8 @@ args = json.loads(sys.argv[1])
 distributed.initialize(distributed.DistConfig(**args["dist"]))
 if jax.process_count() > 1:
   # Process 0 compiles each program that spans both processes and publishes its binary;
-  # the other loads it (program_sharing). The persistent cache is off here: on CPU it is
-  # keyed per process, so a hit on process 0 alone would compile nothing to share.
+  # the other loads it (program_sharing). The persistent cache stays off: its keys differ
+  # per process on CPU, so a hit on one process alone would leave the other waiting.
   jax.config.update("jax_enable_compilation_cache", False)
   program_sharing.share_compiled_programs()
 conftest.use_codegen_levels()  # after: it compiles a probe program, which starts the backend
