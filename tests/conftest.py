@@ -27,9 +27,27 @@ import pytest
 # the older emitters) is left out of both. The multi-process launches (`test_distributed`)
 # set theirs per run, some with `CONTRACTING_CODEGEN`: -O1, whose multiply-adds contract as
 # at the default level, for a third of the default's compile time on PPO's programs.
-FAST_CODEGEN = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
-CONTRACTING_CODEGEN = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False}
-DEFAULT_CODEGEN = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+# Every setting compiles each program's LLVM module whole (`ONE_CODEGEN_PART`): XLA:CPU
+# otherwise splits it into parts compiled on a thread pool, and on 2 cores the split costs
+# more than it overlaps (session 40, Xeon model 85: test_dpo + test_sampling 178 -> 155 CPU
+# s cold; test_real_model at the default level 237 -> 209 CPU s, 168 -> 140 s wall). The
+# generated code is the same; only how it is partitioned for compiling changes.
+ONE_CODEGEN_PART = {"xla_cpu_parallel_codegen_split_count": 1}
+FAST_CODEGEN = {
+  "xla_backend_optimization_level": 0,
+  "xla_cpu_use_fusion_emitters": False,
+  **ONE_CODEGEN_PART,
+}
+CONTRACTING_CODEGEN = {
+  "xla_backend_optimization_level": 1,
+  "xla_cpu_use_fusion_emitters": False,
+  **ONE_CODEGEN_PART,
+}
+DEFAULT_CODEGEN = {
+  "xla_backend_optimization_level": 3,
+  "xla_cpu_use_fusion_emitters": True,
+  **ONE_CODEGEN_PART,
+}
 _SETTINGS = (FAST_CODEGEN, CONTRACTING_CODEGEN, DEFAULT_CODEGEN)
 _codegen = {"now": FAST_CODEGEN}
 _probed: dict = {}  # while `_drop_rejected_options` runs: the one option it tries
@@ -83,7 +101,7 @@ def _xla_flag(name: str, value) -> str:
 
 def set_codegen(setting: dict) -> None:
   """Programs compiled from now on use `setting`: FAST_CODEGEN, CONTRACTING_CODEGEN or
-  DEFAULT_CODEGEN (XLA's defaults).
+  DEFAULT_CODEGEN (XLA's default code generation).
 
   At a switch, the in-memory compiled programs are dropped: the programs run next (eager
   ops and random init included) are those the setting gives, not ones compiled with
@@ -97,9 +115,9 @@ def set_codegen(setting: dict) -> None:
 
 @contextlib.contextmanager
 def default_codegen():
-  """Programs compiled inside compile with XLA's defaults (DEFAULT_CODEGEN), then the
-  setting before comes back: for a fixture whose one long program runs several times
-  slower at -O0 (e.g. test_multiturn's `calling_params`, 100 training steps over 600
+  """Programs compiled inside compile with XLA's default code generation (DEFAULT_CODEGEN),
+  then the setting before comes back: for a fixture whose one long program runs several
+  times slower at -O0 (e.g. test_multiturn's `calling_params`, 100 training steps over 600
   tokens: 84 CPU s at -O0 against 35 at the default, compile included)."""
   before = _codegen["now"]
   set_codegen(DEFAULT_CODEGEN)
