@@ -90,7 +90,7 @@ def answering_model():
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   """Greedy success (held-out seed, temperature 0) over the last 5 iterations >= 0.5
   and >= its value before training + 0.3 (the issue's threshold), in 25 iterations from
@@ -123,7 +123,7 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_frozenlake_tiny_ppo_learns_to_reach_the_goal(tmp_path, answering_model):
   """PPO over trajectories (critic, GAE across observation tokens): the same threshold,
   in 35 iterations from `answering_model`. Over 20 s: 35 iterations (2 critic-only).
@@ -242,7 +242,7 @@ def test_int8_rollouts_train_on_the_int8_copy_and_evaluate_the_policy_itself(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_resume_continues_exactly(tmp_path):
   """Stopped after 2 iterations and resumed, the run logs what an uninterrupted one does."""
   cfg = _config(**{"train.steps": 4, "checkpoint.every": 2, "log.trajectories_every": 1})
@@ -262,7 +262,7 @@ def test_resume_continues_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
   """PPO over an environment: max_staleness=0 (a producer thread plays each iteration once
   the policy before it is out) gives the synchronous run's whole TrainState (critic

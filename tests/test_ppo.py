@@ -52,11 +52,12 @@ def straight_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_tiny_ppo_learns_and_its_critic_explains_the_returns(tmp_path):
   """The `:tiny` variant as shipped: the reward rises and the critic predicts the returns.
-  Over 20 s (26 s cold): every iteration of the shipped variant runs, at LLVM's default
-  level (`optimized_codegen`: its programs run long enough to pay for it)."""
+  Over 20 s (26 s cold): every iteration of the shipped variant runs, at LLVM -O1
+  (`contracting_codegen`: its programs run long enough to pay for it, not for the
+  default's compile; measured at -O1: reward 0.04 -> 8.0, explained variance 0.56)."""
   cfg = _config(**{"checkpoint.every": 100})
   rl.run(cfg, str(tmp_path))
   records = _metrics(tmp_path)

@@ -187,8 +187,11 @@ def _tiny_config(**overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized_codegen
+@pytest.mark.contracting_codegen
 def test_overfits_16_examples(tmp_path):
+  """150 full-weight steps on 16 examples drive the loss under 0.05, at LLVM -O1
+  (`contracting_codegen`; measured 0.023 there, 0.014 at XLA's default, 0.068 once with an
+  -O0 random init)."""
   cfg = _tiny_config(
     data__num_synthetic=16,
     train__batch_size=16,
