@@ -130,9 +130,24 @@ def test_decode_ignores_ids_past_vocab_and_rejects_negative(tok):
 @settings(max_examples=60, deadline=None)
 @given(text=hst.text(max_size=40))
 def test_gguf_tokenizer_round_trips_any_text(tok, text):
+  """Any text comes back, with U+2581 (SentencePiece's space symbol) read as the space
+  it stands for: SentencePiece, transformers and llama.cpp give it the space's ids."""
   ids = tok.encode(text, add_bos=False, parse_special=False)
   assert all(0 <= i < tok.vocab_size for i in ids)
-  assert tok.decode(ids) == text
+  spaced = text.replace("\u2581", " ")
+  assert ids == tok.encode(spaced, add_bos=False, parse_special=False)
+  assert tok.decode(ids) == spaced
+
+
+@pytest.mark.real_model
+def test_gguf_tokenizer_reads_sentencepieces_space_symbol_as_a_space(tok):
+  """The case hypothesis found (`text='\u2581'`, decoded as " "), pinned with its
+  neighbours: the ids of a space, whatever surrounds it."""
+  for text in ["\u2581", "a\u2581b", "\u2581\u2581x", "x\u2581", " \u2581 \n\u2581"]:
+    spaced = text.replace("\u2581", " ")
+    ids = tok.encode(text, add_bos=False, parse_special=False)
+    assert ids == tok.encode(spaced, add_bos=False, parse_special=False), text
+    assert tok.decode(ids) == spaced, text
 
 
 @pytest.mark.real_model

@@ -7,7 +7,9 @@ Special tokens: control-token text written in a string (`<start_of_turn>`,
 (the default), as Hugging Face and llama.cpp do; with `parse_special=False` it
 is tokenized as plain text. Decoding drops control tokens by default
 (`skip_special=True`) and writes them back as their text otherwise, so
-`decode(encode(s, add_bos=False), skip_special=False) == s`.
+`decode(encode(s, add_bos=False), skip_special=False) == s`, except that in the Gemma
+tokenizer U+2581 (SentencePiece's space symbol) is a space: it encodes as " " does and
+decodes as " ", as in SentencePiece itself, transformers and llama.cpp.
 
 Where this differs from Hugging Face transformers' Gemma tokenizer (transformers
 5.24 loading the same GGUF, ~1000 test strings; all others gave the same ids):
