@@ -182,6 +182,7 @@ def test_turn_credit_over_frozenlake_episodes(monkeypatch):
     np.testing.assert_allclose(fused[key], apart[key], rtol=2e-4, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_ppo_plays_num_generations_episodes_of_each_task(monkeypatch):
   """algo.num_generations=2 with PPO: 4 tasks give 8 rows, task-major (rows 2k and 2k+1
   start from the same map) and sampled apart; the critic scores all 8. Mutation caught:

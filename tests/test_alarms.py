@@ -55,6 +55,7 @@ def test_default_gap_by_precision_and_refused_values():
     rl.check_config(cfg)
 
 
+@pytest.mark.slow
 def test_a_sampler_on_stale_weights_trips_the_gap_alarm_then_stops(tmp_path, monkeypatch, capsys):
   """A tiny LoRA GRPO run whose sampler keeps the initial weights (verl's bug: adapters
   never merged, the base sampled for the whole run): at step 1 its trainer/sampler logprob

@@ -260,6 +260,7 @@ def test_gated_gelu_forward_under_grad_is_bitwise_the_primal():
   np.testing.assert_array_equal(np.asarray(under_grad), np.asarray(primal))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [None, "dots"])
 def test_shared_prefix_computed_once_gives_the_full_forward_and_its_gradients(remat):
   """`shared_prefix=K`: row 0's first K slots computed once, the rest of every row

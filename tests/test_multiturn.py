@@ -789,6 +789,7 @@ def test_state_keys_of_a_rollout_are_equal_exactly_where_turns_read_the_same_tex
   assert [a[2] == c[2] for a, c in pairs] == same_text
 
 
+@pytest.mark.slow
 def test_per_token_scores_give_reward_to_go_returns_per_turn():
   """PPO with per-turn rewards (gamma = lambda = 1, zero values): the return at a turn's
   tokens is the sum of that turn's and the later turns' rewards; placed all on the last

@@ -199,6 +199,7 @@ def test_shared_prefix_moves_the_opening_every_context_shares_to_the_first_slots
   assert batch_lib.with_shared_prefix(per_process[0]).shared_prefix == 32  # alone: its own
 
 
+@pytest.mark.slow
 def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full_batch():
   """The trainer's passes read `shared_prefix` (`policy.completion_hidden`): the
   completion logprobs and the PPO loss's gradients of a batch whose contexts (of three

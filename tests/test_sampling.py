@@ -268,6 +268,7 @@ def test_bad_sample_arguments_fail_naming_the_argument():
       sampling.SamplingConfig(**{field: 2.5})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_continued_turns_equal_sampling_the_whole_history_as_a_prompt(temperature):
   """Three turns: a sample of G=2 per prompt, then per row the first `kept` sampled

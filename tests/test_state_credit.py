@@ -59,6 +59,7 @@ def _np_state_grpo(rewards, mask, ids, tokens, G):
   return out
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
   groups=st.sampled_from([1, 2]),
