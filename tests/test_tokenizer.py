@@ -142,7 +142,8 @@ def test_gguf_tokenizer_round_trips_any_text(tok, text):
 @pytest.mark.real_model
 def test_gguf_tokenizer_reads_sentencepieces_space_symbol_as_a_space(tok):
   """The case hypothesis found (`text='\u2581'`, decoded as " "), pinned with its
-  neighbours: the ids of a space, whatever surrounds it."""
+  neighbours: the ids of a space, whatever surrounds it. Mutation caught: `_encode_plain`
+  writing U+2581 as another character (its ids then differ from the space's)."""
   for text in ["\u2581", "a\u2581b", "\u2581\u2581x", "x\u2581", " \u2581 \n\u2581"]:
     spaced = text.replace("\u2581", " ")
     ids = tok.encode(text, add_bos=False, parse_special=False)
