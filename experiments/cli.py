@@ -78,6 +78,8 @@ def run(main) -> None:
         sys.exit(2)
     # JAX's probe for a TPU logs a line at INFO on every machine without one: not news.
     std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
+    # matplotlib says at INFO that it built its font cache (the curves' first PNG).
+    std_logging.getLogger("matplotlib").setLevel(std_logging.WARNING)
     try:
       distributed.initialize(distributed.DistConfig(**_DIST.value))
       if not _CHECKPOINT_LOGS.value:

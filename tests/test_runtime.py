@@ -2,6 +2,7 @@
 cache's machine key, quiet checkpoint logs, and both in a real run."""
 
 import logging
+import re
 import subprocess
 import sys
 
@@ -35,6 +36,17 @@ def test_checkpoint_library_info_is_dropped_and_nothing_else():
   assert not keep(record("/x/site-packages/orbax/checkpoint/manager.py", logging.INFO))
   assert keep(record("/x/site-packages/orbax/checkpoint/manager.py", logging.WARNING))
   assert keep(record("/x/rlpost/recipes/sft.py", logging.INFO))
+  read_only = logging.LogRecord(
+    "absl",
+    logging.WARNING,
+    "/x/orbax/checkpoint/checkpoint_manager.py",
+    1,
+    "Given directory is read only=%s",
+    ("/run",),
+    None,
+  )
+  assert not keep(read_only)  # another run's checkpoints are opened read only on purpose
+  assert keep(record("/x/rlpost/train/checkpoint.py", logging.WARNING))
 
 
 def _sft(tmp_path, name, *flags):
@@ -110,3 +122,82 @@ def test_a_low_memory_map_limit_warns_with_the_fix(tmp_path, caplog):
     assert runtime.check_map_count(str(path)) == 262144
   assert not caplog.text
   assert runtime.check_map_count(str(tmp_path / "absent")) is None
+
+
+# Warnings a clean start may print: each names the setting that removes it.
+ACTIONABLE = ("vm.max_map_count=",)
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([\w.]+):\d+\] (.*)$")
+_OURS = {p.name for d in ("rlpost", "experiments") for p in (REPO_ROOT / d).rglob("*.py")}
+
+
+def unexpected_lines(output: str) -> list[str]:
+  """The lines of a run's log that are noise to its user: a traceback or a warning text, a
+  warning that names no setting (ACTIONABLE), any log line from another library's file."""
+  bad = []
+  for line in output.replace("\r", "\n").splitlines():
+    if re.search(r"Traceback|Warning|warning:|Exception|Event loop", line):
+      bad.append(line)
+    elif match := _ABSL_LINE.match(line.strip()):
+      level, source, text = match.groups()
+      if source not in _OURS or (level != "I" and not text.startswith(ACTIONABLE)):
+        bad.append(line)
+  return bad
+
+
+def test_the_noise_check_flags_what_issue_71_saw():
+  optax_line = (
+    "I1206 07:29:57.046548 140472197176192 _schedule.py:127] A polynomial schedule was set "
+    "with a non-positive `transition_steps` value; this results in a constant schedule"
+  )
+  orbax_line = "W1206 07:29:56.821089 1404 checkpoint_manager.py:849] Given directory is read only"
+  ours = "I1206 07:30:28.845129 1398 rl.py:584] dynamic sampling: 2 of 4 groups with signal"
+  mapped = "W1206 07:30:45.936074 1398 runtime.py:118] vm.max_map_count=65530: raise it"
+  log = "\n".join([optax_line, orbax_line, ours, mapped, "RuntimeError: Event loop is closed"])
+  assert unexpected_lines(log) == [optax_line, orbax_line, "RuntimeError: Event loop is closed"]
+
+
+TINY_RECIPES = [
+  ("experiments.grpo", "grpo_gsm8k.py:tiny"),
+  ("experiments.ppo", "ppo_gsm8k.py:tiny"),
+  ("experiments.agentic", "agentic.py:frozenlake_tiny"),
+  ("experiments.agentic", "agentic.py:frozenlake_tiny,ppo"),
+  ("experiments.sft", "sft.py:tiny"),
+  ("experiments.dpo", "dpo.py:tiny"),
+  ("experiments.reward_model", "reward_model.py:tiny"),
+]
+
+
+@pytest.mark.slow
+def test_tiny_recipes_start_and_end_without_noise(tmp_path):
+  """Issue 71: each tiny recipe through its main, 3 steps (a warm-up of 0 steps, which
+  optax logged as a misconfiguration), then the same command again (it resumes from the
+  last checkpoint), then a GRPO run started from a finished run's weights (`init_from`:
+  orbax opens that run read only): exit status 0 and no line `unexpected_lines` flags.
+  One process start for the runs (tests/cli_batch.py). Mutation caught: make_optimizer
+  building a zero-length warm-up again."""
+  from conftest import run_clis  # pylint: disable=g-import-not-at-top
+
+  cases = []
+  for _ in range(2):
+    for i, (main, config) in enumerate(TINY_RECIPES):
+      flags = ["--config.train.steps=3", "--config.checkpoint.every=1"]
+      cases.append(
+        [main, [f"--config=experiments/configs/{config}", *flags, f"--workdir={tmp_path / str(i)}"]]
+      )
+  init = [f"--config.model.init_from={tmp_path / '0'}", "--config.train.steps=1"]
+  cases.append(
+    [
+      "experiments.grpo",
+      [
+        f"--config=experiments/configs/{TINY_RECIPES[0][1]}",
+        *init,
+        f"--workdir={tmp_path / 'init'}",
+      ],
+    ]
+  )
+  failures = []
+  for (main, args), (status, output) in zip(cases, run_clis(cases, timeout=600)):
+    if status != 0 or unexpected_lines(output):
+      failures.append(f"{main} {args}: status {status}\n" + "\n".join(unexpected_lines(output)))
+      failures[-1] += "" if unexpected_lines(output) else output[-2000:]
+  assert not failures, "\n\n".join(failures)

@@ -295,3 +295,33 @@ def test_a_second_run_on_a_live_workdir_is_refused(tmp_path):
     3,
     4,
   ]
+
+
+@pytest.mark.parametrize("warmup_fraction", [0.0, 0.25])
+def test_learning_rate_schedule_is_warmup_then_cosine(warmup_fraction):
+  """SGD with a unit gradient and no decay or clipping: each update is -lr(t), checked
+  against the schedule written out in float64: linear warm-up over round(f * steps)
+  steps, then cosine to 0 at `steps`; with no warm-up the first update is the peak.
+  Mutation caught: the no-warm-up cosine decaying over steps - 1 (reaching 0 a step
+  early)."""
+  steps, peak = 8, 0.5
+  opt = train.make_optimizer(
+    learning_rate=peak,
+    total_steps=steps,
+    warmup_fraction=warmup_fraction,
+    weight_decay=0.0,
+    max_grad_norm=None,
+    optimizer="sgd",
+  )
+  state, got = opt.init(jnp.zeros(())), []
+  for _ in range(steps + 1):
+    update, state = opt.update(jnp.ones(()), state, jnp.zeros(()))
+    got.append(-float(update))
+  warmup = round(warmup_fraction * steps)
+  want = [
+    peak * t / warmup
+    if t < warmup
+    else 0.5 * peak * (1 + np.cos(np.pi * min(t - warmup, steps - warmup) / (steps - warmup)))
+    for t in range(steps + 1)
+  ]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)  # float32 cosine

@@ -24,7 +24,6 @@ directory (a marker file; a rerun never silently starts over from step 0).
 """
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from rlpost import errors
+from rlpost.train import settled_loops
 from rlpost.train.step import TrainState
 
 _COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "commit_success.txt")
@@ -77,6 +77,7 @@ def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.
   """
   options = ocp.CheckpointManagerOptions(
     max_to_keep=None if read_only else max_to_keep,
+    save_interval_steps=0 if read_only else 1,  # orbax warns when it has to set these
     create=not read_only,
     enable_async_checkpointing=False,
     cleanup_tmp_directories=not read_only,
@@ -229,7 +230,8 @@ def _item(mngr: ocp.CheckpointManager, step: int, name: str, args):
   """Item `name` of checkpoint `step`; any failure is a CorruptCheckpointError naming the
   file it came from (`_corrupt`)."""
   try:
-    return mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+    with settled_loops.settled_loops():  # a failed read's siblings end before the fallback
+      return mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
   except Exception as e:  # orbax, TensorStore and JSON errors alike
     raise _corrupt(os.path.join(str(mngr.directory), str(step)), name, e) from e
 
@@ -255,8 +257,20 @@ def _corrupt(step_dir: str, item: str, error: BaseException) -> CorruptCheckpoin
   return CorruptCheckpointError(f"{named}: {_reason(error).replace(step_dir + os.sep, '')}")
 
 
+def _root_cause(error: BaseException) -> BaseException:
+  """The innermost error an orbax read error was raised from: TensorStore's own, which names
+  the array and the byte range (orbax's wrapper names only an index and an object repr)."""
+  seen = {id(error)}
+  while error.__cause__ is not None and id(error.__cause__) not in seen:
+    error = error.__cause__
+    seen.add(id(error))
+  return error
+
+
 def _reason(error: BaseException) -> str:
   """Why an item failed to read, in words (no object reprs)."""
+  if type(error) is Exception and error.__cause__ is not None:  # orbax's wrapper of a read
+    error = _root_cause(error)
   if isinstance(error, UnicodeDecodeError):
     byte = error.object[error.start : error.start + 1]
     return f"not UTF-8 text (byte {byte!r} at offset {error.start})"
@@ -322,7 +336,6 @@ def restore_latest(
       fate = "was left where it is (another run's)" if read_only else f"was moved to {where}"
       why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
       message = f"CHECKPOINT {step} IS CORRUPT: {why}. It {fate}; trying the previous checkpoint."
-      logging.error(message)
       print(message, flush=True)
   if quarantined and read_only:
     raise NoIntactCheckpointError(

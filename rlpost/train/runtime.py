@@ -19,6 +19,9 @@ import jax
 from rlpost import errors
 
 CHECKPOINT_LIBRARIES = ("orbax",)  # their INFO lines are dropped unless asked for
+# Their warnings about a choice this library makes on purpose (another run's checkpoints
+# are opened read only), dropped too: nothing in them for a user to change.
+CHOSEN_LIBRARY_WARNINGS = ("Given directory is read only",)
 
 
 def cpu_signature(cpuinfo: str | None = None) -> str:
@@ -75,13 +78,16 @@ def enable_compilation_cache(directory: str, max_gb: float) -> str | None:
 
 
 class _DropLibraryInfo(logging.Filter):
-  """Drops records below WARNING logged from a checkpoint library's source files."""
+  """Drops records below WARNING logged from a checkpoint library's source files, and its
+  warnings about this library's own choices (CHOSEN_LIBRARY_WARNINGS)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno >= logging.WARNING:
-      return True
     path = record.pathname.replace("\\", "/")
-    return not any(f"/{name}/" in path for name in CHECKPOINT_LIBRARIES)
+    if not any(f"/{name}/" in path for name in CHECKPOINT_LIBRARIES):
+      return True
+    if record.levelno >= logging.WARNING:
+      return not str(record.msg).startswith(CHOSEN_LIBRARY_WARNINGS)
+    return False
 
 
 QUIET_CHECKPOINTS = _DropLibraryInfo()

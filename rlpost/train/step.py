@@ -74,13 +74,16 @@ def make_optimizer(
   if optimizer not in OPTIMIZERS:
     raise ValueError(f"optimizer={optimizer!r}: use one of {OPTIMIZERS}")
   warmup = int(round(warmup_fraction * total_steps))
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=learning_rate,
-    warmup_steps=max(warmup, 1) if warmup else 0,
-    decay_steps=max(total_steps, warmup + 1),
-    end_value=0.0,
-  )
+  if warmup:
+    schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=learning_rate,
+      warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1),
+      end_value=0.0,
+    )
+  else:  # no warm-up segment at all (optax logs a zero-length one as a misconfiguration)
+    schedule = optax.cosine_decay_schedule(learning_rate, decay_steps=max(total_steps, 1))
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   if optimizer == "sgd":
     chain += [optax.add_decayed_weights(weight_decay), optax.sgd(schedule)]

@@ -639,4 +639,21 @@ MUTATIONS = [
     tests=["tests/test_grpo.py"],
     why="a GRPO schedule that ends before the run's mini-batch steps do",
   ),
+  # --- issue 71: a recovery that says one line, a clean start
+  dict(
+    name="checkpoint_reads_left_pending",
+    path="rlpost/train/settled_loops.py",
+    old="      _settle(self)\n",
+    new="      pass\n",
+    tests=["tests/test_settled_loops.py", "tests/test_checkpoint.py"],
+    why="a failed read's sibling reads left pending: dozens of tracebacks after the fallback",
+  ),
+  dict(
+    name="zero_warmup_segment_built",
+    path="rlpost/train/step.py",
+    old="  if warmup:\n",
+    new="  if True:\n",
+    tests=["tests/test_runtime.py"],
+    why="a zero-step warm-up built as a schedule segment: optax logs it as a misconfiguration",
+  ),
 ]
