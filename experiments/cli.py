@@ -23,6 +23,7 @@ import ml_collections
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from rlpost import config_moves
 from rlpost import errors
 from rlpost.recipes import learners
 from rlpost.train import distributed
@@ -138,7 +139,13 @@ def _parse_flags(argv, full_argv):
   the wrong type, an unknown variant or flag) is one line and exit status 2, as absl's
   own parser does; a custom `flags_parser` gets no such handling from `app.run`."""
   try:
-    return flags.FLAGS(argv)
+    try:
+      return flags.FLAGS(argv)
+    except (AttributeError, KeyError, flags.Error):
+      moved = _moved_fields(argv)
+      if not moved:
+        raise
+      return flags.FLAGS(moved)
   except (AttributeError, KeyError) as e:
     message = unknown_override(full_argv) or f"config override failed: {e!r}"
   except flags.Error as e:
@@ -147,6 +154,34 @@ def _parse_flags(argv, full_argv):
     message = _config_file_message(e, full_argv)
   print(f"FATAL flags parsing error: {message}", file=sys.stderr)
   sys.exit(2)
+
+
+def _moved_fields(argv) -> list[str] | None:
+  """argv with each `--config.OLD=value` of a field that moved (`rlpost.config_moves`)
+  written at its new place in the loaded config, or None when none moved. sys.argv too:
+  ml_collections reads overrides from it as well."""
+  given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  try:  # the parse that failed never set the flag's value: load the file again
+    path, _, variant = given[-1].partition(":")
+    spec = importlib.util.spec_from_file_location("_moved_fields_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(variant) if variant else module.get_config()
+  except Exception:  # the config itself did not load: its own error speaks
+    return None
+  paths = [
+    a[len("--config.") : a.index("=")] for a in argv if a.startswith("--config.") and "=" in a
+  ]
+  moved = config_moves.moved_overrides(config, paths)
+  if not moved:
+    return None
+  rewrite = lambda a: (
+    f"--config.{moved[a[len('--config.') : a.index('=')]]}{a[a.index('=') :]}"
+    if a.startswith("--config.") and "=" in a and a[len("--config.") : a.index("=")] in moved
+    else a
+  )
+  sys.argv = [rewrite(a) for a in sys.argv]
+  return [rewrite(a) for a in argv]
 
 
 def _check_config_file(argv) -> None:

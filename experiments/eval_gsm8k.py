@@ -2,7 +2,7 @@ r"""GSM8K test accuracy of the base model and of a trained checkpoint (before/af
 
   python -m experiments.eval_gsm8k --workdir=/tmp/grpo_run          # config from the run (GRPO or PPO)
   python -m experiments.eval_gsm8k --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
-      --config.data.data_dir=../shared/data/gsm8k                  # base model only
+      --config.env.data_dir=../shared/data/gsm8k                   # base model only
 
 Writes a JSON report (default: WORKDIR/eval_gsm8k.json) and prints it.
 """

@@ -10,8 +10,8 @@ answer reward and writes (rlpost.data.outcome_pairs):
   OUT/summary.json    problems, samples, the share correct, pairs by chosen source
 
   python -m experiments.outcome_pairs \
-      --config=experiments/configs/grpo_gsm8k.py:gemma3_270m --config.data.template=chat \
-      --config.data.data_dir=../shared/data/gsm8k --split=train --num_problems=512 \
+      --config=experiments/configs/grpo_gsm8k.py:gemma3_270m --config.env.template=chat \
+      --config.env.data_dir=../shared/data/gsm8k --split=train --num_problems=512 \
       --samples=4 --out=/tmp/outcome_pairs
 
 Batches are appended as they finish; an interrupted run started again with the same
@@ -32,7 +32,7 @@ from rlpost.data import gsm8k
 from rlpost.data import outcome_pairs
 from rlpost.recipes import eval as eval_recipe
 
-_CONFIG = cli.define_config(None, "A GRPO or PPO config: model, sampling, data.template.")
+_CONFIG = cli.define_config(None, "A GRPO or PPO config: model, sampling, env.template.")
 _SPLIT = flags.DEFINE_string("split", "train", "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", 256, "The split's first N problems.")
 _SAMPLES = flags.DEFINE_integer("samples", 4, "Sampled solutions per problem.")
@@ -52,7 +52,7 @@ def _flags() -> dict:
     "batch_problems": _BATCH.value,
     "seed": cfg.seed,
     "model": cfg.model.to_dict(),
-    "template": cfg.data.template,
+    "template": cfg.env.template,
     "temperature": cfg.sampling.temperature,
   }
 
@@ -110,14 +110,14 @@ def _summary(out: str) -> dict:
 def main(argv):
   del argv
   if _CONFIG.value is None:
-    raise errors.FlagError("--config: give a GRPO or PPO config (its model, sampling, data)")
+    raise errors.FlagError("--config: give a GRPO or PPO config (its model, sampling, env)")
   if not _OUT.value:
     raise errors.FlagError("--out: give the output directory")
   for name, flag in (("samples", _SAMPLES), ("batch_problems", _BATCH), ("num_problems", _NUM)):
     if flag.value < 1:
       raise errors.FlagError(f"--{name}={flag.value}: must be >= 1")
   cfg = _CONFIG.value
-  problems = gsm8k.load_gsm8k(_SPLIT.value, cfg.data.data_dir)[: _NUM.value]
+  problems = gsm8k.load_gsm8k(_SPLIT.value, cfg.env.data_dir)[: _NUM.value]
   os.makedirs(_OUT.value, exist_ok=True)
   done = _resume(_OUT.value)
   sample = eval_recipe.solution_sampler(cfg)

@@ -258,9 +258,14 @@ TIMING_METRICS = ("time/", "tokens_per_s", "step_seconds")
 
 
 def with_overrides(cfg, overrides: dict):
-  """`cfg` with dotted fields set (`{"train.steps": 4}`), as `--config.train.steps=4` would."""
+  """`cfg` with dotted fields set (`{"train.steps": 4}`), as `--config.train.steps=4` would
+  (a field that moved, `rlpost.config_moves`, set at its new place, as the CLI does)."""
+  from rlpost import config_moves
+
+  moved = config_moves.moved_overrides(cfg, list(overrides))
   with cfg.unlocked():
     for dotted, value in overrides.items():
+      dotted = moved.get(dotted, dotted)
       *path, last = dotted.split(".")
       node = cfg
       for name in path:

@@ -70,7 +70,7 @@ def _cases(d):
       "a prompt too long",
       GRPO,
       [*_prompt_run(d / "big.jsonl"), "--config.data.on_too_long=error"],
-      "big.jsonl:2: the prompt is 1000001 tokens, above data.max_prompt_tokens=2048",
+      "big.jsonl:2: the prompt is 1000001 tokens, above env.max_prompt_tokens=2048",
     ),
     (
       "a verifier evaluation without a reward-model run",
@@ -144,7 +144,7 @@ def _prompt_run(path):
 
 
 def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, capsys):
-  """data.on_too_long='skip' (the default): the million-byte prompt is left out when the
+  """env.on_too_long='skip' (the default): the million-byte prompt is left out when the
   run is built (never padded or sampled), counted and located in the log; the run trains
   on the other three. Mutation caught: the bytes bound taken for the length (the
   2046-token prompt left out)."""
@@ -157,10 +157,10 @@ def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, c
     flag[len("--config.") :].split("=", 1) for flag in _prompt_run(tmp_path / "big.jsonl")
   )
   p = rl.build(with_overrides(grpo_gsm8k.get_config("tiny"), flags))
-  kept = [t.question for t in p.tasks.env_tasks.train_tasks(list(range(p.tasks.size)))]
+  kept = [t.question for t in p.tasks.train_tasks(list(range(p.tasks.pool)))]
   assert kept == ["#1 say 7: ", "#3 say 7: ", "y" * 2045]
   first = f"(first: {tmp_path / 'big.jsonl'}:2)"
-  assert f"left out 1 of 4 prompts longer than data.max_prompt_tokens=2048 tokens {first}" in (
+  assert f"left out 1 of 4 prompts longer than env.max_prompt_tokens=2048 tokens {first}" in (
     capsys.readouterr().out
   )
 
@@ -171,7 +171,7 @@ def test_too_long_prompts_are_left_out_and_counted_before_the_device(tmp_path, c
     (
       "grpo_gsm8k.py:tiny",
       {"data.max_prompt_tokens": 8190},
-      r"config\.data\.max_prompt_tokens=8190: with sampling\.max_new_tokens=8 a sequence "
+      r"config\.env\.max_prompt_tokens=8190: with sampling\.max_new_tokens=8 a sequence "
       r"holds = 8198 tokens, above tiny's context of 8192",
     ),
     (

@@ -20,7 +20,7 @@ import ast
 import pathlib
 
 FLOORS = (
-  ("errors",),
+  ("errors", "config_moves"),
   ("text",),
   ("ops",),
   ("models",),

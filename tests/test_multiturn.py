@@ -355,7 +355,7 @@ def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monk
     {
       "data.template": template,
       "sampling.max_new_tokens": 12,
-      "train.batch_prompts": 3,
+      "train.batch_tasks": 3,
       "train.micro_batch_size": 4,
     },
   )
@@ -691,7 +691,7 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
   with turn-level credit (the environment's turn ids against none: one turn per row)."""
   cfg = with_overrides(
     ppo_gsm8k.get_config("tiny"),
-    {"train.batch_prompts": 16, "algo.beta": 0.05, "algo.credit": credit},
+    {"train.batch_tasks": 16, "algo.beta": 0.05, "algo.credit": credit},
   )
   p = rl.build(cfg)
   task = tasks.load_task(cfg.data, "train", cfg.seed)

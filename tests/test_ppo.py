@@ -216,8 +216,8 @@ def test_resume_is_bitwise_with_the_warmup_switch_inside_the_resumed_span(straig
     ({"rollout.max_staleness": 1}, ["config.algo.tis_cap=None", "max_staleness=1"]),
     # No mini-batch size: the whole batch, which must not be empty (was: modulo by zero).
     (
-      {"train.batch_prompts": 0, "algo.mini_batch_size": None},
-      ["config.train.batch_prompts=0", ">= 1"],
+      {"train.batch_tasks": 0, "algo.mini_batch_size": None},
+      ["config.train.batch_tasks=0", ">= 1"],
     ),
   ],
 )
@@ -247,7 +247,7 @@ def test_real_model_ppo_iterations_with_the_lora_critic(tmp_path):
     **{
       "data.data_dir": str(GSM8K_DIR),
       "train.steps": 2,
-      "train.batch_prompts": 2,
+      "train.batch_tasks": 2,
       "train.micro_batch_size": 2,
       "algo.critic_warmup_steps": 1,
       "algo.num_iterations": 2,
@@ -282,7 +282,7 @@ def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
   cfg = _config(
     **{"train.optimizer": "sgd", "train.max_grad_norm": 0.0, "critic.head_learning_rate": head_lr}
   )
-  settings = learners.ppo_settings(cfg, "train.batch_prompts")
+  settings = learners.ppo_settings(cfg, "train.batch_tasks")
   assert settings.head_learning_rate == head_lr
   optimizer = learners.ppo_optimizer(cfg, settings)
   trainable = {

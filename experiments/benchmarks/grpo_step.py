@@ -78,9 +78,9 @@ def _run_mode(mode: str) -> dict:
     cfg.model.weights, cfg.model.dtype = "random", _DTYPE.value
     cfg.model.path = _MODEL_PATH.value
     cfg.lora.enabled = mode == "lora"
-    cfg.data.template, cfg.data.source = "plain", "arithmetic"  # problems are made below
+    cfg.env.template, cfg.env.name = "plain", "arithmetic"  # problems are made below
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
-    cfg.train.batch_prompts, cfg.train.micro_batch_size = 2, 8
+    cfg.train.batch_tasks, cfg.train.micro_batch_size = 2, 8
     cfg.train.steps = _ITERATIONS.value
     cfg.train.compute_dtype = _COMPUTE.value or cfg.train.compute_dtype
     cfg.train.logprob_chunk = _CHUNK.value or cfg.train.logprob_chunk

@@ -58,9 +58,9 @@ def _run_mode(mode: str) -> dict:
     cfg.model.weights = "random"
     cfg.lora.enabled = mode == "lora"
     cfg.critic.mode = _CRITIC.value
-    cfg.data.template, cfg.data.source = "plain", "arithmetic"  # problems are made below
+    cfg.env.template, cfg.env.name = "plain", "arithmetic"  # problems are made below
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
-    cfg.train.batch_prompts, cfg.train.micro_batch_size = 8, 8
+    cfg.train.batch_tasks, cfg.train.micro_batch_size = 8, 8
     cfg.train.steps = _ITERATIONS.value
     cfg.algo.critic_warmup_steps = 0  # time the actor's update too
   m = cfg.model

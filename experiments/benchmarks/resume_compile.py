@@ -57,9 +57,9 @@ def _child(base: str) -> dict:
   runtime.enable_compilation_cache(os.path.join(base, "cache"), 4.0)
   runtime.quiet_checkpoint_logs()
   cfg = grpo_gsm8k.get_config("gemma3_270m")
-  cfg.data.source, cfg.data.template = "arithmetic", "plain"
+  cfg.env.name, cfg.env.template = "arithmetic", "plain"
   cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
-  cfg.train.batch_prompts, cfg.train.micro_batch_size = 2, 8
+  cfg.train.batch_tasks, cfg.train.micro_batch_size = 2, 8
   cfg.train.steps, cfg.checkpoint.every = 2, 1
   cfg.train.compute_dtype = _COMPUTE.value
   imported = time.perf_counter() - start

@@ -109,10 +109,6 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
   # Each turn's reward on that turn's last sampled token (PPO, GRPO with turn or state credit);
   # else the episode's sum on its last sampled token.
   c.per_turn_rewards = (algo == "ppo" and not tiny and not calc) or turn_grpo
-  # None: play, then train. s >= 0: a producer thread plays the next iterations' episodes
-  # with the policy exactly s updates old (0: the synchronous schedule; s > 0 needs
-  # algo.tis_cap)
-  c.max_staleness = placeholder(int)
   c.env = gsm8k_calc_env() if calc else frozenlake_env(tiny)
   # Gemma's tokens per later turn: ~29 (4x4 board) or ~38 (6x6), and 4 sampled
   total_tokens = 320 if calc else 384
@@ -129,24 +125,22 @@ def get_config(variant: str = "frozenlake_gemma3") -> ml_collections.ConfigDict:
     # model repeats its last move (P(down) 0.006 after `right` x 3 at the right edge)
     c.env.hole_penalty, c.env.progress_reward, c.env.edge_penalty = 0.5, 0.1, 0.2
   c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
-  c.rollout = ml_collections.ConfigDict(
-    {
-      # scaffold around observations: chat | plain (the base Gemma 3 270M does not
-      # follow the chat format; it answers plain-text cues such as "Your move:")
-      "template": "plain",
-      # sampled tokens per turn
-      "max_turn_tokens": 1 if tiny else (128 if calc else 4),
-      # texts that also end a turn (the environment adds its own, e.g. </tool>)
-      "stop_strings": () if tiny or calc else ("\n",),
-      # completion slots: turns + observations
-      "max_total_tokens": 128 if tiny else total_tokens,
-      # the longest first prompt accepted (a longer reset text is an error naming it)
-      "max_prompt_tokens": 256 if tiny else 2048,
-      "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
-      # later turns over all rows and the whole window: one compilation, more compute
-      "fixed_shapes": tiny,
-    }
-  )
+  c.rollout = common.rollout(
+    # scaffold around observations: chat | plain (the base Gemma 3 270M does not
+    # follow the chat format; it answers plain-text cues such as "Your move:")
+    template="plain",
+    # sampled tokens per turn
+    max_turn_tokens=1 if tiny else (128 if calc else 4),
+    # texts that also end a turn (the environment adds its own, e.g. </tool>)
+    stop_strings=() if tiny or calc else ("\n",),
+    # completion slots: turns + observations
+    max_total_tokens=128 if tiny else total_tokens,
+    # the longest first prompt accepted (a longer reset text is an error naming it)
+    max_prompt_tokens=256 if tiny else 2048,
+    # later turns over all rows and the whole window: one compilation, more compute
+    fixed_shapes=tiny,
+  )  # rollout.max_staleness None: play, then train; s >= 0: a producer thread plays the
+  # next iterations' episodes with the policy exactly s updates old (s > 0: algo.tis_cap)
   c.rollout_threads = 8  # env.step calls of a turn run concurrently on this many threads
   c.sampling = ml_collections.ConfigDict(
     {

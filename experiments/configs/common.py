@@ -87,17 +87,18 @@ def gsm8k_eval_config() -> ml_collections.ConfigDict:
   )
 
 
-def prompt_data(tiny: bool) -> ml_collections.ConfigDict:
-  """The `data` block of the GRPO and PPO configs (rlpost.recipes.blocks.DataConfig)."""
+def prompt_env(tiny: bool) -> ml_collections.ConfigDict:
+  """The `env` block of the GRPO and PPO configs: a prompt dataset (its fields:
+  rlpost.envs.prompt_dataset)."""
   return ml_collections.ConfigDict(
     {
-      "source": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit | jsonl
+      "name": "digit" if tiny else "gsm8k",  # gsm8k | arithmetic | digit | jsonl
       "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
       "template": "plain" if tiny else "fewshot",  # fewshot | chat | plain (see README)
       "fewshot": 2,  # solved examples in the fewshot prompt
       "shuffle": True,
       "digit": "7",  # the "digit" task's target answer
-      # source jsonl: a file of {"prompt": ..., "answer": ...} lines, scored by the
+      # name jsonl: a file of {"prompt": ..., "answer": ...} lines, scored by the
       # comma-separated MODULE:FUNCTION reward functions (e.g. rlpost.rewards.digit:digit_count)
       "path": "",
       "rewards": "",
@@ -105,3 +106,31 @@ def prompt_data(tiny: bool) -> ml_collections.ConfigDict:
       "on_too_long": "skip",  # skip (left out, counted in the log) | error (names file:line)
     }
   )
+
+
+def rollout(**values) -> ml_collections.ConfigDict:
+  """The `rollout` block of every RL config (rlpost.recipes.rollout.RolloutConfig), its
+  defaults replaced by `values`."""
+  block = {
+    # the turn layout; None: one turn of sampling.max_new_tokens in the environment's
+    # own scaffold (a prompt dataset's follows env.template)
+    "template": placeholder(str),  # chat | plain
+    "max_turn_tokens": placeholder(int),  # sampled tokens per turn
+    "max_total_tokens": placeholder(int),  # completion slots per row: turns + observations
+    "max_prompt_tokens": placeholder(int),  # the longest first prompt accepted
+    "mask_truncated": False,  # loss_mask 0 on episodes cut by max_turns / tokens
+    "fixed_shapes": False,  # later turns over all rows and the whole window
+    "stop_strings": (),  # texts that also end a turn (the environment adds its own)
+    "dynamic_sampling": False,  # DAPO: drop zero-signal groups, play more tasks
+    "max_resample_rounds": 3,
+    "overlong_buffer": placeholder(int),  # DAPO soft overlong penalty window in tokens; None: off
+    "overlong_penalty": 1.0,
+    # None: sample, then train. s >= 0: a producer thread samples ahead from a policy at
+    # most s updates old (0: the synchronous schedule; s > 0 needs algo.tis_cap)
+    "max_staleness": placeholder(int),
+  }
+  for name, value in values.items():
+    if name not in block:
+      raise KeyError(f"rollout block has no field {name!r}")
+  block.update(values)
+  return ml_collections.ConfigDict(block)

@@ -57,18 +57,9 @@ def algorithm(name: str) -> ml_collections.ConfigDict:
 
 
 def _rollout(name: str) -> ml_collections.ConfigDict:
-  """The `rollout` block (rlpost.recipes.rollout.RolloutConfig): how groups are collected."""
-  return ml_collections.ConfigDict(
-    {
-      "dynamic_sampling": name == "dapo",  # DAPO: drop zero-signal groups, resample
-      "max_resample_rounds": 3,
-      "overlong_buffer": placeholder(int),  # DAPO soft overlong penalty window in tokens; None: off
-      "overlong_penalty": 1.0,
-      # None: sample, then train. s >= 0: a producer thread samples ahead from a policy at
-      # most s updates old (0: the synchronous schedule; s > 0 needs algo.tis_cap)
-      "max_staleness": placeholder(int),
-    }
-  )
+  """The `rollout` block (rlpost.recipes.rollout.RolloutConfig): one turn of
+  sampling.max_new_tokens per prompt; DAPO drops zero-signal groups and resamples."""
+  return common.rollout(dynamic_sampling=name == "dapo")
 
 
 def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
@@ -89,7 +80,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.lora = common.lora_config(enabled=not tiny, rank=32)
   c.algo = algorithm(algo)
   c.rollout = _rollout(algo)
-  c.data = common.prompt_data(tiny)
+  c.env = common.prompt_env(tiny)  # the prompt dataset: an environment of one-turn episodes
   c.sampling = ml_collections.ConfigDict(
     {
       "temperature": 1.0 if tiny else 0.9,
@@ -104,7 +95,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(
     {
       "steps": 40 if tiny else 200,
-      "batch_prompts": 4 if tiny else 2,  # prompts per step (x G completions)
+      "batch_tasks": 4 if tiny else 2,  # prompts per step (x G completions)
       "micro_batch_size": 8,  # rows per micro-batch on each trainer device
       "learning_rate": 3e-2 if tiny else 3e-6,
       "warmup_fraction": 0.1,

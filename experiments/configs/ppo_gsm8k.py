@@ -74,16 +74,8 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.lora = common.lora_config(enabled=not tiny, rank=32)  # the actor's (and a lora critic's)
   c.algo = algorithm(tiny)
   c.critic = critic(tiny)
-  c.rollout = ml_collections.ConfigDict(
-    {
-      "overlong_buffer": placeholder(int),  # soft overlong penalty window in tokens; None: off
-      "overlong_penalty": 1.0,
-      # None: sample, then train. s >= 0: a producer thread samples ahead from the policy
-      # exactly s updates old (0: the synchronous schedule; s > 0 needs algo.tis_cap)
-      "max_staleness": placeholder(int),
-    }
-  )
-  c.data = common.prompt_data(tiny)
+  c.rollout = common.rollout()  # one turn of sampling.max_new_tokens per prompt
+  c.env = common.prompt_env(tiny)  # the prompt dataset: an environment of one-turn episodes
   c.sampling = ml_collections.ConfigDict(
     {
       "temperature": 1.0 if tiny else 0.9,
@@ -96,7 +88,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(
     {
       "steps": 40 if tiny else 200,  # iterations (each: one rollout batch)
-      "batch_prompts": 16 if tiny else 8,  # prompts per iteration, one completion each
+      "batch_tasks": 16 if tiny else 8,  # prompts per iteration, one completion each
       "micro_batch_size": 8,
       "learning_rate": 3e-2 if tiny else 3e-6,  # the actor's (critic.learning_rate: the critic's)
       "warmup_fraction": 0.1,

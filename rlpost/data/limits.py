@@ -39,8 +39,8 @@ def prompts_within(
         if on_too_long == "error":
           raise errors.DataError(
             f"{task.where_of(i)}: the prompt is {length} tokens, above "
-            f"data.max_prompt_tokens={max_tokens}; raise that limit, shorten the record, or "
-            "set data.on_too_long='skip' to leave such prompts out"
+            f"env.max_prompt_tokens={max_tokens}; raise that limit, shorten the record, or "
+            "set env.on_too_long='skip' to leave such prompts out"
           )
         dropped.append(i)
         continue
@@ -48,14 +48,14 @@ def prompts_within(
   if not kept:
     raise errors.DataError(
       f"every one of the {len(task.problems)} prompts is longer than "
-      f"data.max_prompt_tokens={max_tokens} tokens (first: {task.where_of(0)}); raise the limit"
+      f"env.max_prompt_tokens={max_tokens} tokens (first: {task.where_of(0)}); raise the limit"
     )
   if not dropped:
     return task, 0
   message = (
-    f"data: left out {len(dropped)} of {len(task.problems)} prompts longer than "
-    f"data.max_prompt_tokens={max_tokens} tokens (first: {task.where_of(dropped[0])}); "
-    "data.on_too_long='error' stops at such a prompt instead"
+    f"env: left out {len(dropped)} of {len(task.problems)} prompts longer than "
+    f"env.max_prompt_tokens={max_tokens} tokens (first: {task.where_of(dropped[0])}); "
+    "env.on_too_long='error' stops at such a prompt instead"
   )
   logging.warning(message)
   print(message, flush=True)

@@ -34,10 +34,11 @@ MATH_ACCURACY = {
 
 
 def check_digit(digit) -> None:
-  """`data.digit` of the digit task: one visible character (its count is the reward)."""
+  """`env.digit` of the digit task: one visible character (its count is the reward);
+  ValueError "digit=...: fix" (the env table names it config.env.digit)."""
   if not (isinstance(digit, str) and len(digit) == 1 and not digit.isspace()):
-    raise errors.ConfigError(
-      f"config.data.digit={digit!r}: must be one visible character (e.g. '7'); the reward "
+    raise ValueError(
+      f"digit={digit!r}: must be one visible character (e.g. '7'); the reward "
       "counts its occurrences in each completion"
     )
 
@@ -64,8 +65,9 @@ def load_prompts(path: str) -> list[gsm8k.Problem]:
 
 
 def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
-  """Builds the task named by `data_cfg.source` (see configs/grpo_gsm8k.py): a JSONL
-  file's prompts (`data.path`) are scored by `data.rewards` and have no accuracy flags."""
+  """Builds the task named by `data_cfg.source` (a prompt dataset's config,
+  `rlpost.envs.prompt_dataset`): a JSONL file's prompts (`path`) are scored by `rewards`
+  and have no accuracy flags."""
   source = data_cfg.source
   if source == "jsonl":
     path = data_cfg.path
@@ -86,7 +88,7 @@ def load_task(data_cfg, split: str = "train", seed: int = 0) -> Task:
     problems = arithmetic.generate_problems(2000, seed + (split == "test"))
     shots = arithmetic.generate_problems(data_cfg.fewshot, seed + 7)
   else:
-    raise ValueError(f"data.source={source!r} is not one of {SOURCES}")
+    raise ValueError(f"source={source!r} is not one of {SOURCES}")
   skipped = len(shots) if split == "train" and source == "gsm8k" else 0
   where = None
   if source == "gsm8k":

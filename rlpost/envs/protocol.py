@@ -102,12 +102,24 @@ class RunInfo(NamedTuple):
   eval_seed_offset: held-out seed k is eval_seed_offset + k.
   eval_tasks: held-out tasks evaluated.
   max_result_chars: the tools block's cap on a tool result's text.
+  tokenizer: the policy's tokenizer (a dataset counts its prompts' tokens with it).
   """
 
   seed: int = 0
   eval_seed_offset: int = 1_000_000
   eval_tasks: int = 1
   max_result_chars: int = 200
+  tokenizer: Any = None
+
+
+class CompletionReport(NamedTuple):
+  """What an environment of one scored completion per episode (a prompt dataset) reports
+  instead of per-episode rates: the mean of each reward function's value (its info key
+  `reward/<name>`, failures `reward/<name>/errors`), of each accuracy flag, and the
+  completions' lengths."""
+
+  reward_names: tuple = ()
+  accuracy_names: tuple = ()
 
 
 class EnvTasks(NamedTuple):
@@ -115,8 +127,19 @@ class EnvTasks(NamedTuple):
 
   train_tasks(seeds) / eval_tasks(seeds): one task per seed (None: the
   environment derives it from the seed, as FrozenLake draws its map).
+  pool: None: iteration i trains on seeds i*B .. i*B+B-1 (B tasks per step); an int:
+    on seeds drawn from range(pool) by the run's data cursor, in order or shuffled each
+    epoch (`shuffle`), as a dataset's problems are.
+  scaffold: the token scaffold its observations need ("chat" | "plain"), or None: the
+    rollout block's `template` chooses.
+  report: None: per-episode rates (success, turns, tools, ...); a CompletionReport: a
+    one-turn dataset's per-reward-function metrics.
   """
 
   env: Env
   train_tasks: Callable[[list[int]], list]
   eval_tasks: Callable[[list[int]], list]
+  pool: int | None = None
+  shuffle: bool = False
+  scaffold: str | None = None
+  report: CompletionReport | None = None

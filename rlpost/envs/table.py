@@ -3,14 +3,17 @@
 Adding an environment takes one module under `rlpost/envs/` with a frozen config
 dataclass (its `env` block's fields, checked on construction) and `build(config,
 run: protocol.RunInfo) -> protocol.EnvTasks`, one entry in ENVS, and its config block
-(`experiments/configs/agentic.py`); `--config.env.name=NAME` selects it.
+(`experiments/configs/agentic.py`); `--config.env.name=NAME` selects it. Prompt datasets
+(GSM8K, arithmetic, digit, a JSONL file) are entries too (`prompt_dataset`).
 """
 
 from typing import Any, Callable, NamedTuple
 
 from rlpost import errors
 from rlpost.envs import frozenlake
+from rlpost.data import tasks as tasks_lib
 from rlpost.envs import gsm8k_calc
+from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
 from rlpost.envs import tools
 
@@ -31,6 +34,11 @@ ENVS: dict[str, EnvSpec] = {
   gsm8k_calc.NAME: EnvSpec(
     gsm8k_calc.GSM8KCalcConfig, gsm8k_calc.build, takes_tools=False, own_tools=True
   ),
+  # prompt datasets: each prompt a one-turn episode scored by the dataset's rewards
+  **{
+    source: EnvSpec(prompt_dataset.config_class(source), prompt_dataset.build, takes_tools=False)
+    for source in tasks_lib.SOURCES
+  },
 }
 
 

@@ -1,9 +1,9 @@
 """Typed, frozen values of the RL recipe's config blocks that no library module owns
-(`data`, `sampling`, `eval`, `log`, `tools`): each checks its own fields once, on
+(`sampling`, `eval`, `log`, `tools`): each checks its own fields once, on
 construction (`common.from_block` turns a `ValueError` "Cls.field=value: fix" into
 "config.block.field=value: fix"). Blocks owned by the library are built the same way
-from their own dataclasses: `algo` (`rl.objectives`), `rollout` (`rollout.RolloutConfig`,
-`envs.multiturn.TurnConfig`), `env` (`envs.table`), `critic` (`learners.CriticConfig`),
+from their own dataclasses: `algo` (`rl.objectives`), `rollout` (`rollout.RolloutConfig`),
+`env` (`envs.table`: an environment's, or a prompt dataset's), `critic` (`learners.CriticConfig`),
 `mesh` (`train.sharding.MeshConfig`), `lora` (`models.lora.LoraConfig`).
 """
 
@@ -20,75 +20,6 @@ from rlpost.recipes import common
 from rlpost.text import tool_syntax
 
 SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-  """A prompt dataset (`data` block of the GRPO and PPO configs): `source` (one of
-  `data.tasks.SOURCES`), `data_dir` (GSM8K jsonl dir; "": the hub), `template` (one of
-  `data.prompts.TEMPLATES`), `fewshot` solved examples, `shuffle` each epoch, `digit`
-  (the digit task's target), `path` (the jsonl source's prompt file) and `rewards` (its
-  reward functions, comma-separated MODULE:FUNCTION), `max_prompt_tokens` (longer prompts
-  never reach the device) and `on_too_long` (what happens to them: `data.limits`)."""
-
-  source: str = "gsm8k"
-  data_dir: str = ""
-  template: str = "fewshot"
-  fewshot: int = 2
-  shuffle: bool = True
-  digit: str = "7"
-  path: str = ""
-  rewards: str = ""
-  max_prompt_tokens: int = 2048
-  on_too_long: str = "skip"
-
-  def __post_init__(self):
-    if self.max_prompt_tokens < 1:
-      common.field_error(
-        DataConfig, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1 token"
-      )
-    common.check_one_of(DataConfig, "on_too_long", self.on_too_long, limits.ON_TOO_LONG)
-    common.check_one_of(DataConfig, "source", self.source, tasks_lib.SOURCES)
-    if self.source == "digit":
-      tasks_lib.check_digit(self.digit)
-    if self.source == "jsonl":
-      self._check_prompt_file()
-    else:
-      for field in ("path", "rewards"):
-        if getattr(self, field):
-          common.field_error(
-            DataConfig,
-            field,
-            getattr(self, field),
-            f"is read only with data.source='jsonl' (source is {self.source!r}): set "
-            f"source to 'jsonl' or clear {field}",
-          )
-    if self.fewshot < 0:
-      common.field_error(
-        DataConfig, "fewshot", self.fewshot, "must be >= 0 worked examples in the prompt"
-      )
-    common.check_one_of(DataConfig, "template", self.template, prompts_lib.TEMPLATES)
-
-  def _check_prompt_file(self):
-    """The jsonl source's prompt file and reward functions, before any model loads."""
-    if not self.path:
-      common.field_error(
-        DataConfig, "path", "", "data.source='jsonl' needs a prompt file: --config.data.path=FILE"
-      )
-    if not os.path.isfile(self.path):
-      common.field_error(DataConfig, "path", self.path, "no such file; check the path")
-    try:
-      rewards_lib.load_reward_fns(self.rewards)
-    except ValueError as err:
-      common.field_error(DataConfig, "rewards", self.rewards, str(err))
-    if self.template == "fewshot":
-      common.field_error(
-        DataConfig,
-        "template",
-        self.template,
-        "shows GSM8K's solved examples and instructions, which a prompt file does not "
-        "have: use 'plain' (the prompt as written) or 'chat' (the prompt as a user turn)",
-      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +90,9 @@ class LogConfig:
       common.field_error(
         LogConfig, "trajectories_logged", self.trajectories_logged, "must be >= 0 episodes"
       )
+
+
+NO_LOG = LogConfig(trajectories_every=0, trajectories_logged=0)  # a config with no `log` block
 
 
 @dataclasses.dataclass(frozen=True)

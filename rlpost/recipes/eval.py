@@ -12,11 +12,14 @@ import jax
 import numpy as np
 import tqdm
 
+from rlpost import config_moves
+from rlpost import errors
 from rlpost import sampling
 from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
 from rlpost.models import policy
 from rlpost.data import tasks as tasks_lib
+from rlpost.envs import table as env_table
 from rlpost.recipes import common
 from rlpost.recipes import learners as learners_lib
 from rlpost.rewards import gsm8k as gsm8k_rewards
@@ -127,6 +130,17 @@ def evaluate(
   return report
 
 
+def _dataset(cfg):
+  """(cfg with old field names at their new places, its `env` block: a prompt dataset's
+  typed config, `rlpost.envs.prompt_dataset`); a run's config.json from before the move
+  (a `data` block) reads the same."""
+  try:
+    cfg = config_moves.migrate(cfg)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  return cfg, env_table.env_config(cfg.env)
+
+
 def _sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
   """The `sampling` block's settings, stopping at EOS and the end of a turn."""
   return sampling.SamplingConfig(
@@ -141,14 +155,15 @@ def _sampling_config(cfg, tokenizer) -> sampling.SamplingConfig:
 def solution_sampler(cfg):
   """`sample(problems, key, k) -> completions` (k per problem, problem-major) of the
   config's model (`model.init_from`: an earlier run's weights) at `sampling.temperature`,
-  prompts in `data.template`. Loads the model once."""
-  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  prompts in `env.template` (a prompt dataset's `env` block). Loads the model once."""
+  cfg, data = _dataset(cfg)
+  task = tasks_lib.load_task(data, "train", cfg.seed)
   config, params, tokenizer = common.load_model(cfg)
   sc = _sampling_config(cfg, tokenizer)
 
   def sample(problems, key, k: int) -> list[str]:
     return _completions(
-      params, config, tokenizer, problems, cfg.data.template, task.examples, sc, key, k
+      params, config, tokenizer, problems, data.template, task.examples, sc, key, k
     )
 
   return sample
@@ -170,6 +185,7 @@ def evaluate_run(
   `eval` block; pass@k samples at its `pass_temperature` (PASS_TEMPERATURE for a run
   whose config.json predates that field).
   """
+  cfg, data = _dataset(cfg)
   num_problems = cfg.eval.num_problems if num_problems is None else num_problems
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
   temperature = cfg.eval.get("pass_temperature", PASS_TEMPERATURE)
@@ -190,16 +206,16 @@ def evaluate_run(
       "must be a finite number > 0 for pass@k sampling (greedy accuracy is reported anyway)",
     )
   # Before the model: an unknown split or a missing data_dir fails at once.
-  problems = gsm8k.load_gsm8k(split, cfg.data.data_dir)[:num_problems]
+  problems = gsm8k.load_gsm8k(split, data.data_dir)[:num_problems]
   spec = learners_lib.spec(learners_lib.name_of(cfg))
-  settings = spec.settings(cfg, "train.batch_prompts")
-  task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
+  settings = spec.settings(cfg, "train.batch_tasks")
+  task = tasks_lib.load_task(data, "train", cfg.seed)
   _, params, tokenizer = common.load_model(cfg)
   learner, state = spec.build(cfg, params, settings)
   forward = settings.forward
   sc = _sampling_config(cfg, tokenizer)
   settings = {
-    "template": cfg.data.template,
+    "template": data.template,
     "examples": task.examples,
     "sampling_config": sc,
     "pass_k": pass_k,

@@ -1,9 +1,10 @@
 """What an RL iteration reports about its rollouts: metrics over every process's rows and
 episode transcripts (a helper module of the RL recipe, `rlpost.recipes.rl`).
 
-Prompt datasets (one-turn episodes) report the single-turn names (reward per reward
-function, accuracies, completion lengths); environments report per-episode and per-turn
-rates (success, turns, tool use, invalid actions, truncation).
+Prompt datasets (one-turn episodes, `protocol.CompletionReport`) report the single-turn
+names (reward per reward function, accuracies, completion lengths); other environments
+report per-episode and per-turn rates (success, turns, tool use, invalid actions,
+truncation).
 """
 
 import json
@@ -51,6 +52,19 @@ def single_turn_metrics(out: multiturn.Rollout, reward_names, accuracy_names, ex
     "completion_len/max": lengths.max(),
   }
   metrics.update({k: v.mean() for k, v in per_row.items()})
+  return metrics
+
+
+def rollout_metrics(out: multiturn.Rollout, report, extra: dict) -> dict:
+  """The metrics of `out` as its environment reports them (`protocol.EnvTasks.report`):
+  a dataset's one-turn episodes per reward function (`single_turn_metrics`), else
+  per-episode rates (`episode_metrics`). extra: further per-row reward terms {name: [N]}
+  (e.g. the overlong penalty), already in `out.rewards`, reported as reward/<name>."""
+  if report is not None:
+    return single_turn_metrics(out, report.reward_names, report.accuracy_names, extra)
+  metrics = episode_metrics(out.episodes)
+  for name, values in extra.items():
+    metrics[f"reward/{name}"] = float(shares.all_rows(np.asarray(values, np.float64)).mean())
   return metrics
 
 

@@ -1,27 +1,29 @@
-"""RL from a ConfigDict: one recipe for every learner and every task source.
+"""RL from a ConfigDict: one recipe for every learner and every environment.
 
-Tasks reach the recipe only through an environment (`rlpost.envs.protocol`):
-
-  data block (configs/grpo_gsm8k.py, ppo_gsm8k.py): a prompt dataset, each prompt a
-    one-turn episode (`rlpost.envs.single_turn`), drawn in the data cursor's order;
-  env block (configs/agentic.py): an environment from the table (`rlpost.envs.table`),
-    training seeds i*B .. i*B+B-1 at iteration i, held-out seeds from eval.seed_offset.
+Tasks reach the recipe only through an environment of the table (`rlpost.envs.table`,
+the `env` block): FrozenLake, GSM8K with a calculator, or a prompt dataset (GSM8K, the
+arithmetic and digit tasks, a JSONL file with reward functions: each prompt a one-turn
+episode, `rlpost.envs.prompt_dataset`). A dataset's tasks are drawn in the data cursor's
+order; an environment of seeds plays seeds i*B .. i*B+B-1 at iteration i, held-out seeds
+from eval.seed_offset (`protocol.EnvTasks.pool`). Old field names (`data.*`,
+`train.batch_prompts`, a top-level `max_staleness`) are read at their new places
+(`rlpost.config_moves`).
 
 The learner is a value from the table (`rlpost.recipes.learners`), chosen by name:
 `config.learner`, else the entry point's default (experiments.grpo: grpo,
 experiments.ppo: ppo; `learners.name_of`). Reads top to bottom: `check_config` (ConfigDict -> frozen
 `Setup`, nothing loaded), `build`, `run`, then one iteration's two phases:
 
-  produce: B tasks -> G episodes each (`multiturn.rollout`; one turn for a prompt)
-    -> rewards [-> the data source's DAPO options: overlong penalty, dynamic
-    sampling (drop groups whose rewards tie, draw more prompts)] -> metrics
+  produce: B tasks -> G episodes each (`multiturn.rollout`) -> rewards [-> the rollout
+    block's DAPO options: overlong penalty, dynamic sampling (drop groups whose rewards
+    tie, play more tasks)] -> metrics
   train: the global RLBatch with the rewards as `scores` -> learner.update (advantages,
     reference / old logprobs or critic pass and GAE, train steps)
-    -> [env: greedy episodes on held-out seeds every eval.every iterations,
+    -> [greedy episodes on held-out seeds every eval.every iterations,
         transcripts every log.trajectories_every]
 
-With `max_staleness` set, `produce` runs ahead in a thread (`rlpost.train.pipeline`) on
-the policy exactly that many updates old (`rollout.loop_step`).
+With `rollout.max_staleness` set, `produce` runs ahead in a thread
+(`rlpost.train.pipeline`) on the policy exactly that many updates old (`rollout.loop_step`).
 """
 
 import dataclasses
@@ -36,13 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from rlpost import config_moves
+from rlpost import errors
 from rlpost import sampling as sampling_lib
-from rlpost.data import limits
 from rlpost.data import tasks as tasks_lib
 from rlpost.data.cursor import Cursor, next_indices
 from rlpost.envs import multiturn
+from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
-from rlpost.envs import single_turn
 from rlpost.envs import table as env_table
 from rlpost.models import policy
 from rlpost.recipes import alarms as alarms_lib
@@ -61,18 +64,18 @@ from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
 
-PROMPTS, ENV = "prompts", "env"  # the two task sources
-# Progress bar title and curves per (source, learner): the names runs always had.
+# Progress bar title and curves per (report, learner): a dataset's one-turn episodes
+# (protocol.CompletionReport) or an environment's episodes (None); the names runs always had.
 _CURVES = {
-  (PROMPTS, "grpo"): (
+  ("completions", "grpo"): (
     ("reward/mean", "answer_accuracy", "format_accuracy", "kl"),
     ("reward/mean", "kl"),
   ),
-  (PROMPTS, "ppo"): (
+  ("completions", "ppo"): (
     ("reward/mean", "answer_accuracy", "explained_variance", "vf_loss"),
     ("reward/mean", "explained_variance"),
   ),
-  ENV: (  # explained_variance: PPO's only
+  ("episodes", None): (  # explained_variance: PPO's only
     (
       "reward/mean",
       "success",
@@ -86,38 +89,31 @@ _CURVES = {
     ("reward/mean", "greedy/success"),
   ),
 }
-# A prompt is one turn: no cap on its length beyond the model's (a dataset's prompts
-# were never capped).
-_NO_PROMPT_CAP = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Everything static about a run, from the ConfigDict (`check_config`; `build` adds the
-  parts that need the tokenizer or the data: `turns`, `sampling`, `greedy`).
+  parts that need the tokenizer or the environment: `turns`, `sampling`, `greedy`).
 
   learner / settings: the LEARNERS name and its settings (`forward` and
-  `num_generations`, episodes per task, derive from them). source: PROMPTS | ENV;
-  tasks_field: the `train` field counting a batch's tasks. rollout: the data source's
-  rollout block (dynamic sampling, overlong penalty; an environment's: the defaults). template, shuffle: the data source's
-  prompt template and order. eval_*: greedy held-out episodes (an environment's).
+  `num_generations`, episodes per task, derive from them). env: the `env` block's typed
+  config (`envs.table`). rollout: the `rollout` block (turn layout, DAPO's collection
+  options, max_staleness). batch_tasks: tasks per iteration (`train.batch_tasks`).
+  eval_*: greedy held-out episodes (`eval.every` > 0).
   """
 
   learner: str
   settings: Any
-  source: str
-  tasks_field: str
-  batch_tasks: int
+  env: Any
   rollout: rollout_lib.RolloutConfig
-  max_staleness: int | None
+  batch_tasks: int
   temperature: float
   prompt_bucket: int
-  max_new_tokens: int  # a turn's cap (a prompt's completion)
-  turns: multiturn.TurnConfig | None = None  # env: from the rollout block; data: `build`
+  max_new_tokens: int  # a turn's cap
+  turns: multiturn.TurnConfig | None = None  # `build`: with the environment's scaffold
   sampling: sampling_lib.SamplingConfig | None = None
   greedy: sampling_lib.SamplingConfig | None = None
-  template: str = ""
-  shuffle: bool = False
   eval_every: int = 0
   eval_tasks: int = 0
   eval_batch_tasks: int = 0
@@ -126,7 +122,6 @@ class Setup:
   trajectories_logged: int = 0
   step_threads: int = 1
   per_turn_rewards: bool = False
-  data: blocks.DataConfig | None = None  # a prompt dataset's `data` block
   learned_reward: blocks.LearnedRewardConfig = blocks.LearnedRewardConfig()
   alarms: alarms_lib.AlarmConfig = alarms_lib.AlarmConfig()
   offers_tools: bool = False  # an environment whose episodes can call tools
@@ -146,35 +141,177 @@ class Setup:
     return self.spec.samples_per_task(self.settings)
 
 
-class Tasks(NamedTuple):
-  """The environment and its tasks (`protocol.EnvTasks`); for a prompt dataset also its
-  size (tasks are drawn by index in the cursor's order; None: seeds i*B+b) and the
-  names its one-turn episodes report (reward functions, accuracy flags)."""
-
-  env_tasks: protocol.EnvTasks
-  size: int | None = None
-  reward_names: tuple = ()
-  accuracy_names: tuple = ()
-
-
 class Pieces(NamedTuple):
   """Everything a run is built from (see `build`)."""
 
   setup: Setup
   tokenizer: Any
-  tasks: Tasks
+  tasks: protocol.EnvTasks
   state: step_lib.TrainState  # fresh: step 0
   learner: learners_lib.Learner
   sampler: rollout_lib.Sampler  # where rollouts run
   scorer: Any = None  # the reward model's jitted `scores(batch) -> [N]`, or None
 
 
+BATCH_FIELD = "train.batch_tasks"
+
+
 def check_config(cfg, learner: str | None = None) -> Setup:
   """Validates the ConfigDict before anything is loaded (errors name the field, the value
-  and the fix). `learner`: the default when the config names none (`learners.name_of`)."""
+  and the fix). Old field names are read at their new places (`config_moves`).
+  `learner`: the default when the config names none (`learners.name_of`)."""
+  cfg = migrated(cfg)
   name = learners_lib.name_of(cfg, learner)
   spec = learners_lib.spec(name)
-  setup = _env_setup(cfg, name, spec) if "env" in cfg else _prompts_setup(cfg, name, spec)
+  r = common.from_block(rollout_lib.RolloutConfig, cfg.rollout, "rollout", learners_lib.RENAMED)
+  s = common.from_block(blocks.SamplingBlock, cfg.sampling, "sampling")
+  env = env_table.env_config(cfg.env)  # a dataset's file and reward functions, checked now
+  if r.dynamic_sampling and not spec.groups:
+    common.fail(
+      "rollout.dynamic_sampling",
+      True,
+      f"{name} samples one completion per task and its critic gives every sample a "
+      "baseline: there are no tied groups to drop; use False",
+    )
+  rollout_lib.check_training_sampling(
+    s,
+    _greedy_why(name, cfg.algo),
+    "use e.g. 1.0. Greedy evaluation is eval.every's (an environment's held-out episodes) "
+    "or experiments.eval_gsm8k's job.",
+  )
+  turns = _turns(r, s)
+  threads = cfg.get("rollout_threads", 1)
+  if threads < 1:
+    common.fail("rollout_threads", threads, "must be >= 1 thread")
+  _check_context(cfg, r, env, turns)
+  if r.overlong_buffer and r.overlong_buffer > turns.max_total_tokens:
+    common.fail(
+      "rollout.overlong_buffer",
+      r.overlong_buffer,
+      f"must be <= the {turns.max_total_tokens} tokens a row samples at most "
+      "(rollout.max_total_tokens, else sampling.max_new_tokens)",
+    )
+  settings = spec.settings(cfg, BATCH_FIELD)
+  per_turn = bool(cfg.get("per_turn_rewards", False))
+  _check_credit(name, settings, per_turn)
+  rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
+  ev = _eval_block(cfg)
+  t = cfg.train
+  if ev.every and t.steps * t.batch_tasks > ev.seed_offset:
+    common.fail(
+      "eval.seed_offset",
+      ev.seed_offset,
+      f"training uses seeds up to train.steps * train.batch_tasks = {t.steps * t.batch_tasks}; "
+      "held-out seeds must start above them",
+    )
+  common.check_loop_settings(
+    cfg,
+    min_steps=0 if ev.every else 1,
+    steps_fix="must be >= 1, or 0 with eval.every > 0 (greedy evaluation only)",
+  )
+  log = common.from_block(blocks.LogConfig, cfg.log, "log") if "log" in cfg else blocks.NO_LOG
+  tools = common.from_block(blocks.ToolsConfig, cfg.tools, "tools") if "tools" in cfg else None
+  setup = Setup(
+    learner=name,
+    settings=settings,
+    env=env,
+    rollout=r,
+    batch_tasks=t.batch_tasks,
+    temperature=s.temperature,
+    prompt_bucket=s.prompt_bucket,
+    max_new_tokens=turns.max_turn_tokens,
+    eval_every=ev.every,
+    eval_tasks=ev.num_tasks,
+    eval_batch_tasks=ev.batch_tasks,
+    eval_seed_offset=ev.seed_offset,
+    trajectories_every=log.trajectories_every,
+    trajectories_logged=log.trajectories_logged,
+    step_threads=threads,
+    per_turn_rewards=per_turn,
+    offers_tools=env_table.offers_tools(cfg.env.name, bool(tools and tools.enabled)),
+  )
+  return _with_watch_and_reward_model(cfg, setup)
+
+
+def migrated(cfg):
+  """`cfg` with old field names at their new places (`rlpost.config_moves`); a field set
+  at both is a ConfigError."""
+  try:
+    return config_moves.migrate(cfg)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+
+
+def _turns(r: rollout_lib.RolloutConfig, s) -> multiturn.TurnConfig:
+  """The turn layout the rollout and sampling blocks give (the scaffold comes with the
+  environment, at `build`)."""
+  if r.max_turn_tokens is None and s.max_new_tokens is None:
+    common.fail(
+      "sampling.max_new_tokens", None, "must be >= 1 token (or set rollout.max_turn_tokens)"
+    )
+  if r.max_turn_tokens and s.max_new_tokens and r.max_turn_tokens != s.max_new_tokens:
+    common.fail(
+      "rollout.max_turn_tokens",
+      r.max_turn_tokens,
+      f"differs from sampling.max_new_tokens={s.max_new_tokens}: both cap a turn; set one",
+    )
+  try:
+    turns = r.turns(r.max_turn_tokens or s.max_new_tokens)
+  except ValueError as e:
+    raise errors.ConfigError(str(e).replace("RolloutConfig.", "config.rollout.")) from None
+  if turns.max_total_tokens < turns.max_turn_tokens:
+    common.fail(
+      "rollout.max_total_tokens",
+      turns.max_total_tokens,
+      f"is below rollout.max_turn_tokens={turns.max_turn_tokens}: every episode would be cut "
+      "inside its first turn; give room for env.max_turns turns and their observations",
+    )
+  return turns
+
+
+def _check_context(cfg, r: rollout_lib.RolloutConfig, env, turns: multiturn.TurnConfig) -> None:
+  """A first prompt at its cap plus a row's completion slots fit the model's context: the
+  cap is rollout.max_prompt_tokens, else a dataset's own env.max_prompt_tokens."""
+  if r.max_prompt_tokens is not None:
+    field, cap = "rollout.max_total_tokens", turns.max_total_tokens
+    what = f"with rollout.max_prompt_tokens={r.max_prompt_tokens} an episode holds"
+    common.check_context(cfg, r.max_prompt_tokens + cap, field, cap, what)
+  elif hasattr(env, "max_prompt_tokens"):
+    what = f"with sampling.max_new_tokens={turns.max_total_tokens} a sequence holds"
+    total = env.max_prompt_tokens + turns.max_total_tokens
+    common.check_context(cfg, total, "env.max_prompt_tokens", env.max_prompt_tokens, what)
+
+
+def _check_credit(name: str, settings, per_turn: bool) -> None:
+  """GRPO's turn and state credit read each turn's reward (`per_turn_rewards`); only they
+  and PPO can use per-turn rewards."""
+  per_turn_grpo = name == "grpo" and settings.algo.credit != "episode"
+  if per_turn and name != "ppo" and not per_turn_grpo:
+    common.fail(
+      "per_turn_rewards",
+      True,
+      "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
+      "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
+    )
+  if per_turn_grpo and not per_turn:
+    common.fail(
+      "algo.credit",
+      settings.algo.credit,
+      f"{settings.algo.credit} credit reads each turn's reward where the turn ends: set "
+      "per_turn_rewards=True (a prompt's completion is one turn: use 'episode')",
+    )
+
+
+def _eval_block(cfg) -> blocks.EvalConfig:
+  """The greedy held-out evaluation (`eval.every` > 0); a GSM8K config's `eval` block is
+  experiments.eval_gsm8k's instead (no `every`): off here."""
+  if "eval" not in cfg or "every" not in cfg.eval:
+    return blocks.EvalConfig(every=0)
+  return common.from_block(blocks.EvalConfig, cfg.eval, "eval")
+
+
+def _with_watch_and_reward_model(cfg, setup: Setup) -> Setup:
+  """`setup` with the `alarms` block and the `reward_model` block (a learned reward)."""
   if "alarms" in cfg:
     watch = common.from_block(alarms_lib.AlarmConfig, cfg.alarms, "alarms")
     setup = dataclasses.replace(setup, alarms=watch)
@@ -191,65 +328,6 @@ def check_config(cfg, learner: str | None = None) -> Setup:
   return dataclasses.replace(setup, learned_reward=learned)
 
 
-def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
-  """The data source's checks (configs/grpo_gsm8k.py, ppo_gsm8k.py)."""
-  r = common.from_block(rollout_lib.RolloutConfig, cfg.rollout, "rollout", learners_lib.RENAMED)
-  if r.dynamic_sampling and not spec.groups:
-    common.fail(
-      "rollout.dynamic_sampling",
-      True,
-      f"{name} samples one completion per prompt and its critic gives every sample a "
-      "baseline: there are no tied groups to drop; use False",
-    )
-  s = common.from_block(blocks.SamplingBlock, cfg.sampling, "sampling")
-  rollout_lib.check_training_sampling(
-    s,
-    _greedy_why(name, cfg.algo),
-    "use e.g. 1.0. Greedy evaluation is experiments.eval_gsm8k's job.",
-  )
-  if s.max_new_tokens is None:
-    common.fail("sampling.max_new_tokens", None, "must be >= 1 token")
-  settings = spec.settings(cfg, "train.batch_prompts")
-  if name == "grpo" and settings.algo.credit != "episode":
-    common.fail(
-      "algo.credit",
-      settings.algo.credit,
-      "a prompt's completion is one turn: use 'episode' (turn and state credit are for "
-      "environments)",
-    )
-  d = common.from_block(blocks.DataConfig, cfg.data, "data")
-  common.check_loop_settings(cfg)
-  if r.overlong_buffer and r.overlong_buffer > s.max_new_tokens:
-    common.fail(
-      "rollout.overlong_buffer",
-      r.overlong_buffer,
-      f"must be <= sampling.max_new_tokens={s.max_new_tokens}",
-    )
-  rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
-  common.check_context(
-    cfg,
-    d.max_prompt_tokens + s.max_new_tokens,
-    "data.max_prompt_tokens",
-    d.max_prompt_tokens,
-    f"with sampling.max_new_tokens={s.max_new_tokens} a sequence holds",
-  )
-  return Setup(
-    learner=name,
-    settings=settings,
-    source=PROMPTS,
-    tasks_field="train.batch_prompts",
-    batch_tasks=cfg.train.batch_prompts,
-    rollout=r,
-    max_staleness=r.max_staleness,
-    temperature=s.temperature,
-    prompt_bucket=s.prompt_bucket,
-    max_new_tokens=s.max_new_tokens,
-    template=d.template,
-    shuffle=d.shuffle,
-    data=d,
-  )
-
-
 def _greedy_why(name: str, algo) -> str:
   """Why `name` cannot train on greedy samples (the sampling.temperature error's reason;
   `algo`: the config's `algo` block)."""
@@ -262,137 +340,47 @@ def _greedy_why(name: str, algo) -> str:
   return "the trainer's logprobs divide the logits by the temperature"
 
 
-def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
-  """An environment's checks (configs/agentic.py)."""
-  turns = common.from_block(multiturn.TurnConfig, cfg.rollout, "rollout")
-  s = common.from_block(blocks.SamplingBlock, cfg.sampling, "sampling")
-  rollout_lib.check_training_sampling(
-    s,
-    "the trainer's logprobs divide the logits by it, and greedy episodes of a task are identical",
-    "greedy validation uses eval.* instead",
-  )
-  if turns.max_total_tokens < turns.max_turn_tokens:
-    common.fail(
-      "rollout.max_total_tokens",
-      turns.max_total_tokens,
-      f"is below rollout.max_turn_tokens={turns.max_turn_tokens}: every episode would be cut "
-      "inside its first turn; give room for env.max_turns turns and their observations",
-    )
-  if cfg.rollout_threads < 1:
-    common.fail("rollout_threads", cfg.rollout_threads, "must be >= 1 thread")
-  common.check_context(
-    cfg,
-    turns.max_prompt_tokens + turns.max_total_tokens,
-    "rollout.max_total_tokens",
-    turns.max_total_tokens,
-    f"with rollout.max_prompt_tokens={turns.max_prompt_tokens} an episode holds",
-  )
-  log = common.from_block(blocks.LogConfig, cfg.log, "log")
-  common.from_block(blocks.ToolsConfig, cfg.tools, "tools")
-  settings = spec.settings(cfg, "train.batch_tasks")
-  ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
-  rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
-  per_turn_grpo = name == "grpo" and settings.algo.credit != "episode"
-  if cfg.per_turn_rewards and name != "ppo" and not per_turn_grpo:
-    common.fail(
-      "per_turn_rewards",
-      True,
-      "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
-      "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
-    )
-  if per_turn_grpo and not cfg.per_turn_rewards:
-    common.fail(
-      "algo.credit",
-      settings.algo.credit,
-      f"{settings.algo.credit} credit reads each turn's reward where the turn ends: set "
-      "per_turn_rewards=True",
-    )
-  t = cfg.train
-  if t.steps * t.batch_tasks > ev.seed_offset:
-    common.fail(
-      "eval.seed_offset",
-      ev.seed_offset,
-      f"training uses seeds up to train.steps * train.batch_tasks = {t.steps * t.batch_tasks}; "
-      "held-out seeds must start above them",
-    )
-  common.check_loop_settings(
-    cfg,
-    min_steps=0 if ev.every else 1,
-    steps_fix="must be >= 1, or 0 with eval.every > 0 (greedy evaluation only)",
-  )
-  return Setup(
-    learner=name,
-    settings=settings,
-    source=ENV,
-    tasks_field="train.batch_tasks",
-    batch_tasks=t.batch_tasks,
-    rollout=rollout_lib.RolloutConfig(),
-    max_staleness=cfg.max_staleness,
-    temperature=s.temperature,
-    prompt_bucket=s.prompt_bucket,
-    max_new_tokens=turns.max_turn_tokens,
-    turns=turns,
-    eval_every=ev.every,
-    eval_tasks=ev.num_tasks,
-    eval_batch_tasks=ev.batch_tasks,
-    eval_seed_offset=ev.seed_offset,
-    trajectories_every=log.trajectories_every,
-    trajectories_logged=log.trajectories_logged,
-    step_threads=cfg.rollout_threads,
-    per_turn_rewards=cfg.per_turn_rewards,
-    offers_tools=env_table.offers_tools(cfg.env.name, cfg.tools.enabled),
-  )
-
-
-def make_env(cfg) -> protocol.EnvTasks:
+def make_env(cfg, tokenizer=None) -> protocol.EnvTasks:
   """The `env` block's environment from the table (`rlpost.envs.table`), with the `tools`
-  block's tools when enabled, and its tasks."""
+  block's tools when enabled, and its tasks (a dataset counts its prompts' tokens with
+  `tokenizer`)."""
+  cfg = migrated(cfg)
   config = env_table.env_config(cfg.env)
+  ev, tools = _eval_block(cfg), cfg.get("tools")
   run_info = protocol.RunInfo(
     seed=cfg.seed,
-    eval_seed_offset=cfg.eval.seed_offset,
-    eval_tasks=cfg.eval.num_tasks,
-    max_result_chars=cfg.tools.max_result_chars,
+    eval_seed_offset=ev.seed_offset,
+    eval_tasks=ev.num_tasks,
+    max_result_chars=tools.max_result_chars if tools else 200,
+    tokenizer=tokenizer,
   )
-  return env_table.make(cfg.env.name, config, run_info, cfg.tools.enabled)
-
-
-def prompt_tasks(task: tasks_lib.Task, template: str, tokenizer) -> tuple[Tasks, str]:
-  """A prompt dataset (`data.tasks.Task`) as one-turn episodes under a data template, in
-  the tokenizer's chat format: (Tasks, scaffold template). Seed s is problem s of
-  `task.problems`."""
-  env, kind = single_turn.make_env(task, template, tokenizer)
-  problems = task.problems
-  pick = lambda seeds: [problems[s] for s in seeds]
-  env_tasks = protocol.EnvTasks(env, pick, pick)
-  names = tuple(task.reward_fns), tuple(task.accuracy_fns)
-  return Tasks(env_tasks, len(problems), *names), kind
+  return env_table.make(cfg.env.name, config, run_info, bool(tools and tools.enabled))
 
 
 def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
   """`p` training on another prompt dataset (e.g. a benchmark's fixed prompts) under a
   data template (fewshot | chat | plain)."""
-  tasks, kind = prompt_tasks(task, template, p.tokenizer)
-  turns = dataclasses.replace(p.setup.turns, template=kind)
-  return p._replace(setup=dataclasses.replace(p.setup, template=template, turns=turns), tasks=tasks)
+  tasks = prompt_dataset.tasks(task, template, p.tokenizer)
+  turns = dataclasses.replace(p.setup.turns, template=tasks.scaffold)
+  return p._replace(setup=dataclasses.replace(p.setup, turns=turns), tasks=tasks)
 
 
 def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = None) -> Pieces:
   """Loads the model (or takes `loaded` = (config, params, tokenizer)) and builds the run
   (`setup`: `check_config`'s, when the caller has it; else checked here)."""
+  cfg = migrated(cfg)
   setup = setup or check_config(cfg, learner)
-  if setup.source == ENV:
-    tasks = Tasks(make_env(cfg))
-    turns = setup.turns
-  else:  # the data file before the model (its errors fail fast), its lengths after
-    task = tasks_lib.load_task(cfg.data, "train", cfg.seed)
   _, params, tokenizer = loaded or common.load_model(cfg)
-  if setup.source != ENV:
-    d = setup.data
-    task, _ = limits.prompts_within(task, d.template, tokenizer, d.max_prompt_tokens, d.on_too_long)
-    tasks, kind = prompt_tasks(task, setup.template, tokenizer)
-    cap = setup.max_new_tokens
-    turns = multiturn.TurnConfig(kind, cap, cap, max_prompt_tokens=_NO_PROMPT_CAP)
+  tasks = make_env(cfg, tokenizer)
+  r = setup.rollout
+  if r.template and tasks.scaffold and r.template != tasks.scaffold:
+    common.fail(
+      "rollout.template",
+      r.template,
+      f"this environment's scaffold is {tasks.scaffold!r} (a dataset's follows its "
+      "env.template): leave rollout.template None",
+    )
+  turns = r.turns(setup.max_new_tokens, tasks.scaffold)
   sc = sampling_lib.SamplingConfig(
     temperature=setup.temperature,
     stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
@@ -458,18 +446,19 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
   Resumes from the newest checkpoint in `workdir`. `learner`: the default when the
   config names none (`learners.name_of`). Returns the final TrainState.
   """
-  cfg = common.with_compute_dtype(cfg, workdir)
+  cfg = common.with_compute_dtype(migrated(cfg), workdir)
   setup = check_config(cfg, learner)  # a bad config fails before the int8 calibration (seconds)
   cfg = common.with_int8_paths(cfg, workdir)
   p = build(cfg, loaded, setup=setup)
   setup = p.setup
-  if setup.source == ENV and jax.default_backend() == "cpu":
+  if p.tasks.env.max_turns > 1 and jax.default_backend() == "cpu":
     runtime.check_map_count()  # multi-turn rollouts compile a program per shape
-  curves, postfix = _CURVES[ENV if setup.source == ENV else (PROMPTS, setup.learner)]
-  title = "agentic" if setup.source == ENV else setup.learner
+  title, (curves, postfix) = _title_and_curves(p)
   loop = loop_lib.loop_config(cfg, f"{title}[{cfg.name}]", curves, postfix)
   with _pool(setup) as pool:
-    step_fn, close, carry = loop_step(p, pool, workdir, setup.max_staleness, cfg.train.steps)
+    step_fn, close, carry = loop_step(
+      p, pool, workdir, setup.rollout.max_staleness, cfg.train.steps
+    )
     gap = setup.alarms.logp_gap
     if gap is None:
       gap = alarms_lib.default_logp_gap(setup.forward.compute_dtype, cfg.sampling.weights)
@@ -490,6 +479,13 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
     finally:
       close()
   return state
+
+
+def _title_and_curves(p: Pieces):
+  """The progress bar's title and the curves: a dataset's by learner, an environment's."""
+  if p.tasks.report is None:
+    return "agentic", _CURVES[("episodes", None)]
+  return p.setup.learner, _CURVES[("completions", p.setup.learner)]
 
 
 def _pool(setup: Setup) -> futures.ThreadPoolExecutor:
@@ -530,15 +526,7 @@ def produce(p: Pieces, weights, cursor: Cursor, index: int, pool=None):
   start = time.perf_counter()
   params_s, key = weights
   key = jax.random.fold_in(key, index)
-  if p.setup.source == ENV:
-    B, G = p.setup.batch_tasks, p.setup.num_generations
-    mine = shares.block(B, p.setup.tasks_field)
-    seeds = [index * B + b for b in range(B)][mine]
-    tasks = p.tasks.env_tasks.train_tasks(seeds)
-    out = _play(p, pool, params_s, tasks, seeds, key, p.setup.sampling, G, mine.start * G)
-    metrics = reports.episode_metrics(out.episodes)
-  else:
-    out, metrics, cursor = _collect_prompts(p, pool, params_s, cursor, key)
+  out, metrics, cursor = _collect(p, pool, params_s, cursor, key, index)
   if p.scorer is not None:
     out, scored = _with_learned_reward(p, out)
     metrics = {**metrics, **scored}
@@ -547,34 +535,46 @@ def produce(p: Pieces, weights, cursor: Cursor, index: int, pool=None):
   return (out, metrics, time.perf_counter() - start), cursor
 
 
-def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
-  """`batch_prompts` prompts of the data cursor, G one-turn episodes each, scored; with
-  DAPO's options: the overlong penalty added to the rewards, dynamic sampling.
+def _draw(tasks: protocol.EnvTasks, cursor: Cursor, index: int, B: int):
+  """(B task seeds, cursor): a dataset's next B in the data cursor's order, else the
+  seeds index*B .. index*B+B-1 (`protocol.EnvTasks.pool`)."""
+  if tasks.pool is None:
+    return np.arange(index * B, (index + 1) * B), cursor
+  return next_indices(cursor, tasks.pool, B, shuffle=tasks.shuffle)
+
+
+def _collect(p: Pieces, pool, params_s, cursor: Cursor, key, index: int):
+  """`batch_tasks` tasks, G episodes each, scored; with the rollout block's DAPO options:
+  the overlong penalty added to the rewards, dynamic sampling. Any environment.
 
   Dynamic sampling drops groups whose G rewards are all equal (zero advantage, no
-  signal) and draws further prompts, up to `max_resample_rounds` extra rounds; if the
+  signal) and draws further tasks (a dataset's next ones; an environment of seeds plays
+  the same seeds again with a new key), up to `max_resample_rounds` extra rounds; if the
   batch is still short it is filled with dropped groups (they contribute no policy
   gradient) and `dynamic/filled` counts them. With several processes each plays every
-  round whole (sampling is not split) and trains on its block of the groups chosen. A
-  group learner's rounds sample with key fold_in(key, round) (as runs before the one
-  recipe did). Returns (Rollout, metrics, cursor).
+  round whole (sampling is not split) and trains on its block of the groups chosen.
+  Round k of a group learner samples with key fold_in(key, k), except a seeded
+  environment's first round, which takes `key` itself (the keys runs have always used, so
+  earlier runs resume and compare bitwise). Returns (Rollout, metrics, cursor).
   """
   setup, tasks = p.setup, p.tasks
   B, G, r = setup.batch_tasks, setup.num_generations, setup.rollout
   groups = setup.spec.groups
+  report = tasks.report or protocol.CompletionReport()
   # With several processes, dynamic sampling has every process play each round whole, so
   # all keep the same groups (those one process would keep) and take their block of them.
   everyone = r.dynamic_sampling and jax.process_count() > 1
   kept, dropped, rounds, errors = [], [], 0, {}
   while True:
-    idx, cursor = next_indices(cursor, tasks.size, B, shuffle=setup.shuffle)
-    mine = slice(0, B) if everyone else shares.block(B, setup.tasks_field)
+    idx, cursor = _draw(tasks, cursor, index, B)
+    mine = slice(0, B) if everyone else shares.block(B, BATCH_FIELD)
     seeds = [int(i) for i in idx[mine]]
-    round_key = jax.random.fold_in(key, rounds) if groups else key
-    problems = tasks.env_tasks.train_tasks(seeds)
+    first_seeded = rounds == 0 and tasks.pool is None
+    round_key = jax.random.fold_in(key, rounds) if groups and not first_seeded else key
+    problems = tasks.train_tasks(seeds)
     out = _play(p, pool, params_s, problems, seeds, round_key, setup.sampling, G, mine.start * G)
     out, penalty = _with_overlong_penalty(out, setup)
-    for name, n in reports.reward_errors(out, tasks.reward_names).items():
+    for name, n in reports.reward_errors(out, report.reward_names).items():
       errors[name] = errors.get(name, 0) + (n if everyone else shares.sum_over_processes(n))
     tied = np.asarray(adv_lib.zero_signal_groups(jnp.asarray(out.rewards), G))
     for g, no_signal in enumerate(tied):
@@ -595,29 +595,29 @@ def _collect_prompts(p: Pieces, pool, params_s, cursor: Cursor, key):
   filled = max(0, mine_count - len(kept))  # 0 without dynamic sampling, on any process count
   chosen = (kept + dropped[:filled])[:mine_count]
   if everyone:  # the groups every process chose alike: this process trains on its block
-    chosen = shares.take(chosen, setup.tasks_field)
+    chosen = shares.take(chosen, BATCH_FIELD)
   whole = rounds == 1 and not dropped and not everyone
   out, penalty = _groups_of(chosen, G, setup.sampling.pad_id, whole)
   extra = {} if penalty is None else {"overlong_penalty": penalty}
-  metrics = {
-    **errors,
-    **reports.single_turn_metrics(out, tasks.reward_names, tasks.accuracy_names, extra),
-  }
-  if groups:
+  metrics = {**errors, **reports.rollout_metrics(out, tasks.report, extra)}
+  # dynamic/*: a group learner's on a dataset (the names those runs always had), or with
+  # dynamic sampling on
+  if groups and (tasks.report is not None or r.dynamic_sampling):
     metrics.update({"dynamic/rounds": rounds, "dynamic/filled": filled})
   return out, metrics, cursor
 
 
 def _with_overlong_penalty(out: multiturn.Rollout, setup: Setup):
-  """(out with DAPO's soft overlong penalty added to its rewards, the penalty [N] float32),
-  or (out, None) when rollout.overlong_buffer is off."""
+  """(out with DAPO's soft overlong penalty added to its rewards, the penalty [N] float32:
+  a row's sampled tokens against the most it can sample, `turns.max_total_tokens`), or
+  (out, None) when rollout.overlong_buffer is off."""
   r = setup.rollout
   if not r.overlong_buffer:
     return out, None
   penalty = np.asarray(
     adv_lib.overlong_penalty(
       jnp.asarray(out.batch.loss_mask.sum(1)),
-      max_len=setup.sampling.max_new_tokens,
+      max_len=setup.turns.max_total_tokens,
       buffer_len=r.overlong_buffer,
       penalty_factor=r.overlong_penalty,
     ),
@@ -651,7 +651,7 @@ def _play(p: Pieces, pool, params_s, tasks, seeds, key, sc, num_generations, fir
   """`num_generations` episodes of each (task, seed) with the sampler weights `params_s`."""
   out = multiturn.rollout(
     params_s,
-    p.tasks.env_tasks.env,
+    p.tasks.env,
     tasks,
     seeds,
     key,
@@ -688,8 +688,7 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish=None, poo
   elapsed = time.perf_counter() - start
   metrics["time/rollout_s"] = rollout_s
   metrics["time/train_s"] = elapsed - metrics.get("time/forward_s", 0.0)
-  if setup.source == PROMPTS:
-    metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / (rollout_s + elapsed)
+  metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / (rollout_s + elapsed)
   if setup.eval_every and (index + 1) % setup.eval_every == 0:
     metrics.update(evaluate(p, pool, state, workdir, index + 1))
   if setup.trajectories_every and (index + 1) % setup.trajectories_every == 0:
@@ -713,7 +712,7 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   )
   for first in progress:
     part = seeds[first : first + chunk]
-    tasks = p.tasks.env_tasks.eval_tasks(part)
+    tasks = p.tasks.eval_tasks(part)
     out = _greedy_rollout(p, pool, state, tasks, part)
     episodes += out.episodes
   reports.write_trajectories(

@@ -1,5 +1,5 @@
 """Where and from which weights an RL run samples, and its loop schedule (a helper module
-of the RL recipe, `rlpost.recipes.rl`): the `rollout` block of a prompt dataset, the
+of the RL recipe, `rlpost.recipes.rl`): the `rollout` block, the
 training-sampling and off-policy checks, the sampler's devices and weights, and the
 run loop's step (in turn, or pipelined with the older policies carried in checkpoints).
 """
@@ -13,6 +13,7 @@ from absl import logging as absl_logging
 import jax
 import jax.numpy as jnp
 
+from rlpost.envs import multiturn
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.recipes import common
@@ -26,18 +27,36 @@ from rlpost.train import weight_sync
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  """How a batch of groups is collected (the `rollout` block).
+  """How an iteration's episodes are played and collected: the `rollout` block of every
+  RL config, whatever the environment.
 
-  dynamic_sampling: DAPO: drop groups whose G rewards tie (no signal) and
-    sample further prompts, up to `max_resample_rounds` extra rounds.
-  overlong_buffer: DAPO soft overlong penalty window in TOKENS before
-    sampling.max_new_tokens; None: off.
-  overlong_penalty: the penalty at max_new_tokens.
-  max_staleness: None: sample, then train, in turn. An int s: a producer thread
-    samples ahead (`rlpost.train.pipeline`), each batch from a policy at most s
-    updates old (0: the synchronous schedule; s > 0 needs `algo.tis_cap`).
+  The turn layout (`multiturn.TurnConfig`, resolved by `turns`):
+  template: the scaffold around observations, chat | plain; None: the environment's own
+    (a prompt dataset's follows its `env.template`), else chat.
+  max_turn_tokens: sampled tokens per turn; None: `sampling.max_new_tokens`.
+  max_total_tokens: completion slots per row (turns + observations); None: one turn.
+  max_prompt_tokens: the longest first prompt an episode accepts (a longer one is an
+    error naming it); None: no cap of the rollout's (a dataset caps its prompts with
+    `env.max_prompt_tokens`, leaving out longer ones).
+  mask_truncated, fixed_shapes, stop_strings: as `multiturn.TurnConfig`'s.
+
+  Collection, for any environment:
+  dynamic_sampling: DAPO: drop groups whose G rewards tie (no signal) and play further
+    tasks, up to `max_resample_rounds` extra rounds.
+  overlong_buffer: DAPO's soft overlong penalty window in TOKENS below the row's sampled
+    tokens cap (max_total_tokens); None: off. overlong_penalty: the penalty at the cap.
+  max_staleness: None: play, then train, in turn. An int s: a producer thread plays
+    ahead (`rlpost.train.pipeline`), each batch by a policy at most s updates old (0: the
+    synchronous schedule; s > 0 needs `algo.tis_cap`).
   """
 
+  template: str | None = None
+  max_turn_tokens: int | None = None
+  max_total_tokens: int | None = None
+  max_prompt_tokens: int | None = None
+  mask_truncated: bool = False
+  fixed_shapes: bool = False
+  stop_strings: tuple[str, ...] = ()
   dynamic_sampling: bool = False
   max_resample_rounds: int = 3
   overlong_buffer: int | None = None
@@ -57,6 +76,29 @@ class RolloutConfig:
         f"RolloutConfig.overlong_buffer={self.overlong_buffer}: use a "
         "positive number of tokens, or None to turn the penalty off"
       )
+    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+    self.turns(self.max_turn_tokens or 1)  # the turn fields' own checks (TurnConfig's)
+
+  def turns(self, max_new_tokens: int, scaffold: str | None = None) -> multiturn.TurnConfig:
+    """The TurnConfig these fields give with the sampling block's `max_new_tokens` and the
+    environment's own `scaffold` (None: it has none)."""
+    turn = self.max_turn_tokens or max_new_tokens
+    try:
+      return multiturn.TurnConfig(
+        template=self.template or scaffold or "chat",
+        max_turn_tokens=turn,
+        max_total_tokens=self.max_total_tokens or turn,
+        max_prompt_tokens=self.max_prompt_tokens or NO_PROMPT_CAP,
+        mask_truncated=self.mask_truncated,
+        fixed_shapes=self.fixed_shapes,
+        stop_strings=self.stop_strings,
+      )
+    except ValueError as e:
+      raise ValueError(str(e).replace("TurnConfig.", "RolloutConfig.")) from None
+
+
+# A dataset's prompt is capped where it enters (`env.max_prompt_tokens`): no second cap.
+NO_PROMPT_CAP = 1 << 30
 
 
 def check_training_sampling(s, greedy_why: str, greedy_elsewhere: str) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import tqdm
 
+from rlpost import config_moves
 from rlpost import errors
 from rlpost.data.cursor import Cursor
 from rlpost.models import families
@@ -286,6 +287,7 @@ def _report_changes(workdir: str, config, step: int) -> None:
   except (OSError, ValueError):  # absent or unreadable: nothing to compare with
     return
   new, absent = _flat(json.loads(_config_text(config))), "(absent)"
+  old = config_moves.moved_flat(old, new)  # a run from before a field moved
   changed = [
     f"{key}: {old.get(key, absent)!r} -> {new.get(key, absent)!r}"
     for key in sorted(set(old) | set(new))

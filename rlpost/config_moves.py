@@ -1,0 +1,90 @@
+"""RL config fields that moved, and the functions that read an old name at its new place.
+
+An old name keeps working: a config file written against the old layout, a run's
+config.json from before the move (resumed, compared) and a `--config.OLD=value` override
+all reach the new field. The table is data: one line per moved field.
+
+  train.batch_prompts -> train.batch_tasks   one batch field: tasks per step
+  max_staleness       -> rollout.max_staleness   the agentic configs' top-level field
+  data.*              -> env.*               a prompt dataset is an environment;
+                                             data.source -> env.name
+"""
+
+import copy
+
+import ml_collections
+
+# The `data` block of a prompt dataset (the GRPO / PPO configs before the move).
+PROMPT_FIELDS = (
+  "data_dir",
+  "template",
+  "fewshot",
+  "shuffle",
+  "digit",
+  "path",
+  "rewards",
+  "max_prompt_tokens",
+  "on_too_long",
+)
+MOVED: dict[str, str] = {
+  "train.batch_prompts": "train.batch_tasks",
+  "max_staleness": "rollout.max_staleness",
+  "data.source": "env.name",
+  **{f"data.{name}": f"env.{name}" for name in PROMPT_FIELDS},
+}
+
+
+def _has(tree, path: str) -> bool:
+  node = tree
+  for name in path.split("."):
+    if not hasattr(node, "keys") or name not in node:
+      return False
+    node = node[name]
+  return True
+
+
+def moved_overrides(config, paths: list[str]) -> dict[str, str]:
+  """{old path: new path} for each `--config.OLD` override path that this config has at
+  its new place only (an SFT config's own `data.source` is left alone)."""
+  return {
+    p: MOVED[p] for p in paths if p in MOVED and not _has(config, p) and _has(config, MOVED[p])
+  }
+
+
+def moved_flat(old: dict, new: dict) -> dict:
+  """`old` ({"a.b": value}, e.g. an earlier config.json flattened) with each moved field
+  under its new name, where `new` (the same, of the current config) has it there only."""
+  return {
+    (MOVED[k] if k in MOVED and k not in new and MOVED[k] in new else k): v for k, v in old.items()
+  }
+
+
+def migrate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """An RL config with every old field at its new place (a copy; `cfg` itself when nothing
+  moved). Raises ValueError when a field is set at both places."""
+  old = [p for p in MOVED if _has(cfg, p)]
+  if not old:
+    return cfg
+  both = [p for p in old if _has(cfg, MOVED[p])]
+  if both:
+    raise ValueError(
+      f"config.{both[0]} and config.{MOVED[both[0]]} are both set: {both[0]} is the old name "
+      f"of {MOVED[both[0]]}; keep only config.{MOVED[both[0]]}"
+    )
+  out = copy.deepcopy(cfg)
+  with out.unlocked():
+    for path in old:
+      block, _, name = path.rpartition(".")
+      source = out[block] if block else out
+      value = source[name]
+      new_block, _, new_name = MOVED[path].rpartition(".")
+      if new_block and new_block not in out:
+        out[new_block] = ml_collections.ConfigDict()
+      target = out[new_block] if new_block else out
+      with target.unlocked():
+        target[new_name] = value
+      with source.unlocked():
+        del source[name]
+    if "data" in out and not out.data.keys():
+      del out["data"]
+  return out
