@@ -512,6 +512,25 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   assert cfg.algo.mini_batch_size is None
 
 
+@pytest.mark.parametrize("env_model", sorted(agentic_configs.VARIANTS))
+def test_each_agentic_variant_is_its_own_run_module(env_model, monkeypatch):
+  """`agentic.py:ENV_MODEL[,ALGORITHM]` is the run module `agentic_runs/ENV_MODEL.py` loaded
+  as a config file of its own (`:ALGORITHM`), and that module's docstring gives its command
+  and its result. Mutations caught: `get_config` dispatching every name to frozenlake_gemma3;
+  frozenlake_tiny's docstring without its "Result" paragraph."""
+  run = f"{REPO_ROOT}/experiments/configs/agentic_runs/{env_model}.py"
+  text = open(run).read()
+  assert "Command" in text and "Result" in text and "python -m experiments." in text
+  for algo in ("grpo", "ppo"):
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", f"{run}:{algo}", "", flag_values=values)
+    monkeypatch.setattr("sys.argv", ["prog"])
+    values(["prog"])
+    by_name = agentic_configs.get_config(f"{env_model},{algo}")
+    assert values["config"].value.to_dict() == by_name.to_dict()
+    assert by_name.name == f"{env_model},{algo}" and by_name.is_locked
+
+
 @pytest.mark.parametrize("variant", ["frozenlake_tiny,ppo", "frozenlake_gemma3,ppo"])
 def test_every_none_field_takes_a_command_line_value(variant, monkeypatch):
   """ml_collections cannot parse `--config.a.b=N` into a field that holds a plain None (it
