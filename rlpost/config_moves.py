@@ -34,6 +34,24 @@ MOVED: dict[str, str] = {
 }
 
 
+# Fields an RL config gained in the move, with the value that gives what runs before it
+# did (as config.json writes it): a run from before is not "changed" by their arrival.
+ADDED: dict[str, object] = {
+  "rollout.template": None,
+  "rollout.max_turn_tokens": None,
+  "rollout.max_total_tokens": None,
+  "rollout.max_prompt_tokens": None,
+  "rollout.mask_truncated": False,
+  "rollout.fixed_shapes": False,
+  "rollout.stop_strings": [],
+  "rollout.dynamic_sampling": False,
+  "rollout.max_resample_rounds": 3,
+  "rollout.overlong_buffer": None,
+  "rollout.overlong_penalty": 1.0,
+  "rollout.max_staleness": None,
+}
+
+
 def _has(tree, path: str) -> bool:
   node = tree
   for name in path.split("."):
@@ -53,10 +71,17 @@ def moved_overrides(config, paths: list[str]) -> dict[str, str]:
 
 def moved_flat(old: dict, new: dict) -> dict:
   """`old` ({"a.b": value}, e.g. an earlier config.json flattened) with each moved field
-  under its new name, where `new` (the same, of the current config) has it there only."""
-  return {
+  under its new name, where `new` (the same, of the current config) has it there only,
+  and each field the move added (ADDED) at the value the old run ran with."""
+  out = {
     (MOVED[k] if k in MOVED and k not in new and MOVED[k] in new else k): v for k, v in old.items()
   }
+  block_of = lambda key: key.rsplit(".", 1)[0]
+  blocks = {block_of(k) for k in out}
+  for key, value in ADDED.items():  # only into a block the old run had
+    if key in new and key not in out and block_of(key) in blocks:
+      out[key] = value
+  return out
 
 
 def migrate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

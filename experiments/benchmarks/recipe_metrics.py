@@ -13,6 +13,7 @@ by how much; the exit status is 1 when any does.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -66,6 +67,10 @@ def run_metrics(name: str, steps: int, root: str) -> list[dict]:
     return [_untimed(json.loads(line)) for line in f]
 
 
+def _nan(value) -> bool:
+  return isinstance(value, float) and math.isnan(value)
+
+
 def differences(before: dict, after: dict) -> dict:
   """{run: {key: max |difference| (or "missing" / "added")}} over runs in both."""
   out = {}
@@ -78,7 +83,7 @@ def differences(before: dict, after: dict) -> dict:
       for key in set(a) | set(b):
         if key not in b or key not in a:
           diff[key] = "missing" if key not in b else "added"
-        elif a[key] != b[key]:
+        elif a[key] != b[key] and not (_nan(a[key]) and _nan(b[key])):
           gap = abs(a[key] - b[key]) if isinstance(a[key], (int, float)) else "changed"
           diff[key] = max(diff.get(key, 0), gap) if isinstance(gap, float) else gap
     if diff:
