@@ -1,6 +1,7 @@
 """Model families: Llama / Qwen2 / Qwen3 forwards, weight maps and tokenizers against
 transformers (`tests/fixtures/families/`, made by `experiments/oracles/hf_families.py`)."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -14,10 +15,9 @@ import pytest
 
 from conftest import skip_or_fail
 from rlpost import errors
-from rlpost.models import decoder, families, llama, lora, quant
-from rlpost.models.weights import common
+from rlpost.models import decoder, families, lora, quant
 from rlpost.models.weights import gguf as gguf_loader
-from rlpost.models.weights import gguf_file
+from rlpost.models.weights import gguf_file, packaged
 from rlpost.models.weights import safetensors as st
 from rlpost.ops.masks import causal_attention_mask
 from rlpost.text import bpe, chat_formats, vocabularies
@@ -31,7 +31,7 @@ def _tiny(family):
   path = FIXTURES / "tiny" / family
   params, info = st.load_hf_checkpoint(path)
   return (
-    common.config_from_info(info),
+    families.config_from_info(info),
     jax.tree.map(jnp.asarray, params),
     np.load(path / "logits.npz"),
   )
@@ -185,7 +185,7 @@ def test_gguf_of_each_family_loads_the_same_weights_as_its_hf_checkpoint(family,
     _write_family_gguf(tmp_path / "m.gguf", family, params, config)
   )
   assert info["rms_eps"] == float(np.float32(config.rms_eps))  # GGUF stores a float32
-  assert common.config_from_info({**info, "rms_eps": config.rms_eps}) == config
+  assert families.config_from_info({**info, "rms_eps": config.rms_eps}) == config
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params), loaded)
 
 
@@ -197,12 +197,12 @@ def test_hf_export_round_trips_each_family(family, tmp_path):
   if config.rope_freq_factors is not None:
     with pytest.raises(ValueError, match="RoPE frequency factors"):
       st.export_hf_checkpoint(params, config, tmp_path)
-    config = llama.Config(**{**common.info_of(config), "rope_freq_factors": None})
+    config = dataclasses.replace(config, rope_freq_factors=None)
   st.export_hf_checkpoint(params, config, tmp_path)
   exported = json.loads((tmp_path / "config.json").read_text())
   assert exported["model_type"] == family and exported["tie_word_embeddings"] == config.tied_output
   loaded, info = st.load_hf_checkpoint(tmp_path)
-  assert common.config_from_info(info) == config
+  assert families.config_from_info(info) == config
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params), loaded)
 
 
@@ -248,7 +248,7 @@ def test_pre_tokenizers_split_without_losing_text(pre):
 
 def _smollm2_path():
   try:
-    return gguf_loader.smollm2_gguf_path()
+    return packaged.smollm2_gguf_path()
   except ImportError as e:
     skip_or_fail(str(e))
 
@@ -414,7 +414,7 @@ def test_unsupported_hf_architecture_and_foreign_tokenizer_are_named(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
   with pytest.raises(errors.DataError, match=r"model_type='mistral' is not supported.*'qwen3'"):
     st.load_hf_checkpoint(tmp_path)
-  small = llama.Config(**{**common.info_of(families.get_config("llama_tiny")), "vocab_size": 200})
+  small = families.get_config("llama_tiny", vocab_size=200)
   with pytest.raises(errors.DataError, match="261 tokens but the model's embedding only 200"):
     loading.check_vocabulary(small, tokenizer_lib.byte_tokenizer("llama3"), "x.gguf")
   config, params, tok = loading.load_model("qwen2_tiny", "hf", str(FIXTURES / "tiny" / "qwen2"))
