@@ -93,7 +93,7 @@ def _is(value, kind) -> bool:
 
 def check(config, where: str) -> None:
   """Raises TypeError naming each `Architecture` member `config` lacks or gives a value
-  of another type; `where` names the config (e.g. "family 'llama', preset 'llama_tiny'")."""
+  of another type; `where` names the config ("family NAME, preset NAME")."""
   bad = []
   for name, kind in typing.get_type_hints(Architecture).items():
     if not hasattr(config, name):

@@ -76,10 +76,10 @@ def _conflicts(f: Family) -> list[str]:
   bad = [f"name {f.name!r} is registered"] if f.name in FAMILIES else []
   bad += [f"preset {p!r} is another family's" for p in f.presets if p in PRESETS]
   for other in FAMILIES.values():
-    bad += [f"GGUF architecture {a!r} is {other.name}'s" for a in f.gguf_architectures
-            if a in other.gguf_architectures]  # fmt: skip
-    bad += [f"HF model_type {t!r} is {other.name}'s" for t in f.hf_model_types
-            if t in other.hf_model_types]  # fmt: skip
+    taken = set(f.gguf_architectures) & set(other.gguf_architectures)
+    bad += [f"GGUF architecture {a!r} is {other.name}'s" for a in sorted(taken)]
+    taken = set(f.hf_model_types) & set(other.hf_model_types)
+    bad += [f"HF model_type {t!r} is {other.name}'s" for t in sorted(taken)]
   return bad
 
 

@@ -175,7 +175,7 @@ def hf_info(config: Mapping[str, Any], family, source: str = "config.json") -> d
     "tied_output": bool(cfg.get("tie_word_embeddings", False)),  # transformers' default
     "qkv_bias": False,
     "qk_norm": False,
-    **family.fixed,
+    **family.fixed,  # parts no config.json states (Qwen2's biases)
   }
   return common.check_info(info, family.config, source)
 
