@@ -23,7 +23,6 @@ import numpy as np
 from rlpost import errors
 from rlpost.models import architecture, decoder
 
-NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
 LINEARS = decoder.MATRICES  # the layer matrices, stored [out, in] in checkpoints
 # Keys every HF decoder config.json has (the family maps read the rest).
 HF_REQUIRED = (

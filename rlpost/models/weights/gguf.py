@@ -26,12 +26,6 @@ def family_of(gf: gguf_file.GGUFFile) -> families.Family:
   return families.by_gguf_architecture(gf.metadata.get("general.architecture"), str(gf.path))
 
 
-def gguf_info(gf: gguf_file.GGUFFile) -> dict[str, Any]:
-  """Model info (the family Config's field names) from a GGUF's metadata."""
-  family = family_of(gf)
-  return family.weights.gguf_info(gf, family)
-
-
 def _kinds(family: families.Family, config) -> list[tuple[str, tuple, str]]:
   """The weight map's (GGUF name, params path, kind), q/k rows marked "rope_rows:N" where
   the family's converter permuted them."""
