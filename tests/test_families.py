@@ -1,6 +1,7 @@
 """Model families: Llama / Qwen2 / Qwen3 forwards, weight maps and tokenizers against
 transformers (`tests/fixtures/families/`, made by `experiments/oracles/hf_families.py`)."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -14,10 +15,9 @@ import pytest
 
 from conftest import skip_or_fail
 from rlpost import errors
-from rlpost.models import decoder, families, llama, lora, quant
-from rlpost.models.weights import common
+from rlpost.models import decoder, families, llama, loading, lora, quant
 from rlpost.models.weights import gguf as gguf_loader
-from rlpost.models.weights import gguf_file
+from rlpost.models.weights import gguf_file, llama_names, packaged
 from rlpost.models.weights import safetensors as st
 from rlpost.ops.masks import causal_attention_mask
 from rlpost.text import bpe, chat_formats, vocabularies
@@ -31,7 +31,7 @@ def _tiny(family):
   path = FIXTURES / "tiny" / family
   params, info = st.load_hf_checkpoint(path)
   return (
-    common.config_from_info(info),
+    families.config_from_info(info),
     jax.tree.map(jnp.asarray, params),
     np.load(path / "logits.npz"),
   )
@@ -185,7 +185,7 @@ def test_gguf_of_each_family_loads_the_same_weights_as_its_hf_checkpoint(family,
     _write_family_gguf(tmp_path / "m.gguf", family, params, config)
   )
   assert info["rms_eps"] == float(np.float32(config.rms_eps))  # GGUF stores a float32
-  assert common.config_from_info({**info, "rms_eps": config.rms_eps}) == config
+  assert families.config_from_info({**info, "rms_eps": config.rms_eps}) == config
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params), loaded)
 
 
@@ -197,13 +197,160 @@ def test_hf_export_round_trips_each_family(family, tmp_path):
   if config.rope_freq_factors is not None:
     with pytest.raises(ValueError, match="RoPE frequency factors"):
       st.export_hf_checkpoint(params, config, tmp_path)
-    config = llama.Config(**{**common.info_of(config), "rope_freq_factors": None})
+    config = dataclasses.replace(config, rope_freq_factors=None)
   st.export_hf_checkpoint(params, config, tmp_path)
   exported = json.loads((tmp_path / "config.json").read_text())
   assert exported["model_type"] == family and exported["tie_word_embeddings"] == config.tied_output
   loaded, info = st.load_hf_checkpoint(tmp_path)
-  assert common.config_from_info(info) == config
+  assert families.config_from_info(info) == config
   chex.assert_trees_all_equal(jax.tree.map(np.asarray, params), loaded)
+
+
+# ------------------------------------------------------------------ the families table
+
+
+def _mylm(**fields) -> families.Family:
+  """A Llama-style family "mylm" added as a user adds one: a preset and one FAMILIES entry
+  (llama's Config and weight map; q/k head norms that its files always have)."""
+  preset = llama.Config(
+    vocab_size=261,
+    embed_dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    family="mylm",
+    rms_eps=1 / 1024,  # a float32: the GGUF's copy is exact
+    tied_output=False,
+    qk_norm=True,
+  )
+  entry = families.Family(
+    "mylm",
+    llama.Config,
+    {"mylm_tiny": preset},
+    {"mylm_tiny": 512},
+    chat="chatml",
+    weights=llama_names,
+    gguf_architectures=("mylm",),
+    hf_model_types=("mylm",),
+    hf_architecture="MyLMForCausalLM",
+    fixed={"qk_norm": True},
+  )
+  return dataclasses.replace(entry, **fields)
+
+
+@pytest.fixture
+def own_table(monkeypatch):
+  """FAMILIES and PRESETS as copies, so what a test registers leaves with it."""
+  monkeypatch.setattr(families, "FAMILIES", dict(families.FAMILIES))
+  monkeypatch.setattr(families, "PRESETS", dict(families.PRESETS))
+
+
+def test_a_llama_style_variant_is_a_preset_and_one_entry(own_table, tmp_path):
+  """A family registered as a preset plus one FAMILIES entry loads through the normal
+  loaders: a GGUF of its architecture gives back the weights written and the preset's
+  Config; exported, its HF directory names its model_type and architecture, and
+  load_model reads it as the preset with the entry's chat format.
+
+  Mutation caught: llama_names.hf_info without the family's `fixed` fields (config.json
+  does not state the head norms: their tensors are then unexpected).
+  """
+  config = families.register(_mylm()).presets["mylm_tiny"]
+  assert families.get_config("mylm_tiny") == config and families.context_tokens("mylm_tiny") == 512
+  params = jax.tree.map(np.asarray, decoder.init_params(jax.random.key(3), config))
+  path = _write_family_gguf(tmp_path / "m.gguf", "mylm", params, config)
+  loaded, info = gguf_loader.load_gguf(path)
+  assert families.config_from_info(info) == config
+  chex.assert_trees_all_equal(params, loaded)
+  st.export_hf_checkpoint(params, config, tmp_path / "hf")
+  exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert (exported["model_type"], exported["architectures"]) == ("mylm", ["MyLMForCausalLM"])
+  got, got_params, tok = loading.load_model("mylm_tiny", "hf", str(tmp_path / "hf"))
+  assert got == config and tok.chat == "chatml"
+  chex.assert_trees_all_equal(params, jax.tree.map(np.asarray, got_params))
+
+
+def test_registration_names_what_would_make_a_second_source(own_table):
+  """An entry claiming another family's preset, GGUF architecture or model_type, a preset
+  of another family or disagreeing with the entry's `fixed`, a context length missing, or
+  a Config without what the decoder reads is refused, naming each problem.
+
+  Mutation caught: `register` without `architecture.check` (a Config lacking
+  `activation` registered, to fail later inside a jitted forward).
+  """
+  families.register(_mylm())
+  other = _mylm().presets["mylm_tiny"]
+  own = dataclasses.replace(other, family="x")
+  cases = {
+    r"name 'mylm' is registered.*preset 'mylm_tiny' is another family's": _mylm(),
+    r"model_type 'llama' is llama's; GGUF architecture 'qwen2' is qwen2's": _mylm(
+      name="x",
+      presets={"x1": own},
+      context_tokens={"x1": 8},
+      gguf_architectures=("qwen2",),
+      hf_model_types=("x", "llama"),
+    ),
+    r"preset 'x1' is a Config of family 'mylm'": _mylm(
+      name="x",
+      presets={"x1": other},
+      context_tokens={"x1": 8},
+      gguf_architectures=("x",),
+      hf_model_types=("x",),
+    ),
+    r"context_tokens names \[\], presets \['x1'\]; preset 'x1' has qkv_bias=False, the family fixes True": _mylm(
+      name="x",
+      presets={"x1": own},
+      context_tokens={},
+      gguf_architectures=("x",),
+      hf_model_types=("x",),
+      fixed={"qkv_bias": True},
+    ),
+  }
+  for message, entry in cases.items():
+    with pytest.raises(ValueError, match=message):
+      families.register(entry)
+  bare_type = dataclasses.make_dataclass(
+    "Bare", [("family", str), ("vocab_size", int)], frozen=True
+  )
+  bare = _mylm(
+    name="x",
+    config=bare_type,
+    presets={"x1": bare_type("x", 9)},
+    context_tokens={"x1": 8},
+    gguf_architectures=("x",),
+    hf_model_types=("x",),
+    fixed={},
+  )
+  with pytest.raises(TypeError, match=r"preset 'x1'.*embed_dim is missing.*activation is missing"):
+    families.register(bare)
+  assert sorted(families.FAMILIES) == ["gemma3", "llama", "mylm", "qwen2", "qwen3"]
+
+
+def test_each_family_is_found_only_through_its_entry():
+  """Every family's GGUF architectures, model types and presets lead back to its entry,
+  and no library module but families.py and its presets' module spells a family's name,
+  architecture, model type or export class (the loaders keep no table of their own;
+  rlpost/text names tokenizer kinds, not families, and is left out).
+
+  Mutation caught: a GGUF_ARCHITECTURES = ("gemma3",) tuple put back in gemma3_names.
+  """
+  root = pathlib.Path(families.__file__).parents[1]
+  for f in families.FAMILIES.values():
+    assert all(families.by_gguf_architecture(a, "x") is f for a in f.gguf_architectures)
+    assert all(families.by_hf_model_type(t, "x") is f for t in f.hf_model_types)
+    assert all(families.of(families.get_config(p)) is f for p in f.presets)
+    owners = {pathlib.Path(families.__file__)} | {
+      pathlib.Path(__import__(type(c).__module__, fromlist=["_"]).__file__)
+      for c in f.presets.values()
+    }
+    words = {f.name, f.hf_architecture, *f.gguf_architectures, *f.hf_model_types}
+    for path in sorted(set(root.rglob("*.py")) - owners):
+      if path.parent.name == "text":
+        continue
+      text = path.read_text()
+      found = [w for w in words if f'"{w}"' in text or f"'{w}'" in text]
+      assert not found, f"{path.relative_to(root.parent)} names {found}: read FAMILIES instead"
 
 
 # ------------------------------------------------------------------ byte-level BPE
@@ -248,7 +395,7 @@ def test_pre_tokenizers_split_without_losing_text(pre):
 
 def _smollm2_path():
   try:
-    return gguf_loader.smollm2_gguf_path()
+    return packaged.smollm2_gguf_path()
   except ImportError as e:
     skip_or_fail(str(e))
 
@@ -414,7 +561,7 @@ def test_unsupported_hf_architecture_and_foreign_tokenizer_are_named(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
   with pytest.raises(errors.DataError, match=r"model_type='mistral' is not supported.*'qwen3'"):
     st.load_hf_checkpoint(tmp_path)
-  small = llama.Config(**{**common.info_of(families.get_config("llama_tiny")), "vocab_size": 200})
+  small = families.get_config("llama_tiny", vocab_size=200)
   with pytest.raises(errors.DataError, match="261 tokens but the model's embedding only 200"):
     loading.check_vocabulary(small, tokenizer_lib.byte_tokenizer("llama3"), "x.gguf")
   config, params, tok = loading.load_model("qwen2_tiny", "hf", str(FIXTURES / "tiny" / "qwen2"))

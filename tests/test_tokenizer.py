@@ -10,7 +10,7 @@ import pytest
 
 from rlpost.text import tokenizer as tok_lib
 from rlpost.models import loading
-from rlpost.models.weights import gguf as gguf_loader
+from rlpost.models.weights import packaged
 from conftest import FIXTURES, require_shared, skip_or_fail
 
 
@@ -153,7 +153,7 @@ def test_gguf_tokenizer_reads_sentencepieces_space_symbol_as_a_space(tok):
 
 @pytest.mark.real_model
 def test_tokenizer_loads_fast_and_is_cached(tok):
-  path = gguf_loader.default_gguf_path()
+  path = packaged.default_gguf_path()
   start = time.perf_counter()
   fresh = loading._load_cached.__wrapped__(str(path))  # bypass the cache
   elapsed = time.perf_counter() - start

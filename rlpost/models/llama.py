@@ -4,9 +4,10 @@ Architecture (run by `rlpost.models.decoder`): unscaled embedding; pre-RMSNorms
 (scaling by w) before attention and the SwiGLU MLP, no post-norms; grouped-query
 attention with rotate-half RoPE (one base, Llama 3's frequency scaling optional),
 queries scaled by head_dim**-0.5; every layer attends over the whole causal context;
-final RMSNorm; tied or untied output projection. The families differ in two parts:
-Qwen2 adds biases to the q/k/v projections, Qwen3 an RMSNorm over each query and key
-head before RoPE (Gemma 3's place for it).
+final RMSNorm; tied or untied output projection. The families differ in two parts, each
+a field: Qwen2 adds biases to the q/k/v projections (`qkv_bias`), Qwen3 an RMSNorm over
+each query and key head before RoPE (`qk_norm`, Gemma 3's place for it). Another
+Llama-style family is presets here plus its entry in `rlpost.models.families`.
 """
 
 import dataclasses
@@ -14,15 +15,15 @@ import math
 
 import numpy as np
 
-from rlpost.models import decoder
-
-FAMILIES = ("llama", "qwen2", "qwen3")
+from rlpost.models import architecture
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Static architecture of a Llama / Qwen2 / Qwen3 model (hashable: a jit static arg).
+  """Static architecture of a Llama / Qwen2 / Qwen3 model (hashable: a jit static arg);
+  provides `rlpost.models.architecture.Architecture`.
 
+  family: its `rlpost.models.families` entry (llama, qwen2, qwen3, ...).
   rope_freq_factors: None, or per RoPE frequency pair (head_dim / 2 of them) the divisor
     of its frequency: Llama 3's RoPE scaling (`llama3_rope_factors`; a GGUF's
     `rope_freqs` tensor).
@@ -40,8 +41,10 @@ class Config:
   rope_freq_factors: tuple[float, ...] | None = None
   rms_eps: float = 1e-5
   tied_output: bool = True
+  qkv_bias: bool = False
+  qk_norm: bool = False
 
-  # What `rlpost.models.decoder` reads (its module docstring): fixed for these families.
+  # What the decoder reads (`architecture.Architecture`): fixed for these families.
   norm_offset = 0.0
   activation = "silu"
   post_norms = False
@@ -49,9 +52,7 @@ class Config:
   sliding_window = 0
 
   def __post_init__(self):
-    decoder.check_sizes(self)
-    if self.family not in FAMILIES:
-      raise ValueError(f"Config.family={self.family!r}: use one of {FAMILIES}")
+    architecture.check_sizes(self)
     if self.rope_freq_factors is not None:
       factors = tuple(float(x) for x in self.rope_freq_factors)
       if len(factors) != self.head_dim // 2 or not all(math.isfinite(f) and f > 0 for f in factors):
@@ -60,14 +61,6 @@ class Config:
           f"give head_dim / 2 = {self.head_dim // 2} finite divisors > 0"
         )
       object.__setattr__(self, "rope_freq_factors", factors)
-
-  @property
-  def qkv_bias(self) -> bool:
-    return self.family == "qwen2"
-
-  @property
-  def qk_norm(self) -> bool:
-    return self.family == "qwen3"
 
   @property
   def global_layers(self) -> tuple[bool, ...]:
@@ -155,8 +148,11 @@ QWEN2_PRESETS: dict[str, Config] = {
     family="qwen2",
     rope_base=1_000_000.0,
     rms_eps=1e-6,
+    qkv_bias=True,
   ),
-  "qwen2_tiny": Config(**_TINY, mlp_dim=64, family="qwen2", rope_base=1_000_000.0, rms_eps=1e-6),
+  "qwen2_tiny": Config(
+    **_TINY, mlp_dim=64, family="qwen2", rope_base=1_000_000.0, rms_eps=1e-6, qkv_bias=True
+  ),
 }
 QWEN3_PRESETS: dict[str, Config] = {
   "qwen3_0.6b": Config(
@@ -170,9 +166,16 @@ QWEN3_PRESETS: dict[str, Config] = {
     family="qwen3",
     rope_base=1_000_000.0,
     rms_eps=1e-6,
+    qk_norm=True,
   ),
   "qwen3_tiny": Config(
-    **_TINY, mlp_dim=64, family="qwen3", rope_base=1_000_000.0, rms_eps=1e-6, tied_output=False
+    **_TINY,
+    mlp_dim=64,
+    family="qwen3",
+    rope_base=1_000_000.0,
+    rms_eps=1e-6,
+    tied_output=False,
+    qk_norm=True,
   ),
 }
 # Tokens each preset was trained to attend over; the tiny ones', what their tests need.

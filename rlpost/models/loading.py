@@ -4,18 +4,30 @@ import functools
 import math
 import os
 
-from absl import logging
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from rlpost import errors
 from rlpost.models import decoder, families
-from rlpost.models.weights import common, gguf, gguf_file
+from rlpost.models.weights import gguf, gguf_file, packaged
 from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.text import vocabularies
 
 WEIGHT_SOURCES = ("gguf", "hf", "random")
 DTYPES = ("float32", "bfloat16")
+_BYTE_VOCAB = 1000  # a preset with fewer embedding rows is a test model (byte tokenizer)
+
+
+def byte_vocabulary(config) -> bool:
+  """Whether `config` is a tiny test model, read with the byte tokenizer."""
+  return config.vocab_size < _BYTE_VOCAB
+
+
+def default_weights(preset: str) -> str:
+  """The weight source a preset runs with unless told: "random" for a test model, else
+  "gguf" (its packaged file, or `model.path`)."""
+  return "random" if byte_vocabulary(families.get_config(preset)) else "gguf"
 
 
 def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32", seed: int = 0):
@@ -25,7 +37,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
     preset: a `families.PRESETS` name; the architecture read from real weights
       must agree with it.
     weights: "gguf" (path to a GGUF file; empty: the preset's packaged file,
-      `gguf.packaged_gguf_path`), "hf" (a Hugging Face checkpoint directory), or
+      `families.packaged_gguf`), "hf" (a Hugging Face checkpoint directory), or
       "random" (init_params with `seed`).
     dtype: param dtype, "float32" or "bfloat16".
   """
@@ -37,7 +49,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
   jdtype = jnp.dtype(dtype)
   if weights == "random":
     params = decoder.init_params(jax.random.key(seed), config, jdtype)
-    if config.vocab_size < 1000:
+    if byte_vocabulary(config):
       if path:
         logging.warning(
           "model.path=%r is not read: model.weights='random' with preset %r uses the byte "
@@ -46,7 +58,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
           preset,
         )
       return config, params, tokenizer_lib.byte_tokenizer(families.of(config).chat)
-    tok = load_gguf_tokenizer(path or gguf.packaged_gguf_path(preset))
+    tok = load_gguf_tokenizer(path or families.packaged_gguf(preset))
     check_vocabulary(config, tok, path or preset)
     return config, params, tok
   if path and not os.path.exists(path):
@@ -56,7 +68,7 @@ def load_model(preset: str, weights: str, path: str = "", dtype: str = "float32"
       "directory (model.weights='hf')"
     )
   if weights == "gguf":
-    path = path or gguf.packaged_gguf_path(preset)
+    path = path or families.packaged_gguf(preset)
     params, info = gguf.load_gguf(path, dtype=jdtype)
     tok = load_gguf_tokenizer(path)
   else:
@@ -78,10 +90,10 @@ def _hf_tokenizer(path: str, preset: str, config) -> tokenizer_lib.Tokenizer:
   preset's packaged one (directories we export carry no tokenizer)."""
   if os.path.isfile(os.path.join(path, "tokenizer.json")):
     return vocabularies.from_hf_directory(path)
-  if config.vocab_size < 1000:
+  if byte_vocabulary(config):
     return tokenizer_lib.byte_tokenizer(families.of(config).chat)
   try:
-    return load_gguf_tokenizer(gguf.packaged_gguf_path(preset))
+    return load_gguf_tokenizer(families.packaged_gguf(preset))
   except errors.ConfigError:
     raise errors.DataError(
       f"{path} has no tokenizer.json and model.preset={preset!r} has no packaged tokenizer: "
@@ -111,10 +123,9 @@ def _same(a, b) -> bool:
 def check_architecture(config, info: dict, preset: str) -> None:
   """Raises ValueError naming the family, or every field, where the weights' metadata and
   the preset disagree."""
-  found = common.config_type(info)
-  family = info.get("family", "gemma3")
-  if found is not type(config) or family != config.family:
-    same_family = sorted(n for n, c in families.PRESETS.items() if c.family == family)
+  family = info["family"]
+  if family != config.family:
+    same_family = sorted(families.family(family).presets)
     raise ValueError(
       f"The weights are a {family} model and model.preset={preset!r} is a {config.family} "
       f"one. Choose a {family} preset (valid: {same_family})."
@@ -135,7 +146,7 @@ def check_architecture(config, info: dict, preset: str) -> None:
 def load_gguf_tokenizer(path: str | os.PathLike | None = None) -> tokenizer_lib.Tokenizer:
   """Tokenizer of a GGUF file (default: the packaged Gemma 3 270M); cached."""
   if path is None:
-    path = gguf.default_gguf_path()
+    path = packaged.default_gguf_path()
   return _load_cached(os.path.realpath(path))
 
 

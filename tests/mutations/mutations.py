@@ -295,6 +295,31 @@ MUTATIONS = [
     tests=["tests/test_families.py"],
     why="a llama GGUF's q/k rows kept in llama.cpp's interleaved-RoPE order",
   ),
+  # --- one registration per family (issue 65)
+  dict(
+    name="family_fixed_parts_not_read_from_hf",
+    path="rlpost/models/weights/llama_names.py",
+    old="    **family.fixed,  # parts no config.json states (Qwen2's biases)\n",
+    new="",
+    tests=["tests/test_families.py"],
+    why="a family's parts that config.json does not state (Qwen2's biases) left out of its Config",
+  ),
+  dict(
+    name="family_registered_without_the_architecture_check",
+    path="rlpost/models/families.py",
+    old='    architecture.check(config, f"family {f.name!r}, preset {name!r}")\n',
+    new="    pass\n",
+    tests=["tests/test_families.py"],
+    why="a Config lacking what the decoder reads registered, to fail inside a jitted forward",
+  ),
+  dict(
+    name="weight_map_keeps_its_own_architecture_table",
+    path="rlpost/models/weights/llama_names.py",
+    old='HF_PREFIXES = ("model.",)\n',
+    new='HF_PREFIXES = ("model.",)\nGGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")\n',
+    tests=["tests/test_families.py"],
+    why="a second table of a family's GGUF architectures beside FAMILIES",
+  ),
   dict(
     name="smollm_digits_not_isolated",
     path="rlpost/text/bpe.py",

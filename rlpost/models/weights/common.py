@@ -1,9 +1,9 @@
 """Shared pieces of the weight loaders: info dicts, the params layout, dtypes, checks.
 
-An `info` dict carries exactly the fields of a family's `Config` (`gemma3.Config`;
-`llama.Config`, whose `family` field names llama / qwen2 / qwen3); `config_from_info`
-builds the Config. The params pytree (numpy arrays; `jax.device_put` it once before use)
-has the layout of `rlpost.models.decoder` (`decoder.param_shapes`).
+An `info` dict carries exactly the fields of a family's `Config`, `family` among them
+(`check_info`); the loaders build the Config with `rlpost.models.families`. The params
+pytree (numpy arrays; `jax.device_put` it once before use) has the layout of
+`rlpost.models.decoder` (`decoder.param_shapes`).
 
 Tensor kinds in the family weight maps (`gemma3_names`, `llama_names`):
   linear         stored [out, in], transposed to our [in, out]
@@ -21,9 +21,8 @@ import ml_dtypes
 import numpy as np
 
 from rlpost import errors
-from rlpost.models import decoder, gemma3, llama
+from rlpost.models import architecture, decoder
 
-NORMS = ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm", "q_norm", "k_norm")
 LINEARS = decoder.MATRICES  # the layer matrices, stored [out, in] in checkpoints
 # Keys every HF decoder config.json has (the family maps read the rest).
 HF_REQUIRED = (
@@ -34,31 +33,9 @@ HF_REQUIRED = (
   "num_key_value_heads",
   "intermediate_size",
 )
-_POSITIVE = decoder.SIZES + ("sliding_window", "global_every")
+_POSITIVE = architecture.SIZES + ("sliding_window", "global_every")
 _REQUIRED = object()
 
-
-def config_type(info: Mapping[str, Any]):
-  """The Config class an info dict describes (llama.Config when it has a `family`)."""
-  return llama.Config if "family" in info else gemma3.Config
-
-
-def info_fields(info: Mapping[str, Any]) -> tuple[str, ...]:
-  return tuple(f.name for f in dataclasses.fields(config_type(info)))
-
-
-def config_from_info(info: Mapping[str, Any]):
-  """The family Config of a checked info dict."""
-  return config_type(info)(**info)
-
-
-def info_of(config) -> dict[str, Any]:
-  """A Config's info dict (its dataclass fields)."""
-  return dataclasses.asdict(config)
-
-
-# Gemma 3's info fields, in order (the info dicts of the Gemma loaders).
-INFO_FIELDS = tuple(f.name for f in dataclasses.fields(gemma3.Config))
 
 _DTYPES = {
   "float32": np.dtype(np.float32),
@@ -79,26 +56,17 @@ def canonical_dtype(dtype: Any) -> np.dtype:
   return _DTYPES[name]
 
 
-def layer_shapes(info: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-  """Per-layer leaf shapes (without the leading [L]) in our [in, out] layout."""
-  return decoder.layer_shapes(config_from_info(info))
-
-
-def param_shapes(info: Mapping[str, Any]) -> dict[str, Any]:
-  """The full params pytree of shapes for `info`."""
-  return decoder.param_shapes(config_from_info(info))
-
-
-def empty_params(info: Mapping[str, Any], dtype: np.dtype) -> dict[str, Any]:
-  """Uninitialised params of the right shapes, filled in place by the loaders."""
-  shapes = param_shapes(info)
+def empty_params(config, dtype: np.dtype) -> dict[str, Any]:
+  """Uninitialised params of `config`'s shapes, filled in place by the loaders."""
+  shapes = decoder.param_shapes(config)
   arrays = {k: np.empty(s, dtype) for k, s in shapes.items() if k != "layers"}
   return {**arrays, "layers": {k: np.empty(s, dtype) for k, s in shapes["layers"].items()}}
 
 
-def check_info(info: Mapping[str, Any], source: str) -> dict[str, Any]:
-  """Validates an info dict (exact field set, positive sizes, divisibility)."""
-  fields = info_fields(info)
+def check_info(info: Mapping[str, Any], config_type: type, source: str) -> dict[str, Any]:
+  """Validates an info dict of a `config_type` (its field set, positive sizes,
+  divisibility); DataError naming `source`. Returns it in the Config's field order."""
+  fields = tuple(f.name for f in dataclasses.fields(config_type))
   missing = [k for k in fields if k not in info]
   if missing:
     raise errors.DataError(f"{source}: info lacks fields {missing}")
@@ -113,9 +81,9 @@ def check_info(info: Mapping[str, Any], source: str) -> dict[str, Any]:
   return {k: info[k] for k in fields}
 
 
-def check_params(params: Mapping[str, Any], info: Mapping[str, Any]) -> None:
-  """Raises ValueError naming every leaf whose shape does not match `info`."""
-  want = param_shapes(info)
+def check_params(params: Mapping[str, Any], config) -> None:
+  """Raises ValueError naming every leaf whose shape does not match `config`."""
+  want = decoder.param_shapes(config)
   bad = [
     f"{k}: {getattr(params.get(k), 'shape', None)} != {s}"
     for k, s in want.items()

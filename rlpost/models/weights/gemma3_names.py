@@ -1,7 +1,9 @@
-"""Gemma 3's weight map: GGUF and Hugging Face names, metadata -> info, info -> config.json.
+"""Gemma 3's weight map: GGUF and Hugging Face names, metadata -> info, Config -> config.json.
 
 GGUF norm tensors hold `1 + w` (kind "norm_plus_one"); Hugging Face stores `w`, as our
-params do. Info dicts carry exactly the fields of `rlpost.models.gemma3.Config`.
+params do. Info dicts carry exactly the fields of `rlpost.models.gemma3.Config`. The
+functions are the weight map `rlpost.models.families.Family.weights` names (WEIGHT_MAP
+there); `family` is the entry whose files are read.
 """
 
 from collections.abc import Mapping
@@ -10,12 +12,8 @@ from typing import Any
 import numpy as np
 
 from rlpost import errors
-from rlpost.models import gemma3
 from rlpost.models.weights import common
 
-FAMILY = gemma3.FAMILY
-GGUF_ARCHITECTURES = ("gemma3",)
-HF_MODEL_TYPES = ("gemma3_text", "gemma3")
 _LAYERS = {  # params["layers"] leaf -> (GGUF name inside "blk.N.", HF module inside "layers.N.")
   "attn_norm": ("attn_norm", "input_layernorm"),
   "post_attn_norm": ("post_attention_norm", "post_attention_layernorm"),
@@ -39,21 +37,21 @@ def _kind(leaf: str, norm: str) -> str:
   return "linear" if leaf in common.LINEARS else norm
 
 
-def gguf_targets(info: Mapping[str, Any]) -> list[tuple[str, tuple, str]]:
+def gguf_targets(config) -> list[tuple[str, tuple, str]]:
   """(GGUF name, params path, kind) for every tensor of a Gemma 3 GGUF."""
   targets = [
     ("token_embd.weight", ("embed",), "plain"),
     ("output_norm.weight", ("final_norm",), "norm_plus_one"),
   ]
-  for i in range(info["num_layers"]):
+  for i in range(config.num_layers):
     for leaf, (part, _) in _LAYERS.items():
       targets.append((f"blk.{i}.{part}.weight", ("layers", leaf, i), _kind(leaf, "norm_plus_one")))
   return targets
 
 
-def gguf_info(gf) -> dict[str, Any]:
+def gguf_info(gf, family) -> dict[str, Any]:
   """Info (the Config field names) from a Gemma 3 GGUF's metadata."""
-  get = common.gguf_getter(gf, "gemma3")
+  get = common.gguf_getter(gf, gf.metadata["general.architecture"])
   head_dim = int(get("attention.key_length"))
   if int(get("attention.value_length", head_dim)) != head_dim:
     raise errors.DataError(f"{gf.path}: value_length != key_length is not supported")
@@ -69,6 +67,7 @@ def gguf_info(gf) -> dict[str, Any]:
     "head_dim": head_dim,
     "mlp_dim": int(get("feed_forward_length")),
     "sliding_window": int(get("attention.sliding_window")),
+    "family": family.name,
     "global_every": pattern,
     # llama.cpp hard-codes the local base for Gemma 3; newer files may store it.
     "local_rope_base": float(get("rope.freq_base_swa", 10_000.0)),
@@ -80,16 +79,16 @@ def gguf_info(gf) -> dict[str, Any]:
   info["query_pre_attn_scalar"] = (
     info["embed_dim"] // info["num_heads"] if info["num_layers"] == 62 else head_dim
   )
-  return common.check_info(info, gf.path)
+  return common.check_info(info, family.config, gf.path)
 
 
-def hf_names(info: Mapping[str, Any], prefix: str = "model.") -> dict[str, tuple[tuple, str]]:
+def hf_names(config, prefix: str = "model.") -> dict[str, tuple[tuple, str]]:
   """HF tensor name -> (params path, kind) for every text-model weight."""
   names = {
     f"{prefix}embed_tokens.weight": (("embed",), "plain"),
     f"{prefix}norm.weight": (("final_norm",), "plain"),
   }
-  for i in range(info["num_layers"]):
+  for i in range(config.num_layers):
     for leaf, (_, module) in _LAYERS.items():
       names[f"{prefix}layers.{i}.{module}.weight"] = (("layers", leaf, i), _kind(leaf, "plain"))
   return names
@@ -134,7 +133,7 @@ def _rope_bases(cfg: Mapping[str, Any]) -> tuple[float, float]:
   )
 
 
-def hf_info(config: Mapping[str, Any], source: str = "config.json") -> dict:
+def hf_info(config: Mapping[str, Any], family, source: str = "config.json") -> dict:
   """HF Gemma 3 (text) config dict -> info dict with the Config field names."""
   cfg = config.get("text_config", config)
   for key in ("final_logit_softcapping", "attn_logit_softcapping"):
@@ -152,41 +151,41 @@ def hf_info(config: Mapping[str, Any], source: str = "config.json") -> dict:
     "head_dim": int(cfg.get("head_dim", 256)),
     "mlp_dim": int(cfg["intermediate_size"]),
     "sliding_window": int(cfg.get("sliding_window", 4096)),
+    "family": family.name,
     "global_every": _global_every(cfg, num_layers, source),
     "local_rope_base": local_base,
     "global_rope_base": global_base,
     "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", 256),
     "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
   }
-  return common.check_info(info, source)
+  return common.check_info(info, family.config, source)
 
 
-def hf_config(info: Mapping[str, Any], *, dtype: Any, bos_id: int, eos_id: int, pad_id: int):
-  """Info dict -> a `Gemma3ForCausalLM` config.json dict (old and new RoPE keys)."""
-  g, n = info["global_every"], info["num_layers"]
+def hf_config(config, *, dtype: Any, bos_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
+  """Config -> a `Gemma3ForCausalLM` config.json dict (old and new RoPE keys) less its
+  `architectures` and `model_type` (the family's)."""
+  g, n = config.global_every, config.num_layers
   rope = {
-    "full_attention": {"rope_type": "default", "rope_theta": info["global_rope_base"]},
-    "sliding_attention": {"rope_type": "default", "rope_theta": info["local_rope_base"]},
+    "full_attention": {"rope_type": "default", "rope_theta": config.global_rope_base},
+    "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_base},
   }
   return {
-    "architectures": ["Gemma3ForCausalLM"],
-    "model_type": "gemma3_text",
-    "vocab_size": info["vocab_size"],
-    "hidden_size": info["embed_dim"],
-    "intermediate_size": info["mlp_dim"],
+    "vocab_size": config.vocab_size,
+    "hidden_size": config.embed_dim,
+    "intermediate_size": config.mlp_dim,
     "num_hidden_layers": n,
-    "num_attention_heads": info["num_heads"],
-    "num_key_value_heads": info["num_kv_heads"],
-    "head_dim": info["head_dim"],
+    "num_attention_heads": config.num_heads,
+    "num_key_value_heads": config.num_kv_heads,
+    "head_dim": config.head_dim,
     "hidden_activation": "gelu_pytorch_tanh",
     "max_position_embeddings": 32768,
-    "rms_norm_eps": info["rms_eps"],
-    "rope_theta": info["global_rope_base"],
-    "rope_local_base_freq": info["local_rope_base"],
+    "rms_norm_eps": config.rms_eps,
+    "rope_theta": config.global_rope_base,
+    "rope_local_base_freq": config.local_rope_base,
     "rope_scaling": None,
     "rope_parameters": rope,
-    "query_pre_attn_scalar": info["query_pre_attn_scalar"],
-    "sliding_window": info["sliding_window"],
+    "query_pre_attn_scalar": config.query_pre_attn_scalar,
+    "sliding_window": config.sliding_window,
     "sliding_window_pattern": g,
     "layer_types": ["full_attention" if i % g == g - 1 else "sliding_attention" for i in range(n)],
     "final_logit_softcapping": None,

@@ -1,10 +1,11 @@
-"""The weight map of the Llama-architecture families (Llama / SmolLM2, Qwen2, Qwen3).
+"""The weight map of the Llama-architecture families (Llama / SmolLM2, Qwen2, Qwen3, and
+any Llama-style family registered with it in `rlpost.models.families`).
 
-GGUF (llama.cpp's converter): norms are stored as w (kind "plain"). For the `llama`
-architecture the converter permutes the rows of q and k for llama.cpp's interleaved
-RoPE (kind "rope_rows:N"); Qwen2/Qwen3 files keep Hugging Face's rotate-half order.
-Llama 3's RoPE scaling is the `rope_freqs` tensor (per-pair divisors). An untied output
-projection is `output.weight` (GGUF) / `lm_head.weight` (HF).
+GGUF (llama.cpp's converter): norms are stored as w (kind "plain"); where the family's
+`gguf_rope_rows` says so (llama.cpp's `llama` architecture), the GGUF loader un-permutes
+the q/k rows. Llama 3's RoPE scaling is the `rope_freqs` tensor (per-pair divisors). An
+untied output projection is `output.weight` (GGUF) / `lm_head.weight` (HF). The parts a
+family always has (Qwen2's q/k/v biases, Qwen3's head norms) come from its `fixed`.
 
 Info dicts carry exactly the fields of `rlpost.models.llama.Config`, `family` included.
 """
@@ -15,17 +16,9 @@ from typing import Any
 import numpy as np
 
 from rlpost import errors
-from rlpost.models import llama
+from rlpost.models import decoder, llama
 from rlpost.models.weights import common
 
-FAMILIES = llama.FAMILIES
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-HF_ARCHITECTURES = {
-  "llama": "LlamaForCausalLM",
-  "qwen2": "Qwen2ForCausalLM",
-  "qwen3": "Qwen3ForCausalLM",
-}
 HF_PREFIXES = ("model.",)
 _LAYERS = {  # params["layers"] leaf -> (GGUF name inside "blk.N.", HF module inside "layers.N.")
   "attn_norm": ("attn_norm", "input_layernorm"),
@@ -42,34 +35,31 @@ _LAYERS = {  # params["layers"] leaf -> (GGUF name inside "blk.N.", HF module in
 }
 
 
-def _leaves(info: Mapping[str, Any]):
+def _leaves(config):
   """(leaf, GGUF part, HF module, suffix) of one layer's tensors: biases end in "bias"."""
-  shapes = common.layer_shapes(info)
+  shapes = decoder.layer_shapes(config)
   for leaf in shapes:
     base = leaf[: -len("_bias")] if leaf.endswith("_bias") else leaf
     part, module = _LAYERS[base]
     yield leaf, part, module, "bias" if leaf != base else "weight"
 
 
-def gguf_targets(info: Mapping[str, Any]) -> list[tuple[str, tuple, str]]:
+def gguf_targets(config) -> list[tuple[str, tuple, str]]:
   """(GGUF name, params path, kind) for every tensor of the model's GGUF file."""
   targets = [
     ("token_embd.weight", ("embed",), "plain"),
     ("output_norm.weight", ("final_norm",), "plain"),
   ]
-  if not info["tied_output"]:
+  if not config.tied_output:
     targets.append(("output.weight", ("output",), "plain"))
-  heads = {"q": info["num_heads"], "k": info["num_kv_heads"]}
-  for i in range(info["num_layers"]):
-    for leaf, part, _, suffix in _leaves(info):
+  for i in range(config.num_layers):
+    for leaf, part, _, suffix in _leaves(config):
       kind = "linear" if leaf in common.LINEARS else "plain"
-      if info["family"] == "llama" and leaf in heads:
-        kind = f"rope_rows:{heads[leaf]}"
       targets.append((f"blk.{i}.{part}.{suffix}", ("layers", leaf, i), kind))
   return targets
 
 
-def gguf_info(gf) -> dict[str, Any]:
+def gguf_info(gf, family) -> dict[str, Any]:
   """Info (the llama.Config field names) from a llama / qwen2 / qwen3 GGUF's metadata."""
   arch = gf.metadata["general.architecture"]
   get = common.gguf_getter(gf, arch)
@@ -99,41 +89,36 @@ def gguf_info(gf) -> dict[str, Any]:
     "num_kv_heads": int(get("attention.head_count_kv", heads)),
     "head_dim": head_dim,
     "mlp_dim": int(get("feed_forward_length")),
-    "family": arch,
+    "family": family.name,
     "rope_base": float(get("rope.freq_base", 10_000.0)),
     "rope_freq_factors": factors,
     "rms_eps": float(get("attention.layer_norm_rms_epsilon")),
     "tied_output": "output.weight" not in gf.tensors,
+    "qkv_bias": False,
+    "qk_norm": False,
+    **family.fixed,
   }
-  return common.check_info(info, gf.path)
+  return common.check_info(info, family.config, gf.path)
 
 
-def gguf_extra_tensors(info: Mapping[str, Any]) -> tuple[str, ...]:
+def gguf_extra_tensors(config) -> tuple[str, ...]:
   """Tensors the metadata reads (not params): Llama 3's RoPE divisors."""
-  return ("rope_freqs.weight",) if info["rope_freq_factors"] is not None else ()
+  return ("rope_freqs.weight",) if config.rope_freq_factors is not None else ()
 
 
-def hf_names(info: Mapping[str, Any], prefix: str = "model.") -> dict[str, tuple[tuple, str]]:
+def hf_names(config, prefix: str = "model.") -> dict[str, tuple[tuple, str]]:
   """HF tensor name -> (params path, kind) for every weight (lm_head when untied)."""
   names = {
     f"{prefix}embed_tokens.weight": (("embed",), "plain"),
     f"{prefix}norm.weight": (("final_norm",), "plain"),
   }
-  if not info["tied_output"]:
+  if not config.tied_output:
     names["lm_head.weight"] = (("output",), "plain")
-  for i in range(info["num_layers"]):
-    for leaf, _, module, suffix in _leaves(info):
+  for i in range(config.num_layers):
+    for leaf, _, module, suffix in _leaves(config):
       kind = "linear" if leaf in common.LINEARS else "plain"
       names[f"{prefix}layers.{i}.{module}.{suffix}"] = (("layers", leaf, i), kind)
   return names
-
-
-def _family(cfg: Mapping[str, Any], source: str) -> str:
-  model_type = cfg.get("model_type")
-  for family, name in HF_MODEL_TYPES.items():
-    if model_type == name:
-      return family
-  raise errors.DataError(f"{source}: model_type={model_type!r} is not one of {FAMILIES}")
 
 
 def _rope_factors(cfg: Mapping[str, Any], head_dim: int, base: float, source: str):
@@ -158,16 +143,18 @@ def _rope_factors(cfg: Mapping[str, Any], head_dim: int, base: float, source: st
     raise errors.DataError(f"{source}: rope_scaling {rope}: {e}") from None
 
 
-def hf_info(config: Mapping[str, Any], source: str = "config.json") -> dict[str, Any]:
+def hf_info(config: Mapping[str, Any], family, source: str = "config.json") -> dict[str, Any]:
   """HF Llama / Qwen2 / Qwen3 config dict -> info dict with the llama.Config field names."""
   cfg = config
-  family = _family(cfg, source)
-  common.require_keys(cfg, common.HF_REQUIRED, source, family)
+  common.require_keys(cfg, common.HF_REQUIRED, source, family.name)
   if cfg.get("use_sliding_window"):
     raise errors.DataError(f"{source}: use_sliding_window=true is not supported")
-  if cfg.get("attention_bias") and family != "qwen2":
-    raise errors.DataError(f"{source}: attention_bias=true is supported for qwen2 only")
-  if family == "llama" and cfg.get("mlp_bias"):
+  if cfg.get("attention_bias") and not family.fixed.get("qkv_bias"):
+    raise errors.DataError(
+      f"{source}: attention_bias=true (biases on q, k, v and o) is not supported for "
+      f"{family.name}; only Qwen2's q/k/v biases are"
+    )
+  if cfg.get("mlp_bias"):
     raise errors.DataError(f"{source}: mlp_bias=true is not supported")
   embed_dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
   head_dim = int(cfg.get("head_dim") or embed_dim // heads)
@@ -181,42 +168,43 @@ def hf_info(config: Mapping[str, Any], source: str = "config.json") -> dict[str,
     "num_kv_heads": int(cfg["num_key_value_heads"]),
     "head_dim": head_dim,
     "mlp_dim": int(cfg["intermediate_size"]),
-    "family": family,
+    "family": family.name,
     "rope_base": base,
     "rope_freq_factors": _rope_factors(cfg, head_dim, base, source),
     "rms_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-    "tied_output": bool(cfg.get("tie_word_embeddings", family != "llama")),
+    "tied_output": bool(cfg.get("tie_word_embeddings", False)),  # transformers' default
+    "qkv_bias": False,
+    "qk_norm": False,
+    **family.fixed,  # parts no config.json states (Qwen2's biases)
   }
-  return common.check_info(info, source)
+  return common.check_info(info, family.config, source)
 
 
-def hf_config(info: Mapping[str, Any], *, dtype: Any, bos_id: int, eos_id: int, pad_id: int):
-  """Info dict -> a `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` config."""
-  family = info["family"]
-  if info["rope_freq_factors"] is not None:
+def hf_config(config, *, dtype: Any, bos_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
+  """Config -> a `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM` config.json
+  dict less its `architectures` and `model_type` (the family's)."""
+  if config.rope_freq_factors is not None:
     raise ValueError(
       "export of a model with RoPE frequency factors is not supported: config.json holds "
       "Llama 3's four scaling parameters, which the factors do not determine"
     )
   return {
-    "architectures": [HF_ARCHITECTURES[family]],
-    "model_type": HF_MODEL_TYPES[family],
-    "vocab_size": info["vocab_size"],
-    "hidden_size": info["embed_dim"],
-    "intermediate_size": info["mlp_dim"],
-    "num_hidden_layers": info["num_layers"],
-    "num_attention_heads": info["num_heads"],
-    "num_key_value_heads": info["num_kv_heads"],
-    "head_dim": info["head_dim"],
+    "vocab_size": config.vocab_size,
+    "hidden_size": config.embed_dim,
+    "intermediate_size": config.mlp_dim,
+    "num_hidden_layers": config.num_layers,
+    "num_attention_heads": config.num_heads,
+    "num_key_value_heads": config.num_kv_heads,
+    "head_dim": config.head_dim,
     "hidden_act": "silu",
     "max_position_embeddings": 8192,
-    "rms_norm_eps": info["rms_eps"],
-    "rope_theta": info["rope_base"],
+    "rms_norm_eps": config.rms_eps,
+    "rope_theta": config.rope_base,
     "rope_scaling": None,
-    "attention_bias": family == "qwen2",
+    "attention_bias": config.qkv_bias,
     "attention_dropout": 0.0,
     "mlp_bias": False,
-    "tie_word_embeddings": info["tied_output"],
+    "tie_word_embeddings": config.tied_output,
     "use_sliding_window": False,
     "bos_token_id": bos_id,
     "eos_token_id": eos_id,

