@@ -53,6 +53,8 @@ from rlpost.recipes import reports
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.rl import credit as credit_lib
+from rlpost.rl import learner as learner_lib
 from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
@@ -164,7 +166,7 @@ class Pieces(NamedTuple):
   tokenizer: Any
   tasks: Tasks
   state: step_lib.TrainState  # fresh: step 0
-  learner: learners_lib.Learner
+  learner: learner_lib.Learner
   sampler: rollout_lib.Sampler  # where rollouts run
   scorer: Any = None  # the reward model's jitted `scores(batch) -> [N]`, or None
 
@@ -210,7 +212,7 @@ def _prompts_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   if s.max_new_tokens is None:
     common.fail("sampling.max_new_tokens", None, "must be >= 1 token")
   settings = spec.settings(cfg, "train.batch_prompts")
-  if name == "grpo" and settings.algo.credit != "episode":
+  if credit_lib.of(settings.algo).rewards == "turn":
     common.fail(
       "algo.credit",
       settings.algo.credit,
@@ -254,7 +256,7 @@ def _greedy_why(name: str, algo) -> str:
   """Why `name` cannot train on greedy samples (the sampling.temperature error's reason;
   `algo`: the config's `algo` block)."""
   estimator = algo.get("advantage_estimator")
-  if name == "grpo" and estimator in adv_lib.GROUP_ESTIMATORS:
+  if name == "grpo" and credit_lib.compares_groups(estimator):
     return (
       f"greedy decoding gives the {algo.num_generations} samples of a prompt identical "
       f"completions, so {estimator}'s group-relative advantages are all 0"
@@ -292,15 +294,15 @@ def _env_setup(cfg, name: str, spec: learners_lib.LearnerSpec) -> Setup:
   settings = spec.settings(cfg, "train.batch_tasks")
   ev = common.from_block(blocks.EvalConfig, cfg.eval, "eval")
   rollout_lib.check_off_policy(s, cfg.max_staleness, settings.algo.tis_cap, "max_staleness")
-  per_turn_grpo = name == "grpo" and settings.algo.credit != "episode"
-  if cfg.per_turn_rewards and name != "ppo" and not per_turn_grpo:
+  rewards = credit_lib.of(settings.algo).rewards  # episode: [N]; turn: [N, T]; either
+  if cfg.per_turn_rewards and rewards == "episode":
     common.fail(
       "per_turn_rewards",
       True,
       "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
       "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
     )
-  if per_turn_grpo and not cfg.per_turn_rewards:
+  if rewards == "turn" and not cfg.per_turn_rewards:
     common.fail(
       "algo.credit",
       settings.algo.credit,
@@ -410,7 +412,7 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   return Pieces(setup, tokenizer, tasks, state, built, sampler, scorer)
 
 
-def _scorer(cfg, setup: Setup, tokenizer, built: learners_lib.Learner):
+def _scorer(cfg, setup: Setup, tokenizer, built: learner_lib.Learner):
   """The `reward_model` block's scorer: `scores(RLBatch) -> [N]`, jitted; None without a
   path. A LoRA reward model over the policy's own base reads the learner's copy of it (on
   one process), else its own. Its tokenizer must be the policy's (it reads the policy's
