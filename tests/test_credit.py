@@ -14,13 +14,15 @@ GRPO, PPO = objectives.GRPOConfig, objectives.PPOConfig
 
 
 def _turn_batch(seed=0, N=4, T=6):
-  """Per-turn rewards [N, T], a mask, turn ids (two turns per row) and [N, 2 + T] tokens."""
+  """Per-turn rewards [N, T], a mask, turn ids (two turns per row, an observation slot
+  between them) and [N, 2 + T] tokens (a 2-token prompt, then the completion slots)."""
   rng = np.random.default_rng(seed)
   mask = np.ones((N, T), bool)
   mask[:, 2] = False  # an observation slot between the two turns
   ids = np.where(np.arange(T) < 3, 0, 1)[None].repeat(N, 0).astype(np.int32)
   rewards = np.where(mask, rng.normal(size=(N, T)), 0.0).astype(np.float32)
-  tokens = rng.integers(0, 5, (N, 2 + T)).astype(np.int32)
+  tokens = np.arange(N * (2 + T), dtype=np.int32).reshape(N, 2 + T)  # every slot its own
+  tokens[:, 2 + 2] = 7  # ... but the observation every turn 1 answered: one state
   return credit.CreditInputs(jnp.asarray(rewards), jnp.asarray(mask), jnp.asarray(ids), tokens)
 
 

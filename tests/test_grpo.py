@@ -862,7 +862,7 @@ def test_grpo_mini_batches_take_every_row_once_per_pass_with_whole_batch_advanta
     scores=returns,
   )
   old = -np.arange(1, N + 1, dtype=np.float32)[:, None] * np.ones((1, T), np.float32)
-  monkeypatch.setattr(objectives, "completion_logprobs_jit", lambda *args: old)
+  monkeypatch.setattr(policy, "completion_logprobs_jit", lambda *args: old)
   algo = objectives.GRPOConfig(num_generations=G, beta=0.0, num_iterations=passes)
   fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
   want = np.asarray(adv_lib.grpo(returns, G))

@@ -5,8 +5,10 @@ place each setting is checked); experiment configs build them with
 `GRPOConfig(**cfg.algo)`, so a config field is named exactly as here. Names
 follow Tunix where it has one (`beta`, `kl_method`, `epsilon_low`,
 `epsilon_high`, `epsilon_c`, `num_iterations`, `num_generations`,
-`loss_agg_mode`). String settings name entries of the tables in
-`advantages.ESTIMATORS` and `losses.POLICY_LOSSES / KL_ESTIMATORS / AGGREGATIONS`.
+`loss_agg_mode`). String settings name entries of the tables `credit.RULES`
+(`credit` and `advantage_estimator`: each config's `rule`) and
+`losses.POLICY_LOSSES / KL_ESTIMATORS / AGGREGATIONS`. The model glue the loss functions
+call (the policy's logprobs, the critic's values) is in `rlpost.models.policy / critic`.
 
 `make_grpo_loss_fn` is the loss of one micro-batch of an `RLBatch`:
 trainer logprobs of the loss tokens -> clipped policy loss (+ beta * KL
