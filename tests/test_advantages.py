@@ -1,6 +1,7 @@
 """Property tests for rlpost.advantages against numpy loop references."""
 
 import functools
+import types
 
 from absl.testing import parameterized
 import chex
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from rlpost.rl import advantages as adv
+from rlpost.rl import credit
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -214,7 +216,7 @@ def test_group_estimators_reject_bad_group_sizes():
 
 
 def test_estimators_take_a_plain_list_of_rewards():
-  """Every estimator in the name table takes rewards as a Python list (as a reward function
+  """Every episode estimator in the credit table takes rewards as a Python list (as a reward function
   returns them), giving what the array gives; a list of the wrong length still fails naming
   the shape and group size.
 
@@ -222,12 +224,14 @@ def test_estimators_take_a_plain_list_of_rewards():
   (AttributeError: 'list' object has no attribute 'shape').
   """
   rewards = [1.0, 0.0, 0.0, 2.0, 1.0, 1.0]
-  for name, estimator in adv.ESTIMATORS.items():
-    want = estimator(jnp.asarray(rewards), 2)
-    np.testing.assert_allclose(estimator(rewards, 2), want, err_msg=name)
-  for name in adv.GROUP_ESTIMATORS:
-    with pytest.raises(ValueError, match=r"got shape \(5,\), group_size=2"):
-      adv.ESTIMATORS[name](rewards[:5], 2)
+  config = types.SimpleNamespace(num_generations=2)
+  for name in credit.episode_estimators():
+    rule = credit.RULES[name]
+    want = rule.fn(credit.CreditInputs(jnp.asarray(rewards), None), config)
+    np.testing.assert_allclose(rule.fn(credit.CreditInputs(rewards, None), config), want)
+    if rule.groups:
+      with pytest.raises(ValueError, match=r"got shape \(5,\), group_size=2"):
+        rule.fn(credit.CreditInputs(rewards[:5], None), config)
 
 
 @pytest.mark.slow

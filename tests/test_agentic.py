@@ -99,7 +99,7 @@ def test_frozenlake_tiny_learns_to_reach_the_goal(tmp_path, answering_model):
   The fixed 2x2 map "SF,HG" needs right, then down: "always right" stays stuck, "down"
   first falls into the hole, so the greedy policy has to read its position. Measured
   (seeds 0, 2, 3, 4): greedy success 1.0 from iteration 10-14 on. Mutations caught: zero
-  advantages (learners._grpo_advantages returning zeros), a flipped policy-loss sign, the
+  advantages (grpo_update._advantages returning zeros), a flipped policy-loss sign, the
   recipe's `train()` not setting the batch's shared prefix.
   """
   cfg = _config(**{"checkpoint.every": 1000, "train.steps": 25})
@@ -153,7 +153,7 @@ def test_turn_credit_over_frozenlake_episodes(monkeypatch):
   Mutation caught: the learner's GAE given no turn ids (`score_tokens` passing None: one
   turn per row)."""
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
-  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
+  from rlpost.rl import ppo_update as ppo_lib  # pylint: disable=g-import-not-at-top
   from test_advantages import _np_turn_gae  # pylint: disable=g-import-not-at-top
 
   overrides = {"algo.credit": "turn", "algo.whiten_advantages": False, "eval.every": 0}
@@ -163,8 +163,8 @@ def test_turn_credit_over_frozenlake_episodes(monkeypatch):
   state, cursor, _ = rl.iteration(p, p.state, Cursor(0, 0, 0), 0)  # the critic moves
   settings = dataclasses.replace(p.learner.settings, gae_in_step=False)
   separate = p._replace(learner=p.learner._replace(settings=settings))
-  scored, inner = [], learners.score_tokens
-  monkeypatch.setattr(learners, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
+  scored, inner = [], ppo_lib.score_tokens
+  monkeypatch.setattr(ppo_lib, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
   copy = jax.tree.map(jnp.copy, state)
   _, _, fused = rl.iteration(p, state, cursor, 1)
   _, _, apart = rl.iteration(separate, copy, cursor, 1)
@@ -188,13 +188,13 @@ def test_ppo_plays_num_generations_episodes_of_each_task(monkeypatch):
   start from the same map) and sampled apart; the critic scores all 8. Mutation caught:
   PPO's samples per task fixed at 1 (4 rows: the mini-batch of 8 is refused)."""
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
-  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
+  from rlpost.rl import ppo_update as ppo_lib  # pylint: disable=g-import-not-at-top
 
   overrides = {"algo.num_generations": 2, "train.batch_tasks": 4, "eval.every": 0}
   cfg = _config("frozenlake_tiny,ppo", **overrides, **{"env.fixed_map": ""})
   p = rl.build(cfg)
-  scored, inner = [], learners.score_tokens
-  monkeypatch.setattr(learners, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
+  scored, inner = [], ppo_lib.score_tokens
+  monkeypatch.setattr(ppo_lib, "score_tokens", lambda *a: scored.append(inner(*a)) or scored[-1])
   _, _, metrics = rl.iteration(p, p.state, Cursor(0, 0, 0), 0)
   b = jax.device_get(scored[-1][0])
   assert b.tokens.shape[0] == 8 and np.isfinite(metrics["loss"])

@@ -33,6 +33,9 @@ from rlpost.models import families, policy
 from rlpost.recipes import learners, rl
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.rl import credit as credit_lib
+from rlpost.rl import grpo_update as grpo_lib
+from rlpost.rl import learner as learner_lib
 from rlpost.rl import objectives
 from rlpost.rl import state_credit
 from rlpost.train import checkpoint
@@ -785,7 +788,7 @@ def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(d
   assert [line.split(" after ")[1].split(" ")[0] for line in lines] == ["3", "4"], lines
 
 
-@pytest.mark.parametrize("credit", objectives.GRPO_CREDITS)
+@pytest.mark.parametrize("credit", credit_lib.credits("grpo"))
 def test_grpo_update_trains_on_the_credit_its_config_names(credit):
   """`grpo_update` hands its train step `advantages.turn_grpo` of per-turn rewards with
   credit "turn", `state_credit.state_grpo` of them with each turn's state read from the
@@ -822,8 +825,10 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
 
   algo = objectives.GRPOConfig(num_generations=3, beta=0.0, credit=credit)
   fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
-  learner = learners.Learner("grpo", learners.GRPOSettings(algo, fwd, N, N), None, None, train_step)
-  _, metrics = learners.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, 0)
+  learner = learner_lib.Learner(
+    "grpo", grpo_lib.GRPOSettings(algo, fwd, N, N), None, None, train_step
+  )
+  _, metrics = grpo_lib.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, 0)
   (step_batch,) = seen
   if credit == "turn":
     want = adv_lib.turn_grpo(turn_rewards, mask, ids, 3)
@@ -859,7 +864,7 @@ def test_grpo_mini_batches_take_every_row_once_per_pass_with_whole_batch_advanta
     scores=returns,
   )
   old = -np.arange(1, N + 1, dtype=np.float32)[:, None] * np.ones((1, T), np.float32)
-  monkeypatch.setattr(objectives, "completion_logprobs_jit", lambda *args: old)
+  monkeypatch.setattr(policy, "completion_logprobs_jit", lambda *args: old)
   algo = objectives.GRPOConfig(num_generations=G, beta=0.0, num_iterations=passes)
   fwd = policy.ForwardConfig(model=families.get_config("tiny"), compute_dtype="float32")
   want = np.asarray(adv_lib.grpo(returns, G))
@@ -871,9 +876,9 @@ def test_grpo_mini_batches_take_every_row_once_per_pass_with_whole_batch_advanta
       seen.append(step_batch)
       return state, {"loss": 0.0, "kl": 0.0}
 
-    settings = learners.GRPOSettings(algo, fwd, N, mini, seed=5)
-    learner = learners.Learner("grpo", settings, None, None, train_step)
-    learners.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, index)
+    settings = grpo_lib.GRPOSettings(algo, fwd, N, mini, seed=5)
+    learner = learner_lib.Learner("grpo", settings, None, None, train_step)
+    grpo_lib.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, index)
     assert len(seen) == passes * N // mini
     for step_batch in seen:
       rows = np.asarray(step_batch.tokens)[:, 0]
@@ -912,7 +917,7 @@ def test_grpo_schedule_spans_every_mini_batch_step():
   )
   settings = learners.grpo_settings(cfg, "train.batch_tasks")
   assert (settings.rows, settings.mini_batch_size) == (16, 8)
-  assert learners.updates_per_iteration(settings) == 4
+  assert learner_lib.updates_per_iteration(settings) == 4
   optimizer = learners.grpo_optimizer(cfg, settings)
   params = {"w": jax.numpy.zeros(2)}
   grads = {"w": jax.numpy.ones(2)}

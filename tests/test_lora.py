@@ -11,7 +11,6 @@ import pytest
 from rlpost import sampling
 from rlpost.models import policy
 from rlpost.rl import batch as batch_lib
-from rlpost.rl import objectives
 from rlpost.train import step as train
 from rlpost.models import decoder
 from rlpost.models import lora
@@ -71,7 +70,7 @@ def test_sampling_merged_matches_trainer_logprobs_with_adapters():
   )
   batch = batch_lib.to_device(batch_lib.from_samples(tokens, lengths, jax.device_get(out), 2))
   fwd = policy.ForwardConfig(CONFIG, lora=CFG, temperature=0.8)
-  logp = objectives.completion_logprobs_jit(params, ad, batch, fwd)
+  logp = policy.completion_logprobs_jit(params, ad, batch, fwd)
   np.testing.assert_allclose(np.asarray(logp), np.asarray(out.logprobs), atol=1e-4)
 
 

@@ -26,8 +26,8 @@ from rlpost.models import loading
 from rlpost.models import policy
 from rlpost.text import tokenizer as tokenizer_lib
 from rlpost.recipes import rl
-from rlpost.recipes import learners
 from rlpost.rl import batch as batch_lib
+from rlpost.rl import ppo_update as ppo_lib
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import objectives
 from rlpost.rl import state_credit
@@ -244,7 +244,7 @@ def test_trainer_logprobs_match_the_sampler_on_sampled_tokens():
   out, params = _rollout(_counting_env([]), seeds=[1, 2, 5], G=2, turn_tokens=6, total=120)
   fwd = policy.ForwardConfig(model=CONFIG, compute_dtype="float32")
   batch = jax.tree.map(jnp.asarray, out.batch)
-  logp = objectives.completion_logprobs_jit(params, None, batch, fwd)
+  logp = policy.completion_logprobs_jit(params, None, batch, fwd)
   mask = out.batch.loss_mask > 0
   assert mask.sum() > 20 and (~mask & out.batch.valid[:, out.batch.prompt_len :]).sum() > 20
   np.testing.assert_allclose(np.asarray(logp)[mask], out.batch.sampler_logp[mask], atol=1e-4)
@@ -441,7 +441,7 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   np.testing.assert_allclose(loss, loss4, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads4)
 
-  logp = objectives.completion_logprobs_jit(params, None, batch, fwd)
+  logp = policy.completion_logprobs_jit(params, None, batch, fwd)
   loss_of_logp = lambda lp: objectives.grpo_loss(
     lp,
     batch.old_logp,
@@ -704,8 +704,8 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
   single = dataclasses.replace(batch_lib.to_device(single), scores=jnp.asarray(scores))
   turn_ids = jnp.asarray(out.batch.turn_ids)  # 0 on sampled slots, -1 on empty ones
   multi = dataclasses.replace(multi, scores=jnp.asarray(out.rewards), turn_ids=turn_ids)
-  a, _ = learners.score_tokens(p.learner, p.state, single)
-  b, _ = learners.score_tokens(p.learner, p.state, multi)
+  a, _ = ppo_lib.score_tokens(p.learner, p.state, single)
+  b, _ = ppo_lib.score_tokens(p.learner, p.state, multi)
   _all_equal(a, dataclasses.replace(b, turn_ids=None))
   assert a.values is not None and a.advantages is not None and a.ref_logp is not None
 

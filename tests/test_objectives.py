@@ -82,19 +82,6 @@ def test_configs_are_frozen_hashable_static_args():
   hash(PPO())
 
 
-@pytest.mark.parametrize("name", list(adv_lib.ESTIMATORS))
-def test_grpo_advantages_dispatch(name):
-  rewards = jnp.asarray([1.0, 0.0, 0.5, 0.5, 2.0, 1.0, 0.0, 3.0])
-  config = GRPO(advantage_estimator=name, num_generations=4)
-  direct = {
-    "grpo": lambda r: adv_lib.grpo(r, 4),
-    "drgrpo": lambda r: adv_lib.drgrpo(r, 4),
-    "rloo": lambda r: adv_lib.rloo(r, 4),
-    "reinforce_pp": adv_lib.reinforce_pp,
-  }[name]
-  np.testing.assert_array_equal(objectives.grpo_advantages(rewards, config), direct(rewards))
-
-
 def _batch(seed=0, batch=4, seq=5):
   rng = np.random.default_rng(seed)
   mask = rng.random((batch, seq)) < 0.8

@@ -97,7 +97,7 @@ def test_concat_batches_re_pads_prompts_and_completion_widths():
   assert (joined.turn_ids[:, 6:] == -1).all() and (joined.turn_ids[:, :6] == 0).all()
   fwd = policy.ForwardConfig(CONFIG)
   logp = lambda b: np.asarray(
-    objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
+    policy.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
   )
   parts = [logp(batches[0]), batch_lib.pad_slots(logp(batches[1]), 9)]
   np.testing.assert_allclose(logp(joined), np.concatenate(parts), atol=1e-5)
@@ -219,7 +219,7 @@ def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full
   assert not np.array_equal(shared.tokens, batch.tokens)  # the openings moved
   fwd = policy.ForwardConfig(CONFIG)
   logp = lambda b: np.asarray(
-    objectives.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
+    policy.completion_logprobs_jit(params, None, batch_lib.to_device(b), fwd)
   )
   np.testing.assert_allclose(logp(shared), logp(batch), atol=2e-5)
   liar = dataclasses.replace(shared, tokens=shared.tokens.copy(), shared_prefix=0)

@@ -39,9 +39,9 @@ from rlpost.envs import multiturn
 from rlpost.envs import protocol
 from rlpost.models import decoder, families
 from rlpost.text import tokenizer as tokenizer_lib
-from rlpost.recipes import learners
 from rlpost.recipes import rl
 from rlpost.rl import batch as batch_lib
+from rlpost.rl import grpo_update as grpo_lib
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
 _ROWS = flags.DEFINE_integer("rows", 8, "Episodes (rows).")
@@ -194,7 +194,7 @@ def _train_steps(config, params, tok, batches: dict, repeats: int) -> dict:
   report, state = {}, [p.state]
 
   def update(batch):
-    state[0], metrics = learners.grpo_update(p.learner, state[0], batch, 0)
+    state[0], metrics = grpo_lib.grpo_update(p.learner, state[0], batch, 0)
     return metrics
 
   for name, batch in batches.items():

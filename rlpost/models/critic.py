@@ -24,6 +24,7 @@ rescales the head so that no value changes. The optimizer never updates "stats".
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -153,3 +154,23 @@ def values(critic, frozen, batch, layout: CriticLayout, fwd: policy.ForwardConfi
     )
   values_BxT = values_from_hidden(critic["head"], hidden_BxTxD, critic.get("stats"))
   return jnp.where(batch.loss_mask > 0, values_BxT, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("fwd", "layout", "with_logp"))
+def rollout_forward(
+  actor, critic, frozen, batch, fwd: policy.ForwardConfig, layout: CriticLayout, with_logp: bool
+):
+  """No-gradient pass after sampling: (the actor's logprobs [N, T] or None, critic values
+  [N, T]) of an `RLBatch`. `actor`: the policy's trainable part (`policy.policy_params`).
+
+  The shared layout reads both from one policy forward.
+  """
+  fwd = fwd.without_remat()
+  params, adapters = policy.policy_params(actor, frozen, fwd)
+  hidden_BxTxD = None
+  if with_logp or layout.mode == "shared":
+    hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
+  logp = None
+  if with_logp:
+    logp = policy.logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, False)
+  return logp, values(critic, frozen, batch, layout, fwd, hidden_BxTxD)

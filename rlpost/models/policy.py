@@ -11,6 +11,7 @@ params. `policy_params` turns (trainable, frozen) back into (params, adapters).
 """
 
 import dataclasses
+import functools
 
 import jax
 
@@ -168,3 +169,33 @@ def token_logprobs(
   return logprobs_lib.token_logprobs_at_slots(
     hidden_BxTxD, embed_VxD, targets_BxT, mask_BxT, slots_BxC, **kwargs
   )
+
+
+def completion_logprobs(params, adapters, batch, fwd: ForwardConfig, return_entropy: bool = False):
+  """Trainer logprobs [N, T] float32 (and entropy) of the completion's loss tokens.
+
+  The same forward and temperature as the sampler, so with the sampler's own
+  weights it reproduces `batch.sampler_logp` (float32, ~1e-5). Slots off
+  `loss_mask` are 0.
+  """
+  hidden_BxTxD = completion_hidden(params, adapters, batch, fwd)
+  return logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, return_entropy)
+
+
+def logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, return_entropy):
+  """Logprobs [N, T] (and entropy) at the loss tokens; only `batch.loss_slots` when set."""
+  return token_logprobs(
+    hidden_BxTxD,
+    decoder.output_matrix(params),
+    batch.tokens[:, batch.prompt_len :],
+    batch.loss_mask > 0,
+    fwd,
+    return_entropy=return_entropy,
+    slots_BxC=batch.loss_slots,
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("fwd",))
+def completion_logprobs_jit(params, adapters, batch, fwd: ForwardConfig):
+  """Jitted `completion_logprobs` without gradients (reference / old-policy logprobs)."""
+  return completion_logprobs(params, adapters, batch, fwd.without_remat())

@@ -56,6 +56,8 @@ from rlpost.recipes import reports
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import advantages as adv_lib
 from rlpost.rl import batch as batch_lib
+from rlpost.rl import credit as credit_lib
+from rlpost.rl import learner as learner_lib
 from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import host_memory
 from rlpost.train import loop as loop_lib
@@ -148,7 +150,7 @@ class Pieces(NamedTuple):
   tokenizer: Any
   tasks: protocol.EnvTasks
   state: step_lib.TrainState  # fresh: step 0
-  learner: learners_lib.Learner
+  learner: learner_lib.Learner
   sampler: rollout_lib.Sampler  # where rollouts run
   scorer: Any = None  # the reward model's jitted `scores(batch) -> [N]`, or None
 
@@ -193,7 +195,7 @@ def check_config(cfg, learner: str | None = None) -> Setup:
     )
   settings = spec.settings(cfg, BATCH_FIELD)
   per_turn = bool(cfg.get("per_turn_rewards", False))
-  _check_credit(name, settings, per_turn)
+  _check_credit(settings, per_turn)
   rollout_lib.check_off_policy(s, r.max_staleness, settings.algo.tis_cap)
   ev = _eval_block(cfg)
   t = cfg.train
@@ -282,18 +284,18 @@ def _check_context(cfg, r: rollout_lib.RolloutConfig, env, turns: multiturn.Turn
     common.check_context(cfg, total, "env.max_prompt_tokens", env.max_prompt_tokens, what)
 
 
-def _check_credit(name: str, settings, per_turn: bool) -> None:
-  """GRPO's turn and state credit read each turn's reward (`per_turn_rewards`); only they
-  and PPO can use per-turn rewards."""
-  per_turn_grpo = name == "grpo" and settings.algo.credit != "episode"
-  if per_turn and name != "ppo" and not per_turn_grpo:
+def _check_credit(settings, per_turn: bool) -> None:
+  """A credit rule reading each turn's reward (`credit.RULES`: GRPO's turn and state
+  credit) needs `per_turn_rewards`; one reading the episode's sum refuses them."""
+  rewards = credit_lib.of(settings.algo).rewards  # episode: [N]; turn: [N, T]; either
+  if per_turn and rewards == "episode":
     common.fail(
       "per_turn_rewards",
       True,
       "GRPO with algo.credit='episode' scores each episode by its summed reward: use False, "
       "algo.credit='turn' or 'state' (each turn's reward-to-go), or learner ppo (',ppo')",
     )
-  if per_turn_grpo and not per_turn:
+  if rewards == "turn" and not per_turn:
     common.fail(
       "algo.credit",
       settings.algo.credit,
@@ -332,7 +334,7 @@ def _greedy_why(name: str, algo) -> str:
   """Why `name` cannot train on greedy samples (the sampling.temperature error's reason;
   `algo`: the config's `algo` block)."""
   estimator = algo.get("advantage_estimator")
-  if name == "grpo" and estimator in adv_lib.GROUP_ESTIMATORS:
+  if name == "grpo" and credit_lib.compares_groups(estimator):
     return (
       f"greedy decoding gives the {algo.num_generations} samples of a prompt identical "
       f"completions, so {estimator}'s group-relative advantages are all 0"
@@ -398,7 +400,7 @@ def build(cfg, loaded=None, learner: str | None = None, setup: Setup | None = No
   return Pieces(setup, tokenizer, tasks, state, built, sampler, scorer)
 
 
-def _scorer(cfg, setup: Setup, tokenizer, built: learners_lib.Learner):
+def _scorer(cfg, setup: Setup, tokenizer, built: learner_lib.Learner):
   """The `reward_model` block's scorer: `scores(RLBatch) -> [N]`, jitted; None without a
   path. A LoRA reward model over the policy's own base reads the learner's copy of it (on
   one process), else its own. Its tokenizer must be the policy's (it reads the policy's

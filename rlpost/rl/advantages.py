@@ -407,15 +407,3 @@ def batch_whitened(rewards_N, group_size):
   """
   del group_size
   return reinforce_pp(rewards_N)
-
-
-# Sequence-level estimators, by config name: `fn(rewards_N, group_size) -> [N]`.
-# A new estimator is a function of that signature and one entry here.
-ESTIMATORS = {
-  "grpo": grpo,
-  "drgrpo": drgrpo,
-  "rloo": rloo,
-  "reinforce_pp": batch_whitened,
-}
-# Estimators that compare the samples of a group: they need group_size >= 2.
-GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")

@@ -5,8 +5,10 @@ place each setting is checked); experiment configs build them with
 `GRPOConfig(**cfg.algo)`, so a config field is named exactly as here. Names
 follow Tunix where it has one (`beta`, `kl_method`, `epsilon_low`,
 `epsilon_high`, `epsilon_c`, `num_iterations`, `num_generations`,
-`loss_agg_mode`). String settings name entries of the tables in
-`advantages.ESTIMATORS` and `losses.POLICY_LOSSES / KL_ESTIMATORS / AGGREGATIONS`.
+`loss_agg_mode`). String settings name entries of the tables `credit.RULES`
+(`credit` and `advantage_estimator`: each config's `rule`) and
+`losses.POLICY_LOSSES / KL_ESTIMATORS / AGGREGATIONS`. The model glue the loss functions
+call (the policy's logprobs, the critic's values) is in `rlpost.models.policy / critic`.
 
 `make_grpo_loss_fn` is the loss of one micro-batch of an `RLBatch`:
 trainer logprobs of the loss tokens -> clipped policy loss (+ beta * KL
@@ -15,16 +17,15 @@ values and the clipped value loss (actor and critic in one trainable pytree).
 """
 
 import dataclasses
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
 from rlpost.models import critic as critic_lib
-from rlpost.models import decoder
 from rlpost.models import policy
 from rlpost.rl import advantages as adv_lib
+from rlpost.rl import credit as credit_lib
 from rlpost.rl import losses
 from rlpost.rl.batch import RLBatch
 
@@ -82,9 +83,6 @@ def _validate_policy_fields(c):
   )
 
 
-GRPO_CREDITS = ("episode", "turn", "state")  # GRPOConfig.credit: what one advantage covers
-
-
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
   """GRPO-family settings (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++, CISPO).
@@ -95,7 +93,8 @@ class GRPOConfig:
     mini_batch_size: rows per optimizer step (None: the whole batch); each pass takes
       the rows in a fresh order. Advantages are computed over the whole batch first, so a
       group split across mini-batches keeps its whole-group baseline.
-    advantage_estimator: an `advantages.ESTIMATORS` name.
+    advantage_estimator: an episode estimator of `credit.RULES` (grpo, drgrpo, rloo,
+      reinforce_pp).
     policy_loss: a `losses.POLICY_LOSSES` name ('clipped'; 'gspo' for GSPO).
     beta: weight of the KL(policy || reference) loss term; 0 disables it.
     kl_method: a `losses.KL_ESTIMATORS` name for that term.
@@ -107,12 +106,13 @@ class GRPOConfig:
       divides by the completion width T).
     entropy_coef: weight of the entropy bonus.
     tis_cap: truncated importance sampling cap, or None.
-    credit: what one advantage covers (GRPO_CREDITS): "episode", the row's summed reward
-      through `advantage_estimator` on every token; "turn", each turn's reward-to-go
-      against its group's at that turn (`advantages.turn_grpo`); "state", the episode's
-      grpo advantage plus each turn's reward-to-go against the group's turns that
+    credit: what one advantage covers (`credit.credits("grpo")`): "episode", the row's
+      summed reward through `advantage_estimator` on every token; "turn", each turn's
+      reward-to-go against its group's at that turn (`advantages.turn_grpo`); "state", the
+      episode's grpo advantage plus each turn's reward-to-go against the group's turns that
       answered the same observation (`state_credit.state_grpo`). Turn and state credit
-      need per-turn rewards `[N, T]`, `turn_ids` and the grpo estimator.
+      need per-turn rewards `[N, T]`, `turn_ids` and an estimator with a
+      `{credit}_{estimator}` rule (grpo).
   """
 
   num_generations: int = 4
@@ -131,29 +131,38 @@ class GRPOConfig:
   tis_cap: float | None = None
   credit: str = "episode"
 
+  @property
+  def rule(self) -> str:
+    """The `credit.RULES` name this config selects."""
+    if self.credit == "episode":
+      return self.advantage_estimator
+    return f"{self.credit}_{self.advantage_estimator}"
+
   def __post_init__(self):
-    _one_of(self, "advantage_estimator", adv_lib.ESTIMATORS)
-    _one_of(self, "credit", GRPO_CREDITS)
-    _require(
-      self.credit == "episode" or self.advantage_estimator == "grpo",
-      self,
-      "credit",
-      f"{self.credit} credit is the grpo estimator's (advantages.turn_grpo, "
-      f"state_credit.state_grpo), not {self.advantage_estimator!r}: use credit='episode' "
-      "or advantage_estimator='grpo'",
-    )
+    _one_of(self, "advantage_estimator", credit_lib.episode_estimators())
+    _one_of(self, "credit", credit_lib.credits("grpo"))
+    if self.rule not in credit_lib.RULES:
+      rules = [
+        n for n, r in credit_lib.RULES.items() if r.learner == "grpo" and r.credit == self.credit
+      ]
+      estimators = [n.removeprefix(f"{self.credit}_") for n in rules]
+      _require(
+        False,
+        self,
+        "credit",
+        f"{self.credit} credit is the {' or '.join(estimators)} estimator's (credit.RULES: "
+        f"{', '.join(rules)}), not {self.advantage_estimator!r}: use credit='episode' or "
+        f"advantage_estimator={estimators[0]!r}",
+      )
     _require(self.num_generations >= 1, self, "num_generations", "use at least 1 sample per prompt")
     _require(
-      self.advantage_estimator not in adv_lib.GROUP_ESTIMATORS or self.num_generations >= 2,
+      not credit_lib.of(self).groups or self.num_generations >= 2,
       self,
       "num_generations",
       f"{self.advantage_estimator} compares samples of a group: use "
       ">= 2 (or advantage_estimator='reinforce_pp')",
     )
     _validate_policy_fields(self)
-
-
-CREDITS = ("token", "turn")  # PPOConfig.credit: what one GAE step is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +231,14 @@ class PPOConfig:
   loss_agg_mode: str = "token-mean"
   tis_cap: float | None = None
 
+  @property
+  def rule(self) -> str:
+    """The `credit.RULES` name this config selects."""
+    return "gae" if self.credit == "token" else f"{self.credit}_gae"
+
   def __post_init__(self):
     _require(0.0 <= self.epsilon < 1.0, self, "epsilon", "use a value in [0, 1)")
-    _one_of(self, "credit", CREDITS)
+    _one_of(self, "credit", credit_lib.credits("ppo"))
     _one_of(self, "turn_value", adv_lib.TURN_VALUES)
     for side in ("epsilon_low", "epsilon_high"):
       if getattr(self, side) is None:  # Tunix: both sides default to epsilon
@@ -251,17 +265,6 @@ class PPOConfig:
       "use >= 0 critic-only iterations",
     )
     _validate_policy_fields(self)
-
-
-def grpo_advantages(rewards_N, config: GRPOConfig):
-  """Sequence-level advantages `[N]` with `ESTIMATORS[config.advantage_estimator]`.
-
-  'reinforce_pp' here whitens the rewards with batch statistics (its KL lives
-  in the loss via `beta`); use `advantages.reinforce_pp` directly for the
-  token-level variant with KL folded into the rewards.
-  """
-  estimator = adv_lib.ESTIMATORS[config.advantage_estimator]
-  return estimator(rewards_N, config.num_generations)
 
 
 def _policy_term(
@@ -325,7 +328,7 @@ def grpo_loss(
     old_logp_BxT: `[batch, seq]` logprobs of the policy that sampled the batch.
     ref_logp_BxT: `[batch, seq]` reference-policy logprobs; may be None when
       `config.beta == 0` (then no KL metric either).
-    advantages: `[batch]` or `[batch, seq]` (e.g. from `grpo_advantages`).
+    advantages: `[batch]` or `[batch, seq]` (e.g. from `credit.advantages`).
     mask_BxT: `[batch, seq]` loss mask; its width T is the `max_tokens` of
       'seq-mean-token-sum-norm'.
     config: GRPOConfig.
@@ -364,9 +367,9 @@ def ppo_advantages(
 
   A sequence score goes on the last loss token (per-token scores, e.g. per-turn
   rewards already placed, are taken as they are, off `loss_mask` dropped); with `kl_in_reward` and
-  `beta > 0`, `-beta * KL(logp || ref)` goes on every loss token. GAE with
-  `gae_lambda` gives the advantages (whitened over loss tokens when
-  `whiten_advantages`), GAE with `critic_lambda` the returns (value targets).
+  `beta > 0`, `-beta * KL(logp || ref)` goes on every loss token. The config's credit rule
+  (`credit.RULES`: gae, turn_gae) with `gae_lambda` gives the advantages (whitened over
+  loss tokens when `whiten_advantages`), with `critic_lambda` the returns (value targets).
   Everything off `loss_mask` is 0, and masked slots are skipped by GAE.
 
   Args:
@@ -389,22 +392,8 @@ def ppo_advantages(
     rewards_BxT = losses.kl_in_rewards(
       rewards_BxT, logp_BxT, ref_logp_BxT, mask_BxT, config.beta, config.kl_method, config.kl_clamp
     )
-  if config.credit == "turn":
-    turns_BxT = jnp.zeros(mask_BxT.shape, jnp.int32) if turn_ids_BxT is None else turn_ids_BxT
-    gae = functools.partial(
-      adv_lib.turn_gae,
-      rewards_BxT,
-      values_BxT,
-      mask_BxT,
-      turns_BxT,
-      gamma=config.gamma,
-      value_at=config.turn_value,
-    )
-  else:
-    gae = functools.partial(adv_lib.gae, rewards_BxT, values_BxT, mask_BxT, gamma=config.gamma)
-  adv_BxT, returns_BxT = gae(lam=config.gae_lambda)
-  if config.critic_lambda != config.gae_lambda:
-    _, returns_BxT = gae(lam=config.critic_lambda)
+  inputs = credit_lib.CreditInputs(rewards_BxT, mask_BxT, turn_ids_BxT, values=values_BxT)
+  adv_BxT, returns_BxT = credit_lib.advantages(inputs, config)
   if config.whiten_advantages:
     adv_BxT = adv_lib.masked_whiten(adv_BxT, mask_BxT)
   return adv_BxT, returns_BxT, rewards_BxT
@@ -464,38 +453,6 @@ def ppo_loss(
   return loss, metrics
 
 
-def completion_logprobs(
-  params, adapters, batch: RLBatch, fwd: policy.ForwardConfig, return_entropy: bool = False
-):
-  """Trainer logprobs [N, T] float32 (and entropy) of the completion's loss tokens.
-
-  The same forward and temperature as the sampler, so with the sampler's own
-  weights it reproduces `batch.sampler_logp` (float32, ~1e-5). Slots off
-  `loss_mask` are 0.
-  """
-  hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
-  return _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, return_entropy)
-
-
-def _logprobs_from_hidden(hidden_BxTxD, params, batch: RLBatch, fwd, return_entropy):
-  """Logprobs [N, T] (and entropy) at the loss tokens; only `batch.loss_slots` when set."""
-  return policy.token_logprobs(
-    hidden_BxTxD,
-    decoder.output_matrix(params),
-    batch.tokens[:, batch.prompt_len :],
-    batch.loss_mask > 0,
-    fwd,
-    return_entropy=return_entropy,
-    slots_BxC=batch.loss_slots,
-  )
-
-
-@functools.partial(jax.jit, static_argnames=("fwd",))
-def completion_logprobs_jit(params, adapters, batch: RLBatch, fwd: policy.ForwardConfig):
-  """Jitted `completion_logprobs` without gradients (reference / old-policy logprobs)."""
-  return completion_logprobs(params, adapters, batch, fwd.without_remat())
-
-
 def _sampler_gap(logp_BxT, sampler_logp_BxT, mask_BxT) -> dict:
   """|trainer - sampler| logprob over loss tokens: its max and mean (how far the
   policy that sampled, e.g. an int8 copy or an older version, is from the trainer's)."""
@@ -518,7 +475,7 @@ def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
   def loss_fn(trainable, frozen, batch: RLBatch):
     batch.check_shapes()
     params, adapters = policy.policy_params(trainable, frozen, fwd)
-    logp, entropy = completion_logprobs(params, adapters, batch, fwd, return_entropy=True)
+    logp, entropy = policy.completion_logprobs(params, adapters, batch, fwd, return_entropy=True)
     mask = batch.loss_mask
     old = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     loss, metrics = grpo_loss(
@@ -553,7 +510,7 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
     batch.check_shapes()
     params, adapters = policy.policy_params(trainable["actor"], frozen, fwd)
     hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
-    logp, entropy = _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, True)
+    logp, entropy = policy.logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, True)
     shared = hidden_BxTxD if layout.mode == "shared" else None
     values = critic_lib.values(trainable["critic"], frozen, batch, layout, fwd, shared)
     mask = batch.loss_mask
@@ -626,21 +583,3 @@ def value_stats(moments) -> dict[str, float]:
   varies = var("returns") > 1e-6 * m["moments/returns/sum_sq"] / n
   stats["explained_variance"] = 1.0 - var("residual") / var("returns") if varies else float("nan")
   return stats
-
-
-@functools.partial(jax.jit, static_argnames=("fwd", "layout", "with_logp"))
-def ppo_rollout_forward(
-  trainable, frozen, batch: RLBatch, fwd: policy.ForwardConfig, layout, with_logp: bool
-):
-  """No-gradient pass after sampling: (old logprobs [N, T] or None, critic values [N, T]).
-
-  The shared layout reads both from one policy forward.
-  """
-  fwd = fwd.without_remat()
-  params, adapters = policy.policy_params(trainable["actor"], frozen, fwd)
-  hidden_BxTxD = None
-  if with_logp or layout.mode == "shared":
-    hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
-  logp = _logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, False) if with_logp else None
-  values = critic_lib.values(trainable["critic"], frozen, batch, layout, fwd, hidden_BxTxD)
-  return logp, values
