@@ -681,4 +681,21 @@ MUTATIONS = [
     tests=["tests/test_runtime.py"],
     why="a zero-step warm-up built as a schedule segment: optax logs it as a misconfiguration",
   ),
+  # --- issue 65 part 1: old field names at their new places
+  dict(
+    name="moved_fields_without_added_defaults",
+    path="rlpost/config_moves.py",
+    old="    if key in new and key not in out and block_of(key) in blocks:\n",
+    new="    if False:\n",
+    tests=["tests/test_grpo.py"],
+    why="a run from before the move reported as resumed with seven changed fields",
+  ),
+  dict(
+    name="moved_override_rewritten_everywhere",
+    path="rlpost/config_moves.py",
+    old="    p: MOVED[p] for p in paths if p in MOVED and not _has(config, p) and _has(config, MOVED[p])\n",
+    new="    p: MOVED[p] for p in paths if p in MOVED\n",
+    tests=["tests/test_grpo.py"],
+    why="an SFT config's own data.source rewritten to env.name",
+  ),
 ]
