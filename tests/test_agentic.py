@@ -639,3 +639,30 @@ def test_episode_metrics_count_successes_failures_and_truncations():
   m = reports.episode_metrics(episodes)
   assert (m["success"], m["failure_rate"], m["truncation_rate"]) == (0.25, 0.5, 0.25)
   assert m["invalid_action_rate"] == 1 / 11 and m["turns/mean"] == 11 / 4
+
+
+@pytest.mark.slow
+def test_dapo_options_are_the_collectors_for_an_environment_too():
+  """Issue 65 part 1: rollout.dynamic_sampling and the overlong penalty on FrozenLake (a
+  seeded environment, not a prompt dataset): each episode's reward is its environment
+  reward plus the soft penalty of its sampled tokens (written out here from DAPO's rule),
+  the penalty is reported, and the groups kept carry reward signal unless counted as
+  filled. Mutation caught: the overlong penalty applied only to prompt datasets (the
+  rewards equal the environment's)."""
+  from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
+  from rlpost.models import policy  # pylint: disable=g-import-not-at-top
+
+  buffer, cap = 127, 128  # one sampled token is free, the next ones cost 1/127 each
+  cfg = _config(**{"rollout.dynamic_sampling": True, "rollout.overlong_buffer": buffer})
+  p = rl.build(cfg)
+  params = policy.sampling_params(p.state.trainable, p.learner.frozen, p.setup.forward)
+  out, metrics, _ = rl._collect(p, None, params, Cursor(0, 0, 0), jax.random.key(3), 0)
+  sampled = np.asarray(out.batch.loss_mask).sum(1)
+  penalty = -np.clip((sampled - (cap - buffer)) / buffer, 0.0, 1.0)
+  env_rewards = np.asarray([e.reward for e in out.episodes], np.float32)
+  np.testing.assert_allclose(out.rewards, env_rewards + penalty, rtol=1e-6, atol=1e-7)
+  assert (sampled > 1).any() and metrics["reward/overlong_penalty"] < 0
+  G = p.setup.num_generations
+  groups = np.asarray(out.rewards).reshape(-1, G)
+  tied = sum(np.ptp(g) == 0 for g in groups)
+  assert metrics["dynamic/rounds"] >= 1 and tied <= metrics["dynamic/filled"], metrics
