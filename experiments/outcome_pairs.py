@@ -21,7 +21,6 @@ flags continues after the last whole batch and writes what one uninterrupted run
 import json
 import os
 
-from absl import app
 from absl import flags
 import jax
 import tqdm

@@ -9,12 +9,7 @@ from their own dataclasses: `algo` (`rl.objectives`), `rollout` (`rollout.Rollou
 
 import dataclasses
 import math
-import os
 
-from rlpost import rewards as rewards_lib
-from rlpost.data import limits
-from rlpost.data import prompts as prompts_lib
-from rlpost.data import tasks as tasks_lib
 from rlpost.models import quant
 from rlpost.recipes import common
 from rlpost.text import tool_syntax

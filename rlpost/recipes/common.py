@@ -72,7 +72,7 @@ class TrainConfig:
   """The `train` block of every recipe: the run's length, its batch, the optimizer and the
   trainer's forward settings (`compute_dtype`, `remat`, `logprob_chunk`: checked by
   `policy.ForwardConfig`). The batch field is the recipe's: `batch_size` (SFT, DPO, with
-  `gather_bucket`), `batch_prompts` (a prompt dataset), `batch_tasks` (an environment).
+  `gather_bucket`), `batch_tasks` (RL: tasks per step, a dataset's prompts or an environment's).
   `optimizer` is one of step.OPTIMIZERS; `max_grad_norm` None or 0: no clipping."""
 
   steps: int = 1
@@ -89,7 +89,6 @@ class TrainConfig:
   compute_dtype: str = "float32"
   remat: str = "dots"
   batch_size: int | None = None
-  batch_prompts: int | None = None
   batch_tasks: int | None = None
   gather_bucket: int | None = None
 

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import optax
 
 from rlpost.models import critic as critic_lib
-from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.rl import batch as batch_lib
 from rlpost.rl import objectives
