@@ -108,7 +108,7 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   config = grpo_gsm8k if recipe == "grpo" else ppo_gsm8k
   cfg = config.get_config("tiny")
   with cfg.unlocked():
-    cfg.data.data_dir = str(require_shared(GSM8K_DIR))
+    cfg.env.data_dir = str(require_shared(GSM8K_DIR))
     cfg.train.steps, cfg.checkpoint.every = 3, 3
     if recipe == "ppo":
       cfg.algo.critic_warmup_steps = 1

@@ -21,6 +21,7 @@ from rlpost.envs import frozenlake
 from rlpost.envs import gsm8k_calc
 from rlpost.envs import multiturn
 from rlpost.envs import protocol
+from rlpost.envs import table as env_table
 from rlpost.text import scaffold, tool_syntax
 from rlpost.models import loading
 from rlpost.models import policy
@@ -285,8 +286,9 @@ def _single_turn_oracle(p, task, params, problems, key, G: int):
   from rlpost import rewards as rewards_lib  # pylint: disable=g-import-not-at-top
 
   setup, tok = p.setup, p.tokenizer
-  texts = [prompts_lib.prompt_text(q, setup.template, task.examples) for q in problems]
-  ids = [prompts_lib.prompt_ids(q, setup.template, task.examples, tok) for q in problems]
+  template = setup.env.template
+  texts = [prompts_lib.prompt_text(q, template, task.examples) for q in problems]
+  ids = [prompts_lib.prompt_ids(q, template, task.examples, tok) for q in problems]
   tokens, lengths = sampling.pad_prompts(ids, setup.sampling)
   rows = np.arange(len(problems) * G, dtype=np.int32)
   out = jax.device_get(
@@ -303,9 +305,9 @@ def _single_turn_oracle(p, task, params, problems, key, G: int):
     )
   )
   batch = batch_lib.from_samples(tokens, lengths, out, G)
-  if setup.template != "plain":
+  if template != "plain":
     batch = batch_lib.truncate_at_stop_strings(batch, tok, prompts_lib.STOP_STRINGS)
-  prefix = prompts_lib.completion_prefix(setup.template)
+  prefix = prompts_lib.completion_prefix(template)
   completions = [prefix + c for c in batch_lib.completion_texts(batch, tok)]
   per_fn, _ = rewards_lib.score(
     task.reward_fns,
@@ -320,7 +322,7 @@ def _one_turn_rollout(p, problems, params, key, G: int):
   """The RL recipe's rollout of `problems` as one-turn episodes (its own environment)."""
   out = multiturn.rollout(
     params,
-    p.tasks.env_tasks.env,
+    p.tasks.env,
     problems,
     list(range(len(problems))),
     key,
@@ -360,7 +362,7 @@ def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monk
     },
   )
   p = rl.build(cfg)
-  task = tasks.load_task(cfg.data, "train", cfg.seed)
+  task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
   params = policy.sampling_params(p.state.trainable, p.learner.frozen, p.setup.forward)
   problems = task.problems[:3]
   key = jax.random.key(7)
@@ -694,7 +696,7 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
     {"train.batch_tasks": 16, "algo.beta": 0.05, "algo.credit": credit},
   )
   p = rl.build(cfg)
-  task = tasks.load_task(cfg.data, "train", cfg.seed)
+  task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
   params = policy.sampling_params(p.state.trainable["actor"], p.learner.frozen, p.setup.forward)
   problems, key = task.problems[:16], jax.random.key(11)
   single, scores = _single_turn_oracle(p, task, params, problems, key, 1)
