@@ -461,11 +461,7 @@ def test_two_processes_equal_one_process_and_share_checkpoints(tmp_path):
 
 
 PIPELINED = {"algo.tis_cap": 2.0}  # with each recipe's staleness field set to 1
-STALENESS = {
-  "grpo": "rollout.max_staleness",
-  "ppo": "rollout.max_staleness",
-  "agentic": "max_staleness",
-}
+STALENESS = {recipe: "rollout.max_staleness" for recipe in ("grpo", "ppo", "agentic")}
 
 
 @pytest.mark.slow
