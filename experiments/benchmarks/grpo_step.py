@@ -22,12 +22,16 @@ import jax
 import numpy as np
 
 from experiments.benchmarks import device_memory
+from experiments.benchmarks import memory_probe
 from experiments.configs import grpo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
 from rlpost.recipes import rl
+from rlpost.recipes import rollout as rollout_lib
+from rlpost.rl import objectives
+from rlpost.train import weight_sync
 
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
@@ -55,8 +59,13 @@ _MODEL_PATH = flags.DEFINE_string(
   "GGUF whose tokenizer the random-weight model uses (default: the packaged model's; a "
   "copy with no tensors, rlpost.models.weights.gguf_file.write_metadata_only, will do).",
 )
-
-
+_MEMORY = flags.DEFINE_bool(
+  "memory_report",
+  False,
+  "Also report where the peak RSS is reached: VmRSS sampled per phase (weight sync, "
+  "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
+  "phase's end (`memory_probe`).",
+)
 _REWARD_MODEL = flags.DEFINE_string(
   "reward_model",
   "",
@@ -89,10 +98,14 @@ def _run_mode(mode: str) -> dict:
     if _SAMPLER.value == "int8":
       cfg.algo.tis_cap = 2.0
     cfg.reward_model.path = _REWARD_MODEL.value
+  probe = _probed() if _MEMORY.value else None
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   jax.block_until_ready(loaded[1])
   pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
+  if probe:
+    step = probe.wrap("train_step", pieces.learner.train_step)
+    pieces = pieces._replace(learner=pieces.learner._replace(train_step=step))
   tok = pieces.tokenizer
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
@@ -135,7 +148,23 @@ def _run_mode(mode: str) -> dict:
     "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     "peak_device_gib": device_memory.peak_device_gib(),
     "backend": jax.default_backend(),
+    **({"memory": probe.report()} if probe else {}),
   }
+
+
+def _probed() -> memory_probe.Probe:
+  """A probe with the GRPO iteration's phases wrapped (module attributes the recipe looks
+  up at each call; this process only)."""
+  probe = memory_probe.Probe()
+  for module, name, phase in (
+    (rollout_lib, "sampler_weights", "weight_sync"),
+    (weight_sync, "fingerprint", "fingerprint"),
+    (rl, "produce", "rollout"),
+    (rl, "train", "train"),
+    (objectives, "completion_logprobs_jit", "logprobs"),
+  ):
+    setattr(module, name, probe.wrap(phase, getattr(module, name)))
+  return probe
 
 
 def main(argv):
@@ -168,7 +197,7 @@ def main(argv):
       ]
       + [
         f"--{f.name}={f.value}"
-        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL)
+        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL, _MEMORY)
         if f.value
       ],
       capture_output=True,

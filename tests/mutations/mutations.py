@@ -442,8 +442,8 @@ MUTATIONS = [
   dict(
     name="fingerprint_without_its_ramp",
     path="rlpost/train/weight_sync.py",
-    old="    ramp = (jnp.arange(x.size, dtype=jnp.uint32) % 17 + 1).astype(jnp.uint32)\n",
-    new="    ramp = jnp.ones((x.size,), jnp.uint32)\n",
+    old="    ramp = (index % 17 + 1).astype(jnp.uint32)\n",
+    new="    ramp = jnp.ones_like(index)\n",
     tests=["tests/test_weight_sync.py"],
     why="weights whose elements moved between places fingerprinted as unchanged",
   ),
