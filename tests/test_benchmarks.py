@@ -22,6 +22,44 @@ def _report(module: str, *flags: str) -> dict:
   return json.loads(out.stdout)
 
 
+def test_rss_budget_flags_a_peak_past_its_expected_figure_and_tolerance():
+  """Each expected mode passes at its figure plus the tolerance and fails 0.01 GiB above,
+  with a line naming the mode, the figure and the table; runs off the default workload
+  are not checked.
+
+  Mutation caught: the tolerance doubled (`rss_budget_tolerance_doubled`)."""
+  from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
+
+  tol = rss_budget.TOLERANCE_GIB
+  for name, expected in rss_budget.EXPECTED.items():
+    assert rss_budget.check(name, expected + tol)["verdict"] == "ok"
+    over = round(expected + tol + 0.01, 2)
+    record = {"peak_rss_gib": over, "rss_check": rss_budget.check(name, over)}
+    assert record["rss_check"]["verdict"] == "grown", name
+    (line,) = rss_budget.failures({"lora": record})
+    assert name in line and str(over) in line and "rss_budget.py" in line
+  assert rss_budget.check(None, 99.0)["verdict"] == "unchecked"
+  assert rss_budget.check("full_bf16", 99.0)["verdict"] == "unchecked"
+  assert (
+    rss_budget.failures({"lora": {"peak_rss_gib": 99.0, "rss_check": {"verdict": "unchecked"}}})
+    == []
+  )
+
+
+def test_rss_budget_keys_and_issue_65_bounds():
+  """A run's key is its mode, plus "_int8" for int8 rollouts, None off the default
+  workload; the expected figures keep issue 65's bounds: LoRA <= 3.6 GiB and int8
+  rollouts at most 0.4 GiB above it."""
+  from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
+
+  assert rss_budget.key("lora", "model", True) == "lora"
+  assert rss_budget.key("lora", "int8", True) == "lora_int8"
+  assert rss_budget.key("lora", "int8", False) is None
+  expected = rss_budget.EXPECTED
+  assert expected["lora"] <= 3.6
+  assert expected["lora_int8"] <= expected["lora"] + 0.4
+
+
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn

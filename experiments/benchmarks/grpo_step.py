@@ -23,6 +23,7 @@ import numpy as np
 
 from experiments.benchmarks import device_memory
 from experiments.benchmarks import memory_probe
+from experiments.benchmarks import rss_budget
 from experiments.configs import grpo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.data.tasks import Task
@@ -65,6 +66,12 @@ _MEMORY = flags.DEFINE_bool(
   "Also report where the peak RSS is reached: VmRSS sampled per phase (weight sync, "
   "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
   "phase's end (`memory_probe`).",
+)
+_CHECK_RSS = flags.DEFINE_bool(
+  "check_rss",
+  True,
+  "Exit 1 after printing when a mode's peak RSS is above its expected figure "
+  "(`rss_budget.EXPECTED`, XLA:CPU, default workload) plus the tolerance.",
 )
 _REWARD_MODEL = flags.DEFINE_string(
   "reward_model",
@@ -128,6 +135,7 @@ def _run_mode(mode: str) -> dict:
       }
     )
   steady = times[1:]
+  peak_rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
   return {
     "mode": mode,
     "param_dtype": _DTYPE.value,
@@ -145,11 +153,19 @@ def _run_mode(mode: str) -> dict:
     "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
     "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
     "completion_tokens_per_iteration": times[-1]["completion_tokens"],
-    "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    "peak_rss_gib": peak_rss,
+    "rss_check": rss_budget.check(_budget_key(mode), peak_rss),
     "peak_device_gib": device_memory.peak_device_gib(),
     "backend": jax.default_backend(),
     **({"memory": probe.report()} if probe else {}),
   }
+
+
+def _budget_key(mode: str) -> str | None:
+  """`rss_budget`'s key for this run: None off XLA:CPU or off the default workload."""
+  defaults = jax.default_backend() == "cpu" and _DTYPE.value == "float32"
+  defaults &= not (_COMPUTE.value or _CHUNK.value or _REMAT.value or _REWARD_MODEL.value)
+  return rss_budget.key(mode, _SAMPLER.value, defaults)
 
 
 def _probed() -> memory_probe.Probe:
@@ -207,6 +223,9 @@ def main(argv):
     results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
   results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
   print(json.dumps(results, indent=1))
+  grown = rss_budget.failures({mode: results[mode] for mode in _MODES.value})
+  if grown and _CHECK_RSS.value:
+    sys.exit("\n".join(grown))
 
 
 if __name__ == "__main__":
