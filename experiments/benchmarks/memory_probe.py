@@ -79,11 +79,12 @@ class Probe:
       self._live[name] = live_arrays()
 
   def wrap(self, name: str, fn):
-    """`fn` with each call inside `phase(name)`."""
+    """`fn` with each call inside `phase(name)`, its outputs waited for there (a jitted
+    call returns before its program has run)."""
 
     def wrapped(*args, **kwargs):
       with self.phase(name):
-        return fn(*args, **kwargs)
+        return jax.block_until_ready(fn(*args, **kwargs))
 
     return wrapped
 
