@@ -3,19 +3,21 @@ grown unnoticed (issue 65 part 7: 0.9 GiB crept in over 300 commits before anyon
 
 The figures are XLA:CPU's, for the benchmark's default workload (float32 params, the
 config's compute dtype, remat and logprob chunk, no reward model); other settings have
-no expected figure and are not checked. Peak RSS barely depends on the x86 CPU model
-(the LoRA mode reached the same 3.54 GiB on an AMD EPYC Zen 4 and an Intel Xeon), unlike
-times. When a change grows a figure on purpose, measure it (`python -m
+no expected figure and are not checked. Peak RSS barely depends on the x86 CPU model,
+unlike times: the LoRA mode's figures on an AMD EPYC Zen 4 and an Intel Xeon (model 167)
+agreed within 0.06 GiB at two commits (d967a69: 3.53-3.57 and 3.48-3.54; 75c36e3: 4.45
+and 4.46). When a change grows a figure on purpose, measure it (`python -m
 experiments.benchmarks.grpo_step --modes=MODE`, twice) and update `EXPECTED` in the same
 commit, saying why; BUILD.md's "How to benchmark" quotes this table.
 """
 
-# mode key (`key`) -> peak RSS in GiB, measured at the commit that last set it (BUILD.md).
+# mode key (`key`) -> peak RSS in GiB, the larger of two runs on the Intel Xeon model 167
+# (issue 65 part 7: 3.35 / 3.40 and 3.46 / 3.50; BUILD.md).
 EXPECTED = {
-  "lora": 3.55,
-  "lora_int8": 3.55,
+  "lora": 3.40,
+  "lora_int8": 3.50,
 }
-TOLERANCE_GIB = 0.15  # run-to-run spread seen: 0.04 GiB
+TOLERANCE_GIB = 0.15  # run-to-run spread seen: 0.04-0.06 GiB
 
 
 def key(mode: str, sampler_weights: str, defaults: bool) -> str | None:
