@@ -60,6 +60,28 @@ def test_rss_budget_keys_and_issue_65_bounds():
   assert expected["lora_int8"] <= expected["lora"] + 0.4
 
 
+def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
+  """grpo_step prints its JSON, then exits with the grown mode's line (status 1) unless
+  --check_rss=false; the mode's process is faked (its JSON line), no model runs."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import grpo_step, rss_budget  # pylint: disable=g-import-not-at-top
+
+  over = rss_budget.EXPECTED["lora"] + 1.0
+  line = json.dumps({"peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
+  fake = lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
+  monkeypatch.setattr(grpo_step.subprocess, "run", fake)
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(modes=["lora"]):
+    with pytest.raises(SystemExit, match=f"grpo_step lora: peak_rss_gib={over}"):
+      grpo_step.main([])
+    assert json.loads(capsys.readouterr().out)["lora"]["peak_rss_gib"] == over
+    with flagsaver.flagsaver(check_rss=False):
+      grpo_step.main([])
+
+
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn
