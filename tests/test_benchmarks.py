@@ -82,6 +82,34 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
       grpo_step.main([])
 
 
+def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
+  """256 MiB touched inside a phase show in that phase's maximum, not outside's (freed
+  before the report); the arrays alive at the phase's end are counted.
+
+  Mutation caught: samples attributed to the outermost phase (`self._stack[0]`)."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import memory_probe  # pylint: disable=g-import-not-at-top
+
+  probe = memory_probe.Probe(interval_s=0.002)
+  time.sleep(0.05)
+  with probe.phase("big"):
+    block = np.ones(2**28 // 8)  # 256 MiB, every page written
+    kept = jnp.zeros((512, 512))  # 1 MiB, alive when the phase ends
+    time.sleep(0.05)
+  del block
+  time.sleep(0.05)
+  report = probe.report()
+  phases = report["phases"]
+  assert phases["big"]["max_rss_gib"] > phases["outside"]["max_rss_gib"] + 0.2, phases
+  assert report["peak"]["phase"] == "big"
+  assert phases["big"]["live_at_end"]["gib_by_dtype"]["float32"] >= 0.001, phases["big"]
+  del kept
+
+
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn

@@ -29,6 +29,7 @@ from rlpost.data.cursor import Cursor
 from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
+from rlpost.models import policy
 from rlpost.recipes import rl
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import objectives
@@ -172,14 +173,21 @@ def _probed() -> memory_probe.Probe:
   """A probe with the GRPO iteration's phases wrapped (module attributes the recipe looks
   up at each call; this process only)."""
   probe = memory_probe.Probe()
-  for module, name, phase in (
-    (rollout_lib, "sampler_weights", "weight_sync"),
-    (weight_sync, "fingerprint", "fingerprint"),
-    (rl, "produce", "rollout"),
-    (rl, "train", "train"),
-    (objectives, "completion_logprobs_jit", "logprobs"),
+  for phase, name, modules in (
+    ("weight_sync", "sampler_weights", [rollout_lib]),
+    ("fingerprint", "fingerprint", [weight_sync]),
+    ("rollout", "produce", [rl]),
+    ("train", "train", [rl]),
+    ("logprobs", "completion_logprobs_jit", [objectives, policy]),  # where it is now
   ):
-    setattr(module, name, probe.wrap(phase, getattr(module, name)))
+    held = [m for m in modules if hasattr(m, name)]
+    if not held:
+      raise RuntimeError(
+        f"--memory_report: no {name} in {[m.__name__ for m in modules]} to time the "
+        f"{phase} phase by: name where it moved in grpo_step._probed"
+      )
+    for module in held:
+      setattr(module, name, probe.wrap(phase, getattr(module, name)))
   return probe
 
 

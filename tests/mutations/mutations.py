@@ -673,4 +673,12 @@ MUTATIONS = [
     tests=["tests/test_weight_sync.py"],
     why="a weight fingerprint summed in blocks that differs from the whole leaf's",
   ),
+  dict(
+    name="memory_probe_outermost_phase",
+    path="experiments/benchmarks/memory_probe.py",
+    old='      rss, where = status_gib("VmRSS"), self._stack[-1]\n',
+    new='      rss, where = status_gib("VmRSS"), self._stack[0]\n',
+    tests=["tests/test_benchmarks.py"],
+    why="a benchmark's peak RSS reported in the wrong phase",
+  ),
 ]
