@@ -22,6 +22,94 @@ def _report(module: str, *flags: str) -> dict:
   return json.loads(out.stdout)
 
 
+def test_rss_budget_flags_a_peak_past_its_expected_figure_and_tolerance():
+  """Each expected mode passes at its figure plus the tolerance and fails 0.01 GiB above,
+  with a line naming the mode, the figure and the table; runs off the default workload
+  are not checked.
+
+  Mutation caught: the tolerance doubled (`rss_budget_tolerance_doubled`)."""
+  from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
+
+  tol = rss_budget.TOLERANCE_GIB
+  for name, expected in rss_budget.EXPECTED.items():
+    assert rss_budget.check(name, expected + tol)["verdict"] == "ok"
+    over = round(expected + tol + 0.01, 2)
+    record = {"peak_rss_gib": over, "rss_check": rss_budget.check(name, over)}
+    assert record["rss_check"]["verdict"] == "grown", name
+    (line,) = rss_budget.failures({"lora": record})
+    assert name in line and str(over) in line and "rss_budget.py" in line
+  assert rss_budget.check(None, 99.0)["verdict"] == "unchecked"
+  assert rss_budget.check("full_bf16", 99.0)["verdict"] == "unchecked"
+  assert (
+    rss_budget.failures({"lora": {"peak_rss_gib": 99.0, "rss_check": {"verdict": "unchecked"}}})
+    == []
+  )
+
+
+def test_rss_budget_keys_and_issue_65_bounds():
+  """A run's key is its mode, plus "_int8" for int8 rollouts, None off the default
+  workload; the expected figures keep issue 65's bounds: LoRA <= 3.6 GiB and int8
+  rollouts at most 0.4 GiB above it."""
+  from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
+
+  assert rss_budget.key("lora", "model", True) == "lora"
+  assert rss_budget.key("lora", "int8", True) == "lora_int8"
+  assert rss_budget.key("lora", "int8", False) is None
+  expected = rss_budget.EXPECTED
+  assert expected["lora"] <= 3.6
+  assert expected["lora_int8"] <= expected["lora"] + 0.4
+
+
+def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
+  """grpo_step prints its JSON, then exits with the grown mode's line (status 1) unless
+  --check_rss=false; the mode's process is faked (its JSON line), no model runs."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import grpo_step, rss_budget  # pylint: disable=g-import-not-at-top
+
+  over = rss_budget.EXPECTED["lora"] + 1.0
+  line = json.dumps({"peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
+  fake = lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
+  monkeypatch.setattr(grpo_step.subprocess, "run", fake)
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(modes=["lora"]):
+    with pytest.raises(SystemExit, match=f"grpo_step lora: peak_rss_gib={over}"):
+      grpo_step.main([])
+    assert json.loads(capsys.readouterr().out)["lora"]["peak_rss_gib"] == over
+    with flagsaver.flagsaver(check_rss=False):
+      grpo_step.main([])
+
+
+def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
+  """256 MiB touched inside a phase show in that phase's maximum, not outside's (freed
+  before the report); the arrays alive at the phase's end are counted.
+
+  Mutation caught: samples attributed to the outermost phase (`self._stack[0]`)."""
+  import time  # pylint: disable=g-import-not-at-top
+
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import memory_probe  # pylint: disable=g-import-not-at-top
+
+  probe = memory_probe.Probe(interval_s=0.002)
+  time.sleep(0.05)
+  with probe.phase("big"):
+    block = np.ones(2**28 // 8)  # 256 MiB, every page written
+    kept = jnp.zeros((512, 512))  # 1 MiB, alive when the phase ends
+    time.sleep(0.05)
+  del block
+  time.sleep(0.05)
+  report = probe.report()
+  phases = report["phases"]
+  assert phases["big"]["max_rss_gib"] > phases["outside"]["max_rss_gib"] + 0.2, phases
+  assert report["peak"]["phase"] == "big"
+  assert phases["big"]["live_at_end"]["gib_by_dtype"]["float32"] >= 0.001, phases["big"]
+  del kept
+
+
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn

@@ -22,12 +22,18 @@ import jax
 import numpy as np
 
 from experiments.benchmarks import device_memory
+from experiments.benchmarks import memory_probe
+from experiments.benchmarks import rss_budget
 from experiments.configs import grpo_gsm8k
 from rlpost.data.cursor import Cursor
 from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
+from rlpost.models import policy
 from rlpost.recipes import rl
+from rlpost.recipes import rollout as rollout_lib
+from rlpost.rl import objectives
+from rlpost.train import weight_sync
 
 _MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
@@ -55,8 +61,19 @@ _MODEL_PATH = flags.DEFINE_string(
   "GGUF whose tokenizer the random-weight model uses (default: the packaged model's; a "
   "copy with no tensors, rlpost.models.weights.gguf_file.write_metadata_only, will do).",
 )
-
-
+_MEMORY = flags.DEFINE_bool(
+  "memory_report",
+  False,
+  "Also report where the peak RSS is reached: VmRSS sampled per phase (weight sync, "
+  "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
+  "phase's end (`memory_probe`).",
+)
+_CHECK_RSS = flags.DEFINE_bool(
+  "check_rss",
+  True,
+  "Exit 1 after printing when a mode's peak RSS is above its expected figure "
+  "(`rss_budget.EXPECTED`, XLA:CPU, default workload) plus the tolerance.",
+)
 _REWARD_MODEL = flags.DEFINE_string(
   "reward_model",
   "",
@@ -89,10 +106,14 @@ def _run_mode(mode: str) -> dict:
     if _SAMPLER.value == "int8":
       cfg.algo.tis_cap = 2.0
     cfg.reward_model.path = _REWARD_MODEL.value
+  probe = _probed() if _MEMORY.value else None
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   jax.block_until_ready(loaded[1])
   pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
+  if probe:
+    step = probe.wrap("train_step", pieces.learner.train_step)
+    pieces = pieces._replace(learner=pieces.learner._replace(train_step=step))
   tok = pieces.tokenizer
   question = " ".join(["hello"] * 31)
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
@@ -115,6 +136,7 @@ def _run_mode(mode: str) -> dict:
       }
     )
   steady = times[1:]
+  peak_rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
   return {
     "mode": mode,
     "param_dtype": _DTYPE.value,
@@ -132,10 +154,41 @@ def _run_mode(mode: str) -> dict:
     "steady_rollout_s_median": round(float(np.median([t["rollout_s"] for t in steady])), 2),
     "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
     "completion_tokens_per_iteration": times[-1]["completion_tokens"],
-    "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    "peak_rss_gib": peak_rss,
+    "rss_check": rss_budget.check(_budget_key(mode), peak_rss),
     "peak_device_gib": device_memory.peak_device_gib(),
     "backend": jax.default_backend(),
+    **({"memory": probe.report()} if probe else {}),
   }
+
+
+def _budget_key(mode: str) -> str | None:
+  """`rss_budget`'s key for this run: None off XLA:CPU or off the default workload."""
+  defaults = jax.default_backend() == "cpu" and _DTYPE.value == "float32"
+  defaults &= not (_COMPUTE.value or _CHUNK.value or _REMAT.value or _REWARD_MODEL.value)
+  return rss_budget.key(mode, _SAMPLER.value, defaults)
+
+
+def _probed() -> memory_probe.Probe:
+  """A probe with the GRPO iteration's phases wrapped (module attributes the recipe looks
+  up at each call; this process only)."""
+  probe = memory_probe.Probe()
+  for phase, name, modules in (
+    ("weight_sync", "sampler_weights", [rollout_lib]),
+    ("fingerprint", "fingerprint", [weight_sync]),
+    ("rollout", "produce", [rl]),
+    ("train", "train", [rl]),
+    ("logprobs", "completion_logprobs_jit", [objectives, policy]),  # where it is now
+  ):
+    held = [m for m in modules if hasattr(m, name)]
+    if not held:
+      raise RuntimeError(
+        f"--memory_report: no {name} in {[m.__name__ for m in modules]} to time the "
+        f"{phase} phase by: name where it moved in grpo_step._probed"
+      )
+    for module in held:
+      setattr(module, name, probe.wrap(phase, getattr(module, name)))
+  return probe
 
 
 def main(argv):
@@ -168,7 +221,7 @@ def main(argv):
       ]
       + [
         f"--{f.name}={f.value}"
-        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL)
+        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL, _MEMORY)
         if f.value
       ],
       capture_output=True,
@@ -178,6 +231,9 @@ def main(argv):
     results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
   results["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
   print(json.dumps(results, indent=1))
+  grown = rss_budget.failures({mode: results[mode] for mode in _MODES.value})
+  if grown and _CHECK_RSS.value:
+    sys.exit("\n".join(grown))
 
 
 if __name__ == "__main__":

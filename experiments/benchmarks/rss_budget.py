@@ -1,0 +1,62 @@
+"""The peak RSS each `grpo_step` mode is expected to reach, and the check that it has not
+grown unnoticed (issue 65 part 7: 0.9 GiB crept in over 300 commits before anyone looked).
+
+The figures are XLA:CPU's, for the benchmark's default workload (float32 params, the
+config's compute dtype, remat and logprob chunk, no reward model); other settings have
+no expected figure and are not checked. Peak RSS barely depends on the x86 CPU model,
+unlike times: the LoRA mode's figures on an AMD EPYC Zen 4 and an Intel Xeon (model 167)
+agreed within 0.06 GiB at two commits (d967a69: 3.53-3.57 and 3.48-3.54; 75c36e3: 4.45
+and 4.46). When a change grows a figure on purpose, measure it (`python -m
+experiments.benchmarks.grpo_step --modes=MODE`, twice) and update `EXPECTED` in the same
+commit, saying why; BUILD.md's "How to benchmark" quotes this table.
+"""
+
+# mode key (`key`) -> peak RSS in GiB, the largest of 2-3 runs on the Intel Xeon model 167
+# (issue 65 part 7: LoRA 3.35 / 3.40 / 3.37, int8 rollouts 3.46 / 3.50, full 7.44 / 7.37;
+# BUILD.md).
+EXPECTED = {
+  "full": 7.44,
+  "lora": 3.40,
+  "lora_int8": 3.50,
+}
+TOLERANCE_GIB = 0.15  # run-to-run spread seen: 0.04-0.06 GiB
+
+
+def key(mode: str, sampler_weights: str, defaults: bool) -> str | None:
+  """The `EXPECTED` key of a run: `mode`, plus "_int8" when the sampler reads int8
+  weights; None when the workload is not the default one (`defaults` False)."""
+  if not defaults:
+    return None
+  return mode if sampler_weights == "model" else f"{mode}_{sampler_weights}"
+
+
+def check(name: str | None, peak_rss_gib: float) -> dict:
+  """The record of one mode's check: expected figure, tolerance and verdict ("ok",
+  "grown", "unchecked" when there is no expected figure for `name`)."""
+  if name is None or name not in EXPECTED:
+    return {"key": name, "verdict": "unchecked"}
+  expected = EXPECTED[name]
+  grown = peak_rss_gib > expected + TOLERANCE_GIB
+  return {
+    "key": name,
+    "expected_gib": expected,
+    "tolerance_gib": TOLERANCE_GIB,
+    "verdict": "grown" if grown else "ok",
+  }
+
+
+def failures(records: dict) -> list[str]:
+  """One line per mode whose peak RSS grew past its expected figure plus the tolerance.
+
+  records: mode -> the mode's JSON (`peak_rss_gib` and `rss_check`, from `check`)."""
+  lines = []
+  for mode, r in records.items():
+    c = r["rss_check"]
+    if c["verdict"] == "grown":
+      lines.append(
+        f"grpo_step {c['key']}: peak_rss_gib={r['peak_rss_gib']} is above the expected "
+        f"{c['expected_gib']} + {c['tolerance_gib']} GiB (experiments/benchmarks/rss_budget.py): "
+        "find the new bytes with --memory_report, or, if the growth is intended, update "
+        "EXPECTED there and in BUILD.md with the reason"
+      )
+  return lines
