@@ -97,7 +97,7 @@ def test_fewshot_prompt_text():
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
 def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_path):
-  """A run's checkpoint is evaluated with the recipe that wrote it (PPO: the actor only).
+  """A run's checkpoint is evaluated with the recipe that wrote it (its trainable["policy"]).
 
   Mutation caught: evaluating a PPO run with the GRPO learner (its state does not
   match the checkpoint).
@@ -108,7 +108,7 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   config = grpo_gsm8k if recipe == "grpo" else ppo_gsm8k
   cfg = config.get_config("tiny")
   with cfg.unlocked():
-    cfg.data.data_dir = str(require_shared(GSM8K_DIR))
+    cfg.env.data_dir = str(require_shared(GSM8K_DIR))
     cfg.train.steps, cfg.checkpoint.every = 3, 3
     if recipe == "ppo":
       cfg.algo.critic_warmup_steps = 1
