@@ -274,8 +274,8 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
   instead of the saved older ones.
 
   One recipe schedules every RL run (`rl.loop_step`), so this test and test_grpo's
-  pipelined tests (a prompt dataset, the GRPO learner: the whole trainable tree is the
-  policy) cover both task sources and both learners' policy parts; PPO over a prompt
+  pipelined tests (a prompt dataset, the GRPO learner: trainable {"policy"} alone) cover
+  both task sources and both learners' trainable trees; PPO over a prompt
   dataset and GRPO over an environment had tests of their own before the one recipe.
   Over 20 s: five tiny runs (synchronous, pipelined, stale, stopped, resumed), each with
   its greedy evaluations."""

@@ -257,7 +257,9 @@ def test_init_from_reads_a_corrupt_source_without_changing_it(finished_run, tmp_
   with checkpoint.manager(str(finished_run[0]), read_only=True) as mngr:
     at_four, _ = checkpoint.restore(mngr, 4, finished_run[1])
   jax.tree.map(
-    np.testing.assert_array_equal, jax.device_get(params), jax.device_get(at_four.trainable)
+    np.testing.assert_array_equal,
+    jax.device_get(params),
+    jax.device_get(at_four.trainable["policy"]),
   )
   assert "It was left where it is (another run's)" in capsys.readouterr().out
   assert _snapshot(workdir) == before
@@ -450,3 +452,68 @@ def test_a_multi_array_file_damaged_is_one_line_through_the_main(finished_run, t
   lines = _log_lines(output)
   assert status == 0 and len(lines) == 2 and "It was left where it is" in lines[0], output
   assert not any(n in output for n in _NOISE)
+
+
+def _old_layout(learner: str, cfg, state):
+  """`state` (a fresh tiny GRPO or PPO TrainState) as the code before `{"policy": ...}`
+  built it: GRPO's trainable the policy's tree itself, PPO's {"actor", "critic"} under a
+  multi_transform labelled "actor" / "critic"; every array drawn at random (integers
+  counted), so that no two arrays of a kind are equal."""
+  import optax  # pylint: disable=g-import-not-at-top
+
+  from rlpost.train import step as train  # pylint: disable=g-import-not-at-top
+
+  policy = state.trainable["policy"]
+  if learner == "grpo":
+    trainable, optimizer = policy, common.make_optimizer(cfg, 10)
+  else:
+    trainable = {"actor": policy, "critic": state.trainable["critic"]}
+    parts = {
+      "actor": train.gated(common.make_optimizer(cfg, 10), "actor_on"),
+      "critic": common.make_optimizer(cfg, 10),
+    }
+    optimizer = optax.multi_transform(parts, {"actor": "actor", "critic": "critic"})
+  old = state._replace(trainable=trainable, opt_state=optimizer.init(trainable))
+  leaves, treedef = jax.tree.flatten(old)
+  drawn = [
+    x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    else (jax.random.normal(jax.random.key(i), x.shape) * 7).astype(x.dtype)
+    if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+    else jax.numpy.full(x.shape, i, x.dtype)
+    for i, x in enumerate(leaves)
+  ]
+  return jax.tree.unflatten(treedef, drawn)
+
+
+def _by_path(state, rename=lambda path: path) -> dict:
+  """{path (renamed): host array} of every array of a TrainState (the key as its data)."""
+  state = state._replace(key=jax.random.key_data(state.key))
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {rename(jax.tree_util.keystr(p)): np.asarray(jax.device_get(x)) for p, x in flat}
+
+
+@pytest.mark.parametrize("learner", ["grpo", "ppo"])
+def test_a_checkpoint_of_the_layout_before_policy_restores_bitwise(learner, tmp_path):
+  """A checkpoint written before the one trainable layout (GRPO: the bare policy tree;
+  PPO: "actor" beside "critic", in the trainable, the AdamW moments and the
+  multi_transform labels), saved from a real tiny state with every array drawn, restores
+  into today's `{"policy": ...}` state with each array, bitwise, at its path renamed
+  ("['policy']" -> "" or "['actor']"), and in today's tree structure. Mutation caught: the
+  legacy layout not recognised (StateMismatchError)."""
+  from experiments.configs import ppo_gsm8k  # pylint: disable=g-import-not-at-top
+
+  cfg = _config() if learner == "grpo" else ppo_gsm8k.get_config("tiny")
+  fresh = rl.build(cfg).state
+  old = _old_layout(learner, cfg, fresh)
+  with checkpoint.manager(str(tmp_path)) as mngr:
+    checkpoint.save(mngr, 4, old, {"iteration": 4})
+    restored, meta = checkpoint.restore_latest(mngr, fresh)
+  assert meta["iteration"] == 4
+  assert jax.tree.structure(restored) == jax.tree.structure(fresh)
+  new = "" if learner == "grpo" else "['actor']"
+  got = _by_path(restored, lambda path: path.replace("['policy']", new))
+  want = _by_path(old)
+  assert sorted(got) == sorted(want) and len(want) > 20
+  for path, array in want.items():
+    assert got[path].dtype == array.dtype and got[path].tobytes() == array.tobytes(), path

@@ -97,7 +97,7 @@ def test_fewshot_prompt_text():
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
 def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_path):
-  """A run's checkpoint is evaluated with the recipe that wrote it (PPO: the actor only).
+  """A run's checkpoint is evaluated with the recipe that wrote it (its trainable["policy"]).
 
   Mutation caught: evaluating a PPO run with the GRPO learner (its state does not
   match the checkpoint).

@@ -123,7 +123,7 @@ def test_first_step_ratio_is_one_and_kl_zero(straight_run, tmp_path):
     if compute == "bfloat16":
       assert first["sampler_logp_gap"] > 1e-5  # the trainer really rounds
     if lora:
-      assert_adapters_trained(jax.device_get(state.trainable))
+      assert_adapters_trained(jax.device_get(state.trainable["policy"]))
     # every weight sync reached the sampler (rlpost.train.weight_sync)
     assert [r["sync/stale_syncs"] for r in records] == [0.0] * 4
 
@@ -739,7 +739,7 @@ def _collect(pieces, task):
   tasks = prompt_dataset.tasks(task, pieces.setup.env.template, pieces.tokenizer)
   pieces = pieces._replace(tasks=tasks)
   params = policy.sampling_params(
-    pieces.state.trainable, pieces.learner.frozen, pieces.setup.forward
+    pieces.state.trainable["policy"], pieces.learner.frozen, pieces.setup.forward
   )
   return rl._collect(pieces, None, params, Cursor(0, 0, 0), jax.random.key(0), 0)
 
@@ -828,7 +828,9 @@ def test_grpo_update_trains_on_the_credit_its_config_names(credit):
   learner = learner_lib.Learner(
     "grpo", grpo_lib.GRPOSettings(algo, fwd, N, N), None, None, train_step
   )
-  _, metrics = grpo_lib.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, 0)
+  _, metrics = grpo_lib.grpo_update(
+    learner, types.SimpleNamespace(trainable={"policy": {}}), batch, 0
+  )
   (step_batch,) = seen
   if credit == "turn":
     want = adv_lib.turn_grpo(turn_rewards, mask, ids, 3)
@@ -878,7 +880,7 @@ def test_grpo_mini_batches_take_every_row_once_per_pass_with_whole_batch_advanta
 
     settings = grpo_lib.GRPOSettings(algo, fwd, N, mini, seed=5)
     learner = learner_lib.Learner("grpo", settings, None, None, train_step)
-    grpo_lib.grpo_update(learner, types.SimpleNamespace(trainable={}), batch, index)
+    grpo_lib.grpo_update(learner, types.SimpleNamespace(trainable={"policy": {}}), batch, index)
     assert len(seen) == passes * N // mini
     for step_batch in seen:
       rows = np.asarray(step_batch.tokens)[:, 0]

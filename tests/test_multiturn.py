@@ -363,7 +363,7 @@ def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monk
   )
   p = rl.build(cfg)
   task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
-  params = policy.sampling_params(p.state.trainable, p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
   problems = task.problems[:3]
   key = jax.random.key(7)
   single, rewards = _single_turn_oracle(p, task, params, problems, key, 4)
@@ -421,8 +421,8 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   )
   fwd = policy.ForwardConfig(model=CONFIG, compute_dtype="float32")
   grad_fn = jax.jit(jax.value_and_grad(objectives.make_grpo_loss_fn(algo, fwd), has_aux=True))
-  (loss, metrics), grads = grad_fn(params, None, batch)
-  (loss2, metrics2), grads2 = grad_fn(params, None, noisy)
+  (loss, metrics), grads = grad_fn({"policy": params}, None, batch)
+  (loss2, metrics2), grads2 = grad_fn({"policy": params}, None, noisy)
   assert np.isfinite(loss) and float(jnp.abs(jnp.asarray(jax.tree.leaves(grads)[0])).max()) > 0
   assert np.array_equal(loss, loss2)
   for k in metrics:
@@ -697,7 +697,7 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
   )
   p = rl.build(cfg)
   task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
-  params = policy.sampling_params(p.state.trainable["actor"], p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
   problems, key = task.problems[:16], jax.random.key(11)
   single, scores = _single_turn_oracle(p, task, params, problems, key, 1)
   out, multi = _one_turn_rollout(p, problems, params, key, 1)

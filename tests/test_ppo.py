@@ -105,18 +105,18 @@ def test_critic_warmup_freezes_the_actor_and_its_optimizer_state(mode, lora):
   )
   p = rl.build(cfg)
   state, cursor = p.state, Cursor(0, 0, 0)
-  actor0 = jax.device_get(state.trainable["actor"])
-  actor_opt0 = jax.device_get(state.opt_state.inner_states["actor"])
+  actor0 = jax.device_get(state.trainable["policy"])
+  actor_opt0 = jax.device_get(state.opt_state.inner_states["policy"])
   critic0 = jax.device_get(state.trainable["critic"])
   for index in range(2):
     state, cursor, metrics = rl.iteration(p, state, cursor, index)
     assert metrics["actor_on"] == 0.0
-  assert _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
-  assert _bytes_equal(actor_opt0, jax.device_get(state.opt_state.inner_states["actor"]))
+  assert _bytes_equal(actor0, jax.device_get(state.trainable["policy"]))
+  assert _bytes_equal(actor_opt0, jax.device_get(state.opt_state.inner_states["policy"]))
   assert not _bytes_equal(critic0, jax.device_get(state.trainable["critic"]))
   state, cursor, metrics = rl.iteration(p, state, cursor, 2)
   assert metrics["actor_on"] == 1.0
-  assert not _bytes_equal(actor0, jax.device_get(state.trainable["actor"]))
+  assert not _bytes_equal(actor0, jax.device_get(state.trainable["policy"]))
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_first_pass_of_every_iteration_has_ratio_one_and_zero_kl(lora, straight_
   assert abs(records[-1]["kl/first_pass"]) > 1e-6  # control: the actor moved (k1 may be < 0)
   assert records[0]["sampler_logp_gap/first_pass"] < 1e-4
   if lora:
-    assert_adapters_trained(jax.device_get(state.trainable["actor"]))
+    assert_adapters_trained(jax.device_get(state.trainable["policy"]))
 
 
 @pytest.mark.slow
@@ -286,7 +286,7 @@ def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
   assert settings.head_learning_rate == head_lr
   optimizer = learners.ppo_optimizer(cfg, settings)
   trainable = {
-    "actor": {"w": jnp.zeros(3)},
+    "policy": {"w": jnp.zeros(3)},
     "critic": {"params": {"w": jnp.zeros(4)}, "head": {"w": jnp.zeros((4, 1)), "b": jnp.zeros(())}},
   }
   grads = jax.tree.map(jnp.ones_like, trainable)
@@ -294,7 +294,7 @@ def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
   for _ in range(3):  # past the warm-up's zero rate
     updates, state = optimizer.update(grads, state, trainable, actor_on=False)
   trunk = -float(updates["critic"]["params"]["w"][0])
-  assert trunk > 0 and float(jnp.abs(updates["actor"]["w"]).max()) == 0.0
+  assert trunk > 0 and float(jnp.abs(updates["policy"]["w"]).max()) == 0.0
   rate = settings.critic_learning_rate if head_lr is None else head_lr
   for leaf in jax.tree.leaves(updates["critic"]["head"]):
     np.testing.assert_allclose(

@@ -230,7 +230,10 @@ def test_a_batch_with_a_shared_prefix_reads_row_0s_prefix_and_trains_as_the_full
   )
 
   layout = critic_lib.CriticLayout("full", None)
-  trainable = {"actor": params, "critic": critic_lib.init_critic(jax.random.key(1), params, layout)}
+  trainable = {
+    "policy": params,
+    "critic": critic_lib.init_critic(jax.random.key(1), params, layout),
+  }
   loss_fn = objectives.make_ppo_loss_fn(objectives.PPOConfig(beta=0.0), fwd, layout)
   grads = lambda b: jax.jit(jax.grad(lambda t: loss_fn(t, None, b)[0]))(trainable)
   scored = lambda b: batch_lib.to_device(

@@ -101,7 +101,7 @@ def one_step(data: int, fsdp: int, loss: str):
     fwd = policy.ForwardConfig(CONFIG, lora=lora_lib.LoraConfig(rank=8), remat="dots")
     adapters = lora_lib.init_adapters(jax.random.key(1), params, fwd.lora)
     adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: A gets gradients too
-    trainable, frozen, batch = adapters, params, _grpo_batch()
+    trainable, frozen, batch = {"policy": adapters}, params, _grpo_batch()
     algo = objectives.GRPOConfig(num_generations=2, beta=0.0)
     loss_fn = objectives.make_grpo_loss_fn(algo, sharding.train_forward(fwd, mesh))
   opt = optax.sgd(1.0)

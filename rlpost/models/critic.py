@@ -1,6 +1,6 @@
 """The PPO critic: a value head `[D, 1]` on a trunk's final hidden states, in three layouts.
 
-`critic` is a plain pytree trained beside the actor (`trainable = {"actor": ...,
+`critic` is a plain pytree trained beside the actor (`trainable = {"policy": ...,
 "critic": ...}`); the trunk it reads depends on `CriticLayout.mode`:
 
   lora    {"adapters", "head"}: the frozen base params (shared with the actor and

@@ -323,7 +323,8 @@ def weights_from_run(workdir: str, params, cfg):
   checkpoint's parameters, or its LoRA adapters merged into `params` (the same base).
 
   The earlier run's config.json rebuilds the shape of its train state (trainable
-  part and AdamW state of `make_optimizer`: SFT, DPO and GRPO runs).
+  part and AdamW state of `make_optimizer`: SFT, DPO and GRPO runs; an RL run's
+  trainable is `{"policy": ...}`, and one written before that layout restores into it).
   """
   source = run_config(workdir, "model.init_from", "give the --workdir of an earlier run")
   for name in ("preset", "weights", "path", "dtype"):
@@ -346,6 +347,9 @@ def weights_from_run(workdir: str, params, cfg):
   if fwd.lora and source.model.get("init_from"):  # its base was an earlier run's weights
     params = weights_from_run(source.model.init_from, params, source)
   trainable, _ = trainable_and_frozen(params, fwd, jax.random.key(0))
+  rl = "algo" in source  # an RL learner's run (SFT and DPO configs have no algo block)
+  if rl:
+    trainable = {"policy": trainable}
   optimizer = make_optimizer(source, source.train.steps)
   like = step_lib.init_train_state(trainable, optimizer, jax.random.key(0))
   try:
@@ -355,7 +359,7 @@ def weights_from_run(workdir: str, params, cfg):
     fail("model.init_from", workdir, f"its checkpoint is not an SFT/DPO/GRPO train state: {e}")
   if restored is None:
     fail("model.init_from", workdir, "that run has no checkpoint yet")
-  trained = restored[0].trainable
+  trained = restored[0].trainable["policy"] if rl else restored[0].trainable
   return lora_lib.merge(params, trained, fwd.lora) if fwd.lora else trained
 
 

@@ -222,14 +222,9 @@ def evaluate_run(
     "temperature": temperature,
     "seed": cfg.seed,
   }
-  part = spec.policy_part
-  actor = lambda trainable: learners_lib.policy_of(part, trainable)
   report = {"split": split}
-  if base:
-    if forward.lora or part is not None:
-      weights = learner.frozen if learner.frozen is not None else actor(state.trainable)
-    else:
-      weights = learner.ref_params or state.trainable
+  if base:  # the base params under LoRA (or kept beside a copy that trains), else untrained
+    weights = learner.frozen if learner.frozen is not None else state.trainable["policy"]
     report["base"] = evaluate(weights, forward.model, tokenizer, problems, desc="base", **settings)
   if workdir:
     with checkpoint.manager(workdir, read_only=True) as mngr:
@@ -237,7 +232,7 @@ def evaluate_run(
     if restored is None:
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     trained, meta = restored
-    params = policy.sampling_params(actor(trained.trainable), learner.frozen, forward)
+    params = policy.sampling_params(trained.trainable["policy"], learner.frozen, forward)
     report["trained"] = evaluate(
       params, forward.model, tokenizer, problems, desc="trained", **settings
     )

@@ -6,7 +6,9 @@ share): `grpo_update.grpo_update`, `ppo_update.ppo_update`.
 Adding a learner: its settings dataclass and `update(learner, state, batch, index) ->
 (state, metrics)` in a module of `rlpost/rl/`; here a `settings` (ConfigDict -> frozen
 settings, errors naming the field), a `build` (arrays placed, optimizer, jitted train
-step) and one LEARNERS entry.
+step) and one LEARNERS entry. Every learner's `state.trainable` is a dict with the
+policy's weights (adapters or params) under "policy" (PPO: its critic under "critic"):
+what the sampler, the evaluation and `model.init_from` read.
 
   grpo: the GRPO family (the `algo` block: `objectives.GRPOConfig`).
   ppo: PPO with a learned critic (the `algo` block: `objectives.PPOConfig`, the
@@ -106,7 +108,6 @@ class LearnerSpec(NamedTuple):
   build(cfg, params, settings) -> (`rl.learner.Learner`, fresh TrainState).
   update(learner, state, batch, index) -> (state, metrics) (`rlpost.rl.learner`).
   samples_per_task(settings) -> rows sampled per task (G: algo.num_generations).
-  policy_part: the key of `state.trainable` the sampler reads (None: all of it).
   groups: the learner compares the G samples of a task (so groups whose rewards tie
     carry no signal: what `rollout.dynamic_sampling` drops).
   """
@@ -115,7 +116,6 @@ class LearnerSpec(NamedTuple):
   build: Callable[[Any, Any, Any], tuple[learner_lib.Learner, step_lib.TrainState]]
   update: Callable[[learner_lib.Learner, step_lib.TrainState, batch_lib.RLBatch, int], tuple]
   samples_per_task: Callable[[Any], int]
-  policy_part: str | None
   groups: bool
 
 
@@ -140,8 +140,9 @@ def grpo_optimizer(cfg, settings: grpo_lib.GRPOSettings) -> optax.GradientTransf
 
 
 def build_grpo(cfg, params, settings: grpo_lib.GRPOSettings):
-  """The GRPO learner over `params` and its fresh TrainState (adapters under LoRA, else a
-  copy of the params when a reference is needed: updates are donated)."""
+  """The GRPO learner over `params` and its fresh TrainState (trainable = {"policy": ...}:
+  adapters under LoRA, else the params, a copy when a reference is needed: updates are
+  donated)."""
   algo, forward = settings.algo, settings.forward
   key = jax.random.key(cfg.seed)
   trainable, frozen = common.trainable_and_frozen(params, forward, key)
@@ -155,7 +156,7 @@ def build_grpo(cfg, params, settings: grpo_lib.GRPOSettings):
   mesh = common.make_mesh(cfg)
   # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
   state = step_lib.place(
-    step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
+    step_lib.init_train_state({"policy": trainable}, optimizer, jax.random.fold_in(key, 1)), mesh
   )
   frozen = step_lib.place(frozen, mesh)
   ref_params = frozen if forward.lora else step_lib.place(ref_params, mesh)
@@ -210,7 +211,8 @@ def ppo_settings(cfg, tasks_field: str) -> ppo_lib.PPOSettings:
 
 
 def ppo_optimizer(cfg, settings: ppo_lib.PPOSettings) -> optax.GradientTransformation:
-  """One optax tree: the actor's AdamW gated on `actor_on`, the critic's at its own rate.
+  """One optax tree over {"policy", "critic"}: the policy's AdamW gated on `actor_on`, the
+  critic's at its own rate.
 
   Each part is clipped to train.max_grad_norm on its own and scheduled over its
   own optimizer steps (the actor's start after the critic warm-up). With
@@ -220,26 +222,31 @@ def ppo_optimizer(cfg, settings: ppo_lib.PPOSettings) -> optax.GradientTransform
   total = cfg.train.steps * per_iter
   actor = common.make_optimizer(cfg, total - settings.algo.critic_warmup_steps * per_iter)
   critic = common.make_optimizer(cfg, total, learning_rate=settings.critic_learning_rate)
-  parts = {"actor": step_lib.gated(actor, "actor_on"), "critic": critic}
+  parts = {"policy": step_lib.gated(actor, "actor_on"), "critic": critic}
   if settings.head_learning_rate is not None:
     parts["head"] = common.make_optimizer(cfg, total, learning_rate=settings.head_learning_rate)
   if settings.critic.normalize:
     parts["stats"] = optax.set_to_zero()  # moved by `with_return_stats` only
   if len(parts) == 2:
-    return optax.multi_transform(parts, {"actor": "actor", "critic": "critic"})
+    return optax.multi_transform(parts, {"policy": "policy", "critic": "critic"})
 
   def labels(trainable):  # the critic's head and statistics apart from its trunk
     return {
-      "actor": "actor",
+      "policy": "policy",
       "critic": {k: k if k in parts else "critic" for k in trainable["critic"]},
     }
 
   return optax.multi_transform(parts, labels)
 
 
+# PPO's gradient-norm metrics: (name in `grad_norm/NAME`, trainable key); the global norm
+# sums the policy's part first, as it did when the key was "actor" (the same bits).
+GRAD_NORM_PARTS = (("actor", "policy"), ("critic", "critic"))
+
+
 def build_ppo(cfg, params, settings: ppo_lib.PPOSettings):
   """The PPO learner over `params` (settings with `gae_in_step`) and its fresh TrainState
-  (trainable = {"actor": ..., "critic": ...}; one optax tree updates both, the actor's
+  (trainable = {"policy": ..., "critic": ...}; one optax tree updates both, the policy's
   part gated on `actor_on`, False during the critic warm-up: a traced bool, no
   recompilation)."""
   fwd, algo = settings.forward, settings.algo
@@ -257,13 +264,13 @@ def build_ppo(cfg, params, settings: ppo_lib.PPOSettings):
     and settings.mini_batch_size == settings.rows
     and (one_call or not algo.whiten_advantages),
   )
-  trainable = {"actor": actor, "critic": critic}
+  trainable = {"policy": actor, "critic": critic}
   state = step_lib.place(
     step_lib.init_train_state(trainable, optimizer, jax.random.fold_in(key, 1)), mesh
   )
   loss_fn = objectives.make_ppo_loss_fn(algo, sharding.train_forward(fwd, mesh), settings.critic)
   train_step = step_lib.make_train_step(
-    loss_fn, optimizer, mesh, settings.micro_batch_size, grad_norm_parts=("actor", "critic")
+    loss_fn, optimizer, mesh, settings.micro_batch_size, grad_norm_parts=GRAD_NORM_PARTS
   )
   host_memory.release_freed_memory()
   frozen = step_lib.place(frozen, mesh)
@@ -276,7 +283,6 @@ LEARNERS: dict[str, LearnerSpec] = {
     build_grpo,
     grpo_lib.grpo_update,
     lambda s: s.algo.num_generations,
-    policy_part=None,
     groups=True,
   ),
   "ppo": LearnerSpec(
@@ -284,16 +290,9 @@ LEARNERS: dict[str, LearnerSpec] = {
     build_ppo,
     ppo_lib.ppo_update,
     lambda s: s.algo.num_generations,
-    policy_part="actor",
     groups=False,
   ),
 }
-
-
-def policy_of(part: str | None, trainable):
-  """The policy's weights in a learner's trainable tree (`LearnerSpec.policy_part`): the
-  whole tree (None) or its `part` entry (PPO: "actor"; the critic beside it)."""
-  return trainable if part is None else trainable[part]
 
 
 def name_of(cfg, default: str | None = None) -> str:

@@ -503,7 +503,6 @@ def loop_step(p: Pieces, pool, workdir: str, max_staleness, steps: int):
     p,
     functools.partial(produce, pool=pool),
     functools.partial(train, pool=pool, workdir=workdir),
-    p.setup.spec.policy_part,
     max_staleness,
     steps,
   )
@@ -727,7 +726,7 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 def _greedy_rollout(p: Pieces, pool, state, tasks, seeds) -> multiturn.Rollout:
   """Greedy episodes of `tasks` by `state`'s policy, sampled by this process alone, from
   the policy's own weights (even when training rollouts read an int8 copy)."""
-  actor = learners_lib.policy_of(p.setup.spec.policy_part, state.trainable)
+  actor = state.trainable["policy"]
   mesh = sharding.mesh_of(state)
   sampler = p.sampler._replace(int8=None)
   key = jax.random.key(0)

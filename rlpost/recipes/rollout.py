@@ -17,7 +17,6 @@ from rlpost.envs import multiturn
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.recipes import common
-from rlpost.recipes import learners
 from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
 from rlpost.train import pipeline
@@ -186,7 +185,7 @@ def _quantized_for_sampling(params, paths):
   return quant.with_int8_parts(params, _int8_parts(params, paths=paths))
 
 
-def loop_step(p, produce, train, state_key: str | None, max_staleness: int | None, steps: int):
+def loop_step(p, produce, train, max_staleness: int | None, steps: int):
   """The run loop's (step_fn, close, carry) for a recipe's phases
 
     produce(p, weights, cursor, index) -> (sampled, cursor)
@@ -194,14 +193,12 @@ def loop_step(p, produce, train, state_key: str | None, max_staleness: int | Non
 
   in turn (max_staleness None), or through `rlpost.train.pipeline` (a producer thread
   sampling from the policy max_staleness updates old). With max_staleness > 0 (else
-  carry is None) the `loop.Carry` keeps in each checkpoint the trainable weights (`state_key`'s part) of the
-  older policies the next batches are sampled by, and a resumed run remakes their
-  sampler weights from them: it samples what the uninterrupted run sampled.
-
-  state_key: the part of `state.trainable` the sampler reads ("actor" for PPO; None:
-  all of it).
+  carry is None) the `loop.Carry` keeps in each checkpoint the trainable weights
+  (`state.trainable["policy"]`) of the older policies the next batches are sampled by,
+  and a resumed run remakes their sampler weights from them: it samples what the
+  uninterrupted run sampled.
   """
-  part = lambda state: learners.policy_of(state_key, state.trainable)
+  part = lambda state: state.trainable["policy"]
   synced = {"last": None, "metrics": {}}  # the last weight sync's record (`weight_sync`)
 
   def weights_of(state, where: str):

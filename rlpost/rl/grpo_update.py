@@ -52,7 +52,7 @@ def grpo_update(learner: learner_lib.Learner, state, batch: batch_lib.RLBatch, i
     returns = jnp.sum(jnp.where(batch.loss_mask > 0, scores, 0.0), axis=1)
   tied = _tied_groups(returns, G) if G > 1 else None
   batch = dataclasses.replace(batch, advantages=advantages, scores=None)
-  params, adapters = policy.policy_params(state.trainable, learner.frozen, forward)
+  params, adapters = policy.policy_params(state.trainable["policy"], learner.frozen, forward)
   logprobs = lambda w, a: policy.completion_logprobs_jit(w, a, batch, forward)
   if algo.beta > 0:
     batch = dataclasses.replace(batch, ref_logp=logprobs(learner.ref_params, None))

@@ -8,7 +8,9 @@ A learner's update is a pure function of arrays and static settings:
 `scores` set: each row's reward `[N]`, or per-token rewards `[N, T]` (per-turn rewards).
 Advantages, whitening and group statistics are computed on that global batch
 (`rlpost.rl.credit`), so no learner knows which process sampled which rows. `state` is
-the run's train state (a NamedTuple with `trainable`, `opt_state`, ...); `learner` the
+the run's train state (a NamedTuple with `trainable`, `opt_state`, ...), its `trainable`
+one layout for every learner: `{"policy": adapters or params}`, PPO's with `"critic"`
+beside it; `learner` the
 static rest, built by the recipe (`rlpost.recipes.learners`: arrays placed, optimizer
 made, train step jitted). The updates: `grpo_update` (the GRPO family), `ppo_update`.
 """

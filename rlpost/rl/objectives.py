@@ -464,7 +464,8 @@ def _sampler_gap(logp_BxT, sampler_logp_BxT, mask_BxT) -> dict:
 
 
 def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
-  """`loss_fn(trainable, frozen, batch: RLBatch) -> (loss, metrics)` for the train step.
+  """`loss_fn(trainable, frozen, batch: RLBatch) -> (loss, metrics)` for the train step
+  (`trainable = {"policy": ...}`).
 
   Without `batch.old_logp` (num_iterations == 1) the old logprobs are the
   current ones under stop_gradient: the ratio is exactly 1 and the gradient is
@@ -474,7 +475,7 @@ def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
 
   def loss_fn(trainable, frozen, batch: RLBatch):
     batch.check_shapes()
-    params, adapters = policy.policy_params(trainable, frozen, fwd)
+    params, adapters = policy.policy_params(trainable["policy"], frozen, fwd)
     logp, entropy = policy.completion_logprobs(params, adapters, batch, fwd, return_entropy=True)
     mask = batch.loss_mask
     old = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
@@ -496,7 +497,7 @@ def make_grpo_loss_fn(config: GRPOConfig, fwd: policy.ForwardConfig):
 def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: critic_lib.CriticLayout):
   """`loss_fn(trainable, frozen, batch) -> (loss, metrics)` of actor and critic together.
 
-  `trainable = {"actor": ..., "critic": ...}`; `frozen` is the base params
+  `trainable = {"policy": ..., "critic": ...}`; `frozen` is the base params
   (LoRA actor or lora critic trunk; the reference). The batch carries either
   the rollout's `values`, `returns` and token-level `advantages`, or, when it
   feeds a single optimizer step, only `scores`: then the rollout values are
@@ -508,7 +509,7 @@ def make_ppo_loss_fn(config: PPOConfig, fwd: policy.ForwardConfig, layout: criti
 
   def loss_fn(trainable, frozen, batch: RLBatch):
     batch.check_shapes()
-    params, adapters = policy.policy_params(trainable["actor"], frozen, fwd)
+    params, adapters = policy.policy_params(trainable["policy"], frozen, fwd)
     hidden_BxTxD = policy.completion_hidden(params, adapters, batch, fwd)
     logp, entropy = policy.logprobs_from_hidden(hidden_BxTxD, params, batch, fwd, True)
     shared = hidden_BxTxD if layout.mode == "shared" else None

@@ -99,7 +99,7 @@ def score_tokens(learner: learner_lib.Learner, state, batch: batch_lib.RLBatch):
   with_old = learner_lib.updates_per_iteration(settings) > 1
   trainable = state.trainable
   old_logp, values = critic_lib.rollout_forward(
-    trainable["actor"],
+    trainable["policy"],
     trainable["critic"],
     learner.frozen,
     batch,

@@ -14,6 +14,10 @@ meta["carry_digests"]); `restore` recomputes them before the state is used. The 
 is of the logical (gathered) array, so it survives restoring onto another mesh. Orbax
 checksums only its index structures; the digests cover the array data.
 
+Layout: a checkpoint written before the one trainable layout (`{"policy": ...}`, PPO's
+with `"critic"`; `LEGACY_POLICY_KEYS`) restores into today's: `restore` reads it in the
+layout it was saved in, verifies it there, then moves each array to its place today.
+
 Fallback: `restore_latest` tries the newest checkpoint first. One that fails to
 restore or to verify (digest mismatch, checksum error, missing file, unreadable
 metadata, missing commit marker) is reported (step, file, why) and moved to
@@ -88,6 +92,40 @@ def manager(workdir: str, max_to_keep: int = 3, read_only: bool = False) -> ocp.
     options=options,
     item_names=("state", "meta", "carry"),
   )
+
+
+# Where the policy's weights sat before the one trainable layout, by the size of the dict
+# that holds them under "policy" today: alone (GRPO: the trainable was the policy's tree
+# itself) or beside other keys (PPO's "critic", multi_transform's labels: "actor").
+LEGACY_POLICY_KEYS = {"alone": None, "beside others": "actor"}
+
+
+def _legacy(tree):
+  """`tree` (a TrainState, or any pytree) in the layout of checkpoints written before
+  `{"policy": ...}`: each dict with a "policy" key, in the trainable and in the optimizer
+  state's mirrors and labels of it, as `LEGACY_POLICY_KEYS` says it was."""
+  held = lambda node: isinstance(node, dict) and "policy" in node
+
+  def old(node):
+    if not held(node):
+      return node
+    key = LEGACY_POLICY_KEYS["alone" if len(node) == 1 else "beside others"]
+    if key is None:
+      return _legacy(node["policy"])
+    return {(key if k == "policy" else k): _legacy(v) for k, v in node.items()}
+
+  return jax.tree.map(old, tree, is_leaf=held)
+
+
+def _from_legacy(like, restored):
+  """`restored` (in `_legacy(like)`'s structure) with each array moved to its place in
+  `like`'s."""
+  leaves, treedef = jax.tree.flatten(like)
+  places = jax.tree.leaves(_legacy(jax.tree.unflatten(treedef, range(len(leaves)))))
+  moved = [None] * len(leaves)
+  for place, leaf in zip(places, jax.tree.leaves(restored), strict=True):
+    moved[place] = leaf
+  return jax.tree.unflatten(treedef, moved)
 
 
 def _to_saveable(state: TrainState):
@@ -176,21 +214,26 @@ def _check_commit_markers(step_dir: str) -> None:
     raise CorruptCheckpointError(f"{path} is unreadable: {_reason(e)}") from e
 
 
-def _check_layout(meta: dict, mngr: ocp.CheckpointManager, step: int, like: TrainState) -> None:
-  """Raises StateMismatchError when the saved arrays' dtypes/shapes (checkpoint `step`'s
-  `meta` digests) are not this run's."""
+def _saved_layout(meta: dict, mngr: ocp.CheckpointManager, step: int, like: TrainState):
+  """The template checkpoint `step` restores into: `like`, or `_legacy(like)` when the
+  saved arrays (their paths, dtypes and shapes in `meta`'s digests) are in the layout
+  before `{"policy": ...}`. Raises StateMismatchError when they are neither."""
   saved = {k: v.rsplit(":", 1)[0] for k, v in (meta.get("digests") or {}).items()}
   wanted = _layout(like)
-  if saved and saved != wanted:
-    diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
-    first = diff[0]
-    raise StateMismatchError(
-      f"checkpoint {step} in {mngr.directory} holds a train state of another structure: "
-      f"{first} is {saved.get(first, 'absent')} there and {wanted.get(first, 'absent')} in "
-      f"this run ({len(diff)} array(s) differ). The config changed since the run started "
-      "(e.g. LoRA on/off, model, dtype): resume with the run's own config.json, or use a new "
-      "--workdir."
-    )
+  if not saved or saved == wanted:
+    return like
+  legacy = _legacy(like)
+  if saved == _layout(legacy):  # written before {"policy": ...}
+    return legacy
+  diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+  first = diff[0]
+  raise StateMismatchError(
+    f"checkpoint {step} in {mngr.directory} holds a train state of another structure: "
+    f"{first} is {saved.get(first, 'absent')} there and {wanted.get(first, 'absent')} in "
+    f"this run ({len(diff)} array(s) differ). The config changed since the run started "
+    "(e.g. LoRA on/off, model, dtype): resume with the run's own config.json, or use a new "
+    "--workdir."
+  )
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState, carry_like=None):
@@ -198,14 +241,16 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState, carry_like
 
   A checkpoint with a carry gives meta["carry"] = Carried(its meta, its arrays), the
   arrays restored (and verified) only with `carry_like(like, carry meta)`, their template.
-  Raises CorruptCheckpointError (or orbax's error) when it cannot be read or
-  verified, StateMismatchError when it holds another structure than `like`.
+  A checkpoint in the layout before `{"policy": ...}` is read and verified in that
+  layout, then comes back in `like`'s. Raises CorruptCheckpointError (or orbax's error)
+  when it cannot be read or verified, StateMismatchError when it holds another structure
+  than `like`.
   """
   step_dir = os.path.join(str(mngr.directory), str(step))
   _check_commit_markers(step_dir)
   meta = dict(_item(mngr, step, "meta", ocp.args.JsonRestore()))
-  _check_layout(meta, mngr, step, like)
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
+  template = _saved_layout(meta, mngr, step, like)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(template))
   state = _item(mngr, step, "state", ocp.args.StandardRestore(abstract))
   impl = jax.random.key_impl(like.key)
   state = state._replace(key=jax.random.wrap_key_data(state.key, impl=impl))
@@ -213,6 +258,8 @@ def restore(mngr: ocp.CheckpointManager, step: int, like: TrainState, carry_like
   if saved is None:
     raise CorruptCheckpointError(f"{step_dir}/meta: holds no array digests")
   _verify(saved, digests(state), step_dir, "state")
+  if template is not like:
+    state = _from_legacy(like, state)
   carry_meta, carry_digests = meta.pop("carry", None), meta.pop("carry_digests", None)
   if carry_meta is not None:
     arrays = None

@@ -143,7 +143,7 @@ def make_train_step(
   optimizer: optax.GradientTransformation,
   mesh: jax.sharding.Mesh,
   micro_batch_size: int,
-  grad_norm_parts: tuple[str, ...] = (),
+  grad_norm_parts: tuple[tuple[str, str], ...] = (),
 ):
   """Returns jitted `train_step(state, frozen, batch, opt_args=None) -> (state, metrics)`.
 
@@ -155,8 +155,9 @@ def make_train_step(
     mesh: a (data, fsdp) mesh (`sharding.make_mesh`); batch leaves are split on
       axis 0 over all its devices, `state` and `frozen` are placed by `place`.
     micro_batch_size: rows per micro-batch on each device.
-    grad_norm_parts: keys of a dict `trainable` whose own gradient norms are
-      reported as "grad_norm/<key>" (PPO: actor, critic).
+    grad_norm_parts: (name, key) pairs covering a dict `trainable`: each key's own
+      gradient norm is reported as "grad_norm/<name>", and "grad_norm" sums the parts
+      in this order (PPO: ("actor", "policy"), ("critic", "critic"))
 
   The old state is donated. `opt_args` (a dict of scalars passed to
   `optimizer.update` as extra arguments, e.g. the `gated` flag) never
@@ -184,7 +185,9 @@ def make_train_step(
       out_specs=(trainable_specs, P(), P()),
       check_vma=False,
     )(state.trainable, frozen, batch)
-    new_state, finite, grad_norm = _apply_if_finite(optimizer, state, grads, loss, opt_args)
+    in_order = [grads[key] for _, key in grad_norm_parts] if grad_norm_parts else grads
+    grad_norm = optax.tree.norm(in_order)
+    new_state, finite = _apply_if_finite(optimizer, state, grads, grad_norm, loss, opt_args)
     # Keep the state where `place` put it, so the next call reuses this compilation.
     new_state = jax.lax.with_sharding_constraint(
       new_state,
@@ -195,7 +198,7 @@ def make_train_step(
       "loss": loss,
       "grad_norm": grad_norm,
       "skipped_nonfinite": (~finite).astype(jnp.float32),
-      **{f"grad_norm/{k}": optax.tree.norm(grads[k]) for k in grad_norm_parts},
+      **{f"grad_norm/{name}": optax.tree.norm(grads[key]) for name, key in grad_norm_parts},
     }
     return new_state, metrics
 
@@ -268,10 +271,10 @@ def _summed_over_micro_batches(local_grad, trainable, batch, n: int):
   return grads, loss, jax.tree.map(lambda m: jnp.sum(m, axis=0), metrics)
 
 
-def _apply_if_finite(optimizer, state: TrainState, grads, loss, opt_args):
-  """The optimizer's update of `state`, or `state` kept when the loss or gradient norm
-  is not finite (counted in bad_steps). Returns (new state, finite, gradient norm)."""
-  grad_norm = optax.tree.norm(grads)
+def _apply_if_finite(optimizer, state: TrainState, grads, grad_norm, loss, opt_args):
+  """The optimizer's update of `state`, or `state` kept when the loss or `grad_norm` (the
+  gradients' global norm) is not finite (counted in bad_steps). Returns (new state,
+  finite)."""
   # A non-finite loss or gradient norm must not reach the weights: the update runs in
   # the taken branch of a cond, so a bad step keeps the old trainable and optimizer
   # state (a jnp.where over the two states would hold both at once: +1.1 GiB for a
@@ -294,7 +297,7 @@ def _apply_if_finite(optimizer, state: TrainState, grads, loss, opt_args):
     bad_steps=jnp.where(finite, 0, state.bad_steps + 1),
     total_bad_steps=state.total_bad_steps + (~finite).astype(jnp.int32),
   )
-  return new_state, finite, grad_norm
+  return new_state, finite
 
 
 def global_batch(batch, mesh: jax.sharding.Mesh, pad: bool = False):

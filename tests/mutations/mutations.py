@@ -165,10 +165,18 @@ MUTATIONS = [
   dict(
     name="checkpoint_layout_not_checked",
     path="rlpost/train/checkpoint.py",
-    old="  if saved and saved != wanted:\n",
-    new="  if False:\n",
+    old="  if not saved or saved == wanted:\n",
+    new="  if True:\n",
     tests=["tests/test_checkpoint.py"],
     why="a checkpoint of another structure restored without StateMismatchError",
+  ),
+  dict(
+    name="checkpoint_legacy_layout_refused",
+    path="rlpost/train/checkpoint.py",
+    old='  if saved == _layout(legacy):  # written before {"policy": ...}\n',
+    new="  if False:\n",
+    tests=["tests/test_checkpoint.py"],
+    why="a run written before the {'policy': ...} layout no longer resumes (StateMismatchError)",
   ),
   # --- multi-turn batches
   dict(
