@@ -1,7 +1,7 @@
 r"""GRPO-family RL on GSM8K (or the tiny toy task).
 
   python -m experiments.grpo --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
-      --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/grpo_run
+      --config.env.data_dir=../shared/data/gsm8k --workdir=/tmp/grpo_run
 
 Resumes automatically from the newest checkpoint in --workdir.
 """

@@ -1,7 +1,7 @@
 r"""PPO with a learned critic on GSM8K (or the tiny toy task).
 
   python -m experiments.ppo --config=experiments/configs/ppo_gsm8k.py:gemma3_270m \
-      --config.data.data_dir=../shared/data/gsm8k --workdir=/tmp/ppo_run
+      --config.env.data_dir=../shared/data/gsm8k --workdir=/tmp/ppo_run
 
 Resumes automatically from the newest checkpoint in --workdir.
 """

@@ -655,7 +655,7 @@ def test_dapo_options_are_the_collectors_for_an_environment_too():
   buffer, cap = 127, 128  # one sampled token is free, the next ones cost 1/127 each
   cfg = _config(**{"rollout.dynamic_sampling": True, "rollout.overlong_buffer": buffer})
   p = rl.build(cfg)
-  params = policy.sampling_params(p.state.trainable, p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
   out, metrics, _ = rl._collect(p, None, params, Cursor(0, 0, 0), jax.random.key(3), 0)
   sampled = np.asarray(out.batch.loss_mask).sum(1)
   penalty = -np.clip((sampled - (cap - buffer)) / buffer, 0.0, 1.0)

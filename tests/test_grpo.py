@@ -628,7 +628,7 @@ def test_a_prompt_file_with_its_reward_function_trains_as_the_built_in_task(stra
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(
       json.dumps({"prompt": problem.question, "answer": int(digit)}) + "\n"
-      for problem in tasks_lib.load_task(_config("tiny").data).problems
+      for problem in tasks_lib.load_task(env_table.env_config(_config("tiny").env)).problems
     )
   file_run = {
     "data.source": "jsonl",

@@ -432,14 +432,16 @@ def test_masked_tokens_get_no_gradient_and_their_inputs_do_not_matter(policy_los
   # the batch projects only its loss_slots (4 turns x 6 tokens of 120 slots): loss and
   # gradients are those of projecting every slot
   assert batch.loss_slots.shape == (8, 24)
-  (loss3, _), grads3 = grad_fn(params, None, dataclasses.replace(batch, loss_slots=None))
+  (loss3, _), grads3 = grad_fn(
+    {"policy": params}, None, dataclasses.replace(batch, loss_slots=None)
+  )
   np.testing.assert_allclose(loss, loss3, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads3)
 
   # the rollout keeps the slots its longest row uses (`multiturn.batch_width`): empty
   # slots appended change neither the loss nor the gradients
   wide = batch_lib.with_width(jax.device_get(batch), batch.completion_len + 64, TOK.pad_id)
-  (loss4, _), grads4 = grad_fn(params, None, jax.tree.map(jnp.asarray, wide))
+  (loss4, _), grads4 = grad_fn({"policy": params}, None, jax.tree.map(jnp.asarray, wide))
   np.testing.assert_allclose(loss, loss4, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, grads4)
 
