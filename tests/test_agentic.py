@@ -46,7 +46,7 @@ def answering_model():
   from rlpost.models import loading
 
   config, params, tok = loading.load_model("tiny", "random", "", "float32", 0)
-  env = rl.make_env(_config()).env
+  env = rl.make_env(rl.check_config(_config())).env
   letters = [scaffold.text_ids(tok, c)[0] for c in frozenlake.CHARS]
   contexts = []
 
@@ -387,7 +387,7 @@ def test_zero_steps_evaluates_only(tmp_path):
 
 def test_held_out_gsm8k_calc_tasks_are_test_problems_and_training_skips_the_examples():
   cfg = _gsm8k_calc_tiny()
-  env_tasks = rl.make_env(cfg)
+  env_tasks = rl.make_env(rl.check_config(cfg))
   test = gsm8k.load_gsm8k("test", str(GSM8K_DIR))
   train = gsm8k.load_gsm8k("train", str(GSM8K_DIR))
   offset = cfg.eval.seed_offset
@@ -484,7 +484,7 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
   cfg = agentic_configs.get_config(variant)
   rl.check_config(cfg)
   tok = loading.load_gguf_tokenizer()
-  env = rl.make_env(cfg).env
+  env = rl.make_env(rl.check_config(cfg)).env
   state, _ = env.reset(None, 7)
   board = frozenlake.observation(state, cfg.env.style, cfg.env.neighbours)  # after a valid move
   per_turn = cfg.rollout.max_turn_tokens + len(scaffold.text_ids(tok, "\n" + board))
@@ -584,21 +584,21 @@ def test_an_environment_is_a_table_entry_and_a_config_block(monkeypatch):
   cfg = _config(seed=7)
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo", "turns": 3})
-  env_tasks = rl.make_env(cfg)
+  env_tasks = rl.make_env(rl.check_config(cfg))
   assert env_tasks.env.max_turns == 3 and env_tasks.env.name == "echo"
   assert env_tasks.train_tasks([4]) == ["train4"] and env_tasks.eval_tasks([1, 2]) == [7, 7]
   with cfg.unlocked():
     cfg.env.turns = 0
   with pytest.raises(errors.ConfigError, match=r"config\.env\.turns=0 must be >= 1"):
-    rl.make_env(cfg)
+    rl.make_env(rl.check_config(cfg))
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo", "size": 4})
   with pytest.raises(errors.ConfigError, match=r"config\.env\.name='echo': .*\['size'\]"):
-    rl.make_env(cfg)
+    rl.make_env(rl.check_config(cfg))
   with cfg.unlocked():
     cfg.env = ml_collections.ConfigDict({"name": "echo"})
     cfg.tools.enabled = True
-  wrapped = rl.make_env(cfg).env
+  wrapped = rl.make_env(rl.check_config(cfg)).env
   assert tool_syntax.CALL_CLOSE in wrapped.stop_strings
 
 
@@ -609,7 +609,7 @@ def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
   set --config.data.data_dir, a field this config does not have."""
   cfg = _config("gsm8k_calc_gemma3", **{"env.data_dir": str(tmp_path / "nope")})
   with pytest.raises(FileNotFoundError, match=r"env\.data_dir='.*nope'") as err:
-    rl.make_env(cfg)
+    rl.make_env(rl.check_config(cfg))
   assert "data.data_dir" not in str(err.value).replace("env.data_dir", "")
 
 
@@ -655,14 +655,14 @@ def test_dapo_options_are_the_collectors_for_an_environment_too():
   buffer, cap = 127, 128  # one sampled token is free, the next ones cost 1/127 each
   cfg = _config(**{"rollout.dynamic_sampling": True, "rollout.overlong_buffer": buffer})
   p = rl.build(cfg)
-  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.forward)
   out, metrics, _ = rl._collect(p, None, params, Cursor(0, 0, 0), jax.random.key(3), 0)
   sampled = np.asarray(out.batch.loss_mask).sum(1)
   penalty = -np.clip((sampled - (cap - buffer)) / buffer, 0.0, 1.0)
   env_rewards = np.asarray([e.reward for e in out.episodes], np.float32)
   np.testing.assert_allclose(out.rewards, env_rewards + penalty, rtol=1e-6, atol=1e-7)
   assert (sampled > 1).any() and metrics["reward/overlong_penalty"] < 0
-  G = p.setup.num_generations
+  G = p.num_generations
   groups = np.asarray(out.rewards).reshape(-1, G)
   tied = sum(np.ptp(g) == 0 for g in groups)
   assert metrics["dynamic/rounds"] >= 1 and tied <= metrics["dynamic/filled"], metrics

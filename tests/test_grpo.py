@@ -736,10 +736,10 @@ def _collect(pieces, task):
   """`rl._collect` of `pieces` over `task` from the stream's start (iteration 0)."""
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
 
-  tasks = prompt_dataset.tasks(task, pieces.setup.env.template, pieces.tokenizer)
+  tasks = prompt_dataset.tasks(task, pieces.config.env.template, pieces.tokenizer)
   pieces = pieces._replace(tasks=tasks)
   params = policy.sampling_params(
-    pieces.state.trainable["policy"], pieces.learner.frozen, pieces.setup.forward
+    pieces.state.trainable["policy"], pieces.learner.frozen, pieces.forward
   )
   return rl._collect(pieces, None, params, Cursor(0, 0, 0), jax.random.key(0), 0)
 
@@ -751,7 +751,7 @@ def test_dapo_dynamic_sampling_drops_zero_signal_groups_and_resamples(dapo_piece
 
   Mutations caught: keeping the tied groups, selecting rows across group boundaries."""
   pieces, task = dapo_pieces
-  assert pieces.setup.batch_tasks == 4
+  assert pieces.config.train.batch_tasks == 4
   problems = task.problems[:8]
   signal_prompts = {p.question for p in problems[::2]}  # half of the prompts carry signal
 
@@ -778,7 +778,7 @@ def test_dynamic_sampling_without_signal_stops_after_max_rounds_reporting_each(d
   with signal-less groups; every round from the third is logged as it happens. (4 prompts
   a step, the other dynamic-sampling test's pieces; was 2, a second sampler program.)"""
   pieces, task = dapo_pieces
-  assert pieces.setup.rollout.max_resample_rounds == 3 and pieces.setup.batch_tasks == 4
+  assert pieces.config.rollout.max_resample_rounds == 3 and pieces.config.train.batch_tasks == 4
   task = task._replace(reward_fns={"r": lambda prompts, c, a: [1.0] * len(prompts)})
   with caplog.at_level("INFO"):
     out, metrics, _ = _collect(pieces, task)
@@ -917,10 +917,11 @@ def test_grpo_schedule_spans_every_mini_batch_step():
       "algo.mini_batch_size": 8,
     }
   )
-  settings = learners.grpo_settings(cfg, "train.batch_tasks")
+  c = rl.check_config(cfg)
+  settings = c.settings
   assert (settings.rows, settings.mini_batch_size) == (16, 8)
   assert learner_lib.updates_per_iteration(settings) == 4
-  optimizer = learners.grpo_optimizer(cfg, settings)
+  optimizer = learners.grpo_optimizer(c, settings)
   params = {"w": jax.numpy.zeros(2)}
   grads = {"w": jax.numpy.ones(2)}
   opt_state, moved = optimizer.init(params), []
@@ -935,7 +936,7 @@ def test_grpo_mini_batch_size_must_divide_the_batch():
   the value and the rows."""
   cfg = _config(**{"algo.mini_batch_size": 5})
   with pytest.raises(errors.ConfigError, match=r"algo.mini_batch_size.*5.*divisor of 16"):
-    learners.grpo_settings(cfg, "train.batch_tasks")
+    rl.check_config(cfg)
 
 
 def _old_layout(cfg):

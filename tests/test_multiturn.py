@@ -285,11 +285,11 @@ def _single_turn_oracle(p, task, params, problems, key, G: int):
   strings, scored with the task's reward functions. Returns (RLBatch, rewards [N])."""
   from rlpost import rewards as rewards_lib  # pylint: disable=g-import-not-at-top
 
-  setup, tok = p.setup, p.tokenizer
-  template = setup.env.template
+  tok = p.tokenizer
+  template = p.config.env.template
   texts = [prompts_lib.prompt_text(q, template, task.examples) for q in problems]
   ids = [prompts_lib.prompt_ids(q, template, task.examples, tok) for q in problems]
-  tokens, lengths = sampling.pad_prompts(ids, setup.sampling)
+  tokens, lengths = sampling.pad_prompts(ids, p.sampling)
   rows = np.arange(len(problems) * G, dtype=np.int32)
   out = jax.device_get(
     sampling.sample(
@@ -299,8 +299,8 @@ def _single_turn_oracle(p, task, params, problems, key, G: int):
       key,
       None,
       rows,
-      model_config=setup.forward.model,
-      config=setup.sampling,
+      model_config=p.forward.model,
+      config=p.sampling,
       num_samples=G,
     )
   )
@@ -327,9 +327,9 @@ def _one_turn_rollout(p, problems, params, key, G: int):
     list(range(len(problems))),
     key,
     tokenizer=p.tokenizer,
-    model_config=p.setup.forward.model,
-    sampling_config=p.setup.sampling,
-    turns=p.setup.turns,
+    model_config=p.forward.model,
+    sampling_config=p.sampling,
+    turns=p.turns,
     num_generations=G,
   )
   return out, dataclasses.replace(jax.tree.map(jnp.asarray, out.batch), turn_ids=None)
@@ -363,7 +363,7 @@ def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monk
   )
   p = rl.build(cfg)
   task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
-  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.forward)
   problems = task.problems[:3]
   key = jax.random.key(7)
   single, rewards = _single_turn_oracle(p, task, params, problems, key, 4)
@@ -372,7 +372,7 @@ def test_one_turn_environment_equals_the_single_turn_batch(template, stops, monk
   np.testing.assert_array_equal(out.rewards, rewards)
   if stops is not None:  # the cut happened somewhere, so the test covers it
     lengths = out.batch.loss_mask.sum(1)
-    sc = p.setup.sampling
+    sc = p.sampling
     assert (lengths < sc.max_new_tokens).any() and not (
       out.batch.tokens[:, -sc.max_new_tokens :][out.batch.loss_mask == 0] != sc.pad_id
     ).any()
@@ -699,7 +699,7 @@ def test_one_turn_ppo_scores_equal_the_single_turn_ppo_batch(credit):
   )
   p = rl.build(cfg)
   task = tasks.load_task(env_table.env_config(cfg.env), "train", cfg.seed)
-  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.setup.forward)
+  params = policy.sampling_params(p.state.trainable["policy"], p.learner.frozen, p.forward)
   problems, key = task.problems[:16], jax.random.key(11)
   single, scores = _single_turn_oracle(p, task, params, problems, key, 1)
   out, multi = _one_turn_rollout(p, problems, params, key, 1)

@@ -282,9 +282,12 @@ def test_the_value_head_trains_at_its_own_learning_rate(head_lr):
   cfg = _config(
     **{"train.optimizer": "sgd", "train.max_grad_norm": 0.0, "critic.head_learning_rate": head_lr}
   )
-  settings = learners.ppo_settings(cfg, "train.batch_tasks")
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+
+  c = rl.check_config(cfg)
+  settings = c.settings
   assert settings.head_learning_rate == head_lr
-  optimizer = learners.ppo_optimizer(cfg, settings)
+  optimizer = learners.ppo_optimizer(c, settings)
   trainable = {
     "policy": {"w": jnp.zeros(3)},
     "critic": {"params": {"w": jnp.zeros(4)}, "head": {"w": jnp.zeros((4, 1)), "b": jnp.zeros(())}},

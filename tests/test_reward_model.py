@@ -216,8 +216,8 @@ def test_learned_reward_joins_each_episodes_last_turn():
     0 * turn,
   )
   out = multiturn.Rollout(rows, turn.sum(1), turn, [])
-  setup = types.SimpleNamespace(learned_reward=blocks.LearnedRewardConfig("rm", 2.0, 0.5))
-  p = types.SimpleNamespace(setup=setup, scorer=lambda b: np.array([0.1, -1.0, 3.0], np.float32))
+  config = types.SimpleNamespace(reward_model=blocks.LearnedRewardConfig("rm", 2.0, 0.5))
+  p = types.SimpleNamespace(config=config, scorer=lambda b: np.array([0.1, -1.0, 3.0], np.float32))
   got, metrics = rl._with_learned_reward(p, out)  # pylint: disable=protected-access
   want = 0.5 * turn
   want[0, 3] += 0.2

@@ -119,8 +119,8 @@ def _run_mode(mode: str) -> dict:
   assert len(tok.encode(question)) == 32, len(tok.encode(question))
   task = Task([Problem(question, "", "0")] * 8, {"random": _random_reward}, {}, [])
   pieces = rl.with_task(pieces, task, "plain")
-  sampling = dataclasses.replace(pieces.setup.sampling, stop_ids=())  # every token sampled
-  pieces = pieces._replace(setup=dataclasses.replace(pieces.setup, sampling=sampling))
+  sampling = dataclasses.replace(pieces.sampling, stop_ids=())  # every token sampled
+  pieces = pieces._replace(sampling=sampling)
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()

@@ -70,8 +70,8 @@ def _run_mode(mode: str) -> dict:
   assert len(pieces.tokenizer.encode(question)) == 32
   task = Task([Problem(question, "", "0")] * 8, {"random": _random_reward}, {}, [])
   pieces = rl.with_task(pieces, task, "plain")
-  sampling = dataclasses.replace(pieces.setup.sampling, stop_ids=())  # every token sampled
-  pieces = pieces._replace(setup=dataclasses.replace(pieces.setup, sampling=sampling))
+  sampling = dataclasses.replace(pieces.sampling, stop_ids=())  # every token sampled
+  pieces = pieces._replace(sampling=sampling)
   settings = pieces.learner.settings
   settings = dataclasses.replace(settings, gae_in_step=settings.gae_in_step and not _SEPARATE.value)
   pieces = pieces._replace(learner=pieces.learner._replace(settings=settings))

@@ -154,7 +154,10 @@ def field_error(cls, field: str, value, fix: str):
 
 
 def train_config(cfg) -> TrainConfig:
-  """The `train` block as a TrainConfig (errors name `config.train.<field>`)."""
+  """The `train` block as a TrainConfig (errors name `config.train.<field>`; an RLConfig's
+  is typed already)."""
+  if isinstance(cfg.train, TrainConfig):
+    return cfg.train
   return from_block(TrainConfig, cfg.train, "train")
 
 
@@ -164,7 +167,7 @@ def check_loop_settings(cfg, min_steps: int = 1, steps_fix: str = "") -> None:
   train = train_config(cfg)
   if train.steps < min_steps:
     fail("train.steps", train.steps, steps_fix or f"must be >= {min_steps}")
-  if cfg.get("seed") is not None and cfg.seed < 0:
+  if getattr(cfg, "seed", None) is not None and cfg.seed < 0:
     fail("seed", cfg.seed, "must be >= 0")
   from_block(CheckpointConfig, cfg.checkpoint, "checkpoint")
 
@@ -252,9 +255,12 @@ def model_preset(cfg):
 
 
 def mesh_config(cfg) -> sharding.MeshConfig:
-  """The `mesh` block as a MeshConfig (absent: every device on `data`)."""
-  block = cfg.get("mesh")
-  return sharding.MeshConfig() if block is None else from_block(sharding.MeshConfig, block, "mesh")
+  """The `mesh` block as a MeshConfig (absent: every device on `data`; an RLConfig's is
+  typed already)."""
+  block = getattr(cfg, "mesh", None)
+  if block is None or isinstance(block, sharding.MeshConfig):
+    return block or sharding.MeshConfig()
+  return from_block(sharding.MeshConfig, block, "mesh")
 
 
 def make_mesh(cfg):
@@ -303,7 +309,7 @@ def load_model(cfg):
   """(Config, params, tokenizer) of the `model` block (`init_from`: `weights_from_run`)."""
   m = cfg.model
   config, params, tokenizer = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
-  if m.get("init_from"):
+  if getattr(m, "init_from", ""):
     params = weights_from_run(m.init_from, params, cfg)
   return config, params, tokenizer
 
@@ -328,20 +334,22 @@ def weights_from_run(workdir: str, params, cfg):
   """
   source = run_config(workdir, "model.init_from", "give the --workdir of an earlier run")
   for name in ("preset", "weights", "path", "dtype"):
-    if source.model.get(name) != cfg.model.get(name):
+    if source.model.get(name) != getattr(cfg.model, name, None):
       fail(
         "model.init_from",
         workdir,
         f"that run's model.{name} is {source.model.get(name)!r}, this run's "
-        f"{cfg.model.get(name)!r}: its weights fit another base; use the same model block",
+        f"{getattr(cfg.model, name, None)!r}: its weights fit another base; use the same "
+        "model block",
       )
   fwd = forward_config(source, 1.0)
-  if fwd.lora and source.model.weights == "random" and source.get("seed") != cfg.get("seed"):
+  seed = getattr(cfg, "seed", None)
+  if fwd.lora and source.model.weights == "random" and source.get("seed") != seed:
     fail(
       "model.init_from",
       workdir,
       f"that run's LoRA adapters were trained over random weights drawn with seed "
-      f"{source.get('seed')!r}, this run's base is drawn with seed {cfg.get('seed')!r}: use "
+      f"{source.get('seed')!r}, this run's base is drawn with seed {seed!r}: use "
       f"--config.seed={source.get('seed')} (or a run over the same base)",
     )
   if fwd.lora and source.model.get("init_from"):  # its base was an earlier run's weights
@@ -397,8 +405,8 @@ def reward_model_from_run(workdir: str, field: str = "reward_model.path", shared
 def _same_base(a, b) -> bool:
   """Whether two configs' `model` blocks load the same weights (random ones: same seed)."""
   fields = ("preset", "weights", "path", "dtype", "init_from")
-  same = all(a.model.get(k, "") == b.model.get(k, "") for k in fields)
-  return same and (a.model.weights != "random" or a.get("seed") == b.get("seed"))
+  same = all(getattr(a.model, k, "") == getattr(b.model, k, "") for k in fields)
+  return same and (a.model.weights != "random" or a.get("seed") == getattr(b, "seed", None))
 
 
 def make_optimizer(cfg, total_steps: int, learning_rate: float | None = None):

@@ -21,7 +21,7 @@ from rlpost.models import policy
 from rlpost.data import tasks as tasks_lib
 from rlpost.envs import table as env_table
 from rlpost.recipes import common
-from rlpost.recipes import learners as learners_lib
+from rlpost.recipes import rl_config
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
@@ -207,11 +207,11 @@ def evaluate_run(
     )
   # Before the model: an unknown split or a missing data_dir fails at once.
   problems = gsm8k.load_gsm8k(split, data.data_dir)[:num_problems]
-  spec = learners_lib.spec(learners_lib.name_of(cfg))
-  settings = spec.settings(cfg, "train.batch_tasks")
+  c = rl_config.parse(cfg)  # the run's typed config: its learner, settings and model
   task = tasks_lib.load_task(data, "train", cfg.seed)
-  _, params, tokenizer = common.load_model(cfg)
-  learner, state = spec.build(cfg, params, settings)
+  _, params, tokenizer = common.load_model(c)
+  learner, state = c.spec.build(c, params, c.settings)
+  settings = c.settings
   forward = settings.forward
   sc = _sampling_config(cfg, tokenizer)
   settings = {

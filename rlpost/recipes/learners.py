@@ -4,8 +4,8 @@ The updates themselves are pure functions in `rlpost.rl` (`rl/learner.py` says w
 share): `grpo_update.grpo_update`, `ppo_update.ppo_update`.
 
 Adding a learner: its settings dataclass and `update(learner, state, batch, index) ->
-(state, metrics)` in a module of `rlpost/rl/`; here a `settings` (ConfigDict -> frozen
-settings, errors naming the field), a `build` (arrays placed, optimizer, jitted train
+(state, metrics)` in a module of `rlpost/rl/`; here a `settings` (an `rl_config.RLConfig`
+-> frozen settings; the config's checks are `rl_config`'s), a `build` (arrays placed, optimizer, jitted train
 step) and one LEARNERS entry. Every learner's `state.trainable` is a dict with the
 policy's weights (adapters or params) under "policy" (PPO: its critic under "critic"):
 what the sampler, the evaluation and `model.init_from` read.
@@ -86,65 +86,47 @@ class CriticConfig:
       )
 
 
-def _mini_batch_rows(cfg, algo, rows: int, tasks_field: str) -> int:
-  """algo.mini_batch_size (None: `rows`), checked to divide the batch and the devices."""
-  mini = algo.mini_batch_size or rows
-  if rows % mini:
-    common.fail(
-      "algo.mini_batch_size",
-      mini,
-      f"{tasks_field} * algo.num_generations = {rows} rows are not divisible "
-      f"by it; choose a divisor of {rows}, or None for the whole batch",
-    )
-  common.check_rows_per_device(cfg, mini, f"a mini-batch (algo.mini_batch_size or {tasks_field})")
-  return mini
-
-
 class LearnerSpec(NamedTuple):
   """One LEARNERS entry.
 
-  settings(cfg, tasks_field) -> frozen settings, checked before anything loads
-    (`tasks_field`: the `train` field counting one batch's tasks).
-  build(cfg, params, settings) -> (`rl.learner.Learner`, fresh TrainState).
+  algo_config: the `algo` block's dataclass (`rl.objectives`).
+  settings(config) -> frozen settings of an `rl_config.RLConfig` (its blocks already
+    checked, with the rules between them).
+  build(config, params, settings) -> (`rl.learner.Learner`, fresh TrainState).
   update(learner, state, batch, index) -> (state, metrics) (`rlpost.rl.learner`).
   samples_per_task(settings) -> rows sampled per task (G: algo.num_generations).
   groups: the learner compares the G samples of a task (so groups whose rewards tie
     carry no signal: what `rollout.dynamic_sampling` drops).
   """
 
-  settings: Callable[[Any, str], Any]
+  algo_config: type
+  settings: Callable[[Any], Any]
   build: Callable[[Any, Any, Any], tuple[learner_lib.Learner, step_lib.TrainState]]
   update: Callable[[learner_lib.Learner, step_lib.TrainState, batch_lib.RLBatch, int], tuple]
   samples_per_task: Callable[[Any], int]
   groups: bool
 
 
-def grpo_settings(cfg, tasks_field: str) -> grpo_lib.GRPOSettings:
-  """The `algo` block as GRPOConfig (old names refused with their new place), the forward
-  settings, and the batch's rows split evenly over the trainer's devices."""
-  algo = common.from_block(objectives.GRPOConfig, cfg.algo, "algo", RENAMED)
-  tasks = cfg.train[tasks_field.split(".")[1]]
-  if tasks < 1:
-    common.fail(tasks_field, tasks, "must be >= 1")
-  rows = tasks * algo.num_generations
-  common.check_rows_per_device(cfg, rows, f"{tasks_field} * algo.num_generations")
-  mini = _mini_batch_rows(cfg, algo, rows, tasks_field)
-  forward = common.forward_config(cfg, cfg.sampling.temperature)
-  return grpo_lib.GRPOSettings(algo, forward, rows, mini, cfg.seed)
+def grpo_settings(c) -> grpo_lib.GRPOSettings:
+  """A GRPO learner's settings: the `algo` block, the forward settings, the batch's rows
+  and mini-batch rows (`c`: an RLConfig, its rules checked)."""
+  rows = c.train.batch_tasks * c.algo.num_generations
+  forward = common.forward_config(c, c.sampling.temperature)
+  return grpo_lib.GRPOSettings(c.algo, forward, rows, c.algo.mini_batch_size or rows, c.seed)
 
 
-def grpo_optimizer(cfg, settings: grpo_lib.GRPOSettings) -> optax.GradientTransformation:
+def grpo_optimizer(c, settings: grpo_lib.GRPOSettings) -> optax.GradientTransformation:
   """The `train` block's optimizer, scheduled over the run's optimizer steps (train.steps
   x passes x mini-batches)."""
-  return common.make_optimizer(cfg, cfg.train.steps * learner_lib.updates_per_iteration(settings))
+  return common.make_optimizer(c, c.train.steps * learner_lib.updates_per_iteration(settings))
 
 
-def build_grpo(cfg, params, settings: grpo_lib.GRPOSettings):
+def build_grpo(c, params, settings: grpo_lib.GRPOSettings):
   """The GRPO learner over `params` and its fresh TrainState (trainable = {"policy": ...}:
   adapters under LoRA, else the params, a copy when a reference is needed: updates are
   donated)."""
   algo, forward = settings.algo, settings.forward
-  key = jax.random.key(cfg.seed)
+  key = jax.random.key(c.seed)
   trainable, frozen = common.trainable_and_frozen(params, forward, key)
   if forward.lora:
     ref_params = params
@@ -152,8 +134,8 @@ def build_grpo(cfg, params, settings: grpo_lib.GRPOSettings):
     trainable, ref_params = jax.tree.map(jnp.copy, params), params
   else:
     ref_params = None
-  optimizer = grpo_optimizer(cfg, settings)
-  mesh = common.make_mesh(cfg)
+  optimizer = grpo_optimizer(c, settings)
+  mesh = common.make_mesh(c)
   # Placed with the sharding train_step returns, so step 2 reuses step 1's compilation.
   state = step_lib.place(
     step_lib.init_train_state({"policy": trainable}, optimizer, jax.random.fold_in(key, 1)), mesh
@@ -164,53 +146,41 @@ def build_grpo(cfg, params, settings: grpo_lib.GRPOSettings):
     objectives.make_grpo_loss_fn(algo, sharding.train_forward(forward, mesh)),
     optimizer,
     mesh,
-    cfg.train.micro_batch_size,
+    c.train.micro_batch_size,
   )
   host_memory.release_freed_memory()  # weight loading / initialization temporaries
   return learner_lib.Learner("grpo", settings, frozen, ref_params, train_step), state
 
 
-def ppo_settings(cfg, tasks_field: str) -> ppo_lib.PPOSettings:
-  """The `algo`, `critic`, `train` and forward settings of a PPO learner whose batch has
-  `cfg.train[tasks_field] * algo.num_generations` rows."""
-  algo = common.from_block(objectives.PPOConfig, cfg.algo, "algo")
-  critic_cfg = common.from_block(CriticConfig, cfg.critic, "critic")
-  t = cfg.train
-  tasks = t[tasks_field.split(".")[1]]
-  if tasks < 1:
-    common.fail(tasks_field, tasks, "must be >= 1")
-  rows = tasks * algo.num_generations
-  mini = _mini_batch_rows(cfg, algo, rows, tasks_field)
-  if algo.critic_warmup_steps >= t.steps:
-    common.fail(
-      "algo.critic_warmup_steps",
-      algo.critic_warmup_steps,
-      f"must be < train.steps={t.steps} (the actor trains only after the warm-up)",
-    )
-  mode = critic_cfg.mode or ("lora" if cfg.lora.enabled else "full")
+def ppo_settings(c) -> ppo_lib.PPOSettings:
+  """A PPO learner's settings: the `algo` and `critic` blocks (the critic's layout and
+  rate), the forward settings, rows and mini-batch rows (`c`: an RLConfig)."""
+  algo, critic_cfg, t = c.algo, c.critic, c.train
+  rows = t.batch_tasks * algo.num_generations
+  mode = critic_cfg.mode or ("lora" if c.lora.enabled else "full")
   critic_lr = critic_cfg.learning_rate
   if critic_lr is None:  # train.learning_rate is checked finite and > 0 with the optimizer
     critic_lr = 10 * t.learning_rate
   layout = critic_lib.CriticLayout(
     mode,
-    common.lora_config(cfg, always=True) if mode == "lora" else None,
+    common.lora_config(c, always=True) if mode == "lora" else None,
     normalize=critic_cfg.value_norm_decay is not None,
   )
   return ppo_lib.PPOSettings(
     algo=algo,
     critic=layout,
     critic_learning_rate=critic_lr,
-    forward=common.forward_config(cfg, cfg.sampling.temperature),
+    forward=common.forward_config(c, c.sampling.temperature),
     rows=rows,
-    mini_batch_size=mini,
+    mini_batch_size=algo.mini_batch_size or rows,
     micro_batch_size=t.micro_batch_size,
-    seed=cfg.seed,
+    seed=c.seed,
     head_learning_rate=critic_cfg.head_learning_rate,
     value_norm_decay=critic_cfg.value_norm_decay,
   )
 
 
-def ppo_optimizer(cfg, settings: ppo_lib.PPOSettings) -> optax.GradientTransformation:
+def ppo_optimizer(c, settings: ppo_lib.PPOSettings) -> optax.GradientTransformation:
   """One optax tree over {"policy", "critic"}: the policy's AdamW gated on `actor_on`, the
   critic's at its own rate.
 
@@ -219,12 +189,12 @@ def ppo_optimizer(cfg, settings: ppo_lib.PPOSettings) -> optax.GradientTransform
   `head_learning_rate` the value head is a third part, at that rate.
   """
   per_iter = learner_lib.updates_per_iteration(settings)
-  total = cfg.train.steps * per_iter
-  actor = common.make_optimizer(cfg, total - settings.algo.critic_warmup_steps * per_iter)
-  critic = common.make_optimizer(cfg, total, learning_rate=settings.critic_learning_rate)
+  total = c.train.steps * per_iter
+  actor = common.make_optimizer(c, total - settings.algo.critic_warmup_steps * per_iter)
+  critic = common.make_optimizer(c, total, learning_rate=settings.critic_learning_rate)
   parts = {"policy": step_lib.gated(actor, "actor_on"), "critic": critic}
   if settings.head_learning_rate is not None:
-    parts["head"] = common.make_optimizer(cfg, total, learning_rate=settings.head_learning_rate)
+    parts["head"] = common.make_optimizer(c, total, learning_rate=settings.head_learning_rate)
   if settings.critic.normalize:
     parts["stats"] = optax.set_to_zero()  # moved by `with_return_stats` only
   if len(parts) == 2:
@@ -244,19 +214,19 @@ def ppo_optimizer(cfg, settings: ppo_lib.PPOSettings) -> optax.GradientTransform
 GRAD_NORM_PARTS = (("actor", "policy"), ("critic", "critic"))
 
 
-def build_ppo(cfg, params, settings: ppo_lib.PPOSettings):
+def build_ppo(c, params, settings: ppo_lib.PPOSettings):
   """The PPO learner over `params` (settings with `gae_in_step`) and its fresh TrainState
   (trainable = {"policy": ..., "critic": ...}; one optax tree updates both, the policy's
   part gated on `actor_on`, False during the critic warm-up: a traced bool, no
   recompilation)."""
   fwd, algo = settings.forward, settings.algo
-  key = jax.random.key(cfg.seed)
+  key = jax.random.key(c.seed)
   actor, frozen = common.trainable_and_frozen(params, fwd, key)
   if not fwd.lora and (algo.beta > 0 or settings.critic.mode == "lora"):
     actor, frozen = jax.tree.map(jnp.copy, params), params  # updates are donated: train a copy
   critic = critic_lib.init_critic(jax.random.fold_in(key, 2), params, settings.critic)
-  optimizer = ppo_optimizer(cfg, settings)
-  mesh = common.make_mesh(cfg)
+  optimizer = ppo_optimizer(c, settings)
+  mesh = common.make_mesh(c)
   one_call = mesh.size == 1 and settings.micro_batch_size >= settings.rows
   settings = dataclasses.replace(
     settings,
@@ -279,6 +249,7 @@ def build_ppo(cfg, params, settings: ppo_lib.PPOSettings):
 
 LEARNERS: dict[str, LearnerSpec] = {
   "grpo": LearnerSpec(
+    objectives.GRPOConfig,
     grpo_settings,
     build_grpo,
     grpo_lib.grpo_update,
@@ -286,6 +257,7 @@ LEARNERS: dict[str, LearnerSpec] = {
     groups=True,
   ),
   "ppo": LearnerSpec(
+    objectives.PPOConfig,
     ppo_settings,
     build_ppo,
     ppo_lib.ppo_update,

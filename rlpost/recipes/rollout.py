@@ -123,13 +123,14 @@ class Sampler(NamedTuple):
   int8: quant.Int8Paths | None = None
 
 
-def make_sampler(cfg, frozen, forward: policy.ForwardConfig) -> Sampler:
+def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
   """The `mesh.rollout` devices with the LoRA base (`frozen`) copied to them once: each
-  iteration only the trained weights move, i.e. just the adapters under LoRA."""
-  mesh, base = common.rollout_mesh(cfg), frozen if forward.lora else None
+  iteration only the trained weights move, i.e. just the adapters under LoRA (`c`: an
+  `rl_config.RLConfig`)."""
+  mesh, base = common.rollout_mesh(c), frozen if forward.lora else None
   int8 = None
-  if cfg.sampling.weights == "int8":
-    int8, why = compute_paths.int8_paths(cfg.sampling.get("int8_paths", "auto"))
+  if c.sampling.weights == "int8":
+    int8, why = compute_paths.int8_paths(c.sampling.int8_paths)
     absl_logging.info("sampling.weights=int8: dots %s (%s)", int8, why)
   if mesh is None or base is None:
     return Sampler(mesh, base, int8)
@@ -204,7 +205,7 @@ def loop_step(p, produce, train, max_staleness: int | None, steps: int):
   def weights_of(state, where: str):
     mesh = sharding.mesh_of(state)
     weights, prints = sampler_weights(
-      p.sampler, part(state), p.setup.forward, state.key, mesh, prints=True
+      p.sampler, part(state), p.forward, state.key, mesh, prints=True
     )
     synced["last"], synced["metrics"] = weight_sync.check(synced["last"], *prints, where)
     return weights
@@ -225,7 +226,7 @@ def loop_step(p, produce, train, max_staleness: int | None, steps: int):
     next train step donates it)."""
     if trainable is not None:  # an older version a resumed run samples from: not a sync
       mesh = sharding.mesh_of(state)
-      weights = sampler_weights(p.sampler, trainable, p.setup.forward, state.key, mesh)
+      weights = sampler_weights(p.sampler, trainable, p.forward, state.key, mesh)
       return _without_arrays_of(state, (weights, trainable))
     weights = weights_of(state, "the weight sync after a train step")
     return _without_arrays_of(state, (weights, part(state)))

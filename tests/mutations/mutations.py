@@ -731,4 +731,21 @@ MUTATIONS = [
     tests=["tests/test_benchmarks.py"],
     why="a benchmark's peak RSS reported in the wrong phase",
   ),
+  # --- issue 65 part 2: one typed RL config
+  dict(
+    name="build_handed_the_configdict",
+    path="rlpost/recipes/rl.py",
+    old="  p = build(c, loaded)\n",
+    new="  p = build(cfg, loaded)\n",
+    tests=["tests/test_rl_config.py"],
+    why="the ConfigDict read below the entry again (the recipe parses it a second time)",
+  ),
+  dict(
+    name="model_block_unchecked",
+    path="rlpost/recipes/rl_config.py",
+    old='    common.check_one_of(ModelBlock, "dtype", self.dtype, ("float32", "bfloat16"))\n',
+    new="    pass\n",
+    tests=["tests/test_rl_config.py"],
+    why="a bad model.dtype reaching the loader instead of failing at the entry",
+  ),
 ]
