@@ -185,10 +185,11 @@ BANNED = {"eval", "exec"}
 
 
 def _is_banned(node: ast.AST) -> bool:
-  """`eval`/`exec` as a name, `builtins.eval`, a call `x.eval(...)`, `from builtins import
-  exec`. A plain attribute read like `cfg.eval.every` (a config section) is allowed."""
+  """`eval`/`exec` read as a name, `builtins.eval`, a call `x.eval(...)`, `from builtins
+  import exec`. A plain attribute read like `cfg.eval.every` (a config section) and a field
+  named `eval` (a dataclass's config block) are allowed."""
   if isinstance(node, ast.Name):
-    return node.id in BANNED
+    return node.id in BANNED and isinstance(node.ctx, ast.Load)
   if isinstance(node, ast.Attribute) and node.attr in BANNED:
     return isinstance(node.value, ast.Name) and node.value.id in ("builtins", "__builtins__")
   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -230,6 +231,7 @@ def test_eval_exec_scanner_catches_uses(tmp_path):
   (tmp_path / "sub" / "worse.py").write_text("f = exec\n")
   (tmp_path / "clean.py").write_text(
     "from rlpost.recipes import eval as eval_recipe\nn = cfg.eval.every\nevaluate = 1\n"
+    "class Config:\n  eval: int = 0\n"
   )
   hits = find_eval_exec([tmp_path])
   lines = sorted(h.split(": ")[0] for h in hits)

@@ -667,8 +667,8 @@ MUTATIONS = [
   dict(
     name="grpo_schedule_without_mini_batches",
     path="rlpost/recipes/learners.py",
-    old="  return common.make_optimizer(cfg, cfg.train.steps * learner_lib.updates_per_iteration(settings))\n",
-    new="  return common.make_optimizer(cfg, cfg.train.steps * settings.algo.num_iterations)\n",
+    old="  return common.make_optimizer(c, c.train.steps * learner_lib.updates_per_iteration(settings))\n",
+    new="  return common.make_optimizer(c, c.train.steps * settings.algo.num_iterations)\n",
     tests=["tests/test_grpo.py"],
     why="a GRPO schedule that ends before the run's mini-batch steps do",
   ),
