@@ -11,9 +11,11 @@ Where things live (one job per module; floors in tests/test_layering.py):
   ops/         logprobs (chunked, never [B, T, V]), masks (causal, segment, completion)
   sampling.py  SamplingConfig; sample = prefill + lax.while_loop decode
   continuation.py  later turns continue the KV cache: start, extend, take_rows
-  rl/          batch (the typed RLBatch), advantages (ESTIMATORS table: a new estimator goes
-               here), losses (POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS tables: a new loss
-               goes here), objectives (GRPOConfig / PPOConfig and their loss functions)
+  rl/          batch (the typed RLBatch), advantages and credit (RULES: every credit rule by
+               name; a new estimator is a function and one line), losses (POLICY_LOSSES,
+               KL_ESTIMATORS, AGGREGATIONS tables: a new loss goes here), objectives
+               (GRPOConfig / PPOConfig and their loss functions), the learners' updates
+               (learner, grpo_update, ppo_update)
   envs/        multi-turn environments (protocol, FrozenLake, tools, calculator, GSM8K with a
                calculator, tool traces) and the token-in/token-out rollout; table (ENVS): a
                new environment is a module here and an entry there
