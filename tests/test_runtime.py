@@ -174,7 +174,9 @@ def test_tiny_recipes_start_and_end_without_noise(tmp_path):
   last checkpoint), then a GRPO run started from a finished run's weights (`init_from`:
   orbax opens that run read only): exit status 0 and no line `unexpected_lines` flags.
   One process start for the runs (tests/cli_batch.py). Mutation caught: make_optimizer
-  building a zero-length warm-up again."""
+  building a zero-length warm-up again. Over 20 s (about 60 s on 2 cores): 15 runs of 7
+  mains, each compiling its own programs; the logs are what a user sees, so they go through
+  the mains."""
   from conftest import run_clis  # pylint: disable=g-import-not-at-top
 
   cases = []
