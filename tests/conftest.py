@@ -274,6 +274,32 @@ def with_overrides(cfg, overrides: dict):
   return cfg
 
 
+def run_unread_below_entry(cfg, workdir, **kwargs):
+  """`rl.run(cfg, workdir, **kwargs)` with every ConfigDict read raising from `rl.build` on
+  (model, learner, sampler, loop, checkpoints, evaluation): below the entry an RL run
+  reads only its RLConfig. The shared runs of test_grpo, test_ppo and test_agentic go
+  through it, so each of their tests also checks that rule; returns (final state, the
+  number of builds that ran poisoned)."""
+  import ml_collections
+  from rlpost.recipes import rl
+
+  def boom(self, *args, **kwargs):
+    raise AssertionError(f"a ConfigDict was read below the entry: {args[:1]}")
+
+  real_build, builds = rl.build, []
+
+  def build(c, *args, **kw):
+    for name in ("__getattr__", "__getitem__", "get", "__contains__", "keys", "items"):
+      patch.setattr(ml_collections.ConfigDict, name, boom)
+    builds.append(c)
+    return real_build(c, *args, **kw)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(rl, "build", build)
+    state = rl.run(cfg, str(workdir), **kwargs)
+  return state, len(builds)
+
+
 def run_metrics(workdir) -> list[dict]:
   """The records of `workdir/metrics.jsonl` without timings (comparable across runs)."""
   import json

@@ -15,6 +15,7 @@ from conftest import (
   require_gemma3,
   require_shared,
   run_metrics,
+  run_unread_below_entry,
   with_overrides,
 )
 import ml_collections
@@ -282,7 +283,8 @@ def test_pipelined_staleness_zero_is_the_synchronous_run(tmp_path):
   cfg = lambda **o: _config(
     "frozenlake_tiny,ppo", **{"train.steps": 3, "log.trajectories_every": 1, **o}
   )
-  sync = rl.run(cfg(), str(tmp_path / "sync"))
+  sync, builds = run_unread_below_entry(cfg(), tmp_path / "sync")
+  assert builds == 1  # agentic PPO reads no ConfigDict below the entry (test_grpo)
   pipe = rl.run(cfg(max_staleness=0), str(tmp_path / "pipe"))
   assert _bytes_equal(sync, pipe)
   records = run_metrics(tmp_path / "pipe")

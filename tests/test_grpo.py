@@ -19,6 +19,7 @@ from conftest import (
   require_gemma3,
   require_shared,
   run_metrics,
+  run_unread_below_entry,
   with_overrides,
 )
 
@@ -55,14 +56,18 @@ SHORT = {"train.steps": 4, "checkpoint.every": 2}
 def straight_run(tmp_path_factory):
   """`straight_run(overrides)`: (final state, workdir) of the uninterrupted SHORT tiny run
   with `overrides`, run once per module (tests that need the same run share it; nothing
-  mutates the returned state)."""
+  mutates the returned state). Each runs with every ConfigDict read raising below the
+  entry (`conftest.run_unread_below_entry`)."""
   done = {}
 
   def run(overrides):
     key = tuple(sorted(overrides.items()))
     if key not in done:
       workdir = tmp_path_factory.mktemp("straight")
-      done[key] = rl.run(_config("tiny", **{**SHORT, **overrides}), str(workdir)), workdir
+      cfg = _config("tiny", **{**SHORT, **overrides})
+      state, builds = run_unread_below_entry(cfg, workdir)
+      assert builds == 1
+      done[key] = state, workdir
     return done[key]
 
   return run
@@ -147,6 +152,18 @@ def _without(records, key):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_below_the_entry_nothing_reads_the_configdict(straight_run):
+  """`rl.run` hands `build` an RLConfig; from there on (model, learner, sampler, loop,
+  checkpoints) every ConfigDict read raises, and the run still completes: every
+  `straight_run` of this module is made that way (test_ppo's and test_agentic's shared
+  runs too), so this test reads one. Mutation caught: `rl.run` handing `build` the
+  ConfigDict (build parses it again)."""
+  _, workdir = straight_run({})
+  records = [r for r in _metrics(workdir) if r["step"]]
+  assert len(records) == SHORT["train.steps"] and (workdir / "config.json").is_file()
+
+
 def test_pipelined_staleness_zero_is_the_synchronous_run_bitwise(straight_run, tmp_path):
   """rollout.max_staleness=0 (a producer thread that waits for each new policy) gives the
   synchronous run's metrics and weights exactly, also across a resume (the synchronous run

@@ -20,6 +20,7 @@ from conftest import (
   require_gemma3,
   require_shared,
   run_metrics,
+  run_unread_below_entry,
   with_overrides,
 )
 
@@ -45,7 +46,9 @@ def straight_run(tmp_path_factory):
     key = tuple(sorted(overrides.items()))
     if key not in done:
       workdir = tmp_path_factory.mktemp("straight")
-      done[key] = rl.run(_config(**overrides), str(workdir)), workdir
+      state, builds = run_unread_below_entry(_config(**overrides), workdir)
+      assert builds == 1  # every ConfigDict read below the entry raised (test_grpo)
+      done[key] = state, workdir
     return done[key]
 
   return run

@@ -170,22 +170,24 @@ TINY_RECIPES = [
 @pytest.mark.slow
 def test_tiny_recipes_start_and_end_without_noise(tmp_path):
   """Issue 71: each tiny recipe through its main, 3 steps (a warm-up of 0 steps, which
-  optax logged as a misconfiguration), then the same command again (it resumes from the
-  last checkpoint), then a GRPO run started from a finished run's weights (`init_from`:
-  orbax opens that run read only): exit status 0 and no line `unexpected_lines` flags.
-  One process start for the runs (tests/cli_batch.py). Mutation caught: make_optimizer
-  building a zero-length warm-up again. Over 20 s (about 60 s on 2 cores): 15 runs of 7
-  mains, each compiling its own programs; the logs are what a user sees, so they go through
-  the mains."""
+  optax logged as a misconfiguration), then the same command again for one recipe of each
+  loop and learner kind (GRPO, agentic PPO with its critic, SFT: it resumes from the last
+  checkpoint; every recipe restores through `train/checkpoint.py`), then a GRPO run
+  started from a finished run's weights (`init_from`: orbax opens that run read only):
+  exit status 0 and no line `unexpected_lines` flags. One process start for the runs
+  (tests/cli_batch.py). Mutation caught: make_optimizer building a zero-length warm-up
+  again. Over 20 s (about 45 s on 2 cores): 11 runs of 7 mains, each compiling its own
+  programs; the logs are what a user sees, so they go through the mains."""
   from conftest import run_clis  # pylint: disable=g-import-not-at-top
 
   cases = []
-  for _ in range(2):
-    for i, (main, config) in enumerate(TINY_RECIPES):
-      flags = ["--config.train.steps=3", "--config.checkpoint.every=1"]
-      cases.append(
-        [main, [f"--config=experiments/configs/{config}", *flags, f"--workdir={tmp_path / str(i)}"]]
-      )
+  resumed = (0, 3, 4)  # grpo, agentic ppo, sft: TINY_RECIPES' indices
+  for i in [*range(len(TINY_RECIPES)), *resumed]:
+    main, config = TINY_RECIPES[i]
+    flags = ["--config.train.steps=3", "--config.checkpoint.every=1"]
+    cases.append(
+      [main, [f"--config=experiments/configs/{config}", *flags, f"--workdir={tmp_path / str(i)}"]]
+    )
   init = [f"--config.model.init_from={tmp_path / '0'}", "--config.train.steps=1"]
   cases.append(
     [

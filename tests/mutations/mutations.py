@@ -737,7 +737,7 @@ MUTATIONS = [
     path="rlpost/recipes/rl.py",
     old="  p = build(c, loaded)\n",
     new="  p = build(cfg, loaded)\n",
-    tests=["tests/test_rl_config.py"],
+    tests=["tests/test_grpo.py"],
     why="the ConfigDict read below the entry again (the recipe parses it a second time)",
   ),
   dict(
