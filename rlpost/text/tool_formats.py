@@ -1,7 +1,7 @@
 """Tool calls in a model's own format: one parser (and renderer) per format, text only.
 
   hermes       Qwen2.5, Qwen3, Hermes, SmolLM3: <tool_call>{"name": N, "arguments": {...}}</tool_call>,
-               several per turn; calls inside a <think> block (before the last </think>) are not read
+               several per turn; calls inside a <think> block (before the first </think>) are not read
   llama3_json  Llama 3.1+: {"name": N, "parameters": {...}} ("arguments" also), several
                separated by ";", with or without a leading <|python_tag|>
   mistral      [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] and the newer
@@ -33,9 +33,10 @@ Where we differ from vLLM's parsers (vllm/entrypoints/openai/tool_parsers, non-s
   with "{" (errors if malformed); elsewhere only a whole object with a "name" at the first
   "{" is a call (else the turn is content, as in vLLM); any nesting depth; the text before
   the call is kept as content. Python code after <|python_tag|> (built-in tools) is an error.
-- mistral: list and NAME[ARGS] forms may mix across [TOOL_CALLS] markers; an "id" given in
-  the list form or after [CALL_ID] is kept; other ids are ours: "call" + 5 digits (9
-  alphanumerics, as Mistral requires), numbered from `start` so an episode can keep ids unique.
+- mistral: list and NAME[ARGS] forms may mix across [TOOL_CALLS] markers.
+- ids: a 9-alphanumeric "id" the model wrote (list form, [CALL_ID]) is kept; other ids are
+  ours, "call" + 5 digits (Mistral's templates refuse other lengths), numbered from
+  `start` so an episode can keep them unique (vLLM draws random ids).
 """
 
 import json
@@ -49,6 +50,8 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 THINK_CLOSE = "</think>"
 PYTHON_TAG = "<|python_tag|>"
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+XML_FUNCTION = "<function="
+LLAMA3_HEADER = "<|start_header_id|>"
 _DECODER = json.JSONDecoder()
 
 
@@ -86,6 +89,12 @@ def call_id(index: int) -> str:
   return f"call{index % 100000:05d}"
 
 
+def _id(given: Any, index: int) -> str:
+  """A model-given id when it is 9 alphanumerics (what Mistral's templates accept), else ours."""
+  ok = isinstance(given, str) and len(given) == 9 and given.isascii() and given.isalnum()
+  return given if ok else call_id(index)
+
+
 def _bad(index: int, reason: str, fix: str) -> Call:
   """A malformed call: its error names the call (1-based within the turn) and the fix."""
   return Call("", {}, call_id(index), f"{ERROR_PREFIX}tool call {index + 1}: {reason}; {fix}")
@@ -100,7 +109,7 @@ def _decode(text: str, at: int) -> tuple[Any, int] | str:
   try:
     return _DECODER.raw_decode(text, at)
   except json.JSONDecodeError as e:
-    if e.pos >= len(text.rstrip()):
+    if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
       return "the JSON is cut off before its end"
     return f"not valid JSON ({e.msg} at character {e.pos - at})"
 
@@ -117,10 +126,7 @@ def _object_call(value: Any, keys: tuple[str, ...], index: int, fix: str) -> Cal
     return _bad(index, f'no "{keys[0]}" object', fix)
   if not isinstance(value[key], dict):
     return _bad(index, f'"{key}" must be a JSON object, got {type(value[key]).__name__}', fix)
-  given = value.get("id")
-  return Call(
-    name.strip(), value[key], given if isinstance(given, str) and given else call_id(index)
-  )
+  return Call(name.strip(), value[key], _id(value.get("id"), index))
 
 
 def _json_call(text: str, keys: tuple[str, ...], index: int, fix: str) -> Call:
@@ -140,8 +146,8 @@ _HERMES_FIX = f'write {HERMES_OPEN}{{"name": NAME, "arguments": {{...}}}}{HERMES
 
 
 def parse_hermes(text: str, start: int = 0) -> Parsed:
-  """Every <tool_call>...</tool_call> after the last </think>; an unclosed one is cut off."""
-  think = text.rfind(THINK_CLOSE)
+  """Every <tool_call>...</tool_call> after the first </think>; an unclosed one is cut off."""
+  think = text.find(THINK_CLOSE)
   at = text.find(HERMES_OPEN, think + len(THINK_CLOSE) if think >= 0 else 0)
   if at < 0:
     return Parsed(text, ())
@@ -159,11 +165,12 @@ def parse_hermes(text: str, start: int = 0) -> Parsed:
 
 
 def render_hermes(content: str, calls: Sequence[Call]) -> str:
-  """As Qwen's template writes an assistant turn's calls."""
+  """As Qwen's templates write an assistant turn's calls (a newline before each call but a
+  first one with no content)."""
   parts = [content]
-  for call in calls:
+  for i, call in enumerate(calls):
     body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
-    parts.append(f"\n{HERMES_OPEN}\n{body}\n{HERMES_CLOSE}")
+    parts.append(f"{chr(10) if content or i else ''}{HERMES_OPEN}\n{body}\n{HERMES_CLOSE}")
   return "".join(parts)
 
 
@@ -240,7 +247,7 @@ def _mistral_named(segment: str, index: int) -> Call:
     return _bad(
       index, f"arguments must be a JSON object, got {type(decoded[0]).__name__}", _MISTRAL_FIX
     )
-  return Call(name, decoded[0], given_id or call_id(index))
+  return Call(name, decoded[0], _id(given_id, index))
 
 
 def _mistral_list(segment: str, start: int) -> list[Call]:
@@ -317,14 +324,23 @@ def get(name: str) -> Format:
 
 
 def detect(template_text: str | None) -> str:
-  """The format a chat template's text uses: <tool_call> -> hermes; [TOOL_CALLS] ->
-  mistral; <|python_tag|> or "parameters" -> llama3_json; else (no template) library."""
-  text = template_text or ""
+  """The format a chat template's text uses: <tool_call> with a JSON "arguments" ->
+  hermes; [TOOL_CALLS] -> mistral; Llama 3 headers with <|python_tag|> or "parameters" ->
+  llama3_json; no tool section (or no template) -> library. A tool section we cannot read
+  (XML <function=NAME> calls as in Qwen3-Coder and Qwen3.5, <tool_call> without JSON as
+  in GLM 4.6) is a ValueError, rather than answering every call as broken JSON."""
+  text = (template_text or "").replace('\\"', '"')  # quotes escaped inside Jinja strings
+  if XML_FUNCTION in text or (HERMES_OPEN in text and '"arguments"' not in text):
+    raise ValueError(
+      f"this chat template writes tool calls in a format no parser reads (not JSON inside "
+      f"{HERMES_OPEN}); known formats: {', '.join(FORMATS)}; name one, or use the library "
+      "syntax (config.tools.format=library)"
+    )
   if HERMES_OPEN in text:
     return "hermes"
   if TOOL_CALLS in text:
     return "mistral"
-  if PYTHON_TAG in text or '"parameters"' in text:
+  if LLAMA3_HEADER in text and (PYTHON_TAG in text or '"parameters"' in text):
     return "llama3_json"
   return "library"
 
