@@ -270,6 +270,11 @@ def _json_type(value: Any) -> str:
   )
 
 
+def _same_json(a: Any, b: Any) -> bool:
+  """JSON equality: 2 == 2.0, but true is not 1."""
+  return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
 def _mismatch(schema: dict, value: Any, path: str) -> str | None:
   """Why `value` does not fit `schema` (the subset `json_schema` writes), or None."""
   if value is None and schema.get("nullable"):
@@ -282,7 +287,7 @@ def _mismatch(schema: dict, value: Any, path: str) -> str | None:
   kinds = [kinds] if isinstance(kinds, str) else kinds
   if kinds is not None and not any(_JSON_TYPES[k](value) for k in kinds):
     return f"{path} must be {' or '.join(kinds)}, got {_json_type(value)} {json.dumps(value)[:40]}"
-  if "enum" in schema and not any(type(v) is type(value) and v == value for v in schema["enum"]):
+  if "enum" in schema and not any(_same_json(v, value) for v in schema["enum"]):
     return f"{path} must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)[:40]}"
   if isinstance(value, list) and "prefixItems" in schema:
     if len(value) != len(schema["prefixItems"]):
