@@ -300,3 +300,30 @@ def test_parse_and_run_three_calls_in_each_native_format(fmt_name):
   parsed = fmt.parse(fmt.render("Let me compute. ", calls))
   results = [run_call(REGISTRY_TOOLS, c, 200) for c in parsed.calls]
   assert results == [("2", False), ("6", False), ("error: division by zero", True)]
+
+
+@pytest.mark.parametrize("fmt_name", list(tool_formats.FORMATS))
+@settings(max_examples=60, deadline=None)
+@given(
+  parts=st.lists(
+    st.sampled_from(
+      [
+        '<tool_call>{"name": "calculator", "arguments": ',
+        "<|python_tag|>",
+        "[TOOL_CALLS]",
+        "<tool>calculator: ",
+      ]
+    )
+    | st.sampled_from(
+      ['{"expression": ', '"1+1"', "}", "</tool_call>", "</tool>", "[", "]", ";", "2", "null"]
+    )
+    | st.text(max_size=5),
+    max_size=10,
+  )
+)
+def test_any_turn_parses_and_runs_without_raising(fmt_name, parts):
+  """Whatever a model writes, every call it parses to is answered with text."""
+  for call in tool_formats.get(fmt_name).parse("".join(parts)).calls:
+    result, is_error = run_call(REGISTRY_TOOLS, call, 200)
+    assert isinstance(result, str) and len(result) <= 200
+    assert is_error == result.startswith("error: ")

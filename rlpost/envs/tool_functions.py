@@ -243,9 +243,9 @@ def function_tools(registry: tools.Registry) -> dict[str, FunctionTool]:
   }
 
 
-def schemas(function_tools_: Mapping[str, FunctionTool]) -> list[dict]:
+def schemas(toolset: Mapping[str, FunctionTool]) -> list[dict]:
   """The `tools=[...]` list a chat template takes."""
-  return [t.schema for t in function_tools_.values()]
+  return [t.schema for t in toolset.values()]
 
 
 # ---------------------------------------------------------------- checking and running calls
@@ -263,11 +263,8 @@ _JSON_TYPES = {
 
 def _json_type(value: Any) -> str:
   """The JSON type name of a decoded JSON value."""
-  return next(
-    k
-    for k in ("boolean", "integer", "number", "string", "null", "array", "object")
-    if _JSON_TYPES[k](value)
-  )
+  kinds = ("boolean", "integer", "number", "string", "null", "array", "object")
+  return next((k for k in kinds if _JSON_TYPES[k](value)), type(value).__name__)
 
 
 def _same_json(a: Any, b: Any) -> bool:
@@ -331,29 +328,38 @@ def check_arguments(schema: dict, arguments: Mapping[str, Any]) -> str | None:
 
 def _library_call(tool: FunctionTool, text: str) -> Callable[[], str] | str:
   """The library syntax's text as the function's one string parameter, or why not."""
-  properties = tool.schema["function"]["parameters"]["properties"]
-  required = tool.schema["function"]["parameters"].get("required", [])
-  name = tool.schema["function"]["name"]
-  if len(required) != 1 or properties[required[0]].get("type") != "string":
-    return f"tool {name} takes JSON arguments {list(properties)}, not one text"
+  parameters = tool.schema["function"]["parameters"]
+  required = parameters.get("required", [])
+  if len(required) != 1 or parameters["properties"][required[0]].get("type") != "string":
+    name = tool.schema["function"]["name"]
+    return f"tool {name} takes JSON arguments {list(parameters['properties'])}, not one text"
   return lambda: tool.function(text)
 
 
-def run_call(
-  function_tools_: Mapping[str, FunctionTool], call: Call, max_chars: int
-) -> tuple[str, bool]:
+def _invocation(tool: FunctionTool, call: Call) -> Callable[[], str] | str:
+  """A thunk calling the tool with the call's arguments, or why the arguments do not fit."""
+  if isinstance(call.arguments, str):
+    return _library_call(tool, call.arguments)
+  arguments = call.arguments
+  if isinstance(arguments, dict):
+    problem = check_arguments(tool.schema, call.arguments)
+    return problem or (lambda: tool.function(**arguments))
+  return f"tool {call.name}: arguments must be a JSON object, got {type(arguments).__name__}"
+
+
+def run_call(toolset: Mapping[str, FunctionTool], call: Call, max_chars: int) -> tuple[str, bool]:
   """(result text clipped to `max_chars`, is_error) for one parsed call: a malformed call's
   error, an unknown tool, arguments not fitting the schema, or what the tool returned
   (its failures contained as in `tools.run_tool`). Never raises for the call's content."""
+  tool = toolset.get(call.name)
   if call.error:
-    return clip(call.error, max_chars), True
-  tool = function_tools_.get(call.name)
-  if tool is None:
-    return clip(tools.unknown_tool(function_tools_, call.name), max_chars), True
-  if isinstance(call.arguments, str):
-    thunk = _library_call(tool, call.arguments)
+    result = call.error if call.error.startswith(ERROR_PREFIX) else ERROR_PREFIX + call.error
+  elif tool is None:
+    result = tools.unknown_tool(toolset, call.name)
   else:
-    problem = check_arguments(tool.schema, call.arguments)
-    thunk = f"{problem}" if problem else (lambda: tool.function(**call.arguments))
-  result = f"{ERROR_PREFIX}{thunk}" if isinstance(thunk, str) else tools.contained(call.name, thunk)
+    invocation = _invocation(tool, call)
+    if isinstance(invocation, str):
+      result = f"{ERROR_PREFIX}{invocation}"
+    else:
+      result = tools.contained(call.name, invocation)
   return clip(result, max_chars), result.startswith(ERROR_PREFIX)
