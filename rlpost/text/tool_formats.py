@@ -35,8 +35,8 @@ Where we differ from vLLM's parsers (vllm/entrypoints/openai/tool_parsers, non-s
   the call is kept as content. Python code after <|python_tag|> (built-in tools) is an error.
 - mistral: list and NAME[ARGS] forms may mix across [TOOL_CALLS] markers.
 - ids: a 9-alphanumeric "id" the model wrote (list form, [CALL_ID]) is kept; other ids are
-  ours, "call" + 5 digits (Mistral's templates refuse other lengths), numbered from
-  `start` so an episode can keep them unique (vLLM draws random ids).
+  ours, "call" + 5 digits (Mistral's templates refuse other lengths), numbered within the
+  turn (vLLM draws random ids; deterministic ids keep a run reproducible).
 """
 
 import json
@@ -73,19 +73,20 @@ class Parsed(NamedTuple):
 
 
 class Format(NamedTuple):
-  """A tool-call format. parse(text, start=0) -> Parsed (call ids numbered from `start`);
+  """A tool-call format. parse(text) -> Parsed (our call ids count within the turn);
   render(content, calls) -> the text a model writes; stop_strings: end a tool turn; native:
   results go back as `tool` messages through the chat template, else as library text."""
 
   name: str
-  parse: Callable[..., Parsed]
+  parse: Callable[[str], Parsed]
   render: Callable[[str, Sequence[Call]], str]
   stop_strings: tuple[str, ...]
   native: bool
 
 
 def call_id(index: int) -> str:
-  """Our id of the `index`-th call of an episode: "call" + 5 digits (9 alphanumerics)."""
+  """Our id of the `index`-th call: "call" + 5 digits (9 alphanumerics). A rollout wanting
+  ids unique over an episode renumbers: `call._replace(id=call_id(n))`."""
   return f"call{index % 100000:05d}"
 
 
@@ -115,7 +116,7 @@ def _decode(text: str, at: int) -> tuple[Any, int] | str:
 
 
 def _object_call(value: Any, keys: tuple[str, ...], index: int, fix: str) -> Call:
-  """A Call from a decoded {"name", <one of keys>: {...}} object (an "id" string is kept)."""
+  """A Call from a decoded {"name", <one of keys>: {...}} object (a valid "id" is kept)."""
   if not isinstance(value, dict):
     return _bad(index, f"expected a JSON object, got {type(value).__name__}", fix)
   name = value.get("name")
@@ -145,7 +146,7 @@ def _json_call(text: str, keys: tuple[str, ...], index: int, fix: str) -> Call:
 _HERMES_FIX = f'write {HERMES_OPEN}{{"name": NAME, "arguments": {{...}}}}{HERMES_CLOSE}'
 
 
-def parse_hermes(text: str, start: int = 0) -> Parsed:
+def parse_hermes(text: str) -> Parsed:
   """Every <tool_call>...</tool_call> after the first </think>; an unclosed one is cut off."""
   think = text.find(THINK_CLOSE)
   at = text.find(HERMES_OPEN, think + len(THINK_CLOSE) if think >= 0 else 0)
@@ -155,7 +156,7 @@ def parse_hermes(text: str, start: int = 0) -> Parsed:
   while at >= 0:
     body = at + len(HERMES_OPEN)
     end = text.find(HERMES_CLOSE, body)
-    index = start + len(calls)
+    index = len(calls)
     if end < 0:
       calls.append(_bad(index, f"cut off: no {HERMES_CLOSE}", _HERMES_FIX))
       break
@@ -179,11 +180,11 @@ def render_hermes(content: str, calls: Sequence[Call]) -> str:
 _LLAMA_FIX = 'write {"name": NAME, "parameters": {...}}, several separated by ";"'
 
 
-def _json_sequence(body: str, start: int) -> list[Call]:
+def _json_sequence(body: str) -> list[Call]:
   """Calls from `OBJECT ; OBJECT ; ...` (text after the last object is ignored)."""
   calls, at = [], 0
   while True:
-    index = start + len(calls)
+    index = len(calls)
     decoded = _decode(body, at)
     if isinstance(decoded, str):
       return calls + [_bad(index, decoded, _LLAMA_FIX)]
@@ -195,18 +196,18 @@ def _json_sequence(body: str, start: int) -> list[Call]:
     at = len(body) - len(rest) + 1
 
 
-def parse_llama3_json(text: str, start: int = 0) -> Parsed:
+def parse_llama3_json(text: str) -> Parsed:
   """Calls after <|python_tag|> or at a turn starting with "{"; else a whole call object at
   the first "{" (prose around a JSON value that is no call is content)."""
   tag = text.find(PYTHON_TAG)
   if tag >= 0:
-    return Parsed(text[:tag], tuple(_json_sequence(text[tag + len(PYTHON_TAG) :], start)))
+    return Parsed(text[:tag], tuple(_json_sequence(text[tag + len(PYTHON_TAG) :])))
   if text.lstrip().startswith("{"):
-    return Parsed("", tuple(_json_sequence(text, start)))
+    return Parsed("", tuple(_json_sequence(text)))
   brace = text.find("{")
   if brace < 0:
     return Parsed(text, ())
-  calls = _json_sequence(text[brace:], start)
+  calls = _json_sequence(text[brace:])
   if calls[0].error:
     return Parsed(text, ())
   return Parsed(text[:brace], tuple(calls))
@@ -250,26 +251,26 @@ def _mistral_named(segment: str, index: int) -> Call:
   return Call(name, decoded[0], _id(given_id, index))
 
 
-def _mistral_list(segment: str, start: int) -> list[Call]:
-  """[{"name", "arguments"}, ...]: one call per element."""
+def _mistral_list(segment: str, first: int) -> list[Call]:
+  """[{"name", "arguments"}, ...]: one call per element, numbered from `first`."""
   decoded = _decode(segment, 0)
   if isinstance(decoded, str):
-    return [_bad(start, decoded, _MISTRAL_FIX)]
+    return [_bad(first, decoded, _MISTRAL_FIX)]
   if not isinstance(decoded[0], list) or not decoded[0]:
-    return [_bad(start, "expected a non-empty JSON list of calls", _MISTRAL_FIX)]
+    return [_bad(first, "expected a non-empty JSON list of calls", _MISTRAL_FIX)]
   return [
-    _object_call(v, ("arguments",), start + i, _MISTRAL_FIX) for i, v in enumerate(decoded[0])
+    _object_call(v, ("arguments",), first + i, _MISTRAL_FIX) for i, v in enumerate(decoded[0])
   ]
 
 
-def parse_mistral(text: str, start: int = 0) -> Parsed:
+def parse_mistral(text: str) -> Parsed:
   """Each [TOOL_CALLS] segment: a JSON list of calls, or NAME[ARGS]{...}."""
   first = text.find(TOOL_CALLS)
   if first < 0:
     return Parsed(text, ())
   calls = []
   for segment in text[first + len(TOOL_CALLS) :].split(TOOL_CALLS):
-    index = start + len(calls)
+    index = len(calls)
     if segment.lstrip().startswith("["):
       calls += _mistral_list(segment, index)
     else:
@@ -286,15 +287,15 @@ def render_mistral(content: str, calls: Sequence[Call]) -> str:
 # ---------------------------------------------------------------- library
 
 
-def parse_library(text: str, start: int = 0) -> Parsed:
+def parse_library(text: str) -> Parsed:
   """The last <tool>NAME: ARGUMENT</tool> (tool_syntax.parse_tool_call); arguments = the text."""
   call = tool_syntax.parse_tool_call(text)
   if call is None:
     return Parsed(text, ())
   content = text[: text.rfind(tool_syntax.CALL_OPEN)]
   if isinstance(call, str):
-    return Parsed(content, (Call("", "", call_id(start), call),))
-  return Parsed(content, (Call(call.name, call.argument, call_id(start)),))
+    return Parsed(content, (Call("", "", call_id(0), call),))
+  return Parsed(content, (Call(call.name, call.argument, call_id(0)),))
 
 
 def render_library(content: str, calls: Sequence[Call]) -> str:
