@@ -27,7 +27,8 @@ Where we differ from vLLM's parsers (vllm/entrypoints/openai/tool_parsers, non-s
   (broken JSON, no "name", "arguments" not an object, a call cut off) so the model learns
   the format. One bad call does not drop the turn's good calls (vLLM drops all).
 - hermes: vLLM reads an unclosed last <tool_call> to the end of the text; we call it cut
-  off (the token limit ended the turn).
+  off (the token limit ended the turn). As in vLLM, a JSON string holding "</tool_call>"
+  ends its call there (the format cannot tell).
 - llama3_json: vLLM searches the first JSON object anywhere (two levels of braces at
   most) and returns no content. We read calls after <|python_tag|> or when the turn starts
   with "{" (errors if malformed); elsewhere only a whole object with a "name" at the first
