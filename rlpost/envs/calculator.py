@@ -165,7 +165,14 @@ def format_number(x: float | int) -> str:
 
 
 def calculator(expression: str) -> str:
-  """Evaluates an arithmetic expression; the result text, or "error: <reason>". Never raises."""
+  """Evaluates an arithmetic expression: numbers, + - * / ** and parentheses.
+
+  Args:
+    expression: The arithmetic expression to evaluate, e.g. "48/2" or "(3 + 4) * 2**3".
+
+  Returns:
+    The value (e.g. "24", "0.5"), or "error: <reason>" (it never raises).
+  """
 
   if not isinstance(expression, str):
     return f"error: expected a string, got {type(expression).__name__}"

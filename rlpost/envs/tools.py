@@ -1,7 +1,9 @@
 """Tool calls inside a multi-turn episode: the registry, running a call, the env wrapper.
 
 The call syntax is `rlpost.text.tool_syntax`. Numbers in results are written by
-`format_number`, the one result format for numbers.
+`format_number`, the one result format for numbers. A registry maps names to functions;
+the same registry serves native JSON calls (`rlpost.envs.tool_functions`: the functions'
+type hints and docstrings give their schemas).
 """
 
 import types
@@ -25,28 +27,39 @@ Registry = Mapping[str, Callable[[str], str]]
 REGISTRY: Registry = types.MappingProxyType({"calculator": calculator.calculator})
 
 
-def _call(registry: Registry, call: ToolCall) -> str:
-  """The tool's raw result text, or an error string; never raises for a tool's failure
-  (an exception, a non-str result, text with a lone surrogate that no tokenizer encodes)."""
-  tool = registry.get(call.name)
-  if tool is None:
-    known = ", ".join(sorted(registry)) or "none"
-    return f"{ERROR_PREFIX}unknown tool {call.name!r}; known tools: {known}"
+def unknown_tool(registry: Mapping, name: str) -> str:
+  """The error for a call to a tool the registry does not hold, listing the known ones."""
+  known = ", ".join(sorted(registry)) or "none"
+  return f"{ERROR_PREFIX}unknown tool {name!r}; known tools: {known}"
+
+
+def contained(name: str, invoke: Callable[[], object]) -> str:
+  """`invoke()`'s text, or an error string; never raises for a tool's failure (an
+  exception, a non-str result, text with a lone surrogate that no tokenizer encodes)."""
   try:
-    result = tool(call.argument)
+    result = invoke()
   except Exception as e:
-    message = f"{ERROR_PREFIX}tool {call.name} failed: {type(e).__name__}: {e}"
+    message = f"{ERROR_PREFIX}tool {name} failed: {type(e).__name__}: {e}"
     return message.encode("utf-8", "backslashreplace").decode("utf-8")
   if not isinstance(result, str):
-    return f"{ERROR_PREFIX}tool {call.name} returned {type(result).__name__}, not str"
+    return f"{ERROR_PREFIX}tool {name} returned {type(result).__name__}, not str"
   try:
     result.encode("utf-8")
   except UnicodeEncodeError as e:
     return (
-      f"{ERROR_PREFIX}tool {call.name} returned text that is not UTF-8 "
+      f"{ERROR_PREFIX}tool {name} returned text that is not UTF-8 "
       f"({result[e.start]!a} at index {e.start})"
     )
   return result
+
+
+def _call(registry: Registry, call: ToolCall) -> str:
+  """The tool's raw result text, or an error string: the argument text is the function's
+  one positional argument (a function tool's one string parameter)."""
+  tool = registry.get(call.name)
+  if tool is None:
+    return unknown_tool(registry, call.name)
+  return contained(call.name, lambda: tool(call.argument))
 
 
 def run_tool(registry: Registry, call: ToolCall, max_chars: int) -> tuple[str, bool]:

@@ -748,4 +748,29 @@ MUTATIONS = [
     tests=["tests/test_rl_config.py"],
     why="a bad model.dtype reaching the loader instead of failing at the entry",
   ),
+  # --- issue 66 parts 3 and 4: tools as functions, native tool-call formats
+  dict(
+    name="tool_call_arguments_unchecked",
+    path="rlpost/envs/tool_functions.py",
+    old="    problem = check_arguments(tool.schema, call.arguments)\n",
+    new="    problem = None\n",
+    tests=["tests/test_tool_functions.py"],
+    why="a native call's JSON arguments reach the function unchecked (wrong types, unknown names)",
+  ),
+  dict(
+    name="tool_schema_union_types_unsorted",
+    path="rlpost/envs/tool_functions.py",
+    old='    kinds = sorted({m["type"] for m in members})\n',
+    new='    kinds = [m["type"] for m in members]\n',
+    tests=["tests/test_tool_functions.py"],
+    why="a Union's schema differs from transformers' (the template shows the model other text)",
+  ),
+  dict(
+    name="llama3_json_semicolon_not_skipped",
+    path="rlpost/text/tool_formats.py",
+    old="    at = len(body) - len(rest) + 1\n",
+    new="    at = len(body) - len(rest)\n",
+    tests=["tests/test_tool_formats.py"],
+    why="the second of several ';'-separated Llama 3 calls read as broken JSON",
+  ),
 ]
