@@ -1,0 +1,69 @@
+"""Tool calls in the model's own format inside an episode: the env wrapper for native formats.
+
+`with_native_tools(env, toolset, fmt)` answers a turn holding calls in `fmt`
+(`rlpost.text.tool_formats`: hermes, llama3_json, mistral) by running every call of the
+turn (`rlpost.envs.tool_functions.run_call`: arguments checked against the tool's schema,
+failures contained) and returning their results as `tool` messages in the step's info
+(`TOOL_MESSAGES`), which the chat template renders as the next observation
+(`rlpost.text.template_turns`); the observation text is their contents, one per line, for
+transcripts. A turn without calls goes to `env.step`. A malformed call (broken JSON, an
+unknown tool, arguments that do not fit the schema, a call cut by the token limit) is an
+"error: ..." result the model sees, with info tool_error True; nothing raises.
+
+Call ids are renumbered over the episode (`call00000`, `call00001`, ... from the episode's
+first call), so a template that matches results to calls by id sees unique ids.
+"""
+
+from collections.abc import Mapping
+
+from rlpost.envs import tool_functions
+from rlpost.envs.protocol import Env, Step, check_env
+from rlpost.text import tool_formats
+from rlpost.text.tool_syntax import clip
+
+TOOL_MESSAGES = "tool_messages"  # info key: the turn's results as `tool` messages (a tuple)
+
+
+def with_native_tools(
+  env: Env,
+  toolset: Mapping[str, tool_functions.FunctionTool],
+  fmt: tool_formats.Format,
+  max_result_chars: int = 200,
+) -> Env:
+  """`env` with tool calls in the native format `fmt`; see the module doc."""
+  if not fmt.native:
+    raise ValueError(f"with_native_tools takes a native tool format, got {fmt.name!r}")
+  clip("", max_result_chars)  # validates the budget now, not at the first call
+  check_env(env)
+  toolset = dict(toolset)
+
+  def reset(task, seed):
+    state, observation = env.reset(task, seed)
+    return (state, 0), observation  # (inner state, calls answered so far)
+
+  def step(state, assistant_text: str) -> Step:
+    inner, answered = state
+    parsed = fmt.parse(assistant_text)
+    if not parsed.calls:
+      result = env.step(inner, assistant_text)
+      if not (isinstance(result, tuple) and len(result) == 5 and isinstance(result[4], dict)):
+        return result  # malformed: left for the driver's check (multiturn.checked_step)
+      result = Step(*result)
+      return result._replace(
+        state=(result.state, answered), info={**result.info, "tool_call": False}
+      )
+    calls = [c._replace(id=tool_formats.call_id(answered + i)) for i, c in enumerate(parsed.calls)]
+    results = [tool_functions.run_call(toolset, c, max_result_chars) for c in calls]
+    messages = tuple(
+      tool_formats.result_message(fmt, c, text) for c, (text, _) in zip(calls, results)
+    )
+    info = {
+      "tool_call": True,
+      "tool_error": any(err for _, err in results),
+      TOOL_MESSAGES: messages,
+    }
+    observation = "\n".join(m["content"] for m in messages)
+    return Step((inner, answered + len(calls)), observation, 0.0, False, info)
+
+  stops = tuple(env.stop_strings) + tuple(s for s in fmt.stop_strings if s not in env.stop_strings)
+  return env._replace(reset=reset, step=step, stop_strings=stops)
