@@ -155,6 +155,8 @@ CASES = {
     {},
   ),
   "tool_result_prompt": ([SYSTEM, ASK, CALL, RESULT], TOOLS, True, {}),
+  # content None beside tool calls, as the OpenAI API returns it (transformers drops it)
+  "tool_call_none": ([ASK, {**CALL, "content": None}], TOOLS, False, {}),
   "think_history": (
     [{"role": "user", "content": "What is 2+2?"}, THOUGHT, {"role": "user", "content": "And 3+3?"}],
     None,
