@@ -77,7 +77,8 @@ def test_rendering_equals_transformers_byte_for_byte(name):
   by name (transformers drops them silently) and renders the rest as transformers does.
 
   Mutations caught: `tojson` sorting keys (sort_keys=True); trim_blocks=False; the None-
-  valued keys kept; `strftime_now` formatting today."""
+  valued keys kept; `reasoning` not aliased as `reasoning_content`; `strftime_now`
+  formatting today; `reads_tools` always True."""
   fix = _fixture(name)
   template = _template(fix)
   assert hashlib.sha256(fix["template"].encode()).hexdigest() == fix["provenance"]["sha256"]

@@ -164,6 +164,15 @@ CASES = {
     {},
   ),
   "think_last": ([{"role": "user", "content": "What is 2+2?"}, THOUGHT], None, False, {}),
+  "reasoning_field": (  # reasoning under the older name, which transformers aliases
+    [
+      {"role": "user", "content": "What is 2+2?"},
+      {**THOUGHT, "content": "It is 4.", "reasoning": "2+2=4"},
+    ],
+    None,
+    False,
+    {},
+  ),
   "thinking_on": (
     [{"role": "user", "content": "What is 2+2?"}],
     None,
