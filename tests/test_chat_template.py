@@ -309,3 +309,43 @@ def test_smollm2_gguf_template_renders_to_its_own_ids():
   assert ids == chat_formats.conversation_ids(tok, messages)
   text = chat_template.render(template, messages[:3], add_generation_prompt=True)
   assert template_ids.text_ids(tok, text) == tok.encode(text, add_bos=False)
+
+
+@pytest.mark.real_model
+def test_gemma3_base_gguf_has_no_template_and_takes_the_configured_file(tmp_path):
+  """The packaged Gemma 3 270M (a base model) carries no chat template: `for_tokenizer`
+  gives None (the family's layout) unless a file is named, whose rendering then uses the
+  tokenizer's BOS text."""
+  from rlpost.models import loading  # pylint: disable=g-import-not-at-top
+
+  try:
+    tok = loading.load_gguf_tokenizer()
+  except ImportError as e:
+    skip_or_fail(str(e))
+  assert tok.chat_template == "" and chat_template.for_tokenizer(tok) is None
+  fix = _fixture("gemma3_it")
+  path = tmp_path / "gemma3_it.jinja"
+  path.write_text(fix["template"])
+  template = chat_template.for_tokenizer(tok, str(path))
+  case = _case(fix, "system_user")
+  assert _render(template, fix, case) == case["text"]
+
+
+def test_model_block_checks_its_template_fields(tmp_path):
+  """config.model.date_string must be a day ("26 Jul 2024"), config.model.chat_template an
+  existing file; each refusal names the field, the value and the fix."""
+  from rlpost import errors  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import common, rl_config  # pylint: disable=g-import-not-at-top
+
+  block = common.from_block(rl_config.ModelBlock, {}, "model")
+  assert (block.chat_template, block.date_string) == ("", chat_template.DEFAULT_DATE)
+  with pytest.raises(errors.ConfigError, match=r"config\.model\.date_string='2024-07-26': write"):
+    common.from_block(rl_config.ModelBlock, {"date_string": "2024-07-26"}, "model")
+  missing = str(tmp_path / "none.jinja")
+  with pytest.raises(errors.ConfigError, match=r"config\.model\.chat_template=.*no such file"):
+    common.from_block(rl_config.ModelBlock, {"chat_template": missing}, "model")
+  (tmp_path / "t.jinja").write_text("x")
+  block = common.from_block(
+    rl_config.ModelBlock, {"chat_template": str(tmp_path / "t.jinja")}, "model"
+  )
+  assert block.chat_template.endswith("t.jinja")
