@@ -349,3 +349,21 @@ def test_model_block_checks_its_template_fields(tmp_path):
     rl_config.ModelBlock, {"chat_template": str(tmp_path / "t.jinja")}, "model"
   )
   assert block.chat_template.endswith("t.jinja")
+
+
+def test_templates_run_sandboxed_and_syntax_errors_are_named():
+  """A template cannot reach Python internals (the immutable sandbox; namespace() refuses
+  "_" names) nor change its inputs; a syntax error names the template and the line.
+
+  Mutation caught: namespace() left as Jinja's own."""
+  user = [{"role": "user", "content": "x"}]
+  for text in (
+    "{{ messages.__class__.__mro__ }}",
+    "{% set ns = namespace(_x=1) %}",
+    "{% set ns = namespace() %}{% set ns._y = 1 %}",
+    "{{ messages.append(1) }}",
+  ):
+    with pytest.raises(chat_template.ChatTemplateError, match="failed"):
+      chat_template.render(chat_template.ChatTemplate(text, "evil"), user)
+  with pytest.raises(chat_template.ChatTemplateError, match="broken: line 1"):
+    chat_template.render(chat_template.ChatTemplate("{% if %}", "broken"), user)

@@ -10,8 +10,8 @@ layout (`chat_formats`), which equals the instruction-tuned template on the conv
 it supports (tests/test_chat_template.py).
 
 Rendering as transformers does: an `ImmutableSandboxedEnvironment` (templates are
-untrusted code) with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension and
-the `{% generation %}` block tag (a pass-through here); `tojson` is `json.dumps` with
+untrusted code; `namespace()` refuses "_" names) with `trim_blocks` and `lstrip_blocks`,
+the `loopcontrols` extension and the `{% generation %}` block tag (a pass-through here); `tojson` is `json.dumps` with
 `ensure_ascii=False`, no key sorting and no HTML escaping (Jinja's own sorts keys and
 escapes `<>&'`); `raise_exception(message)`; `strftime_now(format)` formats the run's fixed
 `date_string` ("26 Jul 2024" by default), not today, so prompts do not change daily. The
@@ -42,6 +42,7 @@ import jinja2
 import jinja2.ext
 import jinja2.meta
 import jinja2.sandbox
+import jinja2.utils
 
 from rlpost import errors
 
@@ -75,6 +76,7 @@ class ChatTemplate:
   @functools.cached_property
   def reads_tools(self) -> bool:
     """Whether the template reads the `tools` variable at all."""
+    self.compiled  # a syntax error is named here too
     return "tools" in jinja2.meta.find_undeclared_variables(_ENV.parse(self.text))
 
 
@@ -103,12 +105,36 @@ def _raise_exception(message):
   raise jinja2.TemplateError(message)
 
 
+class _Namespace(jinja2.utils.Namespace):
+  """Jinja's `namespace()`, refusing attribute names that start with "_" (a template must
+  not reach Python internals through it; transformers refuses them too)."""
+
+  def __init__(*args, **kwargs):  # Jinja's own signature: `self` may be a keyword name
+    self, rest = args[0], args[1:]
+    attrs = dict(*rest, **kwargs)
+    for name in attrs:
+      _Namespace._check(name)
+    jinja2.utils.Namespace.__init__(self, attrs)
+
+  def __setitem__(self, name, value):
+    _Namespace._check(name)
+    jinja2.utils.Namespace.__setitem__(self, name, value)
+
+  @staticmethod
+  def _check(name):
+    if isinstance(name, str) and name.startswith("_"):
+      raise jinja2.exceptions.SecurityError(
+        f"namespace attribute {name!r}: names may not start with '_'"
+      )
+
+
 def _make_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
   env = jinja2.sandbox.ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
   )
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
+  env.globals["namespace"] = _Namespace
   return env
 
 
