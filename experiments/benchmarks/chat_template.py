@@ -13,7 +13,9 @@ vocabulary) as prompts, `--new_tokens` sampled tokens each, one `sampling.sample
 (compiled first). A multi-turn rollout renders every row's conversation each turn, so the
 cost compared is rows x one rendering against one sampling call. Prints ONE JSON object:
 per template the rendering's seconds (min, median over `--renders`), the prompt's tokens and
-`fraction_of_turn` = rows x median rendering / median sampling call (goal: < 0.05).
+`fraction_of_turn` = rows x median rendering / median sampling call (goal: < 0.05); `_cold`:
+the same with the BPE's word cache emptied before each rendering (no word seen before; in a
+rollout the history's words were).
 
   python -m experiments.benchmarks.chat_template [--preset=tiny] [--rows=8] [--new_tokens=64]
 """
@@ -137,15 +139,22 @@ def main(argv):
         template, tok, messages, tools=tools, add_generation_prompt=True
       )
 
+    def render_cold(render=render):
+      tok.processor._word_ids.cache_clear()  # pylint: disable=protected-access
+      return render()
+
     ids = render()
     render_s = _times(render, _RENDERS.value)
-    sample_s = _sampling_seconds(ids)
+    cold_s = _times(render_cold, _RENDERS.value)
+    sample_s = statistics.median(_sampling_seconds(ids))
     report[name] = {
       "prompt_tokens": len(ids),
       "render_seconds_min": min(render_s),
       "render_seconds_median": statistics.median(render_s),
-      "sampling_call_seconds_median": statistics.median(sample_s),
-      "fraction_of_turn": _ROWS.value * statistics.median(render_s) / statistics.median(sample_s),
+      "render_cold_seconds_median": statistics.median(cold_s),
+      "sampling_call_seconds_median": sample_s,
+      "fraction_of_turn": _ROWS.value * statistics.median(render_s) / sample_s,
+      "fraction_of_turn_cold": _ROWS.value * statistics.median(cold_s) / sample_s,
     }
   report["load_average_after"] = os.getloadavg()
   print(json.dumps(report, indent=2))
