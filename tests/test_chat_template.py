@@ -161,7 +161,9 @@ def test_dates_are_fixed_by_the_config_not_the_calendar():
 
 def test_templates_are_read_from_hf_directories_and_files(tmp_path):
   """tokenizer_config.json's string and named-list forms, chat_template.jinja first, a
-  file; a missing file and a missing name are named."""
+  file; a missing file and a missing name are named.
+
+  Mutation caught: a missing template name not refused."""
   config = tmp_path / "tokenizer_config.json"
   config.write_text(json.dumps({"chat_template": "A{{ messages[0].content }}"}))
   assert chat_template.hf_directory_text(tmp_path) == "A{{ messages[0].content }}"
@@ -333,7 +335,9 @@ def test_gemma3_base_gguf_has_no_template_and_takes_the_configured_file(tmp_path
 
 def test_model_block_checks_its_template_fields(tmp_path):
   """config.model.date_string must be a day ("26 Jul 2024"), config.model.chat_template an
-  existing file; each refusal names the field, the value and the fix."""
+  existing file; each refusal names the field, the value and the fix.
+
+  Mutation caught: ModelBlock not parsing its date_string."""
   from rlpost import errors  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import common, rl_config  # pylint: disable=g-import-not-at-top
 
@@ -367,3 +371,22 @@ def test_templates_run_sandboxed_and_syntax_errors_are_named():
       chat_template.render(chat_template.ChatTemplate(text, "evil"), user)
   with pytest.raises(chat_template.ChatTemplateError, match="broken: line 1"):
     chat_template.render(chat_template.ChatTemplate("{% if %}", "broken"), user)
+
+
+def test_generation_blocks_render_their_body_unchanged():
+  """transformers' `{% generation %}` tag (its assistant mask) is a pass-through: Qwen2.5's
+  template with each assistant turn wrapped in it renders exactly as without.
+
+  Mutation caught: the block's body dropped."""
+  fix = _fixture("qwen2_5")
+  text = fix["template"]
+  opening = '{%- elif message.role == "assistant" %}'
+  start = text.index(opening) + len(opening)  # the assistant branch's body, wrapped
+  end = text.index('{%- elif message.role == "tool" %}')
+  wrapped = (
+    text[:start] + "{% generation %}" + text[start:end] + "{%- endgeneration %}" + text[end:]
+  )
+  assert wrapped.count("generation %}") == 2
+  case = _case(fix, "tool_call_result")
+  got = _render(chat_template.ChatTemplate(wrapped, "wrapped"), fix, case)
+  assert got == case["text"]
