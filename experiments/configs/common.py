@@ -22,6 +22,8 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
       "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",  # float32 | bfloat16
       "init_from": "",  # workdir of an earlier run (e.g. SFT): start from its newest weights
+      "chat_template": "",  # a .jinja file; "" = the model file's own (else the family's layout)
+      "date_string": "26 Jul 2024",  # the day chat templates print (fixed, not today)
     }
   )
 

@@ -8,7 +8,8 @@ to show so): the recipe, the learners' settings and builders, the sampler and th
 read an RLConfig.
 
   block         dataclass                                     owner
-  model         ModelBlock (preset, weights, path, dtype, init_from)   here
+  model         ModelBlock (preset, weights, path, dtype, init_from, chat_template,
+                date_string)                                  here
   lora          LoraBlock (enabled, rank, alpha, targets)     here
   algo          GRPOConfig | PPOConfig                        rl/objectives.py
   critic        CriticConfig (PPO; None for GRPO)             recipes/learners.py
@@ -29,6 +30,7 @@ no pytree registration is needed), they must stay hashable as static arguments, 
 """
 
 import dataclasses
+import pathlib
 from typing import Any
 
 from rlpost import config_moves
@@ -40,6 +42,7 @@ from rlpost.recipes import common
 from rlpost.recipes import learners as learners_lib
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import credit as credit_lib
+from rlpost.text import chat_template as chat_template_lib
 from rlpost.train import sharding
 
 BATCH_FIELD = "train.batch_tasks"
@@ -50,17 +53,27 @@ MODEL_WEIGHTS = ("gguf", "hf", "random")
 class ModelBlock:
   """The `model` block: `preset` (a `families.PRESETS` name), `weights` (gguf | hf |
   random), `path` ("": the packaged GGUF), `dtype` (float32 | bfloat16), `init_from` (an
-  earlier run's workdir: its newest weights; "": none)."""
+  earlier run's workdir: its newest weights; "": none), `chat_template` (a .jinja file
+  rendered instead of the model file's own template; "": the file's, else the family's
+  layout), `date_string` (the day templates print, fixed so prompts do not change daily)."""
 
   preset: str = "tiny"
   weights: str = "random"
   path: str = ""
   dtype: str = "float32"
   init_from: str = ""
+  chat_template: str = ""
+  date_string: str = chat_template_lib.DEFAULT_DATE
 
   def __post_init__(self):
     common.check_one_of(ModelBlock, "weights", self.weights, MODEL_WEIGHTS)
     common.check_one_of(ModelBlock, "dtype", self.dtype, ("float32", "bfloat16"))
+    chat_template_lib.parse_date(self.date_string, "ModelBlock.date_string")
+    if self.chat_template and not pathlib.Path(self.chat_template).is_file():
+      raise ValueError(
+        f"ModelBlock.chat_template={self.chat_template!r}: no such file; give a .jinja chat "
+        "template file, or '' for the model file's own template"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

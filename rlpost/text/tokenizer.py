@@ -69,6 +69,8 @@ class Tokenizer:
       conversation has none (chatml), or None.
     system_preamble: text the chat template writes at the top of every system turn,
       which it then always writes (Llama 3.1+'s knowledge and date lines), or "".
+    chat_template: the model file's Jinja chat template (GGUF `tokenizer.chat_template`,
+      a HF directory's; `rlpost.text.chat_template` renders it), or "" when it has none.
   """
 
   processor: Any
@@ -83,6 +85,7 @@ class Tokenizer:
   uses_bos: bool = True
   default_system: str | None = None
   system_preamble: str = ""
+  chat_template: str = dataclasses.field(default="", repr=False)
 
   @functools.cached_property
   def _special_re(self) -> re.Pattern:
@@ -285,4 +288,5 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "GGU
     end_of_turn_id=turns[1],
     vocab_size=processor.get_piece_size(),
     special_tokens=specials,
+    chat_template=str(metadata.get("tokenizer.chat_template", "")),
   )

@@ -16,7 +16,7 @@ from typing import Any
 import regex
 
 from rlpost import errors
-from rlpost.text import bpe, chat_formats
+from rlpost.text import bpe, chat_formats, chat_template
 from rlpost.text import tokenizer as tokenizer_lib
 
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types
@@ -93,6 +93,7 @@ def _bpe_tokenizer(processor, specials, *, bos, eos, pad, uses_bos, template, so
     uses_bos=uses_bos,
     default_system=chat_formats.default_system(template or "", chat),
     system_preamble=chat_formats.system_preamble(template or "", chat),
+    chat_template=template or "",
   )
 
 
@@ -159,7 +160,7 @@ def from_hf_directory(directory: str | os.PathLike) -> tokenizer_lib.Tokenizer:
   eos = token_id("eos_token")
   if eos is None:
     raise errors.DataError(f"{config_path}: no eos_token")
-  template = config.get("chat_template") or ""
+  template = chat_template.hf_directory_text(directory)
   return _bpe_tokenizer(
     processor,
     added,
@@ -167,6 +168,6 @@ def from_hf_directory(directory: str | os.PathLike) -> tokenizer_lib.Tokenizer:
     eos=eos,
     pad=token_id("pad_token", eos),
     uses_bos=bool(config.get("add_bos_token", False)),
-    template=template if isinstance(template, str) else "",
+    template=template,
     source=str(path),
   )
