@@ -1,6 +1,6 @@
 """The packages' environments on the random tiny model (byte tokenizer): smoke runs and the
 benchmark's workload, not learning results. KIND: reasoning_gym | frozenlake | taxi |
-cliffwalking | blackjack | textarena | custom (an env block of `name` alone, for your own
+cliffwalking | blackjack | textarena | custom (an env block of `name` and max_turns, for your own
 `MODULE:FUNCTION`, e.g. experiments/examples/my_env.py).
 
 Command:
@@ -32,7 +32,8 @@ def env_block(kind: str) -> ml_collections.ConfigDict:
     "cliffwalking": gym("CliffWalking-v1"),
     "blackjack": gym("Blackjack-v1"),
     "textarena": {"name": "textarena", "game": "GuessTheNumber-v0", "max_turns": 3},
-    "custom": {"name": "experiments.examples.my_env:make"},
+    # your own MODULE:FUNCTION; its block holds the fields your config takes (the example: max_turns)
+    "custom": {"name": "experiments.examples.my_env:make", "max_turns": 1},
   }
   if kind not in blocks:
     raise ValueError(f"Unknown kind {kind!r}; use one of {sorted(blocks)}")

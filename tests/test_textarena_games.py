@@ -1,0 +1,92 @@
+"""rlpost.envs.textarena_games against textarena: our steps are the game's own steps with
+the same seed and moves, Python's `random` is left as it was, the scripted opponent plays
+legal moves reproducibly, refused games are named."""
+
+import random
+
+import pytest
+from optional_packages import require
+
+from rlpost import errors
+from rlpost.envs import protocol
+from rlpost.envs import table as env_table
+from rlpost.envs import textarena_games as tg
+
+
+def _env(game, max_turns=12):
+  require("textarena")
+  return tg.build(tg.TextArenaConfig(game=game, max_turns=max_turns), protocol.RunInfo()).env
+
+
+@pytest.mark.parametrize("game,moves", [
+  ("GuessTheNumber-v0", ["[10]", "[5]", "[15]", "[3]", "[18]", "[1]", "[20]", "[12]"]),
+  ("TowerOfHanoi-v0", ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]),
+])  # fmt: skip
+def test_steps_are_the_games_own(game, moves):
+  """The game's raw env reset with the same seed and given the same moves (in place, no
+  lock, nothing else drawing from `random`) shows the same messages, ends at the same move
+  with the same reward; the caller's `random` state is untouched by ours. Mutation caught:
+  `_call` not setting the episode's `random` state (GuessTheNumber's hints then come from
+  whatever state `random` is in)."""
+  ta = require("textarena")
+  env = _env(game)
+  random.seed(99)
+  outside = random.getstate()
+  state, first = env.reset(None, 5)
+  random.seed(12345)  # something else draws in between
+  theirs = ta.make(f"{game}-raw")
+  theirs.reset(num_players=1, seed=5)
+  assert first == tg._text(theirs.get_observation()[1])
+  for move in moves:
+    random.seed(777)
+    step = env.step(state, move)
+    done, _ = theirs.step(move)
+    assert step.done == done
+    if done:
+      assert step.reward == theirs.state.rewards[0]
+      break
+    assert step.observation == tg._text(theirs.get_observation()[1])
+    assert env.step(state, move).observation == step.observation  # state not changed
+    state = step.state
+  assert done, "the moves should finish the game"
+  random.seed(99)
+  assert random.getstate() == outside
+
+
+def test_two_player_opponent_is_legal_and_reproducible():
+  """TicTacToe against the scripted opponent: the same seed and moves give the same game;
+  each of our turns shows the opponent's move (one more X on the board) and the game ends
+  with a reward in {-1, 0, 1}. Mutation caught: `_valid` always True (the opponent's first
+  candidate, often an occupied cell, is kept and the game penalises it)."""
+  env = _env("TicTacToe-v0")
+  outcomes = []
+  for _ in range(2):
+    state, _ = env.reset(None, 1)
+    rewards, texts = None, []
+    for cell in (4, 0, 8, 2, 6, 1, 3, 5, 7):
+      step = env.step(state, f"[{cell}]")
+      texts.append(step.observation)
+      if step.done:
+        rewards = step.reward
+        break
+      assert step.info["invalid_action"] or "Player 1:" in step.observation
+      state = step.state
+    outcomes.append((rewards, texts))
+  assert outcomes[0] == outcomes[1] and outcomes[0][0] in (-1.0, 0.0, 1.0)
+  assert all("attempted an invalid move" not in t for t in outcomes[0][1] if "Player 1" in t)
+
+
+@pytest.mark.parametrize(
+  "game,match",
+  [
+    ("Wordle-v0", r"config\.env\.game='Wordle-v0': refused, it downloads nltk's 'words'"),
+    ("Hangman-v0-hardcore", r"refused, it downloads"),
+    ("TwentyQuestions-v0", r"needs a hosted judge"),
+    ("Chess-v0", r"does not import on Python 3\.11"),
+    ("NoSuchGame-v0", r"config\.env\.game='NoSuchGame-v0': use one of"),
+  ],
+)
+def test_refused_games_are_named(game, match):
+  require("textarena")
+  with pytest.raises(errors.ConfigError, match=match):
+    env_table.env_config({"name": "textarena", "game": game})
