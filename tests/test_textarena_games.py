@@ -21,13 +21,14 @@ def _env(game, max_turns=12):
 @pytest.mark.parametrize("game,moves", [
   ("GuessTheNumber-v0", ["[10]", "[5]", "[15]", "[3]", "[18]", "[1]", "[20]", "[12]"]),
   ("TowerOfHanoi-v0", ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]),
+  ("Blackjack-v0", ["[hit]", "[stand]"] + ["[stand]"] * 8),  # draws cards in its steps
 ])  # fmt: skip
 def test_steps_are_the_games_own(game, moves):
-  """The game's raw env reset with the same seed and given the same moves (in place, no
-  lock, nothing else drawing from `random`) shows the same messages, ends at the same move
-  with the same reward; the caller's `random` state is untouched by ours. Mutation caught:
-  `_call` not setting the episode's `random` state (GuessTheNumber's hints then come from
-  whatever state `random` is in)."""
+  """The game's raw env reset with the same seed and given the same moves (in place, its
+  `random` stream undisturbed between its calls) shows the same messages, ends at the same
+  move with the same reward; the caller's `random` state is untouched by ours. Mutation
+  caught: `_call` not setting the episode's `random` state (Blackjack's cards then come
+  from whatever state `random` is in)."""
   ta = require("textarena")
   env = _env(game)
   random.seed(99)
@@ -36,11 +37,14 @@ def test_steps_are_the_games_own(game, moves):
   random.seed(12345)  # something else draws in between
   theirs = ta.make(f"{game}-raw")
   theirs.reset(num_players=1, seed=5)
+  stream = random.getstate()  # textarena's own, as if nothing else ran
   assert first == tg._text(theirs.get_observation()[1])
   for move in moves:
     random.seed(777)
     step = env.step(state, move)
+    random.setstate(stream)
     done, _ = theirs.step(move)
+    stream = random.getstate()
     assert step.done == done
     if done:
       assert step.reward == theirs.state.rewards[0]
