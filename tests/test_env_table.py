@@ -3,6 +3,7 @@ its checks, and one tiny GRPO run over the packages' environments (reasoning-gym
 gymnasium, textarena) at once, as a user environment mixing them."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -132,3 +133,25 @@ def test_tiny_grpo_runs_over_every_package_environment(tmp_path):
   assert any("<answer>" in t for t in transcripts)  # reasoning-gym's instruction
   assert any("Moves: left, down, right, up." in t for t in transcripts)  # gymnasium's view
   assert any("Guess The Number" in t for t in transcripts)  # textarena's game
+
+
+@pytest.mark.parametrize(
+  "block,extra",
+  [
+    ({"name": "reasoning_gym"}, "reasoning-gym"),
+    ({"name": "gymnasium"}, "gymnasium"),
+    ({"name": "textarena"}, "textarena"),
+    ({"name": "gsm8k", "checker": "math_verify"}, "math-verify"),
+  ],
+)
+def test_a_missing_package_names_its_pip_install(block, extra, monkeypatch):
+  """Without the package (its import fails) the env block is refused with a ConfigError
+  (one FATAL line in the mains) naming the setting and `pip install -e '.[EXTRA]'`.
+  Mutation caught: `extras.load` letting the ImportError through."""
+  module = {"reasoning-gym": "reasoning_gym", "math-verify": "math_verify"}.get(extra, extra)
+  monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
+  with pytest.raises(
+    errors.ConfigError,
+    match=rf"config\.env\.\w+=.* needs the package '{module}'.*pip install -e '\.\[{extra}\]'",
+  ):
+    table.env_config(block)

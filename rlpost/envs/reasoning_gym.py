@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from absl import logging
 
+from rlpost.envs import block_fields
 from rlpost.envs import protocol
 from rlpost.rewards import checkers
 from rlpost.rewards import extras
@@ -44,20 +45,6 @@ NO_ANSWER = "No <answer>...</answer> found. Give your final answer between <answ
 
 def _bad(field: str, value, fix: str):
   raise ValueError(f"{field}={value!r}: {fix}")
-
-
-def parse_mapping(value, field: str) -> dict:
-  """A config's dict field given as a mapping or a JSON object string ("" = {})."""
-  if isinstance(value, str):
-    try:
-      value = json.loads(value) if value.strip() else {}
-    except json.JSONDecodeError as err:
-      _bad(field, value, f"is not a JSON object ({err}); write e.g. '{{\"min_terms\": 2}}'")
-  if hasattr(value, "to_dict"):  # a ConfigDict
-    value = value.to_dict()
-  if not isinstance(value, dict):
-    _bad(field, value, "must be a dict or a JSON object string")
-  return dict(value)
 
 
 def parse_tasks(task: str) -> tuple[tuple[str, float], ...]:
@@ -97,9 +84,7 @@ class ReasoningGymConfig:
       if name not in known or name == "composite":
         _bad("task", name, f"is not a reasoning-gym generator; use one of {known}")
     object.__setattr__(
-      self,
-      "task_config",
-      json.dumps(parse_mapping(self.task_config, "task_config"), sort_keys=True),
+      self, "task_config", block_fields.frozen_json(self.task_config, "task_config")
     )
     if not isinstance(self.pool, int) or self.pool < 1:
       _bad("pool", self.pool, "must be an integer >= 1 (training items)")
@@ -206,13 +191,18 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
   )
 
 
+def candidates(count: int) -> int:
+  """Held-out items generated at most to find `count` not repeating a training item."""
+  return 20 * count + 1000
+
+
 def held_out_items(config, train: Source, held: Source, count: int) -> tuple[list, int]:
   """The first `count` held-out items whose question is not a training item's, and how
   many were dropped as duplicates."""
   seen = {normalise(train.item(i)[1]["question"]) for i in range(config.pool)}
   items, dropped, index = [], 0, 0
   while len(items) < count:
-    if index >= 20 * count + 1000:
+    if index >= candidates(count):
       raise ValueError(
         f"task={config.task!r}: {dropped} of the first {index} held-out items repeat a "
         "training item's question; lower env.pool or widen the generator's task_config"
@@ -228,11 +218,14 @@ def held_out_items(config, train: Source, held: Source, count: int) -> tuple[lis
 
 def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
   """Training items 0 .. pool-1; the held-out items deduplicated against them."""
+  if config.pool > run.eval_seed_offset:
+    _bad(
+      "pool", config.pool, f"must be <= eval.seed_offset={run.eval_seed_offset} (disjoint seeds)"
+    )
   weights = parse_tasks(config.task)
-  limit = 20 * run.eval_tasks + 1000
   train = Source(generators(config, config.seed, config.pool), weights, config.seed)
   held_seed = config.seed + run.eval_seed_offset
-  held = Source(generators(config, held_seed, limit), weights, held_seed)
+  held = Source(generators(config, held_seed, candidates(run.eval_tasks)), weights, held_seed)
   items, dropped = held_out_items(config, train, held, run.eval_tasks)
   logging.info(
     "reasoning_gym %s: %d held-out items, %d dropped as repeats of the %d training items",

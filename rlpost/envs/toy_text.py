@@ -26,9 +26,9 @@ import re
 import threading
 from typing import Any, NamedTuple
 
+from rlpost.envs import block_fields
 from rlpost.envs import protocol
 from rlpost.envs import toy_text_views as views
-from rlpost.envs.reasoning_gym import parse_mapping
 from rlpost.rewards import extras
 
 IDS = (
@@ -99,20 +99,21 @@ class GymConfig:
     if self.id not in IDS:
       hint = " (gymnasium 1.4 refuses Taxi-v3: use Taxi-v4)" if self.id == "Taxi-v3" else ""
       raise ValueError(f"id={self.id!r}: use one of {IDS}{hint}")
-    kwargs = parse_mapping(self.kwargs, "kwargs")
-    object.__setattr__(self, "kwargs", json.dumps(kwargs, sort_keys=True))
+    kwargs = block_fields.mapping(self.kwargs, "kwargs")
+    object.__setattr__(self, "kwargs", block_fields.frozen_json(kwargs, "kwargs"))
     if not isinstance(self.max_turns, int) or self.max_turns < 1:
       raise ValueError(f"max_turns={self.max_turns!r}: must be an integer >= 1")
     if not isinstance(self.invalid_penalty, (int, float)) or self.invalid_penalty < 0:
       raise ValueError(f"invalid_penalty={self.invalid_penalty!r}: must be a number >= 0")
-    if self.random_map_size and not self.id.startswith("FrozenLake"):
-      raise ValueError(f"random_map_size={self.random_map_size}: only FrozenLake draws maps; use 0")
-    if (
-      not isinstance(self.random_map_size, int)
-      or self.random_map_size not in (0,)
-      and self.random_map_size < 2
-    ):
-      raise ValueError(f"random_map_size={self.random_map_size!r}: 0 (off) or an integer >= 2")
+    size = self.random_map_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0 or size == 1:
+      raise ValueError(f"random_map_size={size!r}: 0 (off) or an integer >= 2 (n x n maps)")
+    if size and not self.id.startswith("FrozenLake"):
+      raise ValueError(f"random_map_size={size}: only FrozenLake draws maps; use 0")
+    if not 0 < self.random_map_p <= 1:
+      raise ValueError(
+        f"random_map_p={self.random_map_p!r}: a frozen cell's probability, in (0, 1]"
+      )
     try:
       make_gym(self, None)
     except TypeError as err:
