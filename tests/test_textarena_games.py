@@ -4,6 +4,7 @@ legal moves reproducibly, refused games are named."""
 
 import random
 
+import numpy as np
 import pytest
 from optional_packages import require
 
@@ -57,27 +58,33 @@ def test_steps_are_the_games_own(game, moves):
   assert random.getstate() == outside
 
 
-def test_two_player_opponent_is_legal_and_reproducible():
-  """TicTacToe against the scripted opponent: the same seed and moves give the same game;
-  each of our turns shows the opponent's move (one more X on the board) and the game ends
-  with a reward in {-1, 0, 1}. Mutation caught: `_valid` always True (the opponent's first
-  candidate, often an occupied cell, is kept and the game penalises it)."""
-  env = _env("TicTacToe-v0")
-  outcomes = []
-  for _ in range(2):
-    state, _ = env.reset(None, 1)
-    rewards, texts = None, []
-    for cell in (4, 0, 8, 2, 6, 1, 3, 5, 7):
-      step = env.step(state, f"[{cell}]")
+@pytest.mark.parametrize("game", tg.TWO_PLAYER)
+def test_two_player_opponent_is_legal_and_reproducible(game):
+  """Against the scripted opponent, with our side playing random legal moves: every game
+  ends within 40 moves with a reward in {-1, 0, 1}, the opponent never makes a move the
+  game calls invalid, and the same seed and moves replay the same game; a move off the
+  board is flagged invalid_action. Mutation caught: `_valid` always True (no invalid move
+  flagged)."""
+  env = _env(game, max_turns=40)
+  state, _ = env.reset(None, 0)
+  assert env.step(state, "[99 99]").info["invalid_action"]
+
+  def play(seed):
+    state, text = env.reset(None, seed)
+    rng, texts = np.random.default_rng(seed), [text]
+    for _ in range(40):
+      moves = tg._candidates(game, state.game, text)
+      step = env.step(state, moves[rng.integers(len(moves))])
       texts.append(step.observation)
       if step.done:
-        rewards = step.reward
-        break
-      assert step.info["invalid_action"] or "Player 1:" in step.observation
-      state = step.state
-    outcomes.append((rewards, texts))
-  assert outcomes[0] == outcomes[1] and outcomes[0][0] in (-1.0, 0.0, 1.0)
-  assert all("attempted an invalid move" not in t for t in outcomes[0][1] if "Player 1" in t)
+        return step.reward, texts
+      state, text = step.state, step.observation
+    raise AssertionError(f"{game} did not end in 40 moves")
+
+  for seed in (0, 1, 2):
+    reward, texts = play(seed)
+    assert reward in (-1.0, 0.0, 1.0) and (reward, texts) == play(seed)
+    assert not any("Player 1 attempted an invalid move" in t for t in texts), texts
 
 
 @pytest.mark.parametrize(

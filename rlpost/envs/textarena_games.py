@@ -51,7 +51,8 @@ REFUSED = {
   "BabyAiText": "needs the old 'gym' package",
 }
 _LOCK = threading.Lock()
-_MOVES = re.compile(r"'(\[[^\]]+\])'")
+_LISTED = re.compile(r"Available Moves:([^\n]*)")
+_BRACKETED = re.compile(r"\[[^\]]+\]")
 
 
 class State(NamedTuple):
@@ -125,8 +126,10 @@ def _raw(game: str):
 
 
 def _candidates(game: str, env, text: str) -> list[str]:
-  """The moves player 1 may try: those its observation lists, else the game's moves."""
-  listed = _MOVES.findall(text)
+  """The moves player 1 may try: those the last "Available Moves:" line of its observation
+  lists, else the game's moves."""
+  lines = _LISTED.findall(text)
+  listed = _BRACKETED.findall(lines[-1]) if lines else []
   if listed:
     return listed
   if game == "ConnectFour-v0":
@@ -134,7 +137,7 @@ def _candidates(game: str, env, text: str) -> list[str]:
   if game == "Nim-v0":
     piles = env.state.game_state["piles"]
     return [f"[{i} {q}]" for i, n in enumerate(piles) for q in range(1, n + 1)]
-  return [f"[{i}]" for i in range(9)]
+  raise ValueError(f"{game}: no scripted opponent's moves (TWO_PLAYER lists the games)")
 
 
 def _valid(env, turn_before: int, pid: int) -> bool:
@@ -144,11 +147,12 @@ def _valid(env, turn_before: int, pid: int) -> bool:
   return env.state.turn > turn_before or (env.state.done and not info.get("invalid_move"))
 
 
-def _opponent(game: str, env, seed: int, turn: int):
-  """`env` after player 1's random legal move (under `_call`; `env` itself is spent)."""
+def _opponent(game: str, env, seed: int):
+  """`env` after player 1's random legal move (under `_call`; `env` itself is spent), drawn
+  by the episode's seed and the game's turn count."""
   _, messages = env.get_observation()
   moves = _candidates(game, env, _text(messages, me=1))
-  order = np.random.default_rng((seed, turn)).permutation(len(moves))
+  order = np.random.default_rng((seed, env.state.turn)).permutation(len(moves))
   for k in order:
     trial = copy.deepcopy(env)
     before = trial.state.turn
@@ -156,6 +160,13 @@ def _opponent(game: str, env, seed: int, turn: int):
     if _valid(trial, before, 1):
       return trial
   env.step(moves[order[0]])  # no listed move is legal: the game rules on the first
+  return env
+
+
+def _until_mine(game: str, env, seed: int):
+  """`env` once it is player 0's turn or the game is over (the opponent moving)."""
+  while not env.state.done and env.state.current_player_id != 0:
+    env = _opponent(game, env, seed)
   return env
 
 
@@ -169,6 +180,7 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
     def start():
       env = _raw(config.game)
       env.reset(num_players=players, seed=int(seed))
+      env = _until_mine(config.game, env, int(seed))
       return env, _text(env.get_observation()[1])
 
     (env, text), rng = _call(None, start)
@@ -178,11 +190,10 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
     def play():
       env = copy.deepcopy(state.game)
       before = env.state.turn
-      done, _ = env.step(text)
+      env.step(text)
       valid = _valid(env, before, 0)
-      while not done and env.state.current_player_id != 0:
-        env = _opponent(config.game, env, state.seed, state.turn)
-        done = env.state.done
+      env = _until_mine(config.game, env, state.seed)
+      done = env.state.done
       obs = "" if done else _text(env.get_observation()[1])
       return env, done, valid, obs
 
