@@ -99,3 +99,16 @@ def test_bad_fields_are_named(fields, match):
   require("reasoning_gym")
   with pytest.raises(errors.ConfigError, match=match):
     env_table.env_config({"name": "reasoning_gym", **fields})
+
+
+def test_other_checkers_read_the_answer_span():
+  """env.checker=exact accepts "<gold>.0" (numbers as numbers), math_verify accepts
+  "\\boxed{<gold>}"; the package's score_answer is what decides by default. Mutation
+  caught: `score` calling score_answer whatever the checker."""
+  require("math_verify")
+  for checker, reply in (("exact", "{}.0"), ("math_verify", "\\boxed{{{}}}")):
+    _, tasks = _tasks(checker=checker)
+    state = tasks.train_tasks([3])[0]
+    text = f"<answer>{reply.format(state.item['answer'])}</answer>"
+    assert tasks.env.step(state, text).reward == 1.0
+    assert tasks.env.step(state, "<answer>x</answer>").reward == 0.0
