@@ -10,7 +10,10 @@ The `env` block's fields (one config class per dataset, the same fields):
   epoch; digit: the digit task's target character; path / rewards: the jsonl dataset's
   prompt file and its reward functions (comma-separated MODULE:FUNCTION, each
   `(prompts, completions, answers) -> list[float]`); max_prompt_tokens: longer prompts
-  never reach the device, on_too_long: what happens to them (`data.limits`).
+  never reach the device, on_too_long: what happens to them (`data.limits`); checker:
+  exact | math_verify (`rewards.checkers`), how an answer is checked: GSM8K's and
+  arithmetic's answer reward (check_numbers, 1.5) and answer_accuracy, a JSONL dataset's
+  answer_accuracy flag (its <answer> span against the record's "answer").
 """
 
 import dataclasses
@@ -22,6 +25,7 @@ from rlpost.data import limits
 from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.envs import protocol
+from rlpost.rewards import checkers
 from rlpost.envs import single_turn
 
 
@@ -40,8 +44,10 @@ class PromptsConfig:
   rewards: str = ""
   max_prompt_tokens: int = 2048
   on_too_long: str = "skip"
+  checker: str = "exact"
 
   def __post_init__(self):
+    checkers.check(self.checker)
     if self.max_prompt_tokens < 1:
       _bad("max_prompt_tokens", self.max_prompt_tokens, "must be >= 1 token")
     if self.on_too_long not in limits.ON_TOO_LONG:
@@ -96,11 +102,29 @@ def config_class(source: str) -> type:
 def build(config: PromptsConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
   """The dataset's training problems (those within `max_prompt_tokens` as the template
   renders them for `run.tokenizer`) as one-turn episodes; seed s is problem s."""
-  task = tasks_lib.load_task(config, "train", run.seed)
+  task = with_checker(tasks_lib.load_task(config, "train", run.seed), config)
   task, _ = limits.prompts_within(
     task, config.template, run.tokenizer, config.max_prompt_tokens, config.on_too_long
   )
   return tasks(task, config.template, run.tokenizer, config.shuffle)
+
+
+def with_checker(task: tasks_lib.Task, config: PromptsConfig) -> tasks_lib.Task:
+  """`task` with its answers checked by `config.checker` (module docstring); exact leaves
+  GSM8K's and arithmetic's own numeric check as it is."""
+  check = checkers.get(config.checker)
+  accuracy = lambda completion, truth: (
+    checkers.answer_reward(check)([""], [completion], [truth])[0] > 0
+  )
+  if config.source == "jsonl":
+    return task._replace(accuracy_fns={"answer_accuracy": accuracy})
+  if config.source == "digit" or config.checker == "exact":
+    return task
+  numbers = lambda p, c, a: [1.5 * v for v in checkers.answer_reward(check)(p, c, a)]
+  fns = {k: (numbers if k == "check_numbers" else fn) for k, fn in task.reward_fns.items()}
+  return task._replace(
+    reward_fns=fns, accuracy_fns={**task.accuracy_fns, "answer_accuracy": accuracy}
+  )
 
 
 def tasks(

@@ -4,9 +4,19 @@ Adding an environment takes one module under `rlpost/envs/` with a frozen config
 dataclass (its `env` block's fields, checked on construction) and `build(config,
 run: protocol.RunInfo) -> protocol.EnvTasks`, one entry in ENVS, and its config block
 (`experiments/configs/agentic.py`); `--config.env.name=NAME` selects it. Prompt datasets
-(GSM8K, arithmetic, digit, a JSONL file) are entries too (`prompt_dataset`).
+(GSM8K, arithmetic, digit, a JSONL file) are entries too (`prompt_dataset`), and so are the
+packages' environments: reasoning-gym tasks, gymnasium's toy-text games, textarena games
+(each imports its package only when chosen).
+
+A user's own environment needs no entry: `env.name=MODULE:FUNCTION` imports MODULE and
+calls FUNCTION() for an `EnvSpec` (or any object with `config` and `build`), or for
+`protocol.EnvTasks` directly (an env block of no further fields). It is checked as the
+built-in ones are (its config's fields, `protocol.check_env`).
 """
 
+import dataclasses
+import functools
+import importlib
 from typing import Any, Callable, NamedTuple
 
 from rlpost import errors
@@ -15,7 +25,10 @@ from rlpost.data import tasks as tasks_lib
 from rlpost.envs import gsm8k_calc
 from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
+from rlpost.envs import reasoning_gym
+from rlpost.envs import textarena_games
 from rlpost.envs import tools
+from rlpost.envs import toy_text
 
 
 class EnvSpec(NamedTuple):
@@ -39,13 +52,64 @@ ENVS: dict[str, EnvSpec] = {
     source: EnvSpec(prompt_dataset.config_class(source), prompt_dataset.build, takes_tools=False)
     for source in tasks_lib.SOURCES
   },
+  # the packages' environments (extras reasoning-gym, gymnasium, textarena)
+  "reasoning_gym": EnvSpec(reasoning_gym.ReasoningGymConfig, reasoning_gym.build),
+  "gymnasium": EnvSpec(toy_text.GymConfig, toy_text.build),
+  "textarena": EnvSpec(textarena_games.TextArenaConfig, textarena_games.build),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NoFields:
+  """The env block of a user environment given as EnvTasks: no fields besides `name`."""
+
+
+@functools.cache
+def _user_spec(name: str) -> EnvSpec:
+  """The EnvSpec a user's `MODULE:FUNCTION` returns (module docstring)."""
+  module_name, _, function = name.partition(":")
+  where = f"config.env.name={name!r}"
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as err:
+    raise errors.ConfigError(
+      f"{where}: module {module_name!r} does not import ({err}); put it on PYTHONPATH"
+    ) from None
+  make_spec = getattr(module, function, None)
+  if not callable(make_spec):
+    raise errors.ConfigError(
+      f"{where}: {module_name} has no function {function!r} returning an EnvSpec or EnvTasks"
+    )
+  got = make_spec()
+  if isinstance(got, protocol.EnvTasks):
+    return EnvSpec(NoFields, lambda config, run: got)
+  config, build = getattr(got, "config", None), getattr(got, "build", None)
+  if not (dataclasses.is_dataclass(config) and isinstance(config, type) and callable(build)):
+    raise errors.ConfigError(
+      f"{where}: {function}() returned {type(got).__name__}; return "
+      "rlpost.envs.table.EnvSpec(ConfigDataclass, build) or rlpost.envs.protocol.EnvTasks"
+    )
+  return EnvSpec(config, build, getattr(got, "takes_tools", True), getattr(got, "own_tools", False))
+
+
+def spec_of(name: str) -> EnvSpec:
+  """The table's entry `name`, or a user's `MODULE:FUNCTION`; ConfigError otherwise."""
+  if name in ENVS:
+    return ENVS[name]
+  if isinstance(name, str) and ":" in name:
+    return _user_spec(name)
+  raise errors.ConfigError(
+    f"config.env.name={name!r}: use one of {sorted(ENVS)}, or MODULE:FUNCTION for your own "
+    "(a function returning an EnvSpec or EnvTasks)"
+  )
 
 
 def offers_tools(name: str, tools_enabled: bool) -> bool:
   """Whether episodes of environment `name` can call a tool (an unknown name: False; it is
   refused, naming the choices, when the environment is built)."""
   spec = ENVS.get(name)
+  if spec is None and isinstance(name, str) and ":" in name:
+    spec = _user_spec(name)
   return tools_enabled or (spec is not None and spec.own_tools)
 
 
@@ -53,9 +117,7 @@ def env_config(block: dict) -> Any:
   """The typed config of an `env` block {"name": ..., fields...}; errors name the field."""
   block = dict(block)
   name = block.pop("name", None)
-  spec = ENVS.get(name)
-  if spec is None:
-    raise errors.ConfigError(f"config.env.name={name!r}: use one of {sorted(ENVS)}")
+  spec = spec_of(name)
   fields = list(spec.config.__dataclass_fields__)
   unknown = sorted(set(block) - set(fields))
   if unknown:
@@ -76,12 +138,21 @@ def env_config(block: dict) -> Any:
 def make(name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool) -> protocol.EnvTasks:
   """The environment `name` built from its typed config, wrapped with the calculator tool
   when `tools_enabled` (its results clipped to `run.max_result_chars`)."""
-  spec = ENVS[name]
+  spec = spec_of(name)
   if tools_enabled and not spec.takes_tools:
     raise errors.ConfigError(
       f"config.tools.enabled=True: {name} answers tool calls itself; use False"
     )
   env_tasks = spec.build(config, run)
+  if not isinstance(env_tasks, protocol.EnvTasks):
+    raise errors.ConfigError(
+      f"config.env.name={name!r}: its build returned {type(env_tasks).__name__}, not "
+      "rlpost.envs.protocol.EnvTasks"
+    )
+  try:
+    protocol.check_env(env_tasks.env)
+  except ValueError as err:
+    raise errors.ConfigError(f"config.env.name={name!r}: {err}") from None
   if tools_enabled:
     env = tools.with_tools(env_tasks.env, tools.REGISTRY, run.max_result_chars)
     env_tasks = env_tasks._replace(env=env)

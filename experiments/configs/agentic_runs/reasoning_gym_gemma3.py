@@ -1,0 +1,43 @@
+"""reasoning-gym tasks (rlpost.envs.reasoning_gym) on the real Gemma 3 270M: one answer of at
+most 96 tokens ending at </answer>, rewarded by the task's own score_answer; GRPO 8 items x
+8 answers per iteration, 200 held-out items deduplicated against a pool of 2000.
+
+Command (issue 67 part 7; pick tasks where the base model is neither at 0 nor near 100%):
+  python -m experiments.agentic \
+    --config=experiments/configs/agentic_runs/reasoning_gym_gemma3.py:grpo \
+    --config.env.task=chain_sum --config.env.task_config='{"min_terms": 2, "max_terms": 3}' \
+    --config.train.compute_dtype=float32 --workdir=DIR      # :ppo for PPO
+
+Result: not measured yet (issue 67 part 7 reports it here).
+"""
+
+import ml_collections
+
+from experiments.configs import agentic
+
+
+def env_block() -> ml_collections.ConfigDict:
+  """The `env` block of reasoning_gym (fields: rlpost/envs/reasoning_gym.py)."""
+  return ml_collections.ConfigDict(
+    {
+      "name": "reasoning_gym",
+      "task": "chain_sum",  # a generator, or name:weight,name:weight for a mixture
+      "task_config": "",  # its own config fields as a JSON object ("": its defaults)
+      "pool": 2000,  # training items (held-out items repeating one are dropped)
+      "seed": 0,
+      "checker": "score_answer",  # score_answer (the package's) | exact | math_verify
+      "retries": 0,  # answers after a wrong one, each told "not correct"
+    }
+  )
+
+
+def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
+  c = agentic.base("frozenlake_gemma3", algo, env_block(), total_tokens=96)
+  c.name = f"reasoning_gym_gemma3,{algo}"
+  c.rollout.max_turn_tokens = 96
+  c.rollout.stop_strings = ()  # the environment stops at </answer>
+  c.sampling.prompt_bucket = 64
+  c.train.steps = 60
+  c.train.batch_tasks = 16 if algo == "ppo" else 8
+  c.eval.every, c.eval.num_tasks, c.eval.batch_tasks = 10, 200, 50
+  return c

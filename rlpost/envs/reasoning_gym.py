@@ -1,0 +1,248 @@
+"""reasoning-gym tasks as environments (`env.name=reasoning_gym`, the `reasoning-gym` extra).
+
+An episode is one item of a procedural generator: its question, then the instruction to
+give the final answer between <answer> and </answer>. The reward is the package's own
+`score_answer(extracted, item)` on the text of the last <answer> span (0.0 when there is
+none; a scorer that raises scores 0.0 too: never an exception), or, with `env.checker`
+exact | math_verify, 1.0 when that checker accepts the span against the item's answer.
+With `env.retries` = k > 0 a wrong answer is told "not correct" and the model answers
+again, up to k more times; the episode's reward is the last answer's.
+
+Items come from the generator by index: training seed s (0 <= s < `env.pool`, drawn by
+the data cursor) is item s of the generator seeded `env.seed`; held-out seed
+eval_seed_offset + k is the k-th item of the generator seeded `env.seed +
+eval_seed_offset` whose normalised question is not among the training pool's (the seeds
+are disjoint and so are the questions; `build` logs how many it dropped).
+
+`env.task`: a generator's name (`reasoning_gym.factory.DATASETS`) with `env.task_config`
+its config's fields (a dict or a JSON object string, e.g. '{"min_terms": 2}'); or a
+mixture "chain_sum:2,basic_arithmetic:1" (name:weight, comma-separated), each drawn with
+its weight by the item's seed and built with its own defaults overridden by the
+`task_config` entries keyed by its name ({"chain_sum": {"max_terms": 3}}).
+"""
+
+import dataclasses
+import json
+import random
+from typing import Any, NamedTuple
+
+from absl import logging
+
+from rlpost.envs import block_fields
+from rlpost.envs import protocol
+from rlpost.rewards import checkers
+from rlpost.rewards import extras
+
+CHECKERS = ("score_answer",) + checkers.CHECKERS
+INSTRUCTION = (
+  "Give your final answer between <answer> and </answer>, e.g. <answer>your answer</answer>."
+)
+RETRY = (
+  "That answer is not correct. Try again; give your final answer between <answer> and </answer>."
+)
+NO_ANSWER = "No <answer>...</answer> found. Give your final answer between <answer> and </answer>."
+
+
+def _bad(field: str, value, fix: str):
+  raise ValueError(f"{field}={value!r}: {fix}")
+
+
+def parse_tasks(task: str) -> tuple[tuple[str, float], ...]:
+  """ "name" or "name:weight,name:weight" -> ((name, weight), ...) (weights > 0)."""
+  out = []
+  for part in task.split(","):
+    name, _, weight = part.strip().partition(":")
+    try:
+      w = float(weight) if weight else 1.0
+    except ValueError:
+      w = -1.0
+    if not name or not w > 0:
+      _bad("task", task, "write a generator's name, or name:weight pairs, comma-separated")
+    out.append((name, w))
+  if len({n for n, _ in out}) != len(out):
+    _bad("task", task, "names a generator twice; give each one weight")
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasoningGymConfig:
+  """The `env` block (module docstring); checked on construction, the generators built
+  once to check `task_config`."""
+
+  task: str = "chain_sum"
+  task_config: Any = ""
+  pool: int = 1000
+  seed: int = 0
+  checker: str = "score_answer"
+  retries: int = 0
+
+  def __post_init__(self):
+    rg = extras.load("reasoning_gym", "config.env.name='reasoning_gym'")
+    tasks = parse_tasks(self.task)
+    known = sorted(rg.factory.DATASETS)
+    for name, _ in tasks:
+      if name not in known or name == "composite":
+        _bad("task", name, f"is not a reasoning-gym generator; use one of {known}")
+    object.__setattr__(
+      self, "task_config", block_fields.frozen_json(self.task_config, "task_config")
+    )
+    if not isinstance(self.pool, int) or self.pool < 1:
+      _bad("pool", self.pool, "must be an integer >= 1 (training items)")
+    if not isinstance(self.retries, int) or self.retries < 0:
+      _bad("retries", self.retries, "must be an integer >= 0 (answers after the first)")
+    if self.checker not in CHECKERS:
+      _bad("checker", self.checker, f"use one of {CHECKERS}")
+    if self.checker == "math_verify":
+      checkers.check(self.checker)
+    generators(self, 0, 1)  # the generators' own checks of task_config, now
+
+  def task_configs(self) -> dict:
+    """name -> its generator's config fields."""
+    fields = json.loads(self.task_config)
+    tasks = parse_tasks(self.task)
+    if len(tasks) == 1:
+      return {tasks[0][0]: fields}
+    unknown = sorted(set(fields) - {n for n, _ in tasks})
+    if unknown:
+      _bad(
+        "task_config",
+        fields,
+        f"a mixture's config is keyed by its generators' names; {unknown} is not one",
+      )
+    return {name: fields.get(name, {}) for name, _ in tasks}
+
+
+def generators(config: ReasoningGymConfig, seed: int, size: int) -> dict:
+  """name -> the generator seeded `seed` with `size` items (errors name task_config)."""
+  rg = extras.load("reasoning_gym", "config.env.name='reasoning_gym'")
+  out = {}
+  for name, fields in config.task_configs().items():
+    try:
+      out[name] = rg.create_dataset(name, **{**fields, "seed": seed, "size": size})
+    except (TypeError, ValueError, AssertionError) as err:
+      _bad("task_config", fields, f"{name} refuses it: {err!r}")
+  return out
+
+
+class Source(NamedTuple):
+  """Items of one seeded stream: index -> (name, item)."""
+
+  datasets: dict
+  weights: tuple[tuple[str, float], ...]
+  seed: int
+
+  def item(self, index: int) -> tuple[str, dict]:
+    names = [n for n, _ in self.weights]
+    name = names[0]
+    if len(names) > 1:
+      name = random.Random(f"{self.seed}:{index}").choices(names, [w for _, w in self.weights])[0]
+    return name, self.datasets[name][index]
+
+
+class State(NamedTuple):
+  """An episode: the generator's name, its item (never changed), answers given so far."""
+
+  name: str
+  item: dict
+  attempts: int
+
+
+def normalise(question: str) -> str:
+  """A question as compared for duplicates: lower-cased, whitespace collapsed."""
+  return " ".join(question.lower().split())
+
+
+def score(
+  config: ReasoningGymConfig, datasets: dict, state: State, text: str
+) -> tuple[float, bool]:
+  """(reward, answered) of `text`: the checker's verdict on its <answer> span; 0.0 and
+  False without one. Never raises: a scorer's exception scores 0.0."""
+  found = checkers.extract_answer(text)
+  if found is None:
+    return 0.0, False
+  try:
+    if config.checker == "score_answer":
+      value = float(datasets[state.name].score_answer(found, state.item))
+    else:
+      value = float(checkers.get(config.checker)(found, str(state.item["answer"])))
+  except Exception:  # pylint: disable=broad-except  (the issue: never an exception)
+    value = 0.0
+  return (value if value == value else 0.0), True  # NaN -> 0
+
+
+def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
+  """The environment; a task is a State (from `train_tasks` / `eval_tasks`)."""
+
+  def reset(task: State, seed: int):
+    del seed  # the item is the task
+    return task, f"{task.item['question']}\n\n{INSTRUCTION}"
+
+  def step(state: State, text: str) -> protocol.Step:
+    reward, answered = score(config, datasets, state, text)
+    new = state._replace(attempts=state.attempts + 1)
+    done = reward >= 1.0 or new.attempts > config.retries
+    info = {"success": reward >= 1.0, "invalid_action": not answered}
+    feedback = "" if done else (RETRY if answered else NO_ANSWER)
+    return protocol.Step(new, feedback, reward if done else 0.0, done, info)
+
+  stops = ("</answer>",)
+  return protocol.Env(
+    "reasoning_gym", reset, step, max_turns=config.retries + 1, stop_strings=stops
+  )
+
+
+def candidates(count: int) -> int:
+  """Held-out items generated at most to find `count` not repeating a training item."""
+  return 20 * count + 1000
+
+
+def held_out_items(config, train: Source, held: Source, count: int) -> tuple[list, int]:
+  """The first `count` held-out items whose question is not a training item's, and how
+  many were dropped as duplicates."""
+  seen = {normalise(train.item(i)[1]["question"]) for i in range(config.pool)}
+  items, dropped, index = [], 0, 0
+  while len(items) < count:
+    if index >= candidates(count):
+      raise ValueError(
+        f"task={config.task!r}: {dropped} of the first {index} held-out items repeat a "
+        "training item's question; lower env.pool or widen the generator's task_config"
+      )
+    name, item = held.item(index)
+    index += 1
+    if normalise(item["question"]) in seen:
+      dropped += 1
+      continue
+    items.append(State(name, item, 0))
+  return items, dropped
+
+
+def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
+  """Training items 0 .. pool-1; the held-out items deduplicated against them."""
+  if config.pool > run.eval_seed_offset:
+    _bad(
+      "pool", config.pool, f"must be <= eval.seed_offset={run.eval_seed_offset} (disjoint seeds)"
+    )
+  weights = parse_tasks(config.task)
+  train = Source(generators(config, config.seed, config.pool), weights, config.seed)
+  held_seed = config.seed + run.eval_seed_offset
+  held = Source(generators(config, held_seed, candidates(run.eval_tasks)), weights, held_seed)
+  items, dropped = held_out_items(config, train, held, run.eval_tasks)
+  logging.info(
+    "reasoning_gym %s: %d held-out items, %d dropped as repeats of the %d training items",
+    config.task,
+    len(items),
+    dropped,
+    config.pool,
+  )
+  env = make_env(config, train.datasets)  # a scorer reads the item and its generator's config
+
+  def train_tasks(seeds):
+    return [State(*train.item(s), 0) for s in seeds]
+
+  def eval_tasks(seeds):
+    ks = [s - run.eval_seed_offset for s in seeds]
+    if any(not 0 <= k < len(items) for k in ks):
+      raise ValueError(f"held-out seeds {seeds} outside the {len(items)} built (eval.num_tasks)")
+    return [items[k] for k in ks]
+
+  return protocol.EnvTasks(env, train_tasks, eval_tasks, pool=config.pool, shuffle=True)

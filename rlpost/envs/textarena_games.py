@@ -1,0 +1,216 @@
+"""textarena games as environments (`env.name=textarena`, the `textarena` extra).
+
+`env.game` is a textarena id (`SINGLE_PLAYER`, offline; or `TWO_PLAYER`, the policy as
+player 0 against a scripted opponent: a uniformly random legal move, drawn from
+`np.random.default_rng((seed, turn))` among the moves the game lists, each tried on a copy
+and kept when the game accepts it). No self-play: the opponent is not trained. The reward
+is the game's own for player 0, paid when the game ends; observations are the game's
+messages to player 0 since its last move (its own move's echo left out).
+
+Games that download word lists (nltk's `words`: Wordle, Hangman, ...), need a hosted judge
+(an OpenRouter key) or do not import on this Python are refused by name (`REFUSED`).
+
+State without hidden mutation: `State.game` is a deep copy of the textarena env, never
+stepped itself: a step copies it and steps the copy. textarena draws from Python's global
+`random` (seeded in its reset): every textarena call holds one lock and runs with the
+episode's own `random` state (`State.rng`), restoring the caller's after, so episodes are
+reproducible and threads do not disturb each other or the rest of the process.
+"""
+
+import copy
+import dataclasses
+import random
+import re
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlpost.envs import protocol
+from rlpost.rewards import extras
+
+SINGLE_PLAYER = (
+  "2048-v0", "Bandit-v0", "Blackjack-v0", "Countdown-v0", "Crosswords-v0", "Cryptarithm-v0",
+  "FifteenPuzzle-v0", "FrozenLake-v0", "GuessTheNumber-v0", "LightsOut-v0", "LogicPuzzle-v0",
+  "Mastermind-v0", "Minesweeper-v0", "PegJump-v0", "RushHour-v0", "Secretary-v0",
+  "Slitherlink-v0", "Sokoban-v0", "Sudoku-v0", "ThreeCardMonte-v0", "TowerOfHanoi-v0",
+)  # fmt: skip
+# two-player games whose observations list the legal moves, or whose moves `_candidates` knows
+TWO_PLAYER = ("TicTacToe-v0", "ConnectFour-v0", "Nim-v0", "WildTicTacToe-v0")
+_WORDS = "downloads nltk's 'words' list at reset"
+_JUDGE = "needs a hosted judge (an OpenRouter API key)"
+_PY = "does not import on Python 3.11 (a SyntaxError in textarena 0.7.4)"
+REFUSED = {
+  **{g: _WORDS for g in ("Wordle", "Hangman", "Codenames", "DontSayIt", "LetterAuction")},
+  **{g: _WORDS for g in ("SpellingBee", "WordChains", "WordLadder", "WordSearch")},
+  **{g: _JUDGE for g in ("Debate", "GuessWho", "ScenarioPlanning", "TwentyQuestions")},
+  **{g: _PY for g in ("Checkers", "Chess", "IteratedStagHunt", "Klondike", "ReverseTicTacToe")},
+  "UltimateTexasHoldem": _PY,
+  "ScorableGames": "reads game files textarena 0.7.4 does not ship",
+  "UsedCarNegotiation": "reads game files textarena 0.7.4 does not ship",
+  "BabyAiText": "needs the old 'gym' package",
+}
+_LOCK = threading.Lock()
+_LISTED = re.compile(r"Available Moves:([^\n]*)")
+_BRACKETED = re.compile(r"\[[^\]]+\]")
+
+
+class State(NamedTuple):
+  """An episode: the game (never stepped itself), its `random` state, turns taken."""
+
+  game: Any
+  rng: tuple
+  seed: int
+  turn: int
+
+
+def _textarena():
+  return extras.load("textarena", "config.env.name='textarena'")
+
+
+def _call(rng: tuple | None, fn):
+  """fn() under the lock with Python's `random` in state `rng` (None: as it is); returns
+  (fn's result, the `random` state after it); the caller's `random` state is restored."""
+  with _LOCK:
+    saved = random.getstate()
+    try:
+      if rng is not None:
+        random.setstate(rng)
+      out = fn()
+      return out, random.getstate()
+    finally:
+      random.setstate(saved)
+
+
+def _text(messages, me: int = 0) -> str:
+  """Messages (from_id, text, type; some games swap the last two) as lines; `me`'s own
+  move echo left out."""
+  lines = []
+  for sender, *rest in messages:
+    message = next((m for m in rest if isinstance(m, str)), "")
+    kind = next((getattr(m, "name", "") for m in rest if not isinstance(m, str)), "")
+    if sender == me and kind == "PLAYER_ACTION":
+      continue
+    named = isinstance(sender, int) and sender >= 0 and sender != me
+    lines.append(f"Player {sender}: {message}" if named else message)
+  return "\n".join(lines).strip()
+
+
+def base_name(game: str) -> str:
+  return game.split("-v")[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TextArenaConfig:
+  """The `env` block: game (a textarena id), max_turns (the policy's moves)."""
+
+  game: str = "TowerOfHanoi-v0"
+  max_turns: int = 10
+
+  def __post_init__(self):
+    if base_name(self.game) in REFUSED:
+      raise ValueError(
+        f"game={self.game!r}: refused, it {REFUSED[base_name(self.game)]}; the offline games: "
+        f"{SINGLE_PLAYER + TWO_PLAYER}"
+      )
+    if self.game not in SINGLE_PLAYER + TWO_PLAYER:
+      raise ValueError(f"game={self.game!r}: use one of {SINGLE_PLAYER + TWO_PLAYER}")
+    if not isinstance(self.max_turns, int) or self.max_turns < 1:
+      raise ValueError(f"max_turns={self.max_turns!r}: must be an integer >= 1")
+    _textarena()
+
+
+def _raw(game: str):
+  """The game without textarena's wrappers (the `-raw` id)."""
+  return _textarena().make(f"{game}-raw")
+
+
+def _candidates(game: str, env, text: str) -> list[str]:
+  """The moves player 1 may try: those the last "Available Moves:" line of its observation
+  lists, else the game's moves."""
+  lines = _LISTED.findall(text)
+  listed = _BRACKETED.findall(lines[-1]) if lines else []
+  if listed:
+    return listed
+  if game == "ConnectFour-v0":
+    return [f"[col {c}]" for c in range(env.num_cols)]
+  if game == "Nim-v0":
+    piles = env.state.game_state["piles"]
+    return [f"[{i} {q}]" for i, n in enumerate(piles) for q in range(1, n + 1)]
+  raise ValueError(f"{game}: no scripted opponent's moves (TWO_PLAYER lists the games)")
+
+
+def _valid(env, turn_before: int, pid: int) -> bool:
+  """Whether the move just made by `pid` was accepted (the turn advanced, or the game
+  ended without calling it invalid)."""
+  info = env.state.game_info.get(pid, {})
+  return env.state.turn > turn_before or (env.state.done and not info.get("invalid_move"))
+
+
+def _opponent(game: str, env, seed: int):
+  """`env` after player 1's random legal move (under `_call`; `env` itself is spent), drawn
+  by the episode's seed and the game's turn count."""
+  _, messages = env.get_observation()
+  moves = _candidates(game, env, _text(messages, me=1))
+  order = np.random.default_rng((seed, env.state.turn)).permutation(len(moves))
+  for k in order:
+    trial = copy.deepcopy(env)
+    before = trial.state.turn
+    trial.step(moves[k])
+    if _valid(trial, before, 1):
+      return trial
+  env.step(moves[order[0]])  # no listed move is legal: the game rules on the first
+  return env
+
+
+def _until_mine(game: str, env, seed: int):
+  """`env` once it is player 0's turn or the game is over (the opponent moving)."""
+  while not env.state.done and env.state.current_player_id != 0:
+    env = _opponent(game, env, seed)
+  return env
+
+
+def make_env(config: TextArenaConfig) -> protocol.Env:
+  """The environment; tasks are None, the seed is the game's."""
+  players = 2 if config.game in TWO_PLAYER else 1
+
+  def reset(task, seed: int):
+    del task
+
+    def start():
+      env = _raw(config.game)
+      env.reset(num_players=players, seed=int(seed))
+      env = _until_mine(config.game, env, int(seed))
+      return env, _text(env.get_observation()[1])
+
+    (env, text), rng = _call(None, start)
+    return State(env, rng, int(seed), 0), text
+
+  def step(state: State, text: str) -> protocol.Step:
+    def play():
+      env = copy.deepcopy(state.game)
+      before = env.state.turn
+      env.step(text)
+      valid = _valid(env, before, 0)
+      env = _until_mine(config.game, env, state.seed)
+      done = env.state.done
+      obs = "" if done else _text(env.get_observation()[1])
+      return env, done, valid, obs
+
+    (env, done, valid, obs), rng = _call(state.rng, play)
+    new = State(env, rng, state.seed, state.turn + 1)
+    info = {"invalid_action": not valid}
+    if not done:
+      return protocol.Step(new, obs or "(no change)", 0.0, False, info)
+    reward = float((env.state.rewards or {}).get(0, 0.0))
+    info["success"] = reward > 0 if players == 2 else reward >= 1.0
+    return protocol.Step(new, "", reward, True, info)
+
+  return protocol.Env("textarena", reset, step, max_turns=config.max_turns)
+
+
+def build(config: TextArenaConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
+  """Seeds are the games' reset seeds; tasks are None."""
+  del run
+  none = lambda seeds: [None] * len(seeds)
+  return protocol.EnvTasks(make_env(config), none, none)

@@ -1,0 +1,114 @@
+"""rlpost.envs.reasoning_gym against the package: items by seed, rewards = score_answer on
+the extracted answer, held-out items disjoint by content, retries, bad input."""
+
+import json
+
+import pytest
+from optional_packages import require
+
+from rlpost import errors
+from rlpost.envs import protocol
+from rlpost.envs import reasoning_gym as rg_env
+from rlpost.envs import table as env_table
+
+SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+def _tasks(eval_tasks=8, **fields):
+  require("reasoning_gym")
+  config = rg_env.ReasoningGymConfig(**{"task_config": json.dumps(SMALL), "pool": 50, **fields})
+  return config, rg_env.build(config, protocol.RunInfo(eval_tasks=eval_tasks))
+
+
+def test_items_and_rewards_are_the_packages():
+  """Training seed s is item s of the package's generator (seed env.seed); the reward of a
+  reply is dataset.score_answer(the <answer> text, item), 0.0 without a span. Mutation
+  caught: score_answer given the whole reply instead of the extracted span."""
+  rg = require("reasoning_gym")
+  config, tasks = _tasks(seed=3, pool=50)
+  package = rg.create_dataset("chain_sum", seed=3, size=50, **SMALL)
+  for s in (0, 7, 49):
+    state = tasks.train_tasks([s])[0]
+    assert state.item == package[s]
+    _, prompt = tasks.env.reset(state, s)
+    assert prompt.startswith(package[s]["question"]) and "<answer>" in prompt
+    gold = package[s]["answer"]
+    for reply in (f"so <answer>{gold}</answer>", f"<answer>{int(gold) + 1}</answer>", gold):
+      got = tasks.env.step(state, reply)
+      span = rg_env.checkers.extract_answer(reply)
+      want = package.score_answer(span, package[s]) if span is not None else 0.0
+      assert got.reward == want and got.done and got.info["success"] is (want == 1.0)
+  assert tasks.env.step(state, f"the answer is {gold}").reward == 0.0
+
+
+def test_a_raising_scorer_scores_zero(monkeypatch):
+  """Never an exception: a score_answer that raises gives reward 0.0. Mutation caught: the
+  try/except around the scorer removed."""
+  _, tasks = _tasks()
+  state = tasks.train_tasks([0])[0]
+  dataset = type(rg_env.generators(rg_env.ReasoningGymConfig(), 0, 1)["chain_sum"])
+  monkeypatch.setattr(dataset, "score_answer", lambda *a: 1 / 0)
+  assert tasks.env.step(state, "<answer>1</answer>").reward == 0.0
+
+
+def test_held_out_items_are_disjoint_from_the_training_pool():
+  """With a generator of few distinct questions (one-digit a + b), held-out items repeat
+  training ones unless dropped: none of ours does (compared by normalised question), and
+  the count dropped is the number of candidates the package's stream has in the pool.
+  Mutation caught: the `continue` after a repeat removed (repeats kept)."""
+  rg = require("reasoning_gym")
+  config = rg_env.ReasoningGymConfig(task_config=json.dumps(SMALL), pool=100)
+  train = rg_env.Source(rg_env.generators(config, 0, 100), (("chain_sum", 1.0),), 0)
+  held = rg_env.Source(rg_env.generators(config, 10**6, 2000), (("chain_sum", 1.0),), 10**6)
+  items, dropped = rg_env.held_out_items(config, train, held, 20)
+  pool = {
+    rg_env.normalise(x["question"])
+    for x in rg.create_dataset("chain_sum", seed=0, size=100, **SMALL)
+  }
+  stream = rg.create_dataset("chain_sum", seed=10**6, size=2000, **SMALL)
+  seen = [rg_env.normalise(stream[i]["question"]) for i in range(len(items) + dropped)]
+  assert len(items) == 20 and dropped == sum(q in pool for q in seen) > 0
+  assert not {rg_env.normalise(i.item["question"]) for i in items} & pool
+
+
+def test_retries_answer_again_after_feedback_and_a_mixture_draws_both():
+  """env.retries=1: a wrong answer is told so (reward 0, not done), the second answer ends
+  the episode with its own reward. A mixture 'chain_sum:1,basic_arithmetic:1' draws both.
+  Mutation caught: `new.attempts > config.retries` as `>=` (no retry)."""
+  _, tasks = _tasks(task="chain_sum:1,basic_arithmetic:1", task_config="", retries=1)
+  names = {s.name for s in tasks.train_tasks(list(range(40)))}
+  assert names == {"chain_sum", "basic_arithmetic"} and tasks.env.max_turns == 2
+  state = tasks.train_tasks([0])[0]
+  first = tasks.env.step(state, "<answer>nope</answer>")
+  assert not first.done and first.reward == 0.0 and "not correct" in first.observation
+  second = tasks.env.step(first.state, f"<answer>{state.item['answer']}</answer>")
+  assert second.done and second.reward == 1.0 and state.attempts == 0
+
+
+@pytest.mark.parametrize(
+  "fields,match",
+  [
+    ({"task": "no_such_task"}, r"config\.env\.task='no_such_task': is not a reasoning-gym"),
+    ({"task_config": '{"min_terms": 0}'}, r"config\.env\.task_config=.*chain_sum refuses it"),
+    ({"task_config": "{oops"}, r"config\.env\.task_config='\{oops': is not a JSON object"),
+    ({"retries": -1}, r"config\.env\.retries=-1: must be an integer >= 0"),
+    ({"checker": "regex"}, r"config\.env\.checker='regex': use one of"),
+  ],
+)
+def test_bad_fields_are_named(fields, match):
+  require("reasoning_gym")
+  with pytest.raises(errors.ConfigError, match=match):
+    env_table.env_config({"name": "reasoning_gym", **fields})
+
+
+def test_other_checkers_read_the_answer_span():
+  """env.checker=exact accepts "<gold>.0" (numbers as numbers), math_verify accepts
+  "\\boxed{<gold>}"; the package's score_answer is what decides by default. Mutation
+  caught: `score` calling score_answer whatever the checker."""
+  require("math_verify")
+  for checker, reply in (("exact", "{}.0"), ("math_verify", "\\boxed{{{}}}")):
+    _, tasks = _tasks(checker=checker)
+    state = tasks.train_tasks([3])[0]
+    text = f"<answer>{reply.format(state.item['answer'])}</answer>"
+    assert tasks.env.step(state, text).reward == 1.0
+    assert tasks.env.step(state, "<answer>x</answer>").reward == 0.0

@@ -1,0 +1,102 @@
+"""rlpost.envs.textarena_games against textarena: our steps are the game's own steps with
+the same seed and moves, Python's `random` is left as it was, the scripted opponent plays
+legal moves reproducibly, refused games are named."""
+
+import random
+
+import numpy as np
+import pytest
+from optional_packages import require
+
+from rlpost import errors
+from rlpost.envs import protocol
+from rlpost.envs import table as env_table
+from rlpost.envs import textarena_games as tg
+
+
+def _env(game, max_turns=12):
+  require("textarena")
+  return tg.build(tg.TextArenaConfig(game=game, max_turns=max_turns), protocol.RunInfo()).env
+
+
+@pytest.mark.parametrize("game,moves", [
+  ("GuessTheNumber-v0", ["[10]", "[5]", "[15]", "[3]", "[18]", "[1]", "[20]", "[12]"]),
+  ("TowerOfHanoi-v0", ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]),
+  ("Blackjack-v0", ["[hit]", "[stand]"] + ["[stand]"] * 8),  # draws cards in its steps
+])  # fmt: skip
+def test_steps_are_the_games_own(game, moves):
+  """The game's raw env reset with the same seed and given the same moves (in place, its
+  `random` stream undisturbed between its calls) shows the same messages, ends at the same
+  move with the same reward; the caller's `random` state is untouched by ours. Mutation
+  caught: `_call` not setting the episode's `random` state (Blackjack's cards then come
+  from whatever state `random` is in)."""
+  ta = require("textarena")
+  env = _env(game)
+  random.seed(99)
+  outside = random.getstate()
+  state, first = env.reset(None, 5)
+  random.seed(12345)  # something else draws in between
+  theirs = ta.make(f"{game}-raw")
+  theirs.reset(num_players=1, seed=5)
+  stream = random.getstate()  # textarena's own, as if nothing else ran
+  assert first == tg._text(theirs.get_observation()[1])
+  for move in moves:
+    random.seed(777)
+    step = env.step(state, move)
+    random.setstate(stream)
+    done, _ = theirs.step(move)
+    stream = random.getstate()
+    assert step.done == done
+    if done:
+      assert step.reward == theirs.state.rewards[0]
+      break
+    assert step.observation == tg._text(theirs.get_observation()[1])
+    assert env.step(state, move).observation == step.observation  # state not changed
+    state = step.state
+  assert done, "the moves should finish the game"
+  random.seed(99)
+  assert random.getstate() == outside
+
+
+@pytest.mark.parametrize("game", tg.TWO_PLAYER)
+def test_two_player_opponent_is_legal_and_reproducible(game):
+  """Against the scripted opponent, with our side playing random legal moves: every game
+  ends within 40 moves with a reward in {-1, 0, 1}, not by the opponent's invalid move, and the same seed and moves replay the same game; a move off the
+  board is flagged invalid_action. Mutation caught: `_valid` always True (no invalid move
+  flagged)."""
+  env = _env(game, max_turns=40)
+  state, _ = env.reset(None, 0)
+  assert env.step(state, "[99 99]").info["invalid_action"]
+
+  def play(seed):
+    state, text = env.reset(None, seed)
+    rng, texts = np.random.default_rng(seed), [text]
+    for _ in range(40):
+      moves = tg._candidates(game, state.game, text)
+      step = env.step(state, moves[rng.integers(len(moves))])
+      texts.append(step.observation)
+      if step.done:
+        assert not step.state.game.state.game_info[1].get("invalid_move"), texts
+        return step.reward, texts
+      state, text = step.state, step.observation
+    raise AssertionError(f"{game} did not end in 40 moves")
+
+  for seed in (0, 1, 2):
+    reward, texts = play(seed)
+    assert reward in (-1.0, 0.0, 1.0) and (reward, texts) == play(seed)
+
+
+@pytest.mark.parametrize(
+  "game,match",
+  [
+    ("Wordle-v0", r"config\.env\.game='Wordle-v0': refused, it downloads nltk's 'words'"),
+    ("Hangman-v0-hardcore", r"refused, it downloads"),
+    ("TwentyQuestions-v0", r"needs a hosted judge"),
+    ("Chess-v0", r"does not import on Python 3\.11"),
+    ("NoSuchGame-v0", r"config\.env\.game='NoSuchGame-v0': use one of"),
+  ],
+)
+def test_refused_games_are_named(game, match):
+  require("textarena")
+  with pytest.raises(errors.ConfigError, match=match):
+    env_table.env_config({"name": "textarena", "game": game})

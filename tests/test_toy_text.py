@@ -1,0 +1,108 @@
+"""rlpost.envs.toy_text against gymnasium: a step of ours is a step of gymnasium's (same
+seed, same actions, slippery included), states are never changed, text views, bad input."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from optional_packages import require
+
+from rlpost import errors
+from rlpost.envs import protocol
+from rlpost.envs import table as env_table
+from rlpost.envs import toy_text
+
+CASES = [
+  ("FrozenLake-v1", '{"is_slippery": true}'),
+  ("FrozenLake8x8-v1", '{"is_slippery": false}'),
+  ("Taxi-v4", '{"is_rainy": true}'),
+  ("CliffWalkingSlippery-v1", ""),
+  ("Blackjack-v1", '{"natural": true, "sab": false}'),
+]
+_ENVS = {}
+
+
+def _env(id_, kwargs):
+  require("gymnasium")
+  if (id_, kwargs) not in _ENVS:
+    config = toy_text.GymConfig(id=id_, kwargs=kwargs, max_turns=60)
+    _ENVS[id_, kwargs] = toy_text.build(config, protocol.RunInfo()).env
+  return _ENVS[id_, kwargs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+  case=st.sampled_from(CASES),
+  seed=st.integers(0, 2**31 - 1),
+  actions=st.lists(st.integers(0, 5), min_size=1, max_size=25),
+)
+def test_a_step_is_gymnasiums_step(case, seed, actions):
+  """Ours and gymnasium's own env (gymnasium.make, reset with the seed, stepped in place)
+  agree on every observation, reward and termination; stepping a state again gives the
+  same step and leaves it unchanged (the restored random generator). Mutation caught:
+  `restore` not setting the generator's state (slippery moves then differ)."""
+  gym = require("gymnasium")
+  env = _env(*case)
+  theirs = gym.make(case[0], **json.loads(case[1] or "{}")).unwrapped
+  obs, _ = theirs.reset(seed=seed)
+  state, _ = env.reset(None, seed)
+  assert state.obs == obs
+  words = toy_text.views.VIEWS[type(theirs).__name__].actions
+  for a in actions:
+    a %= len(words)
+    obs, reward, terminated, _, _ = theirs.step(a)
+    before = state
+    step = env.step(state, f"I choose {words[a]}.")
+    assert (step.state.obs, step.reward, step.done) == (obs, float(reward), terminated)
+    assert env.step(before, words[a]) == step and state == before
+    state = step.state
+    if terminated:
+      break
+
+
+def test_random_maps_are_gymnasiums_and_the_view_marks_the_agent():
+  """random_map_size=5: seed s plays gymnasium's generate_random_map(5, p, s), the view
+  shows the map with P on the agent's cell. Mutation caught: the view's `divmod(s, ncol)`
+  as `divmod(s, nrow)` on a 5x4 map would misplace P (checked on a non-square map)."""
+  gym = require("gymnasium")
+  generate = gym.envs.toy_text.frozen_lake.generate_random_map
+  config = toy_text.GymConfig(random_map_size=5, random_map_p=0.7)
+  tasks = toy_text.build(config, protocol.RunInfo())
+  (m,) = tasks.train_tasks([11])
+  assert list(m) == generate(5, 0.7, 11)
+  state, text = tasks.env.reset(m, 11)
+  step = tasks.env.step(state, "right")
+  if not step.done:
+    r, c = divmod(step.state.obs, 5)
+    assert step.observation.splitlines()[r][c] == "P"
+  wide = ("SFFH", "FFFF", "HFFF", "FFFF", "FFFG")
+  env = toy_text.make_env(
+    toy_text.GymConfig(kwargs=json.dumps({"desc": list(wide), "is_slippery": False}))
+  )
+  state, _ = env.reset(None, 0)
+  step = env.step(state, "down")
+  assert step.observation.splitlines()[1] == "PFFF"
+
+
+def test_an_unparsed_reply_costs_the_penalty_and_keeps_the_position():
+  """Mutation caught: the invalid branch stepping gymnasium anyway."""
+  env = _env("Taxi-v4", '{"is_rainy": true}')
+  state, first = env.reset(None, 3)
+  assert "T" in first and "Moves: south, north, east, west, pickup, dropoff." in first
+  step = env.step(state, "north or south")
+  assert step.reward == -0.1 and step.info["invalid_action"] and step.state.obs == state.obs
+
+
+@pytest.mark.parametrize(
+  "fields,match",
+  [
+    ({"id": "Taxi-v3"}, r"config\.env\.id='Taxi-v3'.*use Taxi-v4"),
+    ({"kwargs": '{"slippery": true}'}, r"config\.env\.kwargs=.*FrozenLake-v1 refuses them"),
+    ({"random_map_size": 4, "id": "Taxi-v4"}, r"config\.env\.random_map_size=4: only FrozenLake"),
+    ({"max_turns": 0}, r"config\.env\.max_turns=0: must be an integer >= 1"),
+  ],
+)
+def test_bad_fields_are_named(fields, match):
+  require("gymnasium")
+  with pytest.raises(errors.ConfigError, match=match):
+    env_table.env_config({"name": "gymnasium", **fields})
