@@ -83,7 +83,9 @@ def base(
   # state credit); False: the episode's sum on its last sampled token
   c.per_turn_rewards = False
   c.env = env
-  c.tools = ml_collections.ConfigDict({"enabled": False, "max_result_chars": 200})
+  c.tools = ml_collections.ConfigDict(
+    {"enabled": False, "max_result_chars": 200, "format": "library"}
+  )
   c.rollout = common.rollout(
     # scaffold around observations: chat | plain (the base Gemma 3 270M does not
     # follow the chat format; it answers plain-text cues such as "Your move:")

@@ -53,6 +53,8 @@ import numpy as np
 from rlpost import continuation, errors, sampling
 from rlpost.envs import protocol
 from rlpost.text import scaffold
+from rlpost.text import template_ids
+from rlpost.text import template_turns
 from rlpost.models import decoder
 from rlpost.rl import batch as batch_lib
 
@@ -78,6 +80,11 @@ class TurnConfig:
   fixed_shapes: later turns sample every row over the whole window (module doc).
   stop_strings: texts that end a turn in addition to the environment's (e.g.
     "\n" when a base model answers after a cue in the plain scaffold).
+  layout: the model's chat template and its variables (`template_turns.Layout`): the
+    "template" scaffold's, which needs one (the recipe builds it with the model; the
+    other scaffolds ignore it).
+  keep_special: control-token texts written into the text the environment is given (a
+    native tool format's markers, e.g. "[TOOL_CALLS]"); others are dropped when decoding.
   """
 
   template: str = "chat"
@@ -87,10 +94,13 @@ class TurnConfig:
   mask_truncated: bool = False
   fixed_shapes: bool = False
   stop_strings: tuple[str, ...] = ()
+  layout: template_turns.Layout | None = None
+  keep_special: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.template not in scaffold.SCAFFOLDS:
       raise ValueError(f"TurnConfig.template={self.template!r}: use one of {scaffold.SCAFFOLDS}")
+    object.__setattr__(self, "keep_special", tuple(self.keep_special))
     if self.max_turn_tokens < 1:
       raise ValueError(f"TurnConfig.max_turn_tokens={self.max_turn_tokens}: use >= 1 token")
     if isinstance(self.stop_strings, str) or not all(
@@ -336,6 +346,7 @@ class _Row:
   truncated: bool = False  # the driver did
   kept: int = 0  # tokens of its last turn in the stream
   new: list = dataclasses.field(default_factory=list)  # its last observation's ids
+  messages: list = dataclasses.field(default_factory=list)  # the template scaffold's history
 
   def append(self, ids, sampled: int, logps, turn: int) -> None:
     self.stream += ids
@@ -466,11 +477,15 @@ def rollout(
   sc, G, T = sampling_config, num_generations, turns.max_total_tokens
   _check_rollout_args(sc, turns, tasks, seeds, env)
   firsts = [checked_reset(env, task, seed) for task, seed in zip(tasks, seeds)]
-  prompts = [scaffold.prompt_ids(tokenizer, turns.template, obs, env.system) for _, obs in firsts]
+  prompts = [
+    scaffold.prompt_ids(tokenizer, turns.template, obs, env.system, turns.layout, env.tools)
+    for _, obs in firsts
+  ]
   longest = widest(max(len(p) for p in prompts))
   if longest > turns.max_prompt_tokens:
     _refuse_long_prompt(env, prompts, seeds, turns.max_prompt_tokens, longest)
-  rows = [_Row(firsts[r // G][0]) for r in range(len(tasks) * G)]
+  rows = _new_rows(firsts, G, env, turns)
+  keep = frozenset(tokenizer.special_tokens[t] for t in turns.keep_special)
   one_call = env.max_turns == 1
   calls = _make_calls(params, model_config, sc, turns, G, longest, first_row, len(rows), one_call)
   stops = tuple(env.stop_strings) + turns.stop_strings
@@ -484,7 +499,7 @@ def rollout(
     else:
       sampled, sampler = _next_turn(calls, sampler, rows, alive, turn_key, limit)
     texts = [
-      _keep_turn(rows[r], toks, lps, turn, tokenizer, stops, T)
+      _keep_turn(rows[r], toks, lps, turn, tokenizer, stops, T, keep)
       for r, (toks, lps) in zip(alive, sampled)
     ]
     where = [
@@ -495,10 +510,20 @@ def rollout(
     alive = [
       r
       for r, text, step in zip(alive, texts, steps)
-      if _take_step(rows[r], text, step, turn, env.max_turns, tokenizer, turns)
+      if _take_step(rows[r], text, step, turn, env, tokenizer, turns, prompts[r // G])
     ]
     turn += 1
   return _finish(rows, env, tasks, seeds, firsts, prompts, G, turns, sc, longest, first_row, widest)
+
+
+def _new_rows(firsts, G: int, env, turns: TurnConfig) -> list[_Row]:
+  """G rows per (state, first observation); with the template scaffold each holds its
+  conversation's messages (the prefix check's history)."""
+  rows = [_Row(firsts[r // G][0]) for r in range(len(firsts) * G)]
+  if turns.template == "template":
+    for r, row in enumerate(rows):
+      row.messages = template_turns.opening(firsts[r // G][1], env.system)
+  return rows
 
 
 def _make_calls(
@@ -529,21 +554,42 @@ def _check_rollout_args(sc, turns: TurnConfig, tasks, seeds, env) -> None:
   protocol.check_env(env)
 
 
-def _keep_turn(row: _Row, toks, lps, turn: int, tokenizer, stops, T: int) -> str:
+def _keep_turn(row: _Row, toks, lps, turn: int, tokenizer, stops, T: int, keep) -> str:
   """Appends a turn's sampled tokens to `row` up to its stop (string or token) and the
-  row's remaining slots; returns their text (what the environment is shown)."""
+  row's remaining slots; returns their text (what the environment is shown; control
+  tokens dropped except the ids in `keep`)."""
   toks = [int(t) for t in toks]
   end = batch_lib.stop_length(toks, tokenizer, stops)
   n = min(len(toks) if end is None else end, T - len(row.stream))
   row.kept = n
   row.append(toks[:n], 1, [float(x) for x in lps[:n]], turn)
-  return tokenizer.decode(toks[:n])
+  return template_turns.decode_keeping(tokenizer, toks[:n], keep)
 
 
-def _take_step(row: _Row, text: str, step, turn: int, max_turns: int, tokenizer, turns) -> bool:
+def _observation(row: _Row, text: str, step, closed: bool, env, tokenizer, turns, prompt):
+  """The ids of the observation after a turn. The template scaffold renders the
+  observation (a user message, or a native tool format's `tool` messages) and records
+  in the turn's info whether re-rendering the row's conversation extends its tokens
+  (`prefix_mismatch`, the rollout's `template/prefix_mismatch`)."""
+  if turns.template != "template":
+    return scaffold.observation_ids(tokenizer, turns.template, step.observation, closed)
+  messages = list(step.info.get("tool_messages") or [])
+  messages = messages or [{"role": "user", "content": step.observation}]
+  obs = scaffold.observation_ids(
+    tokenizer, turns.template, step.observation, closed, turns.layout, messages, env.tools
+  )
+  assistant = step.info.get("assistant_message") or {"role": "assistant", "content": text}
+  row.messages += [assistant, *messages]
+  again = template_turns.history_ids(turns.layout, tokenizer, row.messages, env.tools)
+  row.infos[-1]["prefix_mismatch"] = template_ids.prefix_mismatch(prompt + row.stream + obs, again)
+  return obs
+
+
+def _take_step(row: _Row, text: str, step, turn: int, env, tokenizer, turns, prompt) -> bool:
   """Records `env.step`'s answer to `text` in `row` and appends the observation's ids;
   False when the episode is over (done, out of turns, or no room for the observation
   and one sampled token)."""
+  max_turns = env.max_turns
   row.state = step.state
   row.rewards.append(float(step.reward))
   row.texts.append(text)
@@ -553,7 +599,7 @@ def _take_step(row: _Row, text: str, step, turn: int, max_turns: int, tokenizer,
     row.done = True
     return False
   closed = bool(row.stream) and row.sampled[-1] == 1 and row.stream[-1] == tokenizer.end_of_turn_id
-  obs = scaffold.observation_ids(tokenizer, turns.template, step.observation, closed)
+  obs = _observation(row, text, step, closed, env, tokenizer, turns, prompt)
   if turn + 1 >= max_turns or len(row.stream) + len(obs) + 1 > turns.max_total_tokens:
     row.truncated = True
     return False

@@ -4,9 +4,10 @@
 (`rlpost.text.tool_formats`: hermes, llama3_json, mistral) by running every call of the
 turn (`rlpost.envs.tool_functions.run_call`: arguments checked against the tool's schema,
 failures contained) and returning their results as `tool` messages in the step's info
-(`TOOL_MESSAGES`), which the chat template renders as the next observation
+(`TOOL_MESSAGES`; the turn itself as an assistant message with `tool_calls`,
+`ASSISTANT_MESSAGE`), which the chat template renders as the next observation
 (`rlpost.text.template_turns`); the observation text is their contents, one per line, for
-transcripts. A turn without calls goes to `env.step`. A malformed call (broken JSON, an
+transcripts. The tools' schemas go into `Env.tools` (the template's tool section). A turn without calls goes to `env.step`. A malformed call (broken JSON, an
 unknown tool, arguments that do not fit the schema, a call cut by the token limit) is an
 "error: ..." result the model sees, with info tool_error True; nothing raises.
 
@@ -22,6 +23,7 @@ from rlpost.text import tool_formats
 from rlpost.text.tool_syntax import clip
 
 TOOL_MESSAGES = "tool_messages"  # info key: the turn's results as `tool` messages (a tuple)
+ASSISTANT_MESSAGE = "assistant_message"  # info key: the turn as an OpenAI assistant message
 
 
 def with_native_tools(
@@ -57,13 +59,24 @@ def with_native_tools(
     messages = tuple(
       tool_formats.result_message(fmt, c, text) for c, (text, _) in zip(calls, results)
     )
+    assistant = {
+      "role": "assistant",
+      "content": parsed.content,
+      "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+        if not c.error
+      ],
+    }
     info = {
       "tool_call": True,
       "tool_error": any(err for _, err in results),
       TOOL_MESSAGES: messages,
+      ASSISTANT_MESSAGE: assistant,
     }
     observation = "\n".join(m["content"] for m in messages)
     return Step((inner, answered + len(calls)), observation, 0.0, False, info)
 
   stops = tuple(env.stop_strings) + tuple(s for s in fmt.stop_strings if s not in env.stop_strings)
-  return env._replace(reset=reset, step=step, stop_strings=stops)
+  schemas = tuple(env.tools) + tuple(tool_functions.schemas(toolset))
+  return env._replace(reset=reset, step=step, stop_strings=stops, tools=schemas)

@@ -64,6 +64,9 @@ class Env(NamedTuple):
   system: the system text of every episode, or None: in the chat scaffold a system
     turn where the chat format has one, else the opening of the first user turn
     (`rlpost.text.scaffold.prompt_ids`).
+  tools: JSON schemas of the tools its episodes offer in a native tool format
+    (`rlpost.envs.native_tools`); the template scaffold renders them in the chat
+    template's tool section.
   """
 
   name: str
@@ -72,6 +75,7 @@ class Env(NamedTuple):
   max_turns: int
   stop_strings: tuple[str, ...] = ()
   system: str | None = None
+  tools: tuple = ()
 
 
 def check_env(env: Env) -> None:

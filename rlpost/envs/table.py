@@ -27,7 +27,10 @@ from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
 from rlpost.envs import reasoning_gym
 from rlpost.envs import textarena_games
+from rlpost.envs import native_tools
+from rlpost.envs import tool_functions
 from rlpost.envs import tools
+from rlpost.text import tool_formats
 from rlpost.envs import toy_text
 
 
@@ -135,9 +138,13 @@ def env_config(block: dict) -> Any:
     raise errors.ConfigError(f"config.env ({name}): {message}") from None
 
 
-def make(name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool) -> protocol.EnvTasks:
+def make(
+  name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool, tool_format: str = "library"
+) -> protocol.EnvTasks:
   """The environment `name` built from its typed config, wrapped with the calculator tool
-  when `tools_enabled` (its results clipped to `run.max_result_chars`)."""
+  when `tools_enabled` (its results clipped to `run.max_result_chars`): in the library's
+  syntax, or in a native `tool_format` (`rlpost.text.tool_formats`: calls in the model's
+  own format, results as `tool` messages, `rlpost.envs.native_tools`)."""
   spec = spec_of(name)
   if tools_enabled and not spec.takes_tools:
     raise errors.ConfigError(
@@ -153,7 +160,11 @@ def make(name: str, config: Any, run: protocol.RunInfo, tools_enabled: bool) -> 
     protocol.check_env(env_tasks.env)
   except ValueError as err:
     raise errors.ConfigError(f"config.env.name={name!r}: {err}") from None
-  if tools_enabled:
+  if tools_enabled and tool_format != "library":
+    fmt, toolset = tool_formats.get(tool_format), tool_functions.function_tools(tools.REGISTRY)
+    env = native_tools.with_native_tools(env_tasks.env, toolset, fmt, run.max_result_chars)
+    env_tasks = env_tasks._replace(env=env)
+  elif tools_enabled:
     env = tools.with_tools(env_tasks.env, tools.REGISTRY, run.max_result_chars)
     env_tasks = env_tasks._replace(env=env)
   return env_tasks

@@ -12,6 +12,7 @@ import math
 
 from rlpost.models import quant
 from rlpost.recipes import common
+from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
 SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
@@ -93,12 +94,18 @@ NO_LOG = LogConfig(trajectories_every=0, trajectories_logged=0)  # a config with
 @dataclasses.dataclass(frozen=True)
 class ToolsConfig:
   """An environment run's `tools` block: `enabled` wraps the environment with the tool
-  registry; a tool result's text is clipped to `max_result_chars`."""
+  registry; a tool result's text is clipped to `max_result_chars`; `format`: the call
+  syntax, "library" (`<tool>NAME: ARGUMENT</tool>`, any scaffold), "native" (the one the
+  model's chat template writes, `tool_formats.detect`; the library's when the template has
+  no tool section) or a format by name (`tool_formats.FORMATS`); a native format needs
+  the template scaffold (`rollout.template=template`)."""
 
   enabled: bool = False
   max_result_chars: int = 200
+  format: str = "library"
 
   def __post_init__(self):
+    common.check_one_of(ToolsConfig, "format", self.format, ("native", *tool_formats.FORMATS))
     marker = len(tool_syntax.TRUNCATION_MARKER)
     if self.max_result_chars < marker:
       common.field_error(

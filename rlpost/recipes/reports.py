@@ -86,7 +86,8 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   episode: success and EPISODE_ACCURACY keys (the last turn's info, when the
   environment reports them), tool_episode_rate (episodes with a tool call),
   truncation_rate, failure_rate (ended by the environment without success: FrozenLake's
-  holes).
+  holes); with the template scaffold, template/prefix_mismatch: the turns whose
+  re-rendered conversation does not extend the tokens sampled.
   """
   last = [e.infos[-1] if e.infos else {} for e in episodes]
   count = lambda key: [sum(bool(i.get(key)) for i in e.infos) for e in episodes]
@@ -97,6 +98,7 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
     "tool_call": count("tool_call"),
     "tool_error": count("tool_error"),
     "invalid_action": count("invalid_action"),
+    "prefix_mismatch": count("prefix_mismatch"),
     "tool_episode": [any(i.get("tool_call") for i in e.infos) for e in episodes],
     "truncated": [e.truncated for e in episodes],
     "failed": [e.done and not bool(i.get("success")) for e, i in zip(episodes, last)],
@@ -117,6 +119,8 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
     "truncation_rate": float(v["truncated"].mean()),
     "failure_rate": float(v["failed"].mean()),
   }
+  if any("prefix_mismatch" in i for e in episodes for i in e.infos):  # the template scaffold
+    out["template/prefix_mismatch"] = float(v["prefix_mismatch"].sum())
   for key in EPISODE_ACCURACY:
     if v[f"has/{key}"].any():
       out[key] = float(v[key].mean())

@@ -49,6 +49,7 @@ from rlpost.envs import protocol
 from rlpost.envs import table as env_table
 from rlpost.models import policy
 from rlpost.recipes import alarms as alarms_lib
+from rlpost.recipes import chat_layout
 from rlpost.recipes import common
 from rlpost.recipes import reports
 from rlpost.recipes import rl_config
@@ -125,10 +126,12 @@ def check_config(cfg, learner: str | None = None) -> rl_config.RLConfig:
   return rl_config.parse(cfg, learner)
 
 
-def make_env(c: rl_config.RLConfig, tokenizer=None) -> protocol.EnvTasks:
+def make_env(
+  c: rl_config.RLConfig, tokenizer=None, tool_format: str = "library"
+) -> protocol.EnvTasks:
   """The `env` block's environment from the table (`rlpost.envs.table`), with the `tools`
-  block's tools when enabled, and its tasks (a dataset counts its prompts' tokens with
-  `tokenizer`)."""
+  block's tools when enabled (in `tool_format`), and its tasks (a dataset counts its
+  prompts' tokens with `tokenizer`)."""
   run_info = protocol.RunInfo(
     seed=c.seed,
     eval_seed_offset=c.eval.seed_offset,
@@ -136,7 +139,7 @@ def make_env(c: rl_config.RLConfig, tokenizer=None) -> protocol.EnvTasks:
     max_result_chars=c.tools.max_result_chars,
     tokenizer=tokenizer,
   )
-  return env_table.make(c.env_name, c.env, run_info, c.tools.enabled)
+  return env_table.make(c.env_name, c.env, run_info, c.tools.enabled, tool_format)
 
 
 def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
@@ -151,8 +154,14 @@ def build(cfg, loaded=None, learner: str | None = None) -> Pieces:
   of `cfg`: an RLConfig, or a ConfigDict (checked here, `check_config`)."""
   c = cfg if isinstance(cfg, rl_config.RLConfig) else check_config(cfg, learner)
   _, params, tokenizer = loaded or common.load_model(c)
-  tasks = make_env(c, tokenizer)
-  turns = rl_config.turn_layout(c, tasks.scaffold)
+  chat = chat_layout.layout(c, tokenizer)  # the template scaffold's chat template
+  tool_format = chat_layout.tool_format(c, chat)
+  tasks = make_env(c, tokenizer, tool_format)
+  turns = dataclasses.replace(
+    rl_config.turn_layout(c, tasks.scaffold),
+    layout=chat,
+    keep_special=chat_layout.markers(tool_format, tokenizer),
+  )
   sc = sampling_lib.SamplingConfig(
     temperature=c.sampling.temperature,
     stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),

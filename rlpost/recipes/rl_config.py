@@ -69,10 +69,10 @@ class ModelBlock:
     common.check_one_of(ModelBlock, "weights", self.weights, MODEL_WEIGHTS)
     common.check_one_of(ModelBlock, "dtype", self.dtype, ("float32", "bfloat16"))
     chat_template_lib.parse_date(self.date_string, "ModelBlock.date_string")
-    if self.chat_template and not pathlib.Path(self.chat_template).is_file():
+    if self.chat_template and not pathlib.Path(self.chat_template).exists():
       raise ValueError(
         f"ModelBlock.chat_template={self.chat_template!r}: no such file; give a .jinja chat "
-        "template file, or '' for the model file's own template"
+        "template file (or a Hugging Face directory), or '' for the model file's own template"
       )
 
 
@@ -204,6 +204,13 @@ def check_rules(c: RLConfig) -> None:
       c.rollout.overlong_buffer,
       f"must be <= the {turns.max_total_tokens} tokens a row samples at most "
       "(rollout.max_total_tokens, else sampling.max_new_tokens)",
+    )
+  if c.tools.format != "library" and c.rollout.template != "template":
+    common.fail(
+      "tools.format",
+      c.tools.format,
+      "a native format's results are `tool` messages the model's chat template renders: "
+      "set rollout.template=template, or use tools.format=library",
     )
   _check_batch(c)
   _check_credit(c)

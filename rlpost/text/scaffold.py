@@ -14,13 +14,17 @@ Scaffolds (the `template` argument):
                        with one, e.g. at a tool call's close tag; what follows a close,
                        Gemma's and ChatML's "\n", is scaffolding, so it is not trained on)
   plain  first prompt  [BOS]{observation};  later turns  \n{observation}
+  template  the model's own chat template (`template_turns`, with a `Layout`): the first
+         prompt and each observation as the template renders them, tool results as
+         `tool` messages (`messages`), the environment's tool schemas in its tool section
 The system text is the environment's (`Env.system`), else the tokenizer's default one
 (the chat template's, e.g. SmolLM2's), if any.
 """
 
 from rlpost.text import chat_formats
+from rlpost.text import template_turns
 
-SCAFFOLDS = ("chat", "plain")
+SCAFFOLDS = ("chat", "plain", "template")
 
 
 def text_ids(tokenizer, text: str) -> list[int]:
@@ -33,6 +37,12 @@ def _check(template: str) -> None:
     raise ValueError(f"scaffold template={template!r}: use one of {SCAFFOLDS}")
 
 
+def _layout(layout: template_turns.Layout | None) -> template_turns.Layout:
+  if layout is None:
+    raise ValueError("the template scaffold needs the chat template's Layout (none was given)")
+  return layout
+
+
 def _user_turn(tokenizer, observation: str) -> list[int]:
   """A user turn holding `observation`, then the assistant's opening."""
   return chat_formats.turn(tokenizer, "user", observation) + chat_formats.generation_prompt(
@@ -40,11 +50,21 @@ def _user_turn(tokenizer, observation: str) -> list[int]:
   )
 
 
-def prompt_ids(tokenizer, template: str, observation: str, system: str | None = None) -> list[int]:
+def prompt_ids(
+  tokenizer,
+  template: str,
+  observation: str,
+  system: str | None = None,
+  layout: template_turns.Layout | None = None,
+  tools=(),
+) -> list[int]:
   """The first prompt of an episode (BOS first if the tokenizer uses one), ending where the
   model writes. `system` (None: the tokenizer's default, if any): chat, a system turn where
-  the format has one, else the opening of the user turn; plain, the text's opening."""
+  the format has one, else the opening of the user turn; plain, the text's opening;
+  template, the template's (`layout`, with the environment's `tools`)."""
   _check(template)
+  if template == "template":
+    return template_turns.first_prompt_ids(_layout(layout), tokenizer, observation, system, tools)
   if template == "plain":
     text = observation if system is None else f"{system}\n\n{observation}"
     return chat_formats.start(tokenizer) + text_ids(tokenizer, text)
@@ -54,13 +74,26 @@ def prompt_ids(tokenizer, template: str, observation: str, system: str | None = 
 
 
 def observation_ids(
-  tokenizer, template: str, observation: str, model_closed_turn: bool
+  tokenizer,
+  template: str,
+  observation: str,
+  model_closed_turn: bool,
+  layout: template_turns.Layout | None = None,
+  messages=None,
+  tools=(),
 ) -> list[int]:
   """Ids inserted after a model turn: the observation in its scaffolding.
 
   model_closed_turn: the turn's last sampled token was the turn close (`end_of_turn_id`).
+  layout, messages, tools: the template scaffold's; `messages` (None: the observation as a
+    `user` message) the observation as the template renders it (a turn's `tool` results).
   """
   _check(template)
+  if template == "template":
+    messages = messages or [{"role": "user", "content": observation}]
+    return template_turns.observation_ids(
+      _layout(layout), tokenizer, messages, model_closed_turn, tools
+    )
   if template == "plain":
     return text_ids(tokenizer, f"\n{observation}")
   close = chat_formats.closing(tokenizer)

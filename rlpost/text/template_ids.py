@@ -52,9 +52,10 @@ def _mark(value, control: re.Pattern):
   return value
 
 
-def text_ids(tokenizer, text: str) -> list[int]:
+def text_ids(tokenizer, text: str, add_bos: bool = True) -> list[int]:
   """Ids of rendered chat text: control tokens as ids (marked ones, and every span between
-  two unmarked ones, as plain text); BOS as the module doc says."""
+  two unmarked ones, as plain text); BOS as the module doc says (`add_bos` False: a piece
+  after the start of a conversation, no BOS added)."""
   _, pattern = _patterns(tokenizer)
   ids, plain, pos = [], [], 0
   for match in pattern.finditer(text):
@@ -68,7 +69,7 @@ def text_ids(tokenizer, text: str) -> list[int]:
       plain = []
   plain.append(text[pos:])
   ids += tokenizer.encode("".join(plain), add_bos=False, parse_special=False)
-  if tokenizer.uses_bos and ids[:1] != [tokenizer.bos_id]:
+  if add_bos and tokenizer.uses_bos and ids[:1] != [tokenizer.bos_id]:
     ids.insert(0, tokenizer.bos_id)
   return ids
 

@@ -280,8 +280,8 @@ def parse_mistral(text: str) -> Parsed:
 
 
 def render_mistral(content: str, calls: Sequence[Call]) -> str:
-  """The list form, as Mistral's v3 template writes calls."""
-  body = [{"name": c.name, "arguments": c.arguments} for c in calls]
+  """The list form, as Mistral's templates write calls (Mistral-Nemo's with each call's id)."""
+  body = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls]
   return f"{content}{TOOL_CALLS}{json.dumps(body, ensure_ascii=False)}"
 
 
@@ -315,6 +315,16 @@ FORMATS = {
   "llama3_json": Format("llama3_json", parse_llama3_json, render_llama3_json, (), True),
   "mistral": Format("mistral", parse_mistral, render_mistral, (), True),
   "library": Format("library", parse_library, render_library, (tool_syntax.CALL_CLOSE,), False),
+}
+
+
+# Control-token texts a format's parser reads: the text a rollout decodes for the
+# environment keeps them (`multiturn.TurnConfig.keep_special`) where the vocabulary has them.
+MARKERS = {
+  "hermes": (HERMES_OPEN, HERMES_CLOSE, "<think>", THINK_CLOSE),
+  "llama3_json": (PYTHON_TAG,),
+  "mistral": (TOOL_CALLS, ARGS, CALL_ID),
+  "library": (),
 }
 
 
