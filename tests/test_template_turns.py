@@ -165,24 +165,37 @@ def test_decoding_keeps_only_the_formats_markers():
   assert template_turns.decode_keeping(tok, ids, frozenset()) == '[{"name": "x"}]'
 
 
+# family preset, its template's fixture, the tool format `native` resolves to, its system opening
+FAMILY_RUNS = [
+  ("qwen2_tiny", "qwen2_5", "hermes", "<|im_start|>system\nYou are Qwen"),
+  ("llama_tiny", "llama3_1", "llama3_json", "<|start_header_id|>system<|end_header_id|>"),
+  ("tiny", "gemma3_it", "library", "<start_of_turn>user\n"),
+]
+
+
 @pytest.mark.slow
-def test_an_agentic_run_in_qwens_template_with_native_tool_calls(tmp_path):
-  """FrozenLake with the calculator on the tiny Qwen2 model, laid out by Qwen2.5's own
-  chat template (`rollout.template=template`, `model.chat_template`), tools in its
-  native format (`tools.format=native` -> hermes): the run trains, each first prompt is
-  the template's rendering (tools in the system turn), and every observation turn reports
-  whether its re-rendering extends the sampled tokens (`template/prefix_mismatch`)."""
+@pytest.mark.parametrize("preset,template,tool_format,opening", FAMILY_RUNS)
+def test_an_agentic_run_in_each_familys_template_and_tool_format(
+  preset, template, tool_format, opening, tmp_path
+):
+  """FrozenLake with the calculator on each family's tiny model, laid out by the family's
+  own chat template (`rollout.template=template`, `model.chat_template`), tools in its
+  native format (`tools.format=native`: hermes for Qwen2.5's template, llama3_json for
+  Llama 3.1's, the library's syntax for Gemma 3's, which has no tool section): the run
+  trains one iteration, each first prompt is the template's rendering (tools in the
+  template's tool section), and every observation turn reports whether its re-rendering
+  extends the sampled tokens (`template/prefix_mismatch`)."""
   from experiments.configs import agentic  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
 
-  fix = json.loads((FIXTURES / "qwen2_5.json").read_text(encoding="utf-8"))
-  path = tmp_path / "qwen.jinja"
+  fix = json.loads((FIXTURES / f"{template}.json").read_text(encoding="utf-8"))
+  path = tmp_path / "chat.jinja"
   path.write_text(fix["template"], encoding="utf-8")
   overrides = {
-    "model.preset": "qwen2_tiny",
+    "model.preset": preset,
     "model.chat_template": str(path),
     "rollout.template": "template",
-    "rollout.max_prompt_tokens": 1536,  # the tools in the system turn, one byte a token
+    "rollout.max_prompt_tokens": 2048,  # the tools in the system turn, one byte a token
     "tools.enabled": True,
     "tools.format": "native",
     "train.steps": 1,
@@ -191,14 +204,17 @@ def test_an_agentic_run_in_qwens_template_with_native_tool_calls(tmp_path):
   }
   cfg = with_overrides(agentic.get_config("frozenlake_tiny"), overrides)
   p = rl.build(cfg)
-  assert p.turns.layout is not None and p.turns.keep_special == ()
-  first = p.tasks.env.reset(None, 3)[1]
-  layout = p.turns.layout
-  ids = template_turns.first_prompt_ids(layout, p.tokenizer, first, None, p.tasks.env.tools)
+  assert p.turns.layout is not None and p.tasks.env.stop_strings[-1:] == (
+    ("</tool>",) if tool_format == "library" else p.tasks.env.stop_strings[-1:]
+  )
+  env = p.tasks.env
+  ids = template_turns.first_prompt_ids(
+    p.turns.layout, p.tokenizer, env.reset(None, 3)[1], None, env.tools
+  )
   text = p.tokenizer.decode(ids, skip_special=False)
   # (the tiny models' byte tokenizer uses a BOS, which Qwen's own does not)
-  assert text.removeprefix("<bos>").startswith("<|im_start|>system\nYou are Qwen")
-  assert '"name": "calculator"' in text
+  assert text.removeprefix("<bos>").removeprefix("<|begin_of_text|>").startswith(opening)
+  assert ('"name": "calculator"' in text) == (tool_format != "library")
   rl.run(cfg, str(tmp_path / "run"))
   record = run_metrics(tmp_path / "run")[-1]
   assert np.isfinite(record["template/prefix_mismatch"]) and "tool_call_rate" in record
