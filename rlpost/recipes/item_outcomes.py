@@ -65,11 +65,15 @@ def write(workdir: str, step: int, items: list[dict]) -> str | None:
   target = path(workdir, step)
   os.makedirs(os.path.dirname(target), exist_ok=True)
   tmp = f"{target}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(line) + "\n" for line in items)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, target)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(line) + "\n" for line in items)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):  # the write failed: the old file (if any) stays as it was
+      os.remove(tmp)
   return target
 
 
