@@ -113,3 +113,39 @@ def test_normalized_question_ignores_case_and_spacing_only(words, spaces, upper)
   want = " ".join(words).lower()
   assert norm(spaced.upper() if upper else spaced) == want
   assert norm(spaced + "1") != want and norm("Tom has 3 apples.") != norm("Tom has 30 apples.")
+
+
+def test_gsm8k_evaluation_skips_training_questions_and_repeats():
+  """eval.held_out_problems (experiments.eval_gsm8k's set): a test problem asking a
+  training question (other case, spacing) or an earlier test question is skipped; on the
+  train split nothing is. The outcome lines score each completion. Mutation caught: the
+  exclusion skipping training questions only on an exact match (`key` as the raw text)."""
+  from rlpost.data.gsm8k import Problem  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import eval as evaluation  # pylint: disable=g-import-not-at-top
+
+  q = lambda text, final="1": Problem(text, f"#### {final}", final)
+  trained = [q("How many cats?"), q("Why  not?")]
+  test = [q("how many CATS?"), q("What is 2+2?", "4"), q("What is 2+2? "), q("Why?"), q("Who?")]
+  kept, ids, counts = evaluation.held_out_problems(test, trained, 2, "test")
+  assert ids == [1, 3] and kept == [test[1], test[3]]
+  assert counts == {"overlap_before": 1, "distinct_before": 2, "overlap": 0, "distinct": 2}
+  kept, ids, counts = evaluation.held_out_problems(test, trained, 3, "train")
+  assert ids == [0, 1, 2] and counts["overlap_before"] == 1
+  lines = evaluation.problem_items([test[1]] * 2, ["<answer>4</answer>", "5"], [1, 1])
+  assert [(x["item"], x["success"], x["reward"]) for x in lines] == [
+    (1, True, 1.0),
+    (1, False, 0.0),
+  ]
+  assert lines[0]["key"] == held_out.key_digest("what is 2+2?")
+
+
+def test_gsm8k_test_split_shares_no_question_with_train():
+  """The figure the eval module's docstring states: all 1,319 test problems kept."""
+  from conftest import GSM8K_DIR, require_shared  # pylint: disable=g-import-not-at-top
+  from rlpost.data import gsm8k  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import eval as evaluation  # pylint: disable=g-import-not-at-top
+
+  data = str(require_shared(GSM8K_DIR))
+  test, train = gsm8k.load_gsm8k("test", data), gsm8k.load_gsm8k("train", data)
+  _, ids, counts = evaluation.held_out_problems(test, train, len(test), "test")
+  assert len(ids) == len(test) == 1319 and counts["overlap_before"] == 0
