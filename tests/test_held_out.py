@@ -46,7 +46,7 @@ def test_counts_before_exclusion_are_the_seed_held_out_sets():
   maps directly; held-out seeds skipped are exactly those whose map was trained on or
   repeats. Mutation caught: overlap_before counting every draw instead of the first n."""
   tasks, n = _lake(4), 100
-  train = held_out.train_seeds(tasks, 30, 16)  # PPO's 480 episodes
+  train = held_out.train_seeds(tasks, 30, 16)  # 480 episodes (PPO: 16 tasks x 1)
   held = held_out.choose(tasks, train, OFFSET, n)
   trained = {frozenlake.generate_map(4, s, 0.2) for s in train}
   first = [frozenlake.generate_map(4, OFFSET + k, 0.2) for k in range(n)]

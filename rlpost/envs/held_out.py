@@ -69,10 +69,13 @@ def key_digest(key: Hashable) -> str:
   return hashlib.sha1(repr(key).encode("utf-8")).hexdigest()[:16]
 
 
-def train_seeds(tasks: protocol.EnvTasks, steps: int, batch_tasks: int) -> range:
-  """Every training seed a run of `steps` iterations of `batch_tasks` tasks can draw: a
-  dataset's whole pool, else seeds 0 .. steps * batch_tasks - 1 (`EnvTasks.pool`)."""
-  return range(tasks.pool) if tasks.pool is not None else range(steps * batch_tasks)
+def train_seeds(tasks: protocol.EnvTasks, steps: int, per_step: int) -> range:
+  """The training seeds a run's evaluation set excludes: a dataset's whole pool, else seeds
+  0 .. steps * per_step - 1 (`EnvTasks.pool`). The recipe passes its episodes per step
+  (tasks x episodes per task), a superset of the seeds it draws (tasks per step), so two
+  runs with the same episode budget (PPO's 16 tasks x 1, GRPO's 2 x 8) evaluate the same
+  items, and a paired comparison of them uses every item."""
+  return range(tasks.pool) if tasks.pool is not None else range(steps * per_step)
 
 
 def _keys(tasks: protocol.EnvTasks, make, seeds) -> list:

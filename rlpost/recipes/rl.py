@@ -152,11 +152,13 @@ def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
 
 
 def held_out_set(c: rl_config.RLConfig, tasks: protocol.EnvTasks, always: bool = False):
-  """The evaluation set (`rlpost.envs.held_out.choose`: items none of the run's training
-  seeds can draw, distinct), logged; None when eval.every is 0 (unless `always`)."""
+  """The evaluation set (`rlpost.envs.held_out.choose`: distinct items, none of them one
+  the seeds of the run's episode budget draw), logged; None when eval.every is 0 (unless
+  `always`)."""
   if not (c.eval.every or always):
     return None
-  train = held_out_lib.train_seeds(tasks, c.train.steps, c.train.batch_tasks)
+  per_step = c.train.batch_tasks * c.spec.samples_per_task(c.settings)  # episodes
+  train = held_out_lib.train_seeds(tasks, c.train.steps, per_step)
   try:
     held = held_out_lib.choose(tasks, train, c.eval.seed_offset, c.eval.num_tasks)
   except ValueError as err:
