@@ -158,11 +158,12 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
   """The report's JSON (module docstring)."""
   loaded = [load(r, metric) for r in roots]
   out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
-  for root, found in zip(roots, loaded):
+  for index, (root, found) in enumerate(zip(roots, loaded)):
     for step, run in found.items():
       items, (table,) = tables([run])
       point = intervals.mean_interval(table, draws=draws) if items else {"items": 0}
-      out["points"].append({"dir": root, "step": step, "seed_ids": sorted(run), **point})
+      where = {"run": index, "dir": root, "step": step, "seed_ids": sorted(run)}
+      out["points"].append({**where, **point})
   if len(roots) == 2:
     for step in sorted(set(loaded[0]) & set(loaded[1])):
       items, (a, b) = tables([loaded[0][step], loaded[1][step]])
@@ -200,12 +201,14 @@ def plot(rep: dict, path: str) -> str:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
-  for root in rep["dirs"]:
-    pts = [p for p in rep["points"] if p["dir"] == root and "mean" in p]
+  for index, root in enumerate(rep["dirs"]):
+    pts = [p for p in rep["points"] if p["run"] == index and "mean" in p]
     steps = [p["step"] for p in pts]
-    ax.plot(steps, [p["mean"] for p in pts], marker=".", label=os.path.basename(root) or root)
+    name = f"{index + 1}: {os.path.basename(os.path.normpath(root))}"
+    ax.plot(steps, [p["mean"] for p in pts], marker=".", label=name)
     ax.fill_between(steps, [p["lo"] for p in pts], [p["hi"] for p in pts], alpha=0.25)
   ax.set_xlabel("step")
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   ax.set_ylabel(f"{rep['metric']} (95% interval)")
   ax.grid(alpha=0.3)
   ax.legend()

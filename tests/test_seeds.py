@@ -109,7 +109,8 @@ def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
   interval; the dir against itself differs by 0 with p = 1; the PNG is written."""
   root, _ = two_seeds
   rep = seeds.report([str(root), str(root)], "reward", 300)
-  points = [p for p in rep["points"] if p["dir"] == str(root)][:3]
+  points = [p for p in rep["points"] if p["run"] == 0]
+  assert [p["step"] for p in rep["points"]] == [0, 1, 2] * 2
   for p in points:
     rewards = [
       [x["reward"] for x in item_outcomes.read(str(root / f"seed_{k}"))[p["step"]]] for k in (0, 1)

@@ -5,7 +5,8 @@ the `env` block): FrozenLake, GSM8K with a calculator, or a prompt dataset (GSM8
 arithmetic and digit tasks, a JSONL file with reward functions: each prompt a one-turn
 episode, `rlpost.envs.prompt_dataset`). A dataset's tasks are drawn in the data cursor's
 order; an environment of seeds plays seeds i*B .. i*B+B-1 at iteration i, held-out seeds
-from eval.seed_offset (`protocol.EnvTasks.pool`). Old field names (`data.*`,
+from eval.seed_offset (`protocol.EnvTasks.pool`), skipping any whose content a training
+seed can draw or an earlier held-out seed has (`rlpost.envs.held_out`). Old field names (`data.*`,
 `train.batch_prompts`, a top-level `max_staleness`) are read at their new places
 (`rlpost.config_moves`).
 
