@@ -162,7 +162,10 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
     for step, run in found.items():
       items, (table,) = tables([run])
       point = intervals.mean_interval(table, draws=draws) if items else {"items": 0}
+      keys = {k for _, k in items}
+      distinct = None if None in keys else len(keys)  # content keys: distinct items
       where = {"run": index, "dir": root, "step": step, "seed_ids": sorted(run)}
+      where["distinct"] = distinct
       out["points"].append({**where, **point})
   if len(roots) == 2:
     for step in sorted(set(loaded[0]) & set(loaded[1])):
@@ -176,11 +179,12 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
 def markdown(rep: dict) -> str:
   """The report as Markdown tables."""
   rows = [
-    f"| {p['dir']} | {p['step']} | {p.get('seeds', 0)} | {p['items']} | "
+    f"| {p['dir']} | {p['step']} | {p.get('seeds', 0)} | {p['items']} ({p['distinct']}) | "
     + (f"{p['mean']:.3f} | [{p['lo']:.3f}, {p['hi']:.3f}] |" if "mean" in p else "- | - |")
     for p in rep["points"]
   ]
-  text = [f"| dir | step | seeds | items | mean {rep['metric']} | 95% interval |", "|---" * 6 + "|"]
+  head = f"| dir | step | seeds | items (distinct) | mean {rep['metric']} | 95% interval |"
+  text = [head, "|---" * 6 + "|"]
   text += rows
   if rep["comparison"]:
     text += ["", "| step | items | difference (first - second) | 95% interval | p |"]

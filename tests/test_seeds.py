@@ -116,7 +116,7 @@ def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
       [x["reward"] for x in item_outcomes.read(str(root / f"seed_{k}"))[p["step"]]] for k in (0, 1)
     ]
     assert p["mean"] == pytest.approx(np.mean(rewards)) and p["lo"] <= p["mean"] <= p["hi"]
-    assert (p["seeds"], p["items"], p["seed_ids"]) == (2, 8, [0, 1])
+    assert (p["seeds"], p["items"], p["seed_ids"], p["distinct"]) == (2, 8, [0, 1], 8)
   assert [(c["step"], c["difference"], c["p"]) for c in rep["comparison"]] == [
     (0, 0.0, 1.0),
     (1, 0.0, 1.0),
