@@ -8,8 +8,10 @@ kept before it, until it has `n` seeds: `n` distinct items, none trained on.
 
 This changes which items are evaluated: on 4x4 FrozenLake the most frequent maps (the
 all-frozen one is 4% of draws) are those training saw, so the held-out maps are the rarer
-ones, with more holes. An environment without a content key keeps seeds `offset ..
-offset + n - 1` and reports its overlap as unknown.
+ones, with more holes: 356 of them average 3.8 holes after a 480-episode budget, 4.5 after
+3,200, against 2.6 for seeds 1,000,000 .. 1,000,355. Scores are comparable only between
+runs of one episode budget (`train_seeds`). An environment without a content key keeps
+seeds `offset .. offset + n - 1` and reports its overlap as unknown.
 """
 
 import hashlib
