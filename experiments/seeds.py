@@ -27,11 +27,10 @@ import subprocess
 import sys
 import time
 
-from absl import flags
 import numpy as np
+from absl import flags
 
-from experiments import cli
-from experiments import intervals
+from experiments import cli, intervals
 from rlpost import errors
 from rlpost.recipes import item_outcomes
 

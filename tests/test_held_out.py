@@ -4,7 +4,8 @@ content keys of FrozenLake and the prompt datasets."""
 import types
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlpost.envs import frozenlake, held_out, prompt_dataset, protocol
 
@@ -142,6 +143,7 @@ def test_gsm8k_evaluation_skips_training_questions_and_repeats():
 def test_gsm8k_test_split_shares_no_question_with_train():
   """The figure the eval module's docstring states: all 1,319 test problems kept."""
   from conftest import GSM8K_DIR, require_shared  # pylint: disable=g-import-not-at-top
+
   from rlpost.data import gsm8k  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import eval as evaluation  # pylint: disable=g-import-not-at-top
 
@@ -158,6 +160,7 @@ def test_gsm8k_evaluate_writes_each_problems_outcome(tmp_path):
   3 s: the tiny sampler's compilation. Mutation caught: `evaluate` not writing (its
   `if outcomes:` as `if False:`)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from rlpost import sampling  # pylint: disable=g-import-not-at-top
   from rlpost.data.gsm8k import Problem  # pylint: disable=g-import-not-at-top
   from rlpost.models import decoder, families  # pylint: disable=g-import-not-at-top

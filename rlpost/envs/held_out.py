@@ -15,7 +15,8 @@ seeds `offset .. offset + n - 1` and reports its overlap as unknown.
 """
 
 import hashlib
-from typing import Hashable, Iterable, NamedTuple
+from collections.abc import Hashable, Iterable
+from typing import NamedTuple
 
 from rlpost.envs import protocol
 
