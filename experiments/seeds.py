@@ -27,10 +27,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 from absl import flags
+import numpy as np
 
-from experiments import cli, intervals
+from experiments import cli
+from experiments import intervals
 from rlpost import errors
 from rlpost.recipes import item_outcomes
 
