@@ -409,4 +409,14 @@ def build(config: FrozenLakeConfig, run: RunInfo) -> EnvTasks:
   )
   del run  # nothing of the run changes FrozenLake
   none = lambda seeds: [None] * len(seeds)
-  return EnvTasks(env, none, none)
+  return EnvTasks(env, none, none, content_key=map_key(config))
+
+
+def map_key(config: FrozenLakeConfig):
+  """The content key of a FrozenLake episode: `(task, seed) -> the map's rows` (the map
+  `reset` plays), or None with a fixed map (every episode plays it, trained and held out
+  alike: there is no held-out content)."""
+  if config.fixed_map:
+    return None
+  size, hole_prob = config.size, config.hole_prob
+  return lambda task, seed: tuple(task) if task is not None else generate_map(size, seed, hole_prob)

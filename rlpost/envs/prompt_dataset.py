@@ -18,6 +18,7 @@ The `env` block's fields (one config class per dataset, the same fields):
 
 import dataclasses
 import os
+import unicodedata
 from typing import ClassVar
 
 from rlpost import rewards as rewards_lib
@@ -143,4 +144,12 @@ def tasks(
     shuffle=shuffle,
     scaffold=scaffold_kind,
     report=protocol.CompletionReport(tuple(task.reward_fns), tuple(task.accuracy_fns)),
+    content_key=lambda problem, seed: normalized_question(problem.question),
   )
+
+
+def normalized_question(text: str) -> str:
+  """A question as content, for finding the same problem twice: Unicode NFKC, lower case,
+  every run of whitespace one space, no leading or trailing space. Punctuation and digits
+  stay ("3 apples" and "30 apples" differ)."""
+  return " ".join(unicodedata.normalize("NFKC", text).lower().split())

@@ -36,7 +36,7 @@ What the driver (`rlpost.envs.multiturn.rollout`) assumes and checks:
 """
 
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple
 
 INFO_FLAGS = ("success", "invalid_action", "tool_call", "tool_error")  # bools, when present
 
@@ -138,6 +138,10 @@ class EnvTasks(NamedTuple):
     rollout block's `template` chooses.
   report: None: per-episode rates (success, turns, tools, ...); a CompletionReport: a
     one-turn dataset's per-reward-function metrics.
+  content_key: (task, seed) -> what an episode is about, hashable (FrozenLake: the map's
+    rows; a dataset: its normalised question), the same for the same content whatever
+    the seed; or None: the environment names none, and held-out evaluation is by seed
+    alone (`rlpost.envs.held_out`: overlap with training reported as unknown).
   """
 
   env: Env
@@ -147,3 +151,4 @@ class EnvTasks(NamedTuple):
   shuffle: bool = False
   scaffold: str | None = None
   report: CompletionReport | None = None
+  content_key: Callable[[Any, int], Hashable] | None = None

@@ -1,7 +1,12 @@
 """GSM8K-style evaluation: greedy answer/format accuracy and pass@k with sampling.
 
 `evaluate_run` is what experiments/eval_gsm8k.py runs: the base model and,
-given a GRPO run directory, its newest checkpoint, on the same problems.
+given a GRPO run directory, its newest checkpoint, on the same problems: the split's
+first problems whose normalised question (`prompt_dataset.normalized_question`) is no
+training problem's or solved example's, nor an earlier one's (GSM8K's test split has
+none of either: all 1,319 are kept). Each greedy evaluation of a run's workdir writes
+its per-problem outcomes (`item_outcomes`): the base model as step 0, the trained
+checkpoint as its iteration.
 """
 
 import dataclasses
@@ -19,8 +24,11 @@ from rlpost.data import gsm8k
 from rlpost.data import prompts as prompts_lib
 from rlpost.models import policy
 from rlpost.data import tasks as tasks_lib
+from rlpost.envs import held_out as held_out_lib
+from rlpost.envs import prompt_dataset
 from rlpost.envs import table as env_table
 from rlpost.recipes import common
+from rlpost.recipes import item_outcomes
 from rlpost.recipes import rl_config
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
@@ -96,12 +104,15 @@ def evaluate(
   temperature: float = PASS_TEMPERATURE,
   seed: int = 0,
   desc: str = "eval",
+  outcomes: tuple[str, int, list[int]] | None = None,
 ) -> dict:
   """Accuracy report over `problems` (see `accuracy_report`).
 
   Greedy decoding gives `answer_accuracy` (number in the answer tags equals the
   truth) and `format_accuracy` (full reasoning/answer tag format), reported
   separately; `pass_k` samples at `temperature` give pass@k (any of k correct).
+  outcomes: (workdir, step, each problem's index in its split): the greedy
+  completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl.
   """
   greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
   sample_sc = dataclasses.replace(sampling_config, temperature=temperature)
@@ -125,9 +136,46 @@ def evaluate(
         pass_k,
       )
   report = {**accuracy_report(problems, greedy, samples, pass_k), "template": template}
+  if outcomes:
+    workdir, step, ids = outcomes
+    item_outcomes.write(workdir, step, problem_items(problems, greedy, ids))
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
+
+
+def problem_items(problems, greedy: list[str], ids: list[int]) -> list[dict]:
+  """The outcome lines (`item_outcomes`) of greedy completions: success and reward 1 when
+  the answer is correct, the content key the normalised question's digest."""
+  lines = []
+  for problem, completion, i in zip(problems, greedy, ids, strict=True):
+    correct = gsm8k_rewards.is_correct(completion, problem.final)
+    key = held_out_lib.key_digest(prompt_dataset.normalized_question(problem.question))
+    lines.append(item_outcomes.item(i, key, float(correct), correct, 1, completion))
+  return lines
+
+
+def held_out_problems(problems, trained, num: int, split: str):
+  """(the first `num` of `problems` whose normalised question is none of `trained`'s nor
+  an earlier kept one's, their indices in `problems`, the report's "held_out" counts).
+  On the train split nothing is excluded (its problems are the training ones)."""
+  key = lambda p: prompt_dataset.normalized_question(p.question)
+  train_keys = {key(p) for p in trained}
+  first = [key(p) for p in problems[:num]]
+  counts = {"overlap_before": sum(k in train_keys for k in first)}
+  counts["distinct_before"] = len(set(first))
+  if split == "train":
+    ids = list(range(min(num, len(problems))))
+    return [problems[i] for i in ids], ids, {**counts, "excluded": "none (the train split)"}
+  ids, seen = [], set()
+  for i, k in enumerate(map(key, problems)):
+    if len(ids) == num:
+      break
+    if k not in train_keys and k not in seen:
+      ids.append(i)
+    seen.add(k)
+  counts.update({"overlap": 0, "distinct": len(ids)})
+  return [problems[i] for i in ids], ids, counts
 
 
 def _dataset(cfg):
@@ -206,9 +254,11 @@ def evaluate_run(
       "must be a finite number > 0 for pass@k sampling (greedy accuracy is reported anyway)",
     )
   # Before the model: an unknown split or a missing data_dir fails at once.
-  problems = gsm8k.load_gsm8k(split, data.data_dir)[:num_problems]
+  problems = gsm8k.load_gsm8k(split, data.data_dir)
   c = rl_config.parse(cfg)  # the run's typed config: its learner, settings and model
   task = tasks_lib.load_task(data, "train", cfg.seed)
+  trained = list(task.problems) + list(task.examples)
+  problems, ids, counts = held_out_problems(problems, trained, num_problems, split)
   _, params, tokenizer = common.load_model(c)
   learner, state = c.spec.build(c, params, c.settings)
   settings = c.settings
@@ -222,10 +272,13 @@ def evaluate_run(
     "temperature": temperature,
     "seed": cfg.seed,
   }
-  report = {"split": split}
+  report = {"split": split, "held_out": counts}
   if base:  # the base params under LoRA (or kept beside a copy that trains), else untrained
     weights = learner.frozen if learner.frozen is not None else state.trainable["policy"]
-    report["base"] = evaluate(weights, forward.model, tokenizer, problems, desc="base", **settings)
+    out = (workdir, 0, ids) if workdir else None
+    report["base"] = evaluate(
+      weights, forward.model, tokenizer, problems, desc="base", outcomes=out, **settings
+    )
   if workdir:
     with checkpoint.manager(workdir, read_only=True) as mngr:
       restored = checkpoint.restore_latest(mngr, state, read_only=True)
@@ -233,8 +286,9 @@ def evaluate_run(
       raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints")
     trained, meta = restored
     params = policy.sampling_params(trained.trainable["policy"], learner.frozen, forward)
+    out = (workdir, meta["iteration"], ids)
     report["trained"] = evaluate(
-      params, forward.model, tokenizer, problems, desc="trained", **settings
+      params, forward.model, tokenizer, problems, desc="trained", outcomes=out, **settings
     )
     report["trained"]["iteration"] = meta["iteration"]
   return report

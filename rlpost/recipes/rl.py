@@ -5,7 +5,8 @@ the `env` block): FrozenLake, GSM8K with a calculator, or a prompt dataset (GSM8
 arithmetic and digit tasks, a JSONL file with reward functions: each prompt a one-turn
 episode, `rlpost.envs.prompt_dataset`). A dataset's tasks are drawn in the data cursor's
 order; an environment of seeds plays seeds i*B .. i*B+B-1 at iteration i, held-out seeds
-from eval.seed_offset (`protocol.EnvTasks.pool`). Old field names (`data.*`,
+from eval.seed_offset (`protocol.EnvTasks.pool`), skipping any whose content a training
+seed can draw or an earlier held-out seed has (`rlpost.envs.held_out`). Old field names (`data.*`,
 `train.batch_prompts`, a top-level `max_staleness`) are read at their new places
 (`rlpost.config_moves`).
 
@@ -40,9 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from rlpost import errors as errors_lib
 from rlpost import sampling as sampling_lib
 from rlpost.data import tasks as tasks_lib
 from rlpost.data.cursor import Cursor, next_indices
+from rlpost.envs import held_out as held_out_lib
 from rlpost.envs import multiturn
 from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
@@ -51,6 +54,7 @@ from rlpost.models import policy
 from rlpost.recipes import alarms as alarms_lib
 from rlpost.recipes import chat_layout
 from rlpost.recipes import common
+from rlpost.recipes import item_outcomes
 from rlpost.recipes import reports
 from rlpost.recipes import rl_config
 from rlpost.recipes import rollout as rollout_lib
@@ -107,6 +111,7 @@ class Pieces(NamedTuple):
   learner: learner_lib.Learner
   sampler: rollout_lib.Sampler  # where rollouts run
   scorer: Any = None  # the reward model's jitted `scores(batch) -> [N]`, or None
+  held_out: held_out_lib.HeldOut | None = None  # the evaluation set (None: eval.every 0)
 
   @property
   def forward(self) -> policy.ForwardConfig:
@@ -146,7 +151,24 @@ def with_task(p: Pieces, task: tasks_lib.Task, template: str) -> Pieces:
   """`p` training on another prompt dataset (e.g. a benchmark's fixed prompts) under a
   data template (fewshot | chat | plain)."""
   tasks = prompt_dataset.tasks(task, template, p.tokenizer)
-  return p._replace(turns=dataclasses.replace(p.turns, template=tasks.scaffold), tasks=tasks)
+  turns = dataclasses.replace(p.turns, template=tasks.scaffold)
+  return p._replace(turns=turns, tasks=tasks, held_out=held_out_set(p.config, tasks))
+
+
+def held_out_set(c: rl_config.RLConfig, tasks: protocol.EnvTasks, always: bool = False):
+  """The evaluation set (`rlpost.envs.held_out.choose`: distinct items, none of them one
+  the seeds of the run's episode budget draw), logged; None when eval.every is 0 (unless
+  `always`)."""
+  if not (c.eval.every or always):
+    return None
+  per_step = c.train.batch_tasks * c.spec.samples_per_task(c.settings)  # episodes
+  train = held_out_lib.train_seeds(tasks, c.train.steps, per_step)
+  try:
+    held = held_out_lib.choose(tasks, train, c.eval.seed_offset, c.eval.num_tasks)
+  except ValueError as err:
+    raise errors_lib.ConfigError(str(err)) from None
+  logging.info("%s", held.describe(tasks.env.name))
+  return held
 
 
 def build(cfg, loaded=None, learner: str | None = None) -> Pieces:
@@ -174,7 +196,8 @@ def build(cfg, loaded=None, learner: str | None = None) -> Pieces:
   sampler = rollout_lib.make_sampler(c, built.frozen, c.settings.forward)
   scorer = _scorer(c, tokenizer, built)
   greedy = dataclasses.replace(sc, temperature=0.0)
-  return Pieces(c, turns, sc, greedy, tokenizer, tasks, state, built, sampler, scorer)
+  held = held_out_set(c, tasks)
+  return Pieces(c, turns, sc, greedy, tokenizer, tasks, state, built, sampler, scorer, held)
 
 
 def _scorer(c: rl_config.RLConfig, tokenizer, built: learner_lib.Learner):
@@ -476,14 +499,16 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish=None, poo
 
 
 def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
-  """Greedy episodes (temperature 0, one per task) on the held-out seeds: greedy/* metrics.
+  """Greedy episodes (temperature 0, one per task) on the held-out seeds (`p.held_out`):
+  greedy/* metrics and the set's eval/* ones (overlap with training, distinct items).
 
   The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl,
-  every episode's outcome and replies to workdir/eval_outcomes.jsonl. With several
-  processes every process plays all of them (the same greedy episodes).
+  every episode's outcome and replies to workdir/eval_outcomes.jsonl and, one line per
+  item, to workdir/eval/step_<step>.jsonl (`item_outcomes`). With several processes
+  every process plays all of them (the same greedy episodes).
   """
-  ev = p.config.eval
-  seeds = [ev.seed_offset + k for k in range(ev.num_tasks)]
+  ev, held = p.config.eval, p.held_out or held_out_set(p.config, p.tasks, True)
+  seeds = list(held.seeds)
   chunk = ev.batch_tasks or len(seeds)
   episodes = []
   progress = tqdm.trange(  # one tick per chunk of held-out tasks
@@ -498,7 +523,9 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
     workdir, step, episodes[: p.config.log.trajectories_logged], reports.EVAL_TRANSCRIPTS
   )
   reports.write_outcomes(workdir, step, episodes)
-  return {f"greedy/{k}": v for k, v in reports.episode_metrics(episodes).items()}
+  item_outcomes.write(workdir, step, item_outcomes.episode_items(episodes, held.keys))
+  greedy = {f"greedy/{k}": v for k, v in reports.episode_metrics(episodes).items()}
+  return {**greedy, **held.metrics()}
 
 
 def _greedy_rollout(p: Pieces, pool, state, tasks, seeds) -> multiturn.Rollout:

@@ -1,0 +1,244 @@
+r"""One config over several seeds, and a report with intervals from their per-item outcomes.
+
+  python -m experiments.seeds run --config=experiments/configs/agentic.py:frozenlake_gemma3 \
+      --seeds=0,1,2 --workdir_root=/tmp/fl_grpo [--parallel=3] [--config.train.steps=30 ...]
+  python -m experiments.seeds report /tmp/fl_grpo [/tmp/fl_ppo] [--metric=success]
+
+`run` trains the config once per seed (`config.seed=K`) in DIR/seed_K, one after another,
+or with `--parallel=N` as N processes at a time (each writing DIR/seed_K.log). A seed
+whose metrics reach `train.steps` is skipped; an interrupted one resumes from its
+checkpoints (the recipe's own resume). `--learner`: the learner when the config names
+none (as experiments.grpo / ppo choose theirs).
+
+`report` reads every DIR/seed_K/eval/step_N.jsonl (`rlpost.recipes.item_outcomes`) and
+prints JSON, then a Markdown table: per evaluation step, the mean of `--metric` over
+seeds and items and its 95% interval (`experiments.intervals`: seeds, then items,
+resampled; a fixed bootstrap seed, so the same files give the same report); with a
+second DIR, the paired difference (first minus second) on the items both evaluated
+(same item id and content key), its interval and a sign-flip p-value. Curves with
+their bands go to `--png` (default DIR/seeds_report.png).
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from absl import flags
+import numpy as np
+
+from experiments import cli
+from experiments import intervals
+from rlpost import errors
+from rlpost.recipes import item_outcomes
+
+_CONFIG = cli.define_config(None, "The config to run (run only): path.py[:variant].")
+_SEEDS = flags.DEFINE_string("seeds", "0,1,2", "run: the seeds, comma-separated.")
+_ROOT = flags.DEFINE_string("workdir_root", "", "run: DIR; seed K runs in DIR/seed_K.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "run: seeds trained at once (processes).")
+_LEARNER = flags.DEFINE_string("learner", "", "run: the learner if the config names none.")
+_METRIC = flags.DEFINE_string("metric", "success", "report: the per-item field averaged.")
+_PNG = flags.DEFINE_string("png", "", "report: curves (default FIRST_DIR/seeds_report.png).")
+_DRAWS = flags.DEFINE_integer("draws", intervals.DRAWS, "report: bootstrap replicates.")
+
+_SEED_DIR = re.compile(r"seed_(\d+)")
+USAGE = "usage: python -m experiments.seeds run --config=... | report DIR [DIR2]"
+
+
+def parse_seeds(text: str) -> list[int]:
+  """'0,1,2' -> [0, 1, 2]; anything else is a FlagError naming --seeds."""
+  try:
+    seeds = [int(s) for s in text.split(",")]
+  except ValueError:
+    seeds = []
+  if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    raise errors.FlagError(
+      f"--seeds={text}: give distinct non-negative integers, comma-separated, e.g. 0,1,2"
+    )
+  return seeds
+
+
+def finished(workdir: str, steps: int) -> bool:
+  """Whether the run in `workdir` logged its step `steps` (its last)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    return any(json.loads(line).get("step", -1) >= steps for line in f if line.strip())
+
+
+def run_seeds(config, seeds: list[int], root: str, learner: str | None = None) -> list[str]:
+  """Trains `config` with each seed in root/seed_K, in turn (finished seeds skipped);
+  returns the workdirs."""
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+
+  if "seed" not in config:
+    raise errors.ConfigError("config.seed: this config has no seed field to vary")
+  workdirs = []
+  for seed in seeds:
+    workdir = os.path.join(root, f"seed_{seed}")
+    workdirs.append(workdir)
+    if finished(workdir, config.train.steps):
+      print(f"seed {seed}: finished in {workdir}, skipped")
+      continue
+    cfg = copy.deepcopy(config)
+    cfg.seed = seed
+    rl.run(cfg, workdir, learner=learner)
+  return workdirs
+
+
+def child_argv(argv: list[str], seed: int) -> list[str]:
+  """This command's argv for one seed alone (--seeds and --parallel replaced)."""
+  drop = ("--seeds", "--parallel")
+  kept, skip = [], False
+  for arg in argv[1:]:
+    if skip:
+      skip = False
+    elif arg.split("=")[0] in drop:
+      skip = "=" not in arg  # "--seeds 0,1": its value is the next argument
+    elif arg != "run":
+      kept.append(arg)
+  return [sys.executable, "-m", "experiments.seeds", "run", *kept, f"--seeds={seed}"]
+
+
+def run_parallel(argv: list[str], seeds: list[int], root: str, parallel: int) -> None:
+  """Each seed as its own process (this command with --seeds=K), `parallel` at a time,
+  output to root/seed_K.log; raises UsageError naming the seeds that failed."""
+  os.makedirs(root, exist_ok=True)
+  waiting, running, failed = list(seeds), {}, []
+  while waiting or running:
+    while waiting and len(running) < parallel:
+      seed = waiting.pop(0)
+      log = open(os.path.join(root, f"seed_{seed}.log"), "w", encoding="utf-8")
+      proc = subprocess.Popen(child_argv(argv, seed), stdout=log, stderr=subprocess.STDOUT)
+      running[seed] = (proc, log)
+    for seed, (proc, log) in list(running.items()):
+      if proc.poll() is not None:
+        log.close()
+        del running[seed]
+        print(f"seed {seed}: exit status {proc.returncode} (log {log.name})")
+        if proc.returncode:
+          failed.append(seed)
+    time.sleep(0.5)
+  if failed:
+    raise errors.UsageError(f"seeds {failed} failed; see {root}/seed_K.log")
+
+
+def load(root: str, metric: str) -> dict:
+  """{step: {seed: {(item, key): value of `metric`}}} from root/seed_K/eval/step_N.jsonl."""
+  if not os.path.isdir(root):
+    raise errors.FlagError(f"report {root}: no such directory (a run's --workdir_root)")
+  found = {}
+  for name in sorted(os.listdir(root)):
+    match = _SEED_DIR.fullmatch(name)
+    if not match:
+      continue
+    for step, lines in item_outcomes.read(os.path.join(root, name)).items():
+      if lines and metric not in lines[0]:
+        raise errors.FlagError(f"--metric={metric}: the outcome lines hold {sorted(lines[0])}")
+      values = {(x["item"], x["key"]): float(x[metric]) for x in lines}
+      found.setdefault(step, {})[int(match.group(1))] = values
+  if not found:
+    raise errors.FlagError(f"report {root}: no seed_K/eval/step_N.jsonl files (run `run` first)")
+  return found
+
+
+def tables(runs: list[dict]) -> tuple[list, list[list[np.ndarray]]]:
+  """(the items every seed of every run evaluated, sorted; per run its outcome table:
+  one [items] array per seed)."""
+  shared = set.intersection(*[set(v) for run in runs for v in run.values()])
+  items = sorted(shared, key=lambda k: (k[0], str(k[1])))
+  return items, [[np.array([run[s][k] for k in items]) for s in sorted(run)] for run in runs]
+
+
+def report(roots: list[str], metric: str, draws: int) -> dict:
+  """The report's JSON (module docstring)."""
+  loaded = [load(r, metric) for r in roots]
+  out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
+  for index, (root, found) in enumerate(zip(roots, loaded)):
+    for step, run in found.items():
+      items, (table,) = tables([run])
+      point = intervals.mean_interval(table, draws=draws) if items else {"items": 0}
+      keys = {k for _, k in items}
+      distinct = None if None in keys else len(keys)  # content keys: distinct items
+      where = {"run": index, "dir": root, "step": step, "seed_ids": sorted(run)}
+      where["distinct"] = distinct
+      out["points"].append({**where, **point})
+  if len(roots) == 2:
+    for step in sorted(set(loaded[0]) & set(loaded[1])):
+      items, (a, b) = tables([loaded[0][step], loaded[1][step]])
+      if items:
+        diff = intervals.paired_difference(a, b, draws=draws)
+        out["comparison"].append({"step": step, **diff})
+  return out
+
+
+def markdown(rep: dict) -> str:
+  """The report as Markdown tables."""
+  rows = [
+    f"| {p['dir']} | {p['step']} | {p.get('seeds', 0)} | {p['items']} ({p['distinct']}) | "
+    + (f"{p['mean']:.3f} | [{p['lo']:.3f}, {p['hi']:.3f}] |" if "mean" in p else "- | - |")
+    for p in rep["points"]
+  ]
+  head = f"| dir | step | seeds | items (distinct) | mean {rep['metric']} | 95% interval |"
+  text = [head, "|---" * 6 + "|"]
+  text += rows
+  if rep["comparison"]:
+    text += ["", "| step | items | difference (first - second) | 95% interval | p |"]
+    text += ["|---" * 5 + "|"]
+    text += [
+      f"| {c['step']} | {c['items']} | {c['difference']:+.3f} | "
+      f"[{c['lo']:+.3f}, {c['hi']:+.3f}] | {c['p']:.4f} |"
+      for c in rep["comparison"]
+    ]
+  return "\n".join(text)
+
+
+def plot(rep: dict, path: str) -> str:
+  """Each dir's mean per step with its 95% band, to `path` (PNG)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  for index, root in enumerate(rep["dirs"]):
+    pts = [p for p in rep["points"] if p["run"] == index and "mean" in p]
+    steps = [p["step"] for p in pts]
+    name = f"{index + 1}: {os.path.basename(os.path.normpath(root))}"
+    ax.plot(steps, [p["mean"] for p in pts], marker=".", label=name)
+    ax.fill_between(steps, [p["lo"] for p in pts], [p["hi"] for p in pts], alpha=0.25)
+  ax.set_xlabel("step")
+  ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  ax.set_ylabel(f"{rep['metric']} (95% interval)")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
+def main(argv):
+  command, rest = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+  if command == "run" and not rest:
+    if not _ROOT.value or _CONFIG.value is None:
+      raise errors.FlagError(f"run needs --config and --workdir_root; {USAGE}")
+    seeds = parse_seeds(_SEEDS.value)
+    if _PARALLEL.value > 1 and len(seeds) > 1:
+      run_parallel(sys.argv, seeds, _ROOT.value, _PARALLEL.value)
+    else:
+      run_seeds(_CONFIG.value, seeds, _ROOT.value, _LEARNER.value or None)
+  elif command == "report" and 1 <= len(rest) <= 2:
+    rep = report(rest, _METRIC.value, _DRAWS.value)
+    rep["png"] = plot(rep, _PNG.value or os.path.join(rest[0], "seeds_report.png"))
+    print(json.dumps(rep, indent=1))
+    print(markdown(rep))
+  else:
+    raise errors.FlagError(f"{' '.join(argv[1:]) or '(no command)'}: {USAGE}")
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,92 @@
+"""Per-item outcomes of every evaluation: `<workdir>/eval/step_<N>.jsonl`, one line per item.
+
+A line is {"item": the held-out seed (a dataset: the problem's index in its split),
+"key": the content key's digest (`held_out.key_digest`, null when the environment names
+none), "reward", "success", "turns", "completion": the model's text, its first
+COMPLETION_CHARS characters (turns joined by newlines)}. What an interval or a paired
+comparison between runs is computed from (`experiments.seeds report`).
+
+Each file is written whole to a temporary name and renamed over the old one: an
+interruption never leaves half a file, and an evaluation played again after a resume
+replaces its file instead of adding lines.
+"""
+
+import json
+import os
+import re
+
+import jax
+
+EVAL_DIR = "eval"
+COMPLETION_CHARS = 300
+_NAME = re.compile(r"step_(\d+)\.jsonl")
+
+
+def path(workdir: str, step: int) -> str:
+  """Where evaluation `step`'s per-item outcomes go."""
+  return os.path.join(workdir, EVAL_DIR, f"step_{step}.jsonl")
+
+
+def item(item_id: int, key: str | None, reward, success, turns: int, completion: str) -> dict:
+  """One line of an outcome file (module docstring)."""
+  return {
+    "item": int(item_id),
+    "key": key,
+    "reward": float(reward),
+    "success": bool(success),
+    "turns": int(turns),
+    "completion": completion[:COMPLETION_CHARS],
+  }
+
+
+def episode_items(episodes, keys) -> list[dict]:
+  """The lines of greedy held-out `episodes` (`multiturn.Episode`s, one per held-out
+  seed), `keys` their content digests in the same order."""
+  if len(keys) != len(episodes):
+    raise ValueError(f"{len(episodes)} episodes need as many keys, got {len(keys)}")
+  return [
+    item(
+      e.seed,
+      key,
+      e.reward,
+      bool(e.infos and e.infos[-1].get("success")),
+      len(e.infos),
+      "\n".join(e.texts),
+    )
+    for e, key in zip(episodes, keys)
+  ]
+
+
+def write(workdir: str, step: int, items: list[dict]) -> str | None:
+  """Writes evaluation `step`'s lines atomically (temporary file, then rename); process 0
+  writes, the others do nothing. Returns the path (None on other processes)."""
+  if jax.process_index() or not workdir:
+    return None
+  target = path(workdir, step)
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  tmp = f"{target}.tmp{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(line) + "\n" for line in items)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):  # the write failed: the old file (if any) stays as it was
+      os.remove(tmp)
+  return target
+
+
+def read(workdir: str) -> dict[int, list[dict]]:
+  """{step: its lines} of every outcome file in `workdir` (temporary files ignored), in
+  step order; {} when there are none."""
+  folder = os.path.join(workdir, EVAL_DIR)
+  if not os.path.isdir(folder):
+    return {}
+  found = {}
+  for name in os.listdir(folder):
+    match = _NAME.fullmatch(name)
+    if match:
+      with open(os.path.join(folder, name), encoding="utf-8") as f:
+        found[int(match.group(1))] = [json.loads(line) for line in f if line.strip()]
+  return dict(sorted(found.items()))

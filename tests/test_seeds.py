@@ -1,0 +1,130 @@
+"""experiments.seeds end to end on the tiny model, and the per-item outcome files
+(rlpost.recipes.item_outcomes) it reads."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import run_metrics, with_overrides
+
+from experiments import intervals, seeds
+from experiments.configs import agentic as agentic_configs
+from rlpost.envs import frozenlake, held_out
+from rlpost.recipes import item_outcomes
+
+
+def test_outcome_files_are_replaced_whole_never_appended_or_left_half(tmp_path, monkeypatch):
+  """A second write of a step replaces its lines (a resumed run's evaluation adds none);
+  a write that fails midway leaves the old file and no temporary one. Mutation caught:
+  `write` opening the target itself in append mode (no temporary file)."""
+  line = lambda k: item_outcomes.item(k, "ab", 0.5, True, 2, "x" * 999)
+  item_outcomes.write(str(tmp_path), 3, [line(1), line(2)])
+  item_outcomes.write(str(tmp_path), 3, [line(7)])
+  assert item_outcomes.read(str(tmp_path)) == {3: [line(7)]}
+  assert len(line(7)["completion"]) == item_outcomes.COMPLETION_CHARS
+
+  def broken(record):
+    raise RuntimeError("disk full")
+
+  monkeypatch.setattr(item_outcomes.json, "dumps", broken)
+  with pytest.raises(RuntimeError, match="disk full"):
+    item_outcomes.write(str(tmp_path), 3, [line(8)])
+  monkeypatch.undo()
+  assert item_outcomes.read(str(tmp_path)) == {3: [line(7)]}
+  assert [p.name for p in (tmp_path / "eval").iterdir()] == ["step_3.jsonl"]
+
+
+def test_child_argv_runs_one_seed_and_parallel_names_failures(tmp_path, monkeypatch):
+  argv = ["seeds.py", "run", "--config=c.py:x", "--seeds", "0,1", "--parallel=2", "--config.a=1"]
+  assert seeds.child_argv(argv, 1)[1:] == [
+    "-m", "experiments.seeds", "run", "--config=c.py:x", "--config.a=1", "--seeds=1"
+  ]  # fmt: skip
+  exit_with_seed = lambda argv, seed: [sys.executable, "-c", f"raise SystemExit({seed} % 2)"]
+  monkeypatch.setattr(seeds, "child_argv", exit_with_seed)
+  with pytest.raises(seeds.errors.UsageError, match=r"seeds \[1, 3\] failed"):
+    seeds.run_parallel(argv, [0, 1, 2, 3], str(tmp_path), 3)
+  assert sorted(p.name for p in tmp_path.iterdir()) == [f"seed_{k}.log" for k in range(4)]
+  with pytest.raises(seeds.errors.FlagError, match="--seeds=1,1"):
+    seeds.parse_seeds("1,1")
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+  """Two seeds of a 2-iteration tiny GRPO run on 4x4 maps drawn from seeds (holes rare),
+  evaluated
+  greedily at steps 0, 1, 2 on 8 held-out maps, 2 maps x 4 episodes per iteration: (root, config)."""
+  root = tmp_path_factory.mktemp("seeds")
+  cfg = with_overrides(
+    agentic_configs.get_config("frozenlake_tiny"),
+    {
+      "env.fixed_map": "",
+      "env.hole_prob": 0.05,  # half the maps all frozen: by seed alone many trained on
+      "train.steps": 2,
+      "eval.num_tasks": 8,
+      "algo.num_generations": 4,
+      "train.batch_tasks": 2,
+      "log.trajectories_every": 0,
+    },
+  )
+  seeds.run_seeds(cfg, [0, 1], str(root))
+  return root, cfg
+
+
+@pytest.mark.slow
+def test_two_seeds_run_evaluate_unseen_maps_and_report_intervals(two_seeds, monkeypatch):
+  """Each seed's evaluation files hold 8 distinct maps, none drawn by a seed of the
+  episode budget (maps recomputed here from the item seeds), their digests; the metrics
+  say eval/overlap 0 and count the first 8 seeds' maps as computed here; the report's
+  means are the files' means; a finished seed is skipped. Mutations caught: `rl.evaluate` playing seeds
+  offset + k instead of the held-out set's; `write` writing straight to the target (`tmp
+  = target`, the first test).
+  Over 3 s: two tiny runs (compiled once, the second seed reuses the programs)."""
+  root, cfg = two_seeds
+  # excluded: the seeds of the episode budget, 2 steps x 2 tasks x 4 episodes
+  trained = {frozenlake.generate_map(4, s, 0.05) for s in range(16)}
+  first = [frozenlake.generate_map(4, 1_000_000 + k, 0.05) for k in range(8)]
+  steps_seen = {}
+  for k in (0, 1):
+    found = item_outcomes.read(str(root / f"seed_{k}"))
+    steps_seen[k] = sorted(found)
+    for lines in found.values():
+      maps = [frozenlake.generate_map(4, x["item"], 0.05) for x in lines]
+      assert len(set(maps)) == 8 and not set(maps) & trained
+      assert [x["key"] for x in lines] == [held_out.key_digest(m) for m in maps]
+    record = run_metrics(root / f"seed_{k}")[-1]
+    assert record["eval/overlap"] == 0 and record["eval/distinct"] == 8
+    before = (sum(m in trained for m in first), len(set(first)))
+    assert (record["eval/overlap_before"], record["eval/distinct_before"]) == before
+    assert before[0] >= 3  # by seed alone, several maps trained on
+    assert record["greedy/reward/mean"] == pytest.approx(np.mean([x["reward"] for x in lines]))
+  assert steps_seen == {0: [0, 1, 2], 1: [0, 1, 2]}
+  monkeypatch.setattr(seeds, "copy", None)  # a seed that ran again would fail here
+  seeds.run_seeds(cfg, [0, 1], str(root))
+
+
+@pytest.mark.slow
+def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
+  """The report's mean per step is the mean of both seeds' per-item rewards, inside its
+  interval; the dir against itself differs by 0 with p = 1; the PNG is written."""
+  root, _ = two_seeds
+  rep = seeds.report([str(root), str(root)], "reward", 300)
+  points = [p for p in rep["points"] if p["run"] == 0]
+  assert [p["step"] for p in rep["points"]] == [0, 1, 2] * 2
+  for p in points:
+    rewards = [
+      [x["reward"] for x in item_outcomes.read(str(root / f"seed_{k}"))[p["step"]]] for k in (0, 1)
+    ]
+    assert p["mean"] == pytest.approx(np.mean(rewards)) and p["lo"] <= p["mean"] <= p["hi"]
+    assert (p["seeds"], p["items"], p["seed_ids"], p["distinct"]) == (2, 8, [0, 1], 8)
+  assert [(c["step"], c["difference"], c["p"]) for c in rep["comparison"]] == [
+    (0, 0.0, 1.0),
+    (1, 0.0, 1.0),
+    (2, 0.0, 1.0),
+  ]
+  table = seeds.markdown(rep)
+  assert table.count("\n| 2 | 8 | +0.000 |") == 1 and "95% interval" in table
+  png = seeds.plot(rep, str(tmp_path / "curves.png"))
+  assert (tmp_path / "curves.png").stat().st_size > 1000 and png.endswith(".png")
+  json.dumps(rep)  # the report is JSON as it is
+  assert intervals.mean_interval([np.ones(3)])["mean"] == 1.0
