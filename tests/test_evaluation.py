@@ -45,6 +45,21 @@ def test_accuracy_report_on_hand_made_completions():
   assert "pass@0" not in evaluation.accuracy_report(PROBLEMS, greedy, [], pass_k=0)
 
 
+def test_the_env_blocks_checker_decides_what_is_correct():
+  """`answer_checker("math_verify")` (config.env.checker) accepts an answer math-verify
+  finds equal (a fraction, a spaced thousand) that GSM8K's own check rejects, in the report
+  and the per-item outcomes alike (evaluate_run passes the env block's checker). Mutation
+  caught: answer_checker ignoring its argument (GSM8K's own check always)."""
+  greedy = [_done("\\frac{14}{2}"), _done("12"), _done("4")]
+  exact = evaluation.accuracy_report(PROBLEMS, greedy, [], 0, evaluation.answer_checker())
+  verify = evaluation.answer_checker("math_verify")
+  assert exact["greedy_answer_accuracy"] == pytest.approx(1 / 3)
+  report = evaluation.accuracy_report(PROBLEMS, greedy, [], 0, verify)
+  assert report["greedy_answer_accuracy"] == pytest.approx(2 / 3)
+  items = evaluation.problem_items(PROBLEMS, greedy, [0, 1, 2], verify)
+  assert [i["success"] for i in items] == [True, True, False]
+
+
 def test_accuracy_report_rejects_misaligned_completions():
   with pytest.raises(ValueError, match="3 problems need 3 greedy completions and 6 samples"):
     evaluation.accuracy_report(PROBLEMS, ["a"] * 3, ["b"] * 5, pass_k=2)

@@ -30,6 +30,7 @@ from rlpost.envs import table as env_table
 from rlpost.recipes import common
 from rlpost.recipes import item_outcomes
 from rlpost.recipes import rl_config
+from rlpost.rewards import checkers
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
@@ -52,7 +53,18 @@ def _completions(params, model_config, tokenizer, problems, template, examples, 
   return [prefix + c for c in batch_lib.completion_texts(batch, tokenizer)]
 
 
-def accuracy_report(problems, greedy: list[str], samples: list[str], pass_k: int) -> dict:
+def answer_checker(checker: str = "exact"):
+  """`correct(completion, truth) -> bool` of an `env.checker`: exact, GSM8K's own numeric
+  check (`rewards.gsm8k.is_correct`); math_verify, math-verify on the <answer> span."""
+  if checker == "exact":
+    return gsm8k_rewards.is_correct
+  reward = checkers.answer_reward(checkers.get(checker))
+  return lambda completion, truth: reward([""], [completion], [truth])[0] > 0
+
+
+def accuracy_report(
+  problems, greedy: list[str], samples: list[str], pass_k: int, correct=gsm8k_rewards.is_correct
+) -> dict:
   """Accuracies of completions already generated (host side, pure).
 
   Args:
@@ -71,7 +83,7 @@ def accuracy_report(problems, greedy: list[str], samples: list[str], pass_k: int
   report = {
     "num_problems": len(problems),
     "greedy_answer_accuracy": float(
-      np.mean([gsm8k_rewards.is_correct(c, p.final) for c, p in zip(greedy, problems)])
+      np.mean([correct(c, p.final) for c, p in zip(greedy, problems)])
     ),
     "greedy_format_accuracy": float(np.mean([gsm8k_rewards.has_format(c) for c in greedy])),
     "examples": [
@@ -81,10 +93,7 @@ def accuracy_report(problems, greedy: list[str], samples: list[str], pass_k: int
   }
   if pass_k:
     hits = np.array(
-      [
-        gsm8k_rewards.is_correct(c, p.final)
-        for c, p in zip(samples, [p for p in problems for _ in range(pass_k)])
-      ]
+      [correct(c, p.final) for c, p in zip(samples, [p for p in problems for _ in range(pass_k)])]
     )
     report[f"pass@{pass_k}"] = float(np.mean(hits.reshape(len(problems), pass_k).any(1)))
   return report
@@ -105,6 +114,7 @@ def evaluate(
   seed: int = 0,
   desc: str = "eval",
   outcomes: tuple[str, int, list[int]] | None = None,
+  checker: str = "exact",
 ) -> dict:
   """Accuracy report over `problems` (see `accuracy_report`).
 
@@ -113,6 +123,7 @@ def evaluate(
   separately; `pass_k` samples at `temperature` give pass@k (any of k correct).
   outcomes: (workdir, step, each problem's index in its split): the greedy
   completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl.
+  checker: how an answer is checked (`answer_checker`: the env block's `checker`).
   """
   greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
   sample_sc = dataclasses.replace(sampling_config, temperature=temperature)
@@ -135,23 +146,26 @@ def evaluate(
         jax.random.fold_in(key, start),
         pass_k,
       )
-  report = {**accuracy_report(problems, greedy, samples, pass_k), "template": template}
+  correct = answer_checker(checker)
+  report = {**accuracy_report(problems, greedy, samples, pass_k, correct), "template": template}
   if outcomes:
     workdir, step, ids = outcomes
-    item_outcomes.write(workdir, step, problem_items(problems, greedy, ids))
+    item_outcomes.write(workdir, step, problem_items(problems, greedy, ids, correct))
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
 
 
-def problem_items(problems, greedy: list[str], ids: list[int]) -> list[dict]:
+def problem_items(
+  problems, greedy: list[str], ids: list[int], correct=gsm8k_rewards.is_correct
+) -> list[dict]:
   """The outcome lines (`item_outcomes`) of greedy completions: success and reward 1 when
   the answer is correct, the content key the normalised question's digest."""
   lines = []
   for problem, completion, i in zip(problems, greedy, ids, strict=True):
-    correct = gsm8k_rewards.is_correct(completion, problem.final)
+    right = correct(completion, problem.final)
     key = held_out_lib.key_digest(prompt_dataset.normalized_question(problem.question))
-    lines.append(item_outcomes.item(i, key, float(correct), correct, 1, completion))
+    lines.append(item_outcomes.item(i, key, float(right), right, 1, completion))
   return lines
 
 
@@ -271,8 +285,9 @@ def evaluate_run(
     "pass_k": pass_k,
     "temperature": temperature,
     "seed": cfg.seed,
+    "checker": data.checker,
   }
-  report = {"split": split, "held_out": counts}
+  report = {"split": split, "held_out": counts, "checker": data.checker}
   if base:  # the base params under LoRA (or kept beside a copy that trains), else untrained
     weights = learner.frozen if learner.frozen is not None else state.trainable["policy"]
     out = (workdir, 0, ids) if workdir else None
