@@ -41,6 +41,25 @@ def test_items_and_rewards_are_the_packages():
   assert tasks.env.step(state, f"the answer is {gold}").reward == 0.0
 
 
+def test_the_cue_format_scores_the_replys_first_line():
+  """answer_format="cue" (base models): the prompt ends with "Answer:", the reply stops at
+  its first newline, and score_answer reads that line, stripped; an empty line is no
+  answer (0.0, invalid_action). Mutation caught: the cue format scoring the whole reply."""
+  rg = require("reasoning_gym")
+  _, tasks = _tasks(seed=3, pool=50, answer_format="cue")
+  package = rg.create_dataset("chain_sum", seed=3, size=50, **SMALL)
+  state = tasks.train_tasks([5])[0]
+  _, prompt = tasks.env.reset(state, 5)
+  assert prompt.endswith("\nAnswer:") and tasks.env.stop_strings == ("\n",)
+  gold = package[5]["answer"]
+  right = tasks.env.step(state, f" {gold}\nmore text")
+  assert right.reward == package.score_answer(gold, package[5]) == 1.0 and right.info["success"]
+  empty = tasks.env.step(state, "  \n")
+  assert empty.reward == 0.0 and empty.info["invalid_action"]
+  with pytest.raises(ValueError, match="answer_format='xml'"):
+    rg_env.ReasoningGymConfig(answer_format="xml")
+
+
 def test_a_raising_scorer_scores_zero(monkeypatch):
   """Never an exception: a score_answer that raises gives reward 0.0. Mutation caught: the
   try/except around the scorer removed."""

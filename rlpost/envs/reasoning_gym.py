@@ -7,6 +7,9 @@ none; a scorer that raises scores 0.0 too: never an exception), or, with `env.ch
 exact | math_verify, 1.0 when that checker accepts the span against the item's answer.
 With `env.retries` = k > 0 a wrong answer is told "not correct" and the model answers
 again, up to k more times; the episode's reward is the last answer's.
+`env.answer_format="cue"` (for base models, which do not follow the tag instruction: the
+base Gemma 3 270M gave no <answer> span on 64 of 64 chain_sum items) ends the prompt with
+"Answer:" instead, stops the reply at its first newline and scores that line.
 
 Items come from the generator by index: training seed s (0 <= s < `env.pool`, drawn by
 the data cursor) is item s of the generator seeded `env.seed`; held-out seed
@@ -41,6 +44,9 @@ RETRY = (
   "That answer is not correct. Try again; give your final answer between <answer> and </answer>."
 )
 NO_ANSWER = "No <answer>...</answer> found. Give your final answer between <answer> and </answer>."
+CUE = "Answer:"  # answer_format="cue": the prompt ends here; the reply's first line answers
+CUE_RETRY = "That answer is not correct. Try again.\nAnswer:"
+FORMATS = ("tags", "cue")
 
 
 def _bad(field: str, value, fix: str):
@@ -75,6 +81,7 @@ class ReasoningGymConfig:
   seed: int = 0
   checker: str = "score_answer"
   retries: int = 0
+  answer_format: str = "tags"
 
   def __post_init__(self):
     rg = extras.load("reasoning_gym", "config.env.name='reasoning_gym'")
@@ -90,6 +97,8 @@ class ReasoningGymConfig:
       _bad("pool", self.pool, "must be an integer >= 1 (training items)")
     if not isinstance(self.retries, int) or self.retries < 0:
       _bad("retries", self.retries, "must be an integer >= 0 (answers after the first)")
+    if self.answer_format not in FORMATS:
+      _bad("answer_format", self.answer_format, f"use one of {FORMATS}")
     if self.checker not in CHECKERS:
       _bad("checker", self.checker, f"use one of {CHECKERS}")
     if self.checker == "math_verify":
@@ -155,9 +164,13 @@ def normalise(question: str) -> str:
 def score(
   config: ReasoningGymConfig, datasets: dict, state: State, text: str
 ) -> tuple[float, bool]:
-  """(reward, answered) of `text`: the checker's verdict on its <answer> span; 0.0 and
-  False without one. Never raises: a scorer's exception scores 0.0."""
-  found = checkers.extract_answer(text)
+  """(reward, answered) of `text`: the checker's verdict on its answer (the <answer> span;
+  with answer_format="cue" its first line); 0.0 and False without one. Never raises: a
+  scorer's exception scores 0.0."""
+  if config.answer_format == "cue":
+    found = text.strip().split("\n")[0].strip() or None
+  else:
+    found = checkers.extract_answer(text)
   if found is None:
     return 0.0, False
   try:
@@ -175,6 +188,8 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
 
   def reset(task: State, seed: int):
     del seed  # the item is the task
+    if config.answer_format == "cue":
+      return task, f"{task.item['question']}\n{CUE}"
     return task, f"{task.item['question']}\n\n{INSTRUCTION}"
 
   def step(state: State, text: str) -> protocol.Step:
@@ -182,10 +197,13 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
     new = state._replace(attempts=state.attempts + 1)
     done = reward >= 1.0 or new.attempts > config.retries
     info = {"success": reward >= 1.0, "invalid_action": not answered}
-    feedback = "" if done else (RETRY if answered else NO_ANSWER)
+    if config.answer_format == "cue":
+      feedback = "" if done else CUE_RETRY
+    else:
+      feedback = "" if done else (RETRY if answered else NO_ANSWER)
     return protocol.Step(new, feedback, reward if done else 0.0, done, info)
 
-  stops = ("</answer>",)
+  stops = ("\n",) if config.answer_format == "cue" else ("</answer>",)
   return protocol.Env(
     "reasoning_gym", reset, step, max_turns=config.retries + 1, stop_strings=stops
   )

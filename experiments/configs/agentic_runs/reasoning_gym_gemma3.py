@@ -1,6 +1,7 @@
-"""reasoning-gym tasks (rlpost.envs.reasoning_gym) on the real Gemma 3 270M: one answer of at
-most 96 tokens ending at </answer>, rewarded by the task's own score_answer; GRPO 8 items x
-8 answers per iteration, 200 held-out items deduplicated against a pool of 2000.
+"""reasoning-gym tasks (rlpost.envs.reasoning_gym) on the real Gemma 3 270M: the question, then
+the cue "Answer:"; the reply's first line (at most 16 tokens) is scored by the task's own
+score_answer; GRPO 8 items x 8 answers per iteration, 200 held-out items deduplicated
+against a pool of 2000.
 
 Command (issue 67 part 7; pick tasks where the base model is neither at 0 nor near 100%):
   python -m experiments.agentic \
@@ -27,15 +28,18 @@ def env_block() -> ml_collections.ConfigDict:
       "seed": 0,
       "checker": "score_answer",  # score_answer (the package's) | exact | math_verify
       "retries": 0,  # answers after a wrong one, each told "not correct"
+      # cue: the prompt ends with "Answer:" and the reply's first line is scored (the base
+      # model never writes <answer> tags: 0 of 64 chain_sum items); tags: <answer>...</answer>
+      "answer_format": "cue",
     }
   )
 
 
 def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  c = agentic.base("frozenlake_gemma3", algo, env_block(), total_tokens=96)
+  c = agentic.base("frozenlake_gemma3", algo, env_block(), total_tokens=16)
   c.name = f"reasoning_gym_gemma3,{algo}"
-  c.rollout.max_turn_tokens = 96
-  c.rollout.stop_strings = ()  # the environment stops at </answer>
+  c.rollout.max_turn_tokens = 16
+  c.rollout.stop_strings = ()  # the environment stops at the newline after the answer
   c.sampling.prompt_bucket = 64
   c.train.steps = 60
   c.train.batch_tasks = 16 if algo == "ppo" else 8
