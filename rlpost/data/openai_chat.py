@@ -79,7 +79,9 @@ def _calls(raw: Any, where: str, k: int, first: int) -> list[dict]:
   for j, call in enumerate(raw):
     field = f"messages[{k}].tool_calls[{j}]"
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-      _fail(where, field, call, 'give {"id", "type": "function", "function": {"name", "arguments"}}')
+      _fail(
+        where, field, call, 'give {"id", "type": "function", "function": {"name", "arguments"}}'
+      )
     if call.get("type", "function") != "function":
       _fail(where, f"{field}.type", call["type"], 'only "function" calls exist')
     name = call["function"].get("name")
@@ -88,8 +90,12 @@ def _calls(raw: Any, where: str, k: int, first: int) -> list[dict]:
     call_id = call.get("id", tool_formats.call_id(first + j))
     if not isinstance(call_id, str) or not call_id or call_id in {c["id"] for c in out}:
       _fail(where, f"{field}.id", call_id, "give each call of a turn its own non-empty string id")
-    arguments = _arguments(call["function"].get("arguments", {}), where, f"{field}.function.arguments")
-    out.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+    arguments = _arguments(
+      call["function"].get("arguments", {}), where, f"{field}.function.arguments"
+    )
+    out.append(
+      {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    )
   return out
 
 
@@ -144,14 +150,18 @@ def record(obj: Any, where: str = "record") -> dict:
     elif role == "assistant" and message.get("tool_calls") is not None:
       pending = _calls(message["tool_calls"], where, k, n_calls)
       n_calls += len(pending)
-      content = "" if message.get("content") is None else _text(message, where, f"messages[{k}].content")
+      content = (
+        "" if message.get("content") is None else _text(message, where, f"messages[{k}].content")
+      )
       messages.append({"role": "assistant", "content": content, "tool_calls": list(pending)})
       role = "calls"
     else:
       messages.append({"role": role, "content": _text(message, where, f"messages[{k}].content")})
     previous = role
   if previous != "assistant":
-    _fail(where, f"messages[{len(raw) - 1}].role", raw[-1].get("role"), f"end with an answer: {RULE}")
+    _fail(
+      where, f"messages[{len(raw) - 1}].role", raw[-1].get("role"), f"end with an answer: {RULE}"
+    )
   out = {"messages": messages}
   if "tools" in obj:
     out["tools"] = _check_tools(obj["tools"], where)

@@ -35,9 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rlpost.text import chat_template
-from rlpost.text import template_ids
-from rlpost.text import template_turns
+from rlpost.text import chat_template, template_ids, template_turns
 
 
 def _end_of_turn(tokenizer) -> str:

@@ -773,4 +773,29 @@ MUTATIONS = [
     tests=["tests/test_tool_formats.py"],
     why="the second of several ';'-separated Llama 3 calls read as broken JSON",
   ),
+  # --- issue 66 part 5: SFT on OpenAI-shaped conversations by the model's chat template
+  dict(
+    name="template_sft_masks_everything",
+    path="rlpost/data/template_sft.py",
+    old="      ids, mask = ids + new, mask + [flag] * len(new)\n",
+    new="      ids, mask = ids + new, mask + [1] * len(new)\n",
+    tests=["tests/test_template_sft.py"],
+    why="SFT trains on the system, user and tool messages and the scaffolding too",
+  ),
+  dict(
+    name="template_sft_user_control_text_as_ids",
+    path="rlpost/data/template_sft.py",
+    old="  marked, marked_tools = template_ids.marked_inputs(tokenizer, messages, tools)\n",
+    new="  marked, marked_tools = messages, tools\n",
+    tests=["tests/test_template_sft.py"],
+    why="control-token text a user typed becomes control ids (a fake end of turn)",
+  ),
+  dict(
+    name="openai_chat_answer_before_results",
+    path="rlpost/data/openai_chat.py",
+    old='      "assistant": previous in ("user", "tool") and not pending,\n',
+    new='      "assistant": previous in ("user", "tool"),\n',
+    tests=["tests/test_openai_chat.py"],
+    why="an assistant message answering before all its tool calls have results is accepted",
+  ),
 ]
