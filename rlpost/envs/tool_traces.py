@@ -18,16 +18,27 @@ reason counted) when an annotation is malformed, its expression fails in the
 calculator, or the calculator's result disagrees with the annotated one.
 `trace_ids` turns a trace into the exact token stream a multi-turn rollout
 builds (same scaffold), with loss only on the model's segments.
+
+In a native tool format (the model's own, `rlpost.text.tool_formats`) a trace is an
+OpenAI-shaped conversation (`conversation`): the question as the user message, each model
+segment an assistant message whose text before the call is its content and whose call is a
+`tool_calls` entry to the calculator (`{"expression": ...}`), each result a `tool` message
+answered as a native rollout answers it (`tool_functions.run_call`); the first assistant
+message opens the reasoning tag itself (the native prompt does not). The chat template
+writes the calls in its format, so SFT on it (`rlpost.data.template_sft`) trains what a
+native rollout samples.
 """
 
 import collections
 import re
 from typing import NamedTuple
 
-from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, Problem
+from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, REASONING_START, Problem
 from rlpost.envs import calculator
+from rlpost.envs import tool_functions
 from rlpost.text import scaffold
 from rlpost.envs import tools
+from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
@@ -120,3 +131,39 @@ def trace_ids(tokenizer, template: str, first_observation: str, trace: list[Segm
       new = scaffold.observation_ids(tokenizer, template, text, model_closed_turn=False)
       ids, mask = ids + new, mask + [0] * len(new)
   return ids, mask
+
+
+def conversation(
+  first_observation: str, trace: list[Segment], max_result_chars: int = 200
+) -> list[dict]:
+  """A trace as OpenAI messages (module doc): [user, assistant, tool, ..., assistant]; call
+  ids numbered over the conversation as a native rollout numbers them."""
+  toolset = tool_functions.function_tools(tools.REGISTRY)
+  messages = [{"role": "user", "content": first_observation}]
+  prefix = f"{REASONING_START}\n"
+  for role, text in trace:
+    if role == "tool":
+      continue  # answered below, as the native environment answers the call
+    call = tool_syntax.parse_tool_call(text)
+    if call is None:
+      messages.append({"role": "assistant", "content": prefix + text})
+      prefix = ""
+      continue
+    content = prefix + text[: text.rfind(tool_syntax.CALL_OPEN)]
+    native = tool_formats.Call(
+      "calculator", {"expression": call.argument}, tool_formats.call_id(len(messages) // 2)
+    )
+    result, _ = tool_functions.run_call(toolset, native, max_result_chars)
+    function = {"name": native.name, "arguments": native.arguments}
+    messages.append(
+      {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"id": native.id, "type": "function", "function": function}],
+      }
+    )
+    messages.append(
+      {"role": "tool", "tool_call_id": native.id, "name": native.name, "content": result}
+    )
+    prefix = ""
+  return messages
