@@ -27,8 +27,10 @@ they would be text in the user message, not turns); a turn's calls are parsed wi
 format's parser and run by `tool_functions.run_call`, their results returned as `tool`
 messages in the step's info (`native_tools.TOOL_MESSAGES`, the turn as
 `native_tools.ASSISTANT_MESSAGE`, call ids numbered over the episode), as
-`native_tools.with_native_tools` does; the transcript scored holds each turn's text and the
-results, one per line, after it.
+`native_tools.with_native_tools` does. The answer message alone is scored (the whole
+`<reasoning>...</reasoning>\\n<answer>...</answer>`: a chat model answers in one message
+after its calls, and some templates keep no text beside a call); the state's transcript
+holds every turn and the results, one per line, after it.
 """
 
 import dataclasses
@@ -133,7 +135,7 @@ def _native_step(task, fmt: tool_formats.Format, toolset, max_turns, tool_bonus,
   def step(state: State, text: str) -> protocol.Step:
     parsed = fmt.parse(text)
     if not parsed.calls or state.turns + 1 >= max_turns:
-      return _finish(task, state, text, state.transcript + text, bool(parsed.calls))
+      return _finish(task, state, text, text, bool(parsed.calls))
     calls = [
       c._replace(id=tool_formats.call_id(state.calls + i)) for i, c in enumerate(parsed.calls)
     ]

@@ -20,13 +20,15 @@ calculator, or the calculator's result disagrees with the annotated one.
 builds (same scaffold), with loss only on the model's segments.
 
 In a native tool format (the model's own, `rlpost.text.tool_formats`) a trace is an
-OpenAI-shaped conversation (`conversation`): the question as the user message, each model
-segment an assistant message whose text before the call is its content and whose call is a
-`tool_calls` entry to the calculator (`{"expression": ...}`), each result a `tool` message
-answered as a native rollout answers it (`tool_functions.run_call`); the first assistant
-message opens the reasoning tag itself (the native prompt does not). The chat template
-writes the calls in its format, so SFT on it (`rlpost.data.template_sft`) trains what a
-native rollout samples.
+OpenAI-shaped conversation (`conversation`): the question as the user message; each model
+segment ending in a call an assistant message whose content is its text before the call
+and whose call is a `tool_calls` entry to the calculator (`{"expression": ...}`), each
+result a `tool` message answered as a native rollout answers it (`tool_functions.run_call`);
+then the answer message, the whole worked solution in the reasoning/answer format (the
+segments' texts without the calls: a native episode scores its answer message alone, and
+templates such as Llama 3's write a tool-call turn's JSON without its content). The chat
+template writes the calls in its format, so SFT on it (`rlpost.data.template_sft`) trains
+what a native rollout samples.
 """
 
 import collections
@@ -139,31 +141,23 @@ def conversation(
   """A trace as OpenAI messages (module doc): [user, assistant, tool, ..., assistant]; call
   ids numbered over the conversation as a native rollout numbers them."""
   toolset = tool_functions.function_tools(tools.REGISTRY)
-  messages = [{"role": "user", "content": first_observation}]
-  prefix = f"{REASONING_START}\n"
+  messages, answer = [{"role": "user", "content": first_observation}], ""
   for role, text in trace:
-    if role == "tool":
-      continue  # answered below, as the native environment answers the call
-    call = tool_syntax.parse_tool_call(text)
+    call = tool_syntax.parse_tool_call(text) if role == "model" else None
     if call is None:
-      messages.append({"role": "assistant", "content": prefix + text})
-      prefix = ""
+      answer += text if role == "model" else ""
       continue
-    content = prefix + text[: text.rfind(tool_syntax.CALL_OPEN)]
+    content = text[: text.rfind(tool_syntax.CALL_OPEN)]
+    answer += content
     native = tool_formats.Call(
       "calculator", {"expression": call.argument}, tool_formats.call_id(len(messages) // 2)
     )
     result, _ = tool_functions.run_call(toolset, native, max_result_chars)
     function = {"name": native.name, "arguments": native.arguments}
-    messages.append(
-      {
-        "role": "assistant",
-        "content": content,
-        "tool_calls": [{"id": native.id, "type": "function", "function": function}],
-      }
-    )
+    call_entry = {"id": native.id, "type": "function", "function": function}
+    messages.append({"role": "assistant", "content": content, "tool_calls": [call_entry]})
     messages.append(
       {"role": "tool", "tool_call_id": native.id, "name": native.name, "content": result}
     )
-    prefix = ""
+  messages.append({"role": "assistant", "content": f"{REASONING_START}\n{answer}"})
   return messages
