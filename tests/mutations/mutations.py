@@ -798,4 +798,20 @@ MUTATIONS = [
     tests=["tests/test_openai_chat.py"],
     why="an assistant message answering before all its tool calls have results is accepted",
   ),
+  dict(
+    name="gsm8k_calc_native_call_ids_per_turn",
+    path="rlpost/envs/gsm8k_calc.py",
+    old="      c._replace(id=tool_formats.call_id(state.calls + i)) for i, c in enumerate(parsed.calls)\n",
+    new="      c._replace(id=tool_formats.call_id(i)) for i, c in enumerate(parsed.calls)\n",
+    tests=["tests/test_gsm8k_calc_native.py"],
+    why="native call ids repeat across an episode's turns (templates match results by id)",
+  ),
+  dict(
+    name="sft_auto_layout_never_template",
+    path="rlpost/recipes/sft.py",
+    old='  if layout == "chat":\n    return None\n',
+    new='  if layout != "template":\n    return None\n',
+    tests=["tests/test_sft_chat.py"],
+    why="data.layout=auto ignores the model's chat template (tool conversations refused)",
+  ),
 ]
