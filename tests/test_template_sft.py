@@ -59,6 +59,11 @@ EXPECTED = {
     f'{{"name": "get_weather", "parameters": {CALL_ARGS}}}<|eot_id|>',
     f"{ANSWER}<|eot_id|>",
   ],
+  ("mistral_nemo", "multi_turn"): [f"{r}</s>" for r in REPLY],
+  ("hermes", "tool_call_result"): [
+    f'<tool_call>\n{{"name": "get_weather", "arguments": {CALL_ARGS}}}\n</tool_call><|im_end|>',
+    f"{ANSWER}<|im_end|>",
+  ],
   ("mistral_nemo", "tool_call_result"): [
     f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {CALL_ARGS}, "id": "call12345"}}]</s>',
     f"{ANSWER}</s>",
@@ -96,13 +101,17 @@ def test_json_string_arguments_render_as_the_object_openai_sends_as_text():
 
 
 def test_a_template_rewriting_earlier_turns_is_refused_naming_the_message():
-  """Mistral-Nemo writes the system text into the last user message only when it ends the
-  conversation: the first assistant's span cannot be cut out; the error names the template
-  and messages[2]. Mutation: `_span` returning `(0, 1)` where F_i does not extend P_i."""
+  """Mistral-Nemo moves its system text and tool list to the last user message and writes
+  no content beside tool calls: with a second user turn, the first assistant's calls can be
+  found no way; the error names the template and messages[2]. Mutation: `_probed_span`'s
+  `floor <= start < len(text) and end >= 0` -> `floor <= start <= len(text)` (a span past
+  the end)."""
   layout, tok = _setup("mistral_nemo")
-  record, _ = _fixture("mistral_nemo", "multi_turn")
+  record, _ = _fixture("mistral_nemo", "tool_call_result")
+  messages = [{"role": "system", "content": "Be brief."}, *record["messages"]]
+  messages += [{"role": "user", "content": "And tomorrow?"}, {"role": "assistant", "content": "?"}]
   with pytest.raises(chat_template.ChatTemplateError, match=r"mistral_nemo: messages\[2\]"):
-    template_sft.tokenize(chat.sft_record(record), tok, layout, 10_000)
+    template_sft.tokenize(chat.sft_record({**record, "messages": messages}), tok, layout, 10**5)
 
 
 def test_truncation_keeps_the_first_tokens_and_refuses_a_prompt_filling_max_len():
@@ -154,8 +163,6 @@ def test_random_conversations_train_on_the_replies_and_keep_user_control_text_as
   the template wrote (the user texts' control text stayed text: the count equals that of
   the same conversation with it removed). Mutation: `marked_inputs(tokenizer, messages,
   tools)` -> `(messages, tools)` in `assistant_spans` (user control text becomes ids)."""
-  if name == "mistral_nemo":
-    system = None  # its system text moves to the last user message (refused, above)
   layout, tok = _setup(name)
   messages = [{"role": "system", "content": system}] if system is not None else []
   for user, reply in turns:

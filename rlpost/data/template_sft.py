@@ -17,11 +17,14 @@ writes the conversation before message i differently once later messages follow,
 Mistral's tool list goes in the last user message), the span is what F_i writes after P_i,
 found in T after the longest common prefix of T and P_i and after the previous span (an
 end-of-turn text in what the model did not write is marked, so only a template's close can
-match). An assistant message found neither way is a `ChatTemplateError` naming the template
-and the message index: Mistral-Nemo's template with a system message (written into the last
-user message only when that message ends the conversation) and the Hermes template after
-tool results (it closes a run of tool messages by looking ahead) are such; split those
-conversations into one record per assistant turn.
+match). Else (F_i does not extend P_i either: Mistral-Nemo writes the system text into the
+last user message only when it ends the conversation; the Hermes template closes a run of
+tool messages by looking ahead) the whole conversation is rendered again with message i's
+content replaced by a probe text: the span starts where the two renderings part and ends
+at the first end-of-turn text after. An assistant message found no way (a template that
+writes no content beside tool calls, as Mistral's, in such a conversation) is a
+`ChatTemplateError` naming the template and the message index; split the conversation into
+one record per assistant turn.
 
 Ids: T cut at the span boundaries, each piece encoded as `template_ids.text_ids` encodes
 rendered text (control tokens as ids; control-token text in system, user and tool messages
@@ -58,6 +61,15 @@ def _span(text: str, prompt: str, turn: str, eot: str, floor: int) -> tuple[int,
   return (start, start + len(written)) if start >= 0 else None
 
 
+def _probed_span(text: str, probed: str, eot: str, floor: int) -> tuple[int, int] | None:
+  """The span of an assistant message from `probed`, the whole conversation rendered with
+  that message's content replaced by PROBE: it starts where the two renderings part, ends
+  at the first end-of-turn text after; None where they do not part after `floor`."""
+  start = len(os.path.commonprefix([text, probed]))
+  end = text.find(eot, start)
+  return (start, end + len(eot)) if floor <= start < len(text) and end >= 0 else None
+
+
 def assistant_spans(
   layout: template_turns.Layout,
   tokenizer,
@@ -70,10 +82,10 @@ def assistant_spans(
   marked, marked_tools = template_ids.marked_inputs(tokenizer, messages, tools)
   source, eot = layout.template.source, _end_of_turn(tokenizer)
 
-  def render(k: int, generation: bool) -> str:
+  def render(k: int, generation: bool, conversation=marked) -> str:
     return chat_template.render(
       layout.template,
-      marked[:k],
+      conversation[:k],
       tools=marked_tools or None,
       add_generation_prompt=generation,
       **dict(layout.variables),
@@ -86,11 +98,15 @@ def assistant_spans(
     floor = spans[-1][1] if spans else 0
     span = _span(text, render(i, True), render(i + 1, False), eot, floor)
     if span is None:
+      probe = [*marked[:i], {**marked[i], "content": template_turns.PROBE}, *marked[i + 1 :]]
+      span = _probed_span(text, render(len(marked), False, probe), eot, floor)
+    if span is None:
       raise chat_template.ChatTemplateError(
         f"chat template {source}: messages[{i}] (assistant) cannot be found in the whole "
         f"conversation's rendering (no {eot!r}, the tokenizer's end of turn, after it, or "
-        "the template writes it differently once later messages follow): split the "
-        "conversation into one record per assistant turn"
+        "the template writes it differently once later messages follow and writes no "
+        "content beside its tool calls): split the conversation into one record per "
+        "assistant turn"
       )
     spans.append(span)
   return text, spans
