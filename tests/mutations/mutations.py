@@ -814,4 +814,12 @@ MUTATIONS = [
     tests=["tests/test_sft_chat.py"],
     why="data.layout=auto ignores the model's chat template (tool conversations refused)",
   ),
+  dict(
+    name="template_sft_probe_unchanged",
+    path="rlpost/data/template_sft.py",
+    old='      probe = [*marked[:i], {**marked[i], "content": template_turns.PROBE}, *marked[i + 1 :]]\n',
+    new="      probe = list(marked)\n",
+    tests=["tests/test_template_sft.py"],
+    why="Mistral-Nemo (system text) and Hermes (after tool results) conversations refused",
+  ),
 ]
