@@ -52,6 +52,7 @@ EXPECTED = {
     f'<tool_call>\n{{"name": "get_weather", "arguments": {CALL_ARGS}}}\n</tool_call><|im_end|>',
     f"<think>\n\n</think>\n\n{ANSWER}<|im_end|>",
   ],
+  ("qwen3", "reasoning_field"): ["<think>\n2+2=4\n</think>\n\nIt is 4.<|im_end|>"],
   ("smollm2", "multi_turn"): [f"{r}<|im_end|>" for r in REPLY],
   ("gemma3_it", "multi_turn"): [f"{r}<end_of_turn>" for r in REPLY],
   ("llama3_1", "multi_turn"): [f"{r}<|eot_id|>" for r in REPLY],

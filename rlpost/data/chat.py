@@ -133,8 +133,8 @@ def kto_fields(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
 
 def sft_record(obj: Any, where: str = "record") -> dict[str, Any]:
   """The validated `{"messages": [...]}` of an SFT record in any form: one with tool calls,
-  tool messages or tools keeps them (`openai_chat.record`, `"tools"` when given)."""
-  if openai_chat.has_tools(obj):
+  tool messages, tools or reasoning keeps them (`openai_chat.record`, `"tools"` if given)."""
+  if openai_chat.openai_fields(obj):
     return openai_chat.record(obj, where)
   return {"messages": to_messages(obj, where)}
 
@@ -201,10 +201,10 @@ def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.nd
   Returns:
     tokens [T] int32 (BOS first) and loss_mask [T] bool, T <= max_len.
   """
-  if openai_chat.has_tools(record):
+  if openai_chat.openai_fields(record):
     raise errors.DataError(
-      "an SFT record with tool calls, tool messages or tools needs the model's chat template "
-      "to lay them out: set data.layout=template, with model.chat_template=FILE (a .jinja "
+      "an SFT record with tool calls, tool messages, tools or reasoning fields needs the "
+      "model's chat template to lay them out: set data.layout=template, with model.chat_template=FILE (a .jinja "
       "file or a Hugging Face directory) when the model file carries none"
     )
   ids = chat_formats.start(tokenizer)

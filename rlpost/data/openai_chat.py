@@ -1,5 +1,7 @@
 """SFT records in the OpenAI message shape (the shape the OpenAI API and TRL use): assistant
-tool calls and `tool` results, checked and normalized before any compute.
+tool calls and `tool` results (and an assistant's reasoning text, `reasoning_content`,
+`thinking` or `reasoning`, which templates such as Qwen3's write), checked and normalized
+before any compute.
 
   {"messages": [
      {"role": "system", "content": str},                                  optional, first
@@ -38,15 +40,29 @@ RULE = (
 )
 
 
-def has_tools(record: Any) -> bool:
-  """Whether an SFT record uses the tool fields (`tools`, `tool_calls`, `tool` messages)."""
+REASONING = ("reasoning_content", "thinking", "reasoning")  # an assistant's reasoning text
+
+
+def openai_fields(record: Any) -> bool:
+  """Whether an SFT record uses fields beyond role/content: `tools`, `tool_calls`, `tool`
+  messages, an assistant's reasoning (REASONING keys)."""
   if not isinstance(record, dict):
     return False
   messages = record.get("messages")
-  calls = isinstance(messages, list) and any(
-    isinstance(m, dict) and (m.get("role") == "tool" or "tool_calls" in m) for m in messages
+  extra = {"tool_calls", *REASONING}
+  used = isinstance(messages, list) and any(
+    isinstance(m, dict) and (m.get("role") == "tool" or not extra.isdisjoint(m)) for m in messages
   )
-  return "tools" in record or calls
+  return "tools" in record or used
+
+
+def _reasoning(message: dict, where: str, k: int) -> dict:
+  """The REASONING fields of an assistant message (strings; the template writes them)."""
+  out = {key: message[key] for key in REASONING if key in message}
+  for key, value in out.items():
+    if not isinstance(value, str):
+      _fail(where, f"messages[{k}].{key}", value, "give the reasoning text as a string")
+  return out
 
 
 def _fail(where: str, field: str, value: Any, fix: str):
@@ -154,9 +170,11 @@ def record(obj: Any, where: str = "record") -> dict:
         "" if message.get("content") is None else _text(message, where, f"messages[{k}].content")
       )
       messages.append({"role": "assistant", "content": content, "tool_calls": list(pending)})
+      messages[-1].update(_reasoning(message, where, k))
       role = "calls"
     else:
       messages.append({"role": role, "content": _text(message, where, f"messages[{k}].content")})
+      messages[-1].update(_reasoning(message, where, k) if role == "assistant" else {})
     previous = role
   if previous != "assistant":
     _fail(
