@@ -77,8 +77,11 @@ def test_the_loss_covers_exactly_the_assistant_turns_as_the_template_writes_them
   """The tokens decode to transformers' rendering; the masked runs are the assistant turns
   (content or calls, end of turn), nothing of the system, user or tool messages. Qwen3
   re-renders history (the empty <think> block only on the last turn): located in the final
-  rendering. Mutations: `mask + [flag]` -> `mask + [1]` (everything trained), the located
-  span's `text.find(eot, start)` -> `text.find(eot)` (an earlier close ends the span)."""
+  rendering; Mistral-Nemo (its system text moves) and Hermes (a look-ahead after tool
+  results) found by the probe. Mutations: `mask + [flag]` -> `mask + [1]` (everything
+  trained), the located span's `text.find(eot, start)` -> `text.find(eot)` (an earlier
+  close ends the span), the probe left unchanged, `_reasoning` returning {} (Qwen3's
+  reasoning field dropped)."""
   layout, tok = _setup(name)
   record, rendered = _fixture(name, case)
   ids, mask = template_sft.tokenize(chat.sft_record(record), tok, layout, max_len=10_000)
