@@ -7,8 +7,12 @@ VARIANT:
 
 Data: `--config.data.source=jsonl --config.data.path=FILE.jsonl` trains on a JSONL of
 {"messages": [...]} or {"prompt", "completion"[, "system"]} records (the loss is
-taken on assistant tokens only); `data.eval_path` gives a held-out file, else the
-last `eval.num_examples` records are held out. `--config.lora.enabled=False` trains
+taken on assistant tokens only); records in the OpenAI message shape, with `tool_calls`,
+`tool` messages and `tools`, are laid out by the model's chat template (`data.layout`,
+`model.chat_template`) and trained on the assistant spans; `data.eval_path` gives a
+held-out file, else the last `eval.num_examples` records are held out.
+`data.source=gsm8k_tools --config.tools.format=native` writes the calculator traces as such
+conversations, the calls in the template's own format. `--config.lora.enabled=False` trains
 all parameters.
 """
 
@@ -31,6 +35,10 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "data_dir": "",  # GSM8K jsonl dir; "" = Hugging Face hub
       "num_synthetic": 64,  # records of the synthetic set
       "num_examples": 0,  # train on the first N records only (0: all)
+      # how conversations are laid out: template (the model's chat template: model.chat_template,
+      # else the model file's) | chat (the family's hand-written format) | auto (template when
+      # the run has one, else chat). Tool calls and tool messages need the template.
+      "layout": "auto",
       "seq_len": 48 if tiny else 384,
       "pack": False,  # first-fit pack several examples per row
       "shuffle": True,
@@ -39,6 +47,9 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "on_too_long": "skip",
     }
   )
+  # data.source=gsm8k_tools: the calculator calls' syntax, library (<tool>calculator: ...</tool>
+  # in the plain scaffold) | native (the model's chat template's format) | a format by name
+  c.tools = ml_collections.ConfigDict({"format": "library"})
   c.train = ml_collections.ConfigDict(
     {
       "steps": 60 if tiny else 500,

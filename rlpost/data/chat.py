@@ -6,7 +6,9 @@ Record forms (one JSON object per line):
   DPO  {"prompt": str, "chosen": str, "rejected": str, "system": str (optional)}
 
 A conversation is an optional first system message, then turns alternating
-user / assistant, starting with user and ending with assistant.
+user / assistant, starting with user and ending with assistant. Records with tool calls,
+`tool` messages or `tools` (the OpenAI shape, `rlpost.data.openai_chat`) load too; only the
+model's chat template lays them out (`rlpost.data.template_sft`).
 
 The tokenizer's chat format lays it out (`rlpost.text.chat_formats`). Gemma's has no
 system role: the system text is prepended to the first user turn, and the assistant
@@ -37,6 +39,7 @@ import numpy as np
 
 from rlpost import errors
 from rlpost.data.gsm8k import SYSTEM_PROMPT, Problem, sft_completion
+from rlpost.data import openai_chat
 from rlpost.data.jsonl import read_jsonl, require_str
 from rlpost.text import chat_formats
 
@@ -128,9 +131,17 @@ def kto_fields(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
   return fields
 
 
+def sft_record(obj: Any, where: str = "record") -> dict[str, Any]:
+  """The validated `{"messages": [...]}` of an SFT record in any form: one with tool calls,
+  tool messages, tools or reasoning keeps them (`openai_chat.record`, `"tools"` if given)."""
+  if openai_chat.openai_fields(obj):
+    return openai_chat.record(obj, where)
+  return {"messages": to_messages(obj, where)}
+
+
 def load_sft_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """SFT records as `{"messages": [...]}`; a bad line raises ValueError naming path:line."""
-  return [{"messages": to_messages(obj, where)} for where, obj in read_jsonl(path)]
+  """SFT records (`sft_record`); a bad line raises ValueError naming path:line."""
+  return [sft_record(obj, where) for where, obj in read_jsonl(path)]
 
 
 def load_dpo_jsonl(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -178,7 +189,8 @@ def _encode_response(tokenizer, text: str) -> list[int]:
 
 
 def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """Tokens and loss mask of an SFT record in the Gemma chat template.
+  """Tokens and loss mask of an SFT record in the tokenizer's hand-written chat format
+  (`chat_formats`; records with tool calls need the template, `template_sft`).
 
   Truncation policy: the first `max_len` tokens are kept (right truncation),
   so a long final response is cut and loses its closing `<end_of_turn>` (the
@@ -189,6 +201,12 @@ def tokenize_sft(record: dict[str, Any], tokenizer, max_len: int) -> tuple[np.nd
   Returns:
     tokens [T] int32 (BOS first) and loss_mask [T] bool, T <= max_len.
   """
+  if openai_chat.openai_fields(record):
+    raise errors.DataError(
+      "an SFT record with tool calls, tool messages, tools or reasoning fields needs the "
+      "model's chat template to lay them out: set data.layout=template, with model.chat_template=FILE (a .jinja "
+      "file or a Hugging Face directory) when the model file carries none"
+    )
   ids = chat_formats.start(tokenizer)
   mask = [False] * len(ids)
   system, pairs = exchanges(to_messages(record))

@@ -17,6 +17,20 @@ without an error, once per episode.
 Results sit after the model's text as the plain scaffold shows them
 ("\\n<result>...</result>"), and the solved examples are rendered the same way
 (`render_trace`), so an example reads exactly like a rollout.
+
+`tool_format`: "library" (the above) or a native format (`rlpost.text.tool_formats`:
+hermes, llama3_json, mistral; the run's template scaffold, `rollout.template=template`,
+renders it). Native: the instructions name the calculator tool without the library syntax
+(the chat template lists its schema, `Env.tools`), the prompt does not open the reasoning
+tag (the model writes the whole `<reasoning>...` answer), no solved examples (fewshot 0:
+they would be text in the user message, not turns); a turn's calls are parsed with the
+format's parser and run by `tool_functions.run_call`, their results returned as `tool`
+messages in the step's info (`native_tools.TOOL_MESSAGES`, the turn as
+`native_tools.ASSISTANT_MESSAGE`, call ids numbered over the episode), as
+`native_tools.with_native_tools` does. The answer message alone is scored (the whole
+`<reasoning>...</reasoning>\\n<answer>...</answer>`: a chat model answers in one message
+after its calls, and some templates keep no text beside a call); the state's transcript
+holds every turn and the results, one per line, after it.
 """
 
 import dataclasses
@@ -31,10 +45,13 @@ from rlpost.data import prompts as prompts_lib
 from rlpost.data import tasks
 from rlpost.envs import tool_traces
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem
+from rlpost.envs import native_tools
 from rlpost.envs import protocol
 from rlpost.envs import single_turn
+from rlpost.envs import tool_functions
 from rlpost.envs import tools
 from rlpost.envs.calculator import MAX_EXPONENT
+from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
 NAME = "gsm8k_calc"
@@ -45,16 +62,21 @@ INSTRUCTIONS = (
   f"{tool_syntax.RESULT_OPEN}VALUE{tool_syntax.RESULT_CLOSE}. Expressions use numbers, + - * / ** "
   f"(exponents up to {MAX_EXPONENT}) and parentheses."
 )
+NATIVE_INSTRUCTIONS = (
+  f"{SYSTEM_PROMPT}\nFor arithmetic, call the calculator tool; its result comes back to "
+  f"you. Expressions use numbers, + - * / ** (exponents up to {MAX_EXPONENT}) and parentheses."
+)
 
 
 class State(NamedTuple):
   """problem: the task; transcript: the model's turns and results so far; turns: turns
-  taken; bonus_paid: the well-formed-call bonus was given."""
+  taken; bonus_paid: the well-formed-call bonus was given; calls: native calls answered."""
 
   problem: Problem
   transcript: str
   turns: int
   bonus_paid: bool
+  calls: int = 0
 
 
 def render_trace(trace: list[tool_traces.Segment]) -> str:
@@ -62,9 +84,16 @@ def render_trace(trace: list[tool_traces.Segment]) -> str:
   return "".join(text if role == "model" else f"\n{text}" for role, text in trace)
 
 
-def first_observation(problem: Problem, shots: list[tuple[Problem, list]]) -> str:
+def first_observation(
+  problem: Problem, shots: list[tuple[Problem, list]], native: bool = False
+) -> str:
   """Instructions, solved (problem, trace) examples, then the question; ends where the
-  model writes, after the opened reasoning tag."""
+  model writes, after the opened reasoning tag. `native`: a native tool format's (module
+  doc): its instructions and the question only."""
+  if native:
+    if shots:
+      raise ValueError("a native tool format shows no solved examples: use fewshot=0")
+    return f"{NATIVE_INSTRUCTIONS}\n\nQuestion: {problem.question}"
   examples = "".join(
     f"Question: {p.question}\nAnswer: {COMPLETION_PREFIX}{render_trace(trace)}\n\n"
     for p, trace in shots
@@ -72,13 +101,75 @@ def first_observation(problem: Problem, shots: list[tuple[Problem, list]]) -> st
   return f"{INSTRUCTIONS}\n\n{examples}Question: {problem.question}\nAnswer: {COMPLETION_PREFIX}"
 
 
-def _check_args(fewshot, max_turns, tool_bonus) -> None:
+def _check_args(fewshot, max_turns, tool_bonus, tool_format="library") -> None:
+  native = [name for name, fmt in tool_formats.FORMATS.items() if fmt.native]
+  if tool_format != "library" and tool_format not in native:
+    raise ValueError(f"tool_format={tool_format!r}: use library or a native format {native}")
+  if tool_format != "library" and fewshot:
+    raise ValueError(
+      f"fewshot={fewshot}: a native tool format ({tool_format}) shows no solved examples "
+      "(they would be text in the user message, not turns): use fewshot=0"
+    )
   if max_turns < 1:
     raise ValueError(f"max_turns={max_turns}: use >= 1 (the answer's turn included)")
   if not (math.isfinite(tool_bonus) and tool_bonus >= 0):  # inf: every advantage NaN
     raise ValueError(f"tool_bonus={tool_bonus}: use a finite number >= 0 (0: off)")
   if fewshot < 0:  # shots[:-1] would silently drop the last example
     raise ValueError(f"fewshot={fewshot}: use >= 0 solved examples in the prompt")
+
+
+def _finish(task: tasks.Task, state: State, text: str, completion: str, called: bool):
+  """The episode's last step: the whole `completion` scored (module doc)."""
+  reward, info = single_turn.score(task, "", completion, state.problem.final)
+  info.update(tool_call=called, turns_exhausted=called)
+  info["success"] = bool(info.get("answer_accuracy"))
+  done = State(
+    state.problem, state.transcript + text, state.turns + 1, state.bonus_paid, state.calls
+  )
+  return protocol.Step(done, "", reward, True, info)
+
+
+def _native_step(task, fmt: tool_formats.Format, toolset, max_turns, tool_bonus, max_chars):
+  """The step of a native tool format (module doc): calls answered as `tool` messages."""
+
+  def step(state: State, text: str) -> protocol.Step:
+    parsed = fmt.parse(text)
+    if not parsed.calls or state.turns + 1 >= max_turns:
+      return _finish(task, state, text, text, bool(parsed.calls))
+    calls = [
+      c._replace(id=tool_formats.call_id(state.calls + i)) for i, c in enumerate(parsed.calls)
+    ]
+    results = [tool_functions.run_call(toolset, c, max_chars) for c in calls]
+    messages = tuple(tool_formats.result_message(fmt, c, r) for c, (r, _) in zip(calls, results))
+    is_error = any(err for _, err in results)
+    observation = "\n".join(m["content"] for m in messages)
+    bonus = tool_bonus > 0 and not is_error and not state.bonus_paid
+    transcript = f"{state.transcript}{text}\n{observation}\n"
+    new = State(
+      state.problem,
+      transcript,
+      state.turns + 1,
+      state.bonus_paid or bonus,
+      state.calls + len(calls),
+    )
+    assistant = {
+      "role": "assistant",
+      "content": parsed.content,
+      "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+        if not c.error
+      ],
+    }
+    info = {
+      "tool_call": True,
+      "tool_error": is_error,
+      native_tools.TOOL_MESSAGES: messages,
+      native_tools.ASSISTANT_MESSAGE: assistant,
+    }
+    return protocol.Step(new, observation, tool_bonus if bonus else 0.0, False, info)
+
+  return step
 
 
 def make_env(
@@ -89,14 +180,16 @@ def make_env(
   tool_bonus: float = 0.0,
   max_result_chars: int = 200,
   registry: tools.Registry = tools.REGISTRY,
+  tool_format: str = "library",
 ) -> protocol.Env:
   """The environment over `task` (GSM8K problems, reward and accuracy functions).
 
   fewshot: solved examples shown, the first `fewshot` of `task.examples` that
     convert to tool traces (ValueError when fewer do).
   max_turns: model turns per episode, the answer included (>= 1).
+  tool_format: "library" or a native format's name (module doc).
   """
-  _check_args(fewshot, max_turns, tool_bonus)
+  _check_args(fewshot, max_turns, tool_bonus, tool_format)
   tool_syntax.clip("", max_result_chars)  # validates the budget now
   shots, _ = tool_traces.tool_traces(task.examples)
   if len(shots) < fewshot:
@@ -106,12 +199,13 @@ def make_env(
     )
   shots = shots[:fewshot]
   registry = tools.check_registry(registry)
+  native = tool_format != "library"
 
   def reset(problem: Problem, seed: int):
     del seed  # nothing random: the problem is the task
     if not isinstance(problem, Problem):
       raise TypeError(f"{NAME}: reset needs a GSM8K Problem as task, got {type(problem).__name__}")
-    return State(problem, "", 0, False), first_observation(problem, shots)
+    return State(problem, "", 0, False), first_observation(problem, shots, native)
 
   def step(state: State, text: str) -> protocol.Step:
     call = tool_syntax.parse_tool_call(text)
@@ -125,12 +219,14 @@ def make_env(
       info = {"tool_call": True, "tool_error": is_error}
       return protocol.Step(new, observation, tool_bonus if bonus else 0.0, False, info)
     completion = f"{COMPLETION_PREFIX}{state.transcript}{text}"
-    reward, info = single_turn.score(task, "", completion, state.problem.final)
-    info.update(tool_call=call is not None, turns_exhausted=call is not None)
-    info["success"] = bool(info.get("answer_accuracy"))
-    done = State(state.problem, state.transcript + text, turns, state.bonus_paid)
-    return protocol.Step(done, "", reward, True, info)
+    return _finish(task, state, text, completion, call is not None)
 
+  if native:
+    fmt, toolset = tool_formats.get(tool_format), tool_functions.function_tools(registry)
+    step = _native_step(task, fmt, toolset, max_turns, tool_bonus, max_result_chars)
+    stops = prompts_lib.STOP_STRINGS + fmt.stop_strings
+    schemas = tuple(tool_functions.schemas(toolset))
+    return protocol.Env(NAME, reset, step, max_turns=max_turns, stop_strings=stops, tools=schemas)
   stops = prompts_lib.STOP_STRINGS + (tool_syntax.CALL_CLOSE,)
   return protocol.Env(NAME, reset, step, max_turns=max_turns, stop_strings=stops)
 
@@ -144,16 +240,18 @@ class GSM8KCalcConfig:
 
   data_dir: GSM8K jsonl dir (train.jsonl, test.jsonl); "" = the Hugging Face hub.
   fewshot: solved tool-call examples in the prompt (of the RESERVED_EXAMPLES).
-  max_turns, tool_bonus: `make_env`'s.
+  max_turns, tool_bonus, tool_format: `make_env`'s (tool_format: the run's resolved
+    `tools.format`, a native format's name or "library").
   """
 
   data_dir: str = ""
   fewshot: int = 2
   max_turns: int = 6
   tool_bonus: float = 0.0
+  tool_format: str = "library"
 
   def __post_init__(self):
-    _check_args(self.fewshot, self.max_turns, self.tool_bonus)
+    _check_args(self.fewshot, self.max_turns, self.tool_bonus, self.tool_format)
     if self.fewshot > RESERVED_EXAMPLES:
       raise ValueError(
         f"fewshot={self.fewshot}: use at most {RESERVED_EXAMPLES} solved examples "
@@ -181,6 +279,7 @@ def build(config: GSM8KCalcConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
     max_turns=config.max_turns,
     tool_bonus=config.tool_bonus,
     max_result_chars=run.max_result_chars,
+    tool_format=config.tool_format,
   )
   order = np.random.default_rng(run.seed).permutation(len(train.problems))
   offset = run.eval_seed_offset

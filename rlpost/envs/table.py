@@ -150,6 +150,8 @@ def make(
     raise errors.ConfigError(
       f"config.tools.enabled=True: {name} answers tool calls itself; use False"
     )
+  if spec.own_tools and dataclasses.is_dataclass(config) and hasattr(config, "tool_format"):
+    config = dataclasses.replace(config, tool_format=tool_format)  # it answers calls itself
   env_tasks = spec.build(config, run)
   if not isinstance(env_tasks, protocol.EnvTasks):
     raise errors.ConfigError(

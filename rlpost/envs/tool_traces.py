@@ -18,16 +18,29 @@ reason counted) when an annotation is malformed, its expression fails in the
 calculator, or the calculator's result disagrees with the annotated one.
 `trace_ids` turns a trace into the exact token stream a multi-turn rollout
 builds (same scaffold), with loss only on the model's segments.
+
+In a native tool format (the model's own, `rlpost.text.tool_formats`) a trace is an
+OpenAI-shaped conversation (`conversation`): the question as the user message; each model
+segment ending in a call an assistant message whose content is its text before the call
+and whose call is a `tool_calls` entry to the calculator (`{"expression": ...}`), each
+result a `tool` message answered as a native rollout answers it (`tool_functions.run_call`);
+then the answer message, the whole worked solution in the reasoning/answer format (the
+segments' texts without the calls: a native episode scores its answer message alone, and
+templates such as Llama 3's write a tool-call turn's JSON without its content). The chat
+template writes the calls in its format, so SFT on it (`rlpost.data.template_sft`) trains
+what a native rollout samples.
 """
 
 import collections
 import re
 from typing import NamedTuple
 
-from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, Problem
+from rlpost.data.gsm8k import ANSWER_END, ANSWER_START, REASONING_END, REASONING_START, Problem
 from rlpost.envs import calculator
+from rlpost.envs import tool_functions
 from rlpost.text import scaffold
 from rlpost.envs import tools
+from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
@@ -120,3 +133,31 @@ def trace_ids(tokenizer, template: str, first_observation: str, trace: list[Segm
       new = scaffold.observation_ids(tokenizer, template, text, model_closed_turn=False)
       ids, mask = ids + new, mask + [0] * len(new)
   return ids, mask
+
+
+def conversation(
+  first_observation: str, trace: list[Segment], max_result_chars: int = 200
+) -> list[dict]:
+  """A trace as OpenAI messages (module doc): [user, assistant, tool, ..., assistant]; call
+  ids numbered over the conversation as a native rollout numbers them."""
+  toolset = tool_functions.function_tools(tools.REGISTRY)
+  messages, answer = [{"role": "user", "content": first_observation}], ""
+  for role, text in trace:
+    call = tool_syntax.parse_tool_call(text) if role == "model" else None
+    if call is None:
+      answer += text if role == "model" else ""
+      continue
+    content = text[: text.rfind(tool_syntax.CALL_OPEN)]
+    answer += content
+    native = tool_formats.Call(
+      "calculator", {"expression": call.argument}, tool_formats.call_id(len(messages) // 2)
+    )
+    result, _ = tool_functions.run_call(toolset, native, max_result_chars)
+    function = {"name": native.name, "arguments": native.arguments}
+    call_entry = {"id": native.id, "type": "function", "function": function}
+    messages.append({"role": "assistant", "content": content, "tool_calls": [call_entry]})
+    messages.append(
+      {"role": "tool", "tool_call_id": native.id, "name": native.name, "content": result}
+    )
+  messages.append({"role": "assistant", "content": f"{REASONING_START}\n{answer}"})
+  return messages

@@ -16,8 +16,11 @@ from rlpost import errors
 from rlpost.data import chat
 from rlpost.data import gsm8k
 from rlpost.data import jsonl
+from rlpost.data import template_sft
 from rlpost.envs import tool_traces
 from rlpost.envs import gsm8k_calc
+from rlpost.envs import tool_functions
+from rlpost.envs import tools
 from rlpost.models import policy
 from rlpost.recipes import common
 from rlpost.recipes import supervised_run
@@ -26,15 +29,79 @@ from rlpost.train import loop as loop_lib
 from rlpost.train import shares
 from rlpost.train import sharding
 from rlpost.train import step as step_lib
+from rlpost.text import chat_template
+from rlpost.text import template_turns
+from rlpost.text import tool_formats
 
 SOURCES = ("gsm8k", "gsm8k_tools", "jsonl", "synthetic")
+LAYOUTS = ("auto", "template", "chat")
 
 
 def check_config(cfg) -> policy.ForwardConfig:
   """Raises ValueError naming the first invalid field, its value and the fix
   (`supervised_run.check_config` over SFT's data sources). Returns the trainer's
   forward config (temperature 1)."""
-  return supervised_run.check_config(cfg, SOURCES)
+  fwd = supervised_run.check_config(cfg, SOURCES)
+  layout, fmt = cfg.data.get("layout", "auto"), _tool_format_field(cfg)
+  if layout not in LAYOUTS:
+    common.fail("data.layout", layout, f"use one of {LAYOUTS}")
+  if fmt not in ("native", *tool_formats.FORMATS):
+    common.fail("tools.format", fmt, f"use native or one of {tuple(tool_formats.FORMATS)}")
+  if fmt != "library" and cfg.data.source != "gsm8k_tools":
+    common.fail("tools.format", fmt, "applies to data.source=gsm8k_tools: leave it library")
+  if fmt != "library" and layout == "chat":
+    common.fail(
+      "tools.format", fmt, "a native format needs the chat template: data.layout=template"
+    )
+  return fwd
+
+
+def _tool_format_field(cfg) -> str:
+  return cfg.tools.format if cfg.get("tools") is not None else "library"
+
+
+def chat_layout(cfg, tokenizer) -> template_turns.Layout | None:
+  """The layout of the run's conversations (data.layout): the model's chat template
+  (`model.chat_template`, else the model file's, rendered with `model.date_string`), or
+  None for the family's hand-written format (`chat_formats`). "auto" takes the template
+  when the run has one: the text the model is served with (and the one TRL trains on);
+  models without one (the Gemma 3 270M base GGUF, the tiny byte tokenizer) keep the
+  hand-written format, so their runs are as before."""
+  layout = cfg.data.get("layout", "auto")
+  if layout == "chat":
+    return None
+  template = chat_template.for_tokenizer(tokenizer, cfg.model.get("chat_template", ""))
+  if template is None and layout == "template":
+    common.fail(
+      "data.layout",
+      layout,
+      "the model file carries no chat template: give one with --config.model.chat_template="
+      "FILE (a .jinja file or a Hugging Face directory), or use data.layout=chat",
+    )
+  if template is None:
+    return None
+  return template_turns.Layout(template, (("date_string", cfg.model.date_string),))
+
+
+def tool_format(cfg, layout: template_turns.Layout | None) -> str:
+  """The gsm8k_tools traces' call format: tools.format resolved ("native": the one the chat
+  template writes, `tool_formats.detect`; the library's when it has no tool section)."""
+  name = _tool_format_field(cfg)
+  if name == "library":
+    return name
+  if layout is None:
+    common.fail(
+      "tools.format",
+      name,
+      "needs the model's chat template: set data.layout=template and, "
+      "when the model file carries none, model.chat_template=FILE",
+    )
+  if name != "native":
+    return name
+  try:
+    return tool_formats.detect(layout.template.text)
+  except ValueError as e:
+    common.fail("tools.format", name, f"{layout.template.source}: {e}")
 
 
 def records(cfg) -> tuple[list[dict], list[dict]]:
@@ -82,20 +149,26 @@ def records(cfg) -> tuple[list[dict], list[dict]]:
 
 
 def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
-  """(train, held-out) examples, each (tokens [T] int32, loss_mask [T] bool), T <= seq_len.
+  """(train, held-out) examples, each (tokens [T] int32, loss_mask [T] bool), T <= seq_len,
+  laid out by `chat_layout` (the template: `template_sft`, loss on assistant spans).
 
-  `gsm8k_tools`: GSM8K solutions as calculator tool traces in the stream a
-  `gsm8k_calc` rollout builds (zero-shot prompt, plain scaffold), loss on the
-  model's segments; dropped solutions are counted in the log.
+  `gsm8k_tools`: GSM8K solutions as calculator tool traces, loss on the model's segments;
+  in the library format the stream a `gsm8k_calc` rollout builds (zero-shot prompt, plain
+  scaffold), in a native one the trace as a conversation (`tool_traces.conversation`) the
+  template lays out with the calculator's schema; dropped solutions are counted in the log.
   """
-  d = cfg.data
+  d, layout = cfg.data, chat_layout(cfg, tokenizer)
   if d.source != "gsm8k_tools":
     train_records, eval_records = records(cfg)
-    tokenize = lambda r: chat.tokenize_sft(r, tokenizer, d.seq_len)
+    if layout is None:
+      tokenize = lambda r: chat.tokenize_sft(r, tokenizer, d.seq_len)
+    else:
+      tokenize = lambda r: template_sft.tokenize(chat.sft_record(r), tokenizer, layout, d.seq_len)
     where = (lambda i: jsonl.where_of(d.path, i)) if d.source == "jsonl" else None
     return supervised_run.tokenize_records(
       train_records, tokenize, cfg, where
     ), supervised_run.tokenize_records(eval_records, tokenize, cfg)
+  fmt = tool_format(cfg, layout)
   out = []
   for split, limit in (("train", d.num_examples), ("test", cfg.eval.num_examples)):
     problems = gsm8k.load_gsm8k(split, d.data_dir)
@@ -109,8 +182,26 @@ def tokenized_examples(cfg, tokenizer) -> tuple[list, list]:
       len(problems),
       dropped,
     )
-    out.append([trace_example(tokenizer, p, trace, d.seq_len) for p, trace in kept])
+    if fmt == "library":
+      out.append([trace_example(tokenizer, p, trace, d.seq_len) for p, trace in kept])
+    else:
+      out.append([native_trace_example(tokenizer, layout, p, t, d.seq_len) for p, t in kept])
   return out[0], out[1]
+
+
+def native_trace_example(tokenizer, layout, problem, trace, max_len: int):
+  """(tokens, loss_mask) of a tool trace as a conversation in the template's tool format."""
+  observation = gsm8k_calc.first_observation(problem, shots=[], native=True)
+  record = {
+    "messages": tool_traces.conversation(observation, trace),
+    "tools": tool_functions.schemas(tool_functions.function_tools(tools.REGISTRY)),
+  }
+  try:
+    return template_sft.tokenize(record, tokenizer, layout, max_len)
+  except chat_template.ChatTemplateError:
+    raise
+  except ValueError as e:
+    raise errors.ConfigError(f"config.data.seq_len={max_len}: {e}; raise data.seq_len") from None
 
 
 def trace_example(tokenizer, problem, trace, max_len: int) -> tuple[np.ndarray, np.ndarray]:

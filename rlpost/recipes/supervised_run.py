@@ -108,12 +108,16 @@ def tokenize_records(records, tokenize, cfg, where=None) -> list:
   """`tokenize(record)` of each record. A record whose prompt leaves no room for a response
   in data.seq_len tokens (it could never train) is left out and counted in the log
   (data.on_too_long='skip'), or stops the run naming it (`where(i)`: "path:line" of
-  record i; None: "record i") with 'error'. No record left is an error either way."""
+  record i; None: "record i") with 'error'. No record left is an error either way. A
+  record the layout refuses (a DataError: tool calls without a template, a template that
+  cannot lay it out) stops the run naming it."""
   where = where or (lambda i: f"record {i}")
   out, dropped = [], []
   for i, record in enumerate(records):
     try:
       out.append(tokenize(record))
+    except errors.DataError as e:  # a record the layout refuses (not a length): never skipped
+      raise errors.DataError(f"{where(i)}: {e}") from None
     except ValueError as e:
       if cfg.data.get("on_too_long", "skip") == "error":
         raise errors.DataError(
