@@ -821,6 +821,7 @@ MUTATIONS = [
     new="  key = lambda p: p.question\n",
     tests=["tests/test_held_out.py"],
     why="near-identical training questions (case, spacing) counted as held out",
+  ),
   # --- issue 66 part 5: SFT on OpenAI-shaped conversations by the model's chat template
   dict(
     name="template_sft_masks_everything",
