@@ -218,3 +218,47 @@ def test_an_agentic_run_in_each_familys_template_and_tool_format(
   rl.run(cfg, str(tmp_path / "run"))
   record = run_metrics(tmp_path / "run")[-1]
   assert np.isfinite(record["template/prefix_mismatch"]) and "tool_call_rate" in record
+
+
+@pytest.mark.slow
+def test_gsm8k_with_the_calculator_in_qwens_native_format(tmp_path):
+  """The calculator environment (`gsm8k_calc`) in the model's own tool format: the run's
+  `tools.format=native` reaches the environment (it answers calls itself), its prompt
+  offers the calculator in the template's tool section and describes no library syntax,
+  and one GRPO iteration on the tiny Qwen2 model trains. Mutation caught: the table not
+  handing an own-tools environment the run's tool format (library instructions in the
+  prompt)."""
+  from conftest import GSM8K_DIR, require_shared  # pylint: disable=g-import-not-at-top
+  from experiments.configs import agentic  # pylint: disable=g-import-not-at-top
+  from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
+
+  require_shared(GSM8K_DIR)
+  fix = json.loads((FIXTURES / "qwen2_5.json").read_text(encoding="utf-8"))
+  path = tmp_path / "chat.jinja"
+  path.write_text(fix["template"], encoding="utf-8")
+  overrides = {
+    "model.preset": "qwen2_tiny",
+    "model.weights": "random",
+    "model.chat_template": str(path),
+    "env.data_dir": str(GSM8K_DIR),
+    "env.fewshot": 0,
+    "env.max_turns": 2,
+    "rollout.template": "template",
+    "rollout.max_turn_tokens": 8,
+    "rollout.max_total_tokens": 64,
+    "tools.format": "native",
+    "train.steps": 1,
+    "train.batch_tasks": 1,
+    "train.micro_batch_size": 2,
+    "algo.num_generations": 2,
+    "eval.every": 0,
+  }
+  cfg = with_overrides(agentic.get_config("gsm8k_calc_gemma3"), overrides)
+  p = rl.build(cfg)
+  env = p.tasks.env
+  first = env.reset(p.tasks.train_tasks([0])[0], 0)[1]
+  assert "<tool>" not in first and [t["function"]["name"] for t in env.tools] == ["calculator"]
+  ids = template_turns.first_prompt_ids(p.turns.layout, p.tokenizer, first, env.system, env.tools)
+  assert '"name": "calculator"' in p.tokenizer.decode(ids, skip_special=False)
+  rl.run(cfg, str(tmp_path / "run"))
+  assert np.isfinite(run_metrics(tmp_path / "run")[-1]["reward/mean"])

@@ -46,6 +46,7 @@ from rlpost.data import tasks
 from rlpost.envs import tool_traces
 from rlpost.data.gsm8k import REASONING_START, SYSTEM_PROMPT, Problem
 from rlpost.envs import native_tools
+from rlpost.envs import prompt_dataset
 from rlpost.envs import protocol
 from rlpost.envs import single_turn
 from rlpost.envs import tool_functions
@@ -283,8 +284,11 @@ def build(config: GSM8KCalcConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
   )
   order = np.random.default_rng(run.seed).permutation(len(train.problems))
   offset = run.eval_seed_offset
+  held = test.problems
   return protocol.EnvTasks(
     env,
     lambda seeds: [train.problems[order[s % len(order)]] for s in seeds],
-    lambda seeds: [test.problems[s - offset] for s in seeds],
+    # past the test set's end the problems repeat: `held_out.choose` skips repeats
+    lambda seeds: [held[(s - offset) % len(held)] for s in seeds],
+    content_key=lambda problem, seed: prompt_dataset.normalized_question(problem.question),
   )
