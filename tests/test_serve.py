@@ -1,0 +1,338 @@
+"""The endpoint end to end: one server on the tiny model for the module, driven by the real
+`openai` client (raw `http.client` and sockets for malformed input and disconnects)."""
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import types
+import urllib.parse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import openai
+import pytest
+
+from rlpost import sampling
+from rlpost.models import decoder
+from rlpost.models import loading
+from rlpost.serve import engine as engine_lib
+from rlpost.serve import scheduler
+from rlpost.serve import server
+from rlpost.text import chat_formats
+
+CONTEXT = 256
+MAX_CONCURRENT = 8
+
+
+@pytest.fixture(scope="module")
+def served():
+  config, params, tok = loading.load_model("tiny", "random")
+  engine = engine_lib.Engine(params, config, tok, "tiny", CONTEXT, 64)
+  settings = server.ServerConfig(port=0, max_concurrent=MAX_CONCURRENT, max_body_bytes=4096)
+  with server.serve_in_thread(engine, settings, scheduler.BatchConfig(16, 50.0)) as url:
+    client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=120)
+    yield types.SimpleNamespace(url=url, engine=engine, client=client, tok=tok)
+
+
+def _raw(served, method, path, body=b"", headers=None):
+  """(status, parsed JSON) of one raw HTTP request."""
+  parts = urllib.parse.urlparse(served.url)
+  conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+  try:
+    conn.request(method, path, body=body, headers=headers or {})
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+  finally:
+    conn.close()
+
+
+def _sampler(engine, prompt, max_tokens, temperature=0.0, seed=0):
+  """The library's own sampler on one prompt: (ids, logprobs) of choice 0 of `seed`."""
+  tok = engine.tokenizer
+  config = sampling.SamplingConfig(
+    temperature=temperature, stop_ids=(tok.eos_id, tok.end_of_turn_id), max_new_tokens=max_tokens
+  )
+  tokens, lengths = sampling.pad_prompts([list(prompt)], config)
+  out = sampling.sample(
+    engine.params,
+    tokens,
+    lengths,
+    jax.random.key(0),
+    row_ids=jnp.asarray([engine_lib.row_id(seed, 0)], jnp.int32),
+    model_config=engine.model_config,
+    config=config,
+  )
+  n = int(out.lengths[0])
+  return out.tokens[0, :n].tolist(), np.asarray(out.logprobs[0, :n])
+
+
+@pytest.mark.slow
+def test_greedy_chat_equals_the_library_sampler(served):
+  """The prompt ids are the chat layout's and the greedy ids the sampler's on them.
+  Mutation caught: engine.generate padding `list(r.prompt)[1:]` (a token dropped)."""
+  messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+  r = served.client.chat.completions.create(
+    model="tiny", messages=messages, max_tokens=12, temperature=0
+  )
+  extra = r.model_extra
+  assert extra["prompt_token_ids"] == chat_formats.conversation_ids(served.tok, messages)
+  ids = r.choices[0].model_extra["token_ids"]
+  assert ids == _sampler(served.engine, extra["prompt_token_ids"], 12)[0]
+  assert r.choices[0].message.content == served.tok.decode(ids)
+  assert r.usage.completion_tokens == len(ids) and r.usage.prompt_tokens == len(
+    extra["prompt_token_ids"]
+  )
+  assert r.choices[0].finish_reason == ("stop" if len(ids) < 12 else "length")
+
+
+def _teacher_forced(engine, prompt, ids, temperature):
+  """log_softmax(logits / T) [len(ids), V] of a plain full forward over prompt + ids."""
+  seq = jnp.asarray([list(prompt) + list(ids)], jnp.int32)
+  S = seq.shape[1]
+  mask = jnp.tril(jnp.ones((S, S), bool))[None]
+  logits, _ = decoder.forward(
+    engine.params, seq, jnp.arange(S)[None], mask, config=engine.model_config
+  )
+  return jax.nn.log_softmax(logits[0, len(prompt) - 1 : S - 1] / temperature, axis=-1)
+
+
+@pytest.mark.slow
+def test_logprobs_equal_a_teacher_forced_forward(served):
+  """Sampled (T=0.7, seed 5) tokens' logprobs and top_logprobs against a full forward.
+  Mutations caught: scoring.top_logprobs without `/ temperature`; the sampler's
+  logprobs replaced by the top list's first entry (responses reading `c.top[t][0][1]`)."""
+  r = served.client.chat.completions.create(
+    model="tiny",
+    messages=[{"role": "user", "content": "The cat"}],
+    max_tokens=10,
+    temperature=0.7,
+    seed=5,
+    logprobs=True,
+    top_logprobs=3,
+  )
+  c = r.choices[0]
+  prompt, ids = r.model_extra["prompt_token_ids"], c.model_extra["token_ids"]
+  ref = np.asarray(_teacher_forced(served.engine, prompt, ids, 0.7))
+  entries = c.logprobs.content
+  assert [e.token for e in entries] == [served.tok.decode([i], skip_special=False) for i in ids]
+  np.testing.assert_allclose([e.logprob for e in entries], ref[np.arange(len(ids)), ids], atol=1e-3)
+  for t, e in enumerate(entries):
+    want = np.argsort(-ref[t])[:3]
+    np.testing.assert_allclose([a.logprob for a in e.top_logprobs], ref[t, want], atol=1e-3)
+  assert ids == _sampler(served.engine, prompt, 10, 0.7, seed=5)[0]
+
+
+def _request(served, spec):
+  kind, prompt, max_tokens, temperature, seed, n = spec
+  if kind == "chat":
+    r = served.client.chat.completions.create(
+      model="tiny",
+      messages=[{"role": "user", "content": prompt}],
+      max_tokens=max_tokens,
+      temperature=temperature,
+      seed=seed,
+      n=n,
+    )
+  else:
+    r = served.client.completions.create(
+      model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=temperature, seed=seed, n=n
+    )
+  return [c.model_extra["token_ids"] for c in r.choices]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_match_one_at_a_time(served, monkeypatch):
+  """Requests arriving together are decoded in shared sampler calls, and every choice
+  equals the one the request gets alone (greedy and seeded; different prompt lengths,
+  token budgets and n). Mutations caught: row_id ignoring the seed (`f"{index}"`); the
+  scheduler's batch limited to its first request (`while False`)."""
+  specs = [
+    ("chat", "Hi", 5, 0.0, None, 1),
+    ("chat", "A much longer question, padded more", 20, 0.0, None, 1),
+    ("completion", "x = ", 12, 0.9, 11, 2),
+    ("completion", "x = ", 12, 0.9, 12, 1),
+    ("chat", "Tell me", 9, 0.9, 11, 1),
+    ("completion", "abc", 7, 0.0, None, 1),
+  ]
+  alone = [_request(served, s) for s in specs]
+  sizes = []
+  generate = engine_lib.generate
+
+  def counting(engine, rows, *args):
+    sizes.append(len(rows))
+    return generate(engine, rows, *args)
+
+  monkeypatch.setattr(engine_lib, "generate", counting)
+  with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:
+    together = list(pool.map(lambda s: _request(served, s), specs))
+  assert together == alone
+  assert max(sizes) > 1 and len(sizes) < len(specs)
+  assert alone[2][0] != alone[2][1] and alone[2][0] != alone[3][0]  # seeds and choices differ
+
+
+@pytest.mark.slow
+def test_stream_equals_the_whole_response(served):
+  """Streamed deltas add up to the non-streamed content and ids; usage comes last when
+  asked; the raw stream ends with `data: [DONE]`. Mutation caught: the [DONE] line not
+  written."""
+  kwargs = dict(
+    model="tiny", messages=[{"role": "user", "content": "Go"}], max_tokens=10, temperature=0
+  )
+  whole = served.client.chat.completions.create(**kwargs)
+  chunks = list(
+    served.client.chat.completions.create(
+      **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+  )
+  text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+  ids = sum((ch.choices[0].model_extra.get("token_ids") or [] for ch in chunks if ch.choices), [])
+  assert (
+    text == whole.choices[0].message.content and ids == whole.choices[0].model_extra["token_ids"]
+  )
+  assert chunks[-1].usage.completion_tokens == len(ids)
+  assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[
+    0
+  ].finish_reason
+  raw = _stream_bytes(served, {**kwargs, "stream": True})
+  assert raw.rstrip().endswith(b"data: [DONE]")
+
+
+def _stream_bytes(served, body, keep=None):
+  """The raw bytes of a streaming request (the first `keep` bytes, then the socket is
+  closed)."""
+  parts = urllib.parse.urlparse(served.url)
+  data = json.dumps(body).encode()
+  with socket.create_connection((parts.hostname, parts.port), timeout=60) as s:
+    s.sendall(
+      b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      + f"Content-Length: {len(data)}\r\n\r\n".encode()
+      + data
+    )
+    out = b""
+    while chunk := s.recv(65536):
+      out += chunk
+      if keep is not None and len(out) >= keep:
+        break
+  return out
+
+
+@pytest.mark.slow
+def test_stop_strings_and_finish_reasons(served):
+  """A stop string cuts the text and the ids (finish_reason stop); max_tokens gives
+  length. Mutation caught: finish() keeping the whole text after a stop string."""
+  base = dict(model="tiny", prompt="0123", max_tokens=16, temperature=0)
+  full = served.client.completions.create(**base).choices[0]
+  stop = full.text[4:6]
+  cut = served.client.completions.create(**base, stop=[stop]).choices[0]
+  assert cut.text == full.text[: full.text.index(stop)] and cut.finish_reason == "stop"
+  assert (
+    full.model_extra["token_ids"][: len(cut.model_extra["token_ids"])]
+    == cut.model_extra["token_ids"]
+  )
+  short = served.client.completions.create(**{**base, "max_tokens": 3}).choices[0]
+  assert short.finish_reason == "length" and len(short.model_extra["token_ids"]) == 3
+
+
+@pytest.mark.slow
+def test_tool_calls_reach_the_client(served, monkeypatch):
+  """A completion holding a call of an offered tool comes back as OpenAI tool_calls with
+  finish_reason tool_calls (the model's tokens replaced by a call: a random model does
+  not write one). Mutation caught: chat.stop_strings returning () (the text after the
+  call is kept and the call still parses, but content would hold ' more')."""
+  tok = served.tok
+  ids = tok.encode("ok <tool>calculator: 6*7</tool> more", add_bos=False)
+  fake = lambda engine, rows, *a: [
+    engine_lib.RowOutput(ids, [0.0] * len(ids), None, False) for _ in rows
+  ]  # noqa: E731
+  monkeypatch.setattr(engine_lib, "generate", fake)
+  tool = {
+    "type": "function",
+    "function": {
+      "name": "calculator",
+      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+  }
+  r = served.client.chat.completions.create(
+    model="tiny", messages=[{"role": "user", "content": "6*7?"}], tools=[tool], max_tokens=40
+  )
+  c = r.choices[0]
+  assert c.finish_reason == "tool_calls" and c.message.content == "ok "
+  call = c.message.tool_calls[0]
+  assert (call.function.name, json.loads(call.function.arguments)) == (
+    "calculator",
+    {"expression": "6*7"},
+  )
+  assert tok.decode(c.model_extra["token_ids"]) == "ok <tool>calculator: 6*7</tool>"
+  none = served.client.chat.completions.create(
+    model="tiny",
+    messages=[{"role": "user", "content": "6*7?"}],
+    tools=[tool],
+    tool_choice="none",
+    max_tokens=40,
+  )
+  assert none.choices[0].finish_reason == "length" and not none.choices[0].message.tool_calls
+
+
+@pytest.mark.slow
+def test_bad_input_never_stops_the_server(served):
+  """Malformed JSON 400, a non-object 400, unknown model 404, a prompt past the context 400
+  naming it, an oversized body 413, an unknown route 404, each an OpenAI error body; then
+  a client that disconnects mid-stream, MAX_CONCURRENT + 1 times, and the next request is
+  served. Mutation caught: do_POST's `finally: self.app.slots.release()` dropped (the
+  ninth request gets 429)."""
+  post = lambda body, path="/v1/chat/completions": _raw(
+    served, "POST", path, body, {"Content-Type": "application/json"}
+  )  # noqa: E731
+  cases = [
+    (post(b"{not json"), 400, "invalid_json"),
+    (post(b"[1, 2]"), 400, "invalid_json"),
+    (
+      post(json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).encode()),
+      404,
+      "model_not_found",
+    ),
+    (
+      post(
+        json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "y" * 300}]}).encode()
+      ),
+      400,
+      "context_length_exceeded",
+    ),
+    (post(b"{" + b" " * 5000 + b"}"), 413, "request_too_large"),
+    (post(b"{}", "/v1/embeddings"), 404, "not_found"),
+  ]
+  for (status, body), want_status, code in cases:
+    assert status == want_status and body["error"]["code"] == code, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+  assert str(CONTEXT) in cases[3][0][1]["error"]["message"]
+  with pytest.raises(openai.NotFoundError):
+    served.client.chat.completions.create(
+      model="gpt-9", messages=[{"role": "user", "content": "x"}]
+    )
+  body = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Go"}],
+    "max_tokens": 30,
+    "temperature": 0,
+    "stream": True,
+  }
+  for _ in range(MAX_CONCURRENT + 1):
+    assert _stream_bytes(served, body, keep=20).startswith(b"HTTP/1.1 200")
+  r = served.client.chat.completions.create(
+    model="tiny", messages=[{"role": "user", "content": "Go"}], max_tokens=4
+  )
+  assert len(r.choices[0].model_extra["token_ids"]) >= 1
+
+
+def test_api_key_and_models(served):
+  """With an api_key, a request without it gets 401 and with it the model list. Mutation
+  caught: `_authorized` returning True always."""
+  settings = server.ServerConfig(port=0, api_key="sesame")
+  with server.serve_in_thread(served.engine, settings, scheduler.BatchConfig()) as url:
+    bad = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+      bad.models.list()
+    good = openai.OpenAI(base_url=url, api_key="sesame", max_retries=0)
+    assert [m.id for m in good.models.list()] == ["tiny"]
