@@ -239,8 +239,8 @@ def test_stop_strings_and_finish_reasons(served):
 def test_tool_calls_reach_the_client(served, monkeypatch):
   """A completion holding a call of an offered tool comes back as OpenAI tool_calls with
   finish_reason tool_calls (the model's tokens replaced by a call: a random model does
-  not write one). Mutation caught: chat.stop_strings returning () (the text after the
-  call is kept and the call still parses, but content would hold ' more')."""
+  not write one). Mutation caught: chat.stop_strings returning () (the call still parses,
+  but the ids and text run on past its close)."""
   tok = served.tok
   ids = tok.encode("ok <tool>calculator: 6*7</tool> more", add_bos=False)
   fake = lambda engine, rows, *a: [
