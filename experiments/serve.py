@@ -60,7 +60,8 @@ def main(argv):
   model_config, params, tokenizer = common.load_model(cfg)
   name = cfg.model_name or cfg.model.preset
   engine = engine_lib.Engine(params, model_config, tokenizer, name, context, cfg.max_tokens)
-  with server.serve_in_thread(engine, served, batch) as url:
+  with server.serve_in_thread(engine, served, batch) as endpoint:
+    url = endpoint.url
     logging.info("serving %r at %s", name, url)
     print(f"serving {name!r} at {url} (Ctrl-C stops)", flush=True)
     try:

@@ -20,6 +20,7 @@ from rlpost.models import loading
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
+from rlpost.serve import sessions
 from rlpost.text import chat_formats
 
 CONTEXT = 256
@@ -31,9 +32,11 @@ def served():
   config, params, tok = loading.load_model("tiny", "random")
   engine = engine_lib.Engine(params, config, tok, "tiny", CONTEXT, 64)
   settings = server.ServerConfig(port=0, max_concurrent=MAX_CONCURRENT, max_body_bytes=4096)
-  with server.serve_in_thread(engine, settings, scheduler.BatchConfig(16, 50.0)) as url:
-    client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=120)
-    yield types.SimpleNamespace(url=url, engine=engine, client=client, tok=tok)
+  with server.serve_in_thread(engine, settings, scheduler.BatchConfig(16, 50.0)) as endpoint:
+    client = openai.OpenAI(base_url=endpoint.url, api_key="-", max_retries=0, timeout=120)
+    yield types.SimpleNamespace(
+      url=endpoint.url, endpoint=endpoint, engine=engine, client=client, tok=tok
+    )
 
 
 def _raw(served, method, path, body=b"", headers=None):
@@ -330,9 +333,41 @@ def test_api_key_and_models(served):
   """With an api_key, a request without it gets 401 and with it the model list. Mutation
   caught: `_authorized` returning True always."""
   settings = server.ServerConfig(port=0, api_key="sesame")
-  with server.serve_in_thread(served.engine, settings, scheduler.BatchConfig()) as url:
+  with server.serve_in_thread(served.engine, settings, scheduler.BatchConfig()) as endpoint:
+    url = endpoint.url
     bad = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
       bad.models.list()
     good = openai.OpenAI(base_url=url, api_key="sesame", max_retries=0)
     assert [m.id for m in good.models.list()] == ["tiny"]
+
+
+@pytest.mark.slow
+def test_a_session_records_the_sampled_tokens(served):
+  """An agent on a session URL: turn 2 extends turn 1 (its reply sent back as the model
+  wrote it), turn 3 re-renders the history (a new conversation): two segments, one
+  break; each segment's loss tokens are exactly the sampled ids. Mutation caught:
+  sessions.record never called for a session request (the `session is not None` branch
+  dropped)."""
+  client = openai.OpenAI(base_url=served.endpoint.session_url("ep-1"), api_key="-", max_retries=0)
+  messages = [{"role": "user", "content": "Hi"}]
+  replies = []
+  for turn in range(3):
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+    replies.append(r)
+    if turn == 0:
+      messages += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": "More"},
+      ]
+    else:
+      messages = [{"role": "user", "content": "Start over"}]
+  segments, breaks = sessions.segments(sessions.take(served.endpoint.recorder, "ep-1"))
+  assert (len(segments), breaks) == (2, 1)
+  sampled = [r.choices[0].model_extra["token_ids"] for r in replies]
+  loss = [[t for t, m in zip(s.tokens, s.loss_mask) if m] for s in segments]
+  assert loss == [sampled[0] + sampled[1], sampled[2]]
+  first, second = (r.model_extra["prompt_token_ids"] for r in replies[:2])
+  assert list(segments[0].tokens[: len(first) + len(sampled[0])]) == first + sampled[0]
+  assert list(segments[0].tokens) == second + sampled[1]
+  assert sessions.take(served.endpoint.recorder, "ep-1") == []

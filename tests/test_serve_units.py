@@ -21,6 +21,7 @@ from rlpost.serve import requests
 from rlpost.serve import responses
 from rlpost.serve import scheduler
 from rlpost.serve import server
+from rlpost.serve import sessions
 from rlpost.text import chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
 
@@ -255,3 +256,25 @@ def test_remote_hosts_need_allow_remote():
     cfg.max_batch = 0
   with pytest.raises(errors.ConfigError, match=r"config.max_batch=0"):
     serve_main.check_config(cfg)
+
+
+def test_session_segments_follow_the_sampled_tokens():
+  """Turns that extend the record join it (new prompt tokens masked, sampled ones trained
+  with their logprobs); a turn that does not starts a segment and counts a break.
+  Mutation caught: the prefix comparison dropped (`if tokens and False`), so the edited
+  history's tokens would be appended as if they extended the record."""
+  t1 = sessions.Turn((1, 2), (3, 4), (-0.5, -0.25))
+  t2 = sessions.Turn((1, 2, 3, 4, 9), (5,), (-1.0,))
+  t3 = sessions.Turn((1, 7), (8,), (-2.0,))
+  segs, breaks = sessions.segments([t1, t2, t3])
+  assert breaks == 1
+  assert segs[0] == sessions.Segment(
+    (1, 2, 3, 4, 9, 5), (0, 0, 1, 1, 0, 1), (0.0, 0.0, -0.5, -0.25, 0.0, -1.0)
+  )
+  assert segs[1] == sessions.Segment((1, 7, 8), (0, 0, 1), (0.0, 0.0, -2.0))
+  assert sessions.split_path("/sessions/ep-1/v1/chat/completions") == (
+    "ep-1",
+    "/v1/chat/completions",
+  )
+  assert sessions.split_path("/v1/models") == (None, "/v1/models")
+  assert sessions.split_path("/sessions/a b/v1/models")[0] is None

@@ -18,6 +18,7 @@ Prints ONE JSON object:
 
 import concurrent.futures
 import json
+import logging as std_logging
 import os
 import platform
 import statistics
@@ -123,6 +124,7 @@ def _stream(url: str) -> dict:
 
 def main(argv):
   del argv
+  std_logging.getLogger("httpx").setLevel(std_logging.WARNING)  # a line per request
   config, params, tok = loading.load_model(_PRESET.value, loading.default_weights(_PRESET.value))
   engine = engine_lib.Engine(params, config, tok, "served", 4096, _MAX_TOKENS.value)
   report = {
@@ -135,7 +137,8 @@ def main(argv):
     "max_tokens": _MAX_TOKENS.value,
   }
   batch = scheduler.BatchConfig(max_batch=_CLIENTS.value, batch_window_ms=_WINDOW.value)
-  with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as url:
+  with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as endpoint:
+    url = endpoint.url
     _workload(url)  # compiles every bucket
     _stream(url)
     seconds, records = _workload(url)

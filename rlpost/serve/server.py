@@ -27,6 +27,7 @@ from absl import logging
 
 from rlpost.serve import requests, responses
 from rlpost.serve import scheduler as scheduler_lib
+from rlpost.serve import sessions
 
 LOOPBACK = ("localhost",)
 
@@ -73,12 +74,13 @@ def is_loopback(host: str) -> bool:
 @dataclasses.dataclass(frozen=True, eq=False)
 class App:
   """What a handler reads: the engine, the running scheduler, the settings, the in-flight
-  slots."""
+  slots, the sessions' records."""
 
   engine: object
   scheduler: scheduler_lib.Scheduler
   config: ServerConfig
   slots: threading.BoundedSemaphore
+  recorder: sessions.Recorder
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -131,14 +133,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       "owned_by": "rlpost",
       "max_model_len": self.app.engine.context,
     }
-    if self.path.rstrip("/") == "/v1/models":
+    _, path = sessions.split_path(self.path)
+    if path.rstrip("/") == "/v1/models":
       self._send_json(200, {"object": "list", "data": [card]})
-    elif self.path == f"/v1/models/{name}":
+    elif path == f"/v1/models/{name}":
       self._send_json(200, card)
-    elif self.path.startswith("/v1/models/"):
+    elif path.startswith("/v1/models/"):
       self._error(
         requests.ApiError(
-          404, f"The model {self.path[11:]!r} does not exist", param="model", code="model_not_found"
+          404, f"The model {path[11:]!r} does not exist", param="model", code="model_not_found"
         )
       )
     else:
@@ -151,7 +154,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       "/v1/chat/completions": requests.parse_chat,
       "/v1/completions": requests.parse_completion,
     }
-    if self.path not in parse:
+    session, path = sessions.split_path(self.path)
+    if path not in parse:
       self._discard_body()
       return self._error(_not_found(self.path))
     try:
@@ -167,7 +171,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         )
       )
     try:
-      self._generate(body, parse[self.path], chat=self.path == "/v1/chat/completions")
+      self._generate(body, parse[path], path == "/v1/chat/completions", session)
     except requests.ApiError as e:
       self._error(e)
     except (BrokenPipeError, ConnectionResetError):
@@ -209,7 +213,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       )
     return body
 
-  def _generate(self, body: dict, parse, chat: bool) -> None:
+  def _generate(self, body: dict, parse, chat: bool, session: str | None) -> None:
     engine = self.app.engine
     gen = parse(body, engine)
     future = scheduler_lib.submit(self.app.scheduler, gen)
@@ -217,6 +221,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if choices is None:  # the client went away before its batch started
       self.close_connection = True
       return
+    if session is not None:
+      c = choices[0]
+      turn = sessions.Turn(gen.prompt_ids, tuple(c.token_ids), tuple(c.logprobs))
+      sessions.record(self.app.recorder, session, turn)
     if not gen.stream:
       build = responses.chat_response if chat else responses.completion_response
       return self._send_json(200, build(engine.tokenizer, gen, engine.name, choices))
@@ -282,12 +290,27 @@ def _handler_for(app: App):
   return type("Handler", (_Handler,), {"app": app})
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Endpoint:
+  """A running endpoint: its base URL (`http://HOST:PORT/v1`), the sessions' recorder
+  (`sessions.take`) and its scheduler (`calls[0]`: sampler calls so far)."""
+
+  url: str
+  recorder: sessions.Recorder
+  scheduler: scheduler_lib.Scheduler
+
+  def session_url(self, session: str) -> str:
+    """The base URL whose requests are recorded under `session`."""
+    return self.url[: -len("/v1")] + f"/sessions/{session}/v1"
+
+
 @contextlib.contextmanager
 def serve_in_thread(engine, config: ServerConfig, batch: scheduler_lib.BatchConfig):
-  """Serves `engine` on a background thread; yields the base URL (`http://HOST:PORT/v1`).
-  Leaving the block stops the server and its scheduler."""
+  """Serves `engine` on a background thread; yields its `Endpoint`. Leaving the block
+  stops the server and its scheduler."""
   scheduler = scheduler_lib.start(engine, batch)
-  app = App(engine, scheduler, config, threading.BoundedSemaphore(config.max_concurrent))
+  slots = threading.BoundedSemaphore(config.max_concurrent)
+  app = App(engine, scheduler, config, slots, sessions.Recorder())
   server_cls = type("Server", (_Server,), {"request_queue_size": config.accept_queue})
   try:
     server = server_cls((config.host, config.port), _handler_for(app))
@@ -300,7 +323,7 @@ def serve_in_thread(engine, config: ServerConfig, batch: scheduler_lib.BatchConf
   thread.start()
   host, port = server.server_address[:2]
   try:
-    yield f"http://{host}:{port}/v1"
+    yield Endpoint(f"http://{host}:{port}/v1", app.recorder, scheduler)
   finally:
     server.shutdown()
     server.server_close()
