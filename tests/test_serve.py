@@ -344,30 +344,23 @@ def test_api_key_and_models(served):
 
 @pytest.mark.slow
 def test_a_session_records_the_sampled_tokens(served):
-  """An agent on a session URL: turn 2 extends turn 1 (its reply sent back as the model
-  wrote it), turn 3 re-renders the history (a new conversation): two segments, one
-  break; each segment's loss tokens are exactly the sampled ids. Mutation caught:
-  sessions.record never called for a session request (the `session is not None` branch
-  dropped)."""
+  """An agent on a session URL, token in and token out: turn 2's prompt is turn 1's prompt,
+  its sampled ids and new ids; turn 3 starts over: two segments, one break, each
+  segment's loss tokens exactly the sampled ids. (A chat agent sending back decoded text
+  breaks the prefix wherever re-encoding does not give the sampled ids back, as the
+  tiny model's random bytes do.) Mutation caught: sessions.record never called (the
+  `session is not None` branch dropped)."""
   client = openai.OpenAI(base_url=served.endpoint.session_url("ep-1"), api_key="-", max_retries=0)
-  messages = [{"role": "user", "content": "Hi"}]
-  replies = []
+  prompts, sampled = [served.tok.encode("Hi")], []
   for turn in range(3):
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
-    replies.append(r)
-    if turn == 0:
-      messages += [
-        {"role": "assistant", "content": r.choices[0].message.content},
-        {"role": "user", "content": "More"},
-      ]
-    else:
-      messages = [{"role": "user", "content": "Start over"}]
+    r = client.completions.create(model="tiny", prompt=prompts[-1], max_tokens=6, temperature=0)
+    sampled.append(r.choices[0].model_extra["token_ids"])
+    more = served.tok.encode(" more", add_bos=False)
+    prompts.append(prompts[-1] + sampled[-1] + more if turn == 0 else served.tok.encode("Again"))
   segments, breaks = sessions.segments(sessions.take(served.endpoint.recorder, "ep-1"))
   assert (len(segments), breaks) == (2, 1)
-  sampled = [r.choices[0].model_extra["token_ids"] for r in replies]
   loss = [[t for t, m in zip(s.tokens, s.loss_mask) if m] for s in segments]
   assert loss == [sampled[0] + sampled[1], sampled[2]]
-  first, second = (r.model_extra["prompt_token_ids"] for r in replies[:2])
-  assert list(segments[0].tokens[: len(first) + len(sampled[0])]) == first + sampled[0]
-  assert list(segments[0].tokens) == second + sampled[1]
+  assert list(segments[0].tokens) == prompts[1] + sampled[1]
+  assert list(segments[1].tokens) == prompts[2] + sampled[2]
   assert sessions.take(served.endpoint.recorder, "ep-1") == []

@@ -278,3 +278,14 @@ def test_session_segments_follow_the_sampled_tokens():
   )
   assert sessions.split_path("/v1/models") == (None, "/v1/models")
   assert sessions.split_path("/sessions/a b/v1/models")[0] is None
+
+
+def test_warm_up_compiles_every_bucket(monkeypatch):
+  """Every (rows, prompt width) bucket up to the limits, once each. Mutation caught:
+  `_powers` stopping below its upper bound (`while lo < hi`)."""
+  seen = []
+  monkeypatch.setattr(
+    engine_lib, "generate", lambda engine, rows, *a: seen.append((len(rows), len(rows[0].prompt)))
+  )
+  assert engine_lib.warm_up(ENGINE, 5, 40) == 8
+  assert seen == [(r, w) for r in (1, 2, 4, 8) for w in (32, 64)]

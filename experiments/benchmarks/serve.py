@@ -3,7 +3,8 @@ r"""The endpoint's throughput against the batched sampler, and one streaming cli
 Workload (flags): `--clients` concurrent agents, each a conversation of `--turns` turns
 through the real `openai` client (each turn appends the reply and a new user message),
 `--max_tokens` new tokens per turn (sampled, temperature 0.7, a seed per client). The
-whole workload runs once to compile every bucket, then is timed. The reference replays
+whole workload runs once, then `engine.warm_up` compiles every (rows, prompt width) bucket
+it can meet, then it is timed. The reference replays
 the same rows (the prompt ids the endpoint saw, the token counts it returned) through
 `engine.generate`, one call per turn with every client's row, timed after a warm-up.
 Prints ONE JSON object:
@@ -37,7 +38,7 @@ _PRESET = flags.DEFINE_string("preset", "tiny", "Model preset (random weights fo
 _CLIENTS = flags.DEFINE_integer("clients", 32, "Concurrent agents.")
 _TURNS = flags.DEFINE_integer("turns", 4, "Turns per agent.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at most).")
-_WINDOW = flags.DEFINE_float("batch_window_ms", 5.0, "Scheduler batch window.")
+_WINDOW = flags.DEFINE_float("batch_window_ms", 20.0, "Scheduler batch window.")
 
 
 def _cpu_model() -> str:
@@ -139,9 +140,13 @@ def main(argv):
   batch = scheduler.BatchConfig(max_batch=_CLIENTS.value, batch_window_ms=_WINDOW.value)
   with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as endpoint:
     url = endpoint.url
-    _workload(url)  # compiles every bucket
+    _, first = _workload(url)  # compiles the shapes it meets
+    longest = max(len(r["prompt"]) for r in first)
+    report["warm_up_shapes"] = engine_lib.warm_up(engine, _CLIENTS.value, longest, 0.7)
     _stream(url)
+    calls = endpoint.scheduler.calls[0]
     seconds, records = _workload(url)
+    calls = endpoint.scheduler.calls[0] - calls
     report["stream"] = _stream(url)
   tokens = sum(r["tokens"] for r in records)
   latencies = sorted(r["seconds"] for r in records)
@@ -151,6 +156,7 @@ def main(argv):
     "tokens_per_s": tokens / seconds,
     "latency_p50_s": statistics.median(latencies),
     "latency_p95_s": latencies[int(0.95 * (len(latencies) - 1))],
+    "sampler_calls": calls,
   }
   _sampler(engine, records)  # compiles the reference's shapes
   sampler_seconds = _sampler(engine, records)

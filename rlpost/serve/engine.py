@@ -116,6 +116,26 @@ def generate(engine: Engine, rows: list[Row], temperature: float, top_p: float):
   return [_row_output(out, i, r, top, config) for i, r in enumerate(rows)]
 
 
+def warm_up(engine: Engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0) -> int:
+  """Compiles the sampler for every shape a batch of up to `max_rows` rows with prompts of
+  up to `max_prompt` tokens and the default budget (`engine.max_tokens`) can take, at one
+  temperature and top_p (static sampler settings: each pair is its own program). Returns
+  the number of shapes."""
+  shapes = 0
+  for rows in _powers(1, bucket(max_rows, 1)):
+    for width in _powers(MIN_PROMPT_BUCKET, bucket(max_prompt, MIN_PROMPT_BUCKET)):
+      row = Row((engine.tokenizer.bos_id,) * width, engine.max_tokens, 0)
+      generate(engine, [row] * rows, temperature, top_p)
+      shapes += 1
+  return shapes
+
+
+def _powers(lo: int, hi: int):
+  while lo <= hi:
+    yield lo
+    lo *= 2
+
+
 def _top(engine, rows, tokens_BxP, lengths_B, out, config):
   """[rows, N, K] ids and logprobs of the most likely tokens, when a row asks for them."""
   k = max(r.top_logprobs for r in rows)
