@@ -44,7 +44,7 @@ def check_config(cfg) -> tuple[server.ServerConfig, scheduler.BatchConfig, int]:
   """(server settings, batch settings, context) from the config, before the model loads;
   errors name config.FIELD, its value and the fix."""
   served = _settings(server.ServerConfig, cfg, _SERVER_FIELDS)
-  batch = _settings(scheduler.BatchConfig, cfg, ("max_batch", "batch_window_ms"))
+  batch = _settings(scheduler.BatchConfig, cfg, ("max_batch", "batch_window_ms", "max_wait_ms"))
   if not cfg.max_tokens >= 1:
     common.fail("max_tokens", cfg.max_tokens, "must be >= 1 new token")
   if cfg.context <= cfg.max_tokens:

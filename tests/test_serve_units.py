@@ -289,3 +289,22 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
   )
   assert engine_lib.warm_up(ENGINE, 5, 40) == 8
   assert seen == [(r, w) for r in (1, 2, 4, 8) for w in (32, 64)]
+
+
+def test_a_burst_stays_one_batch():
+  """Requests arriving 100 ms apart join one batch under a 250 ms gap although they
+  spread over 300 ms; a lone request waits one gap. Mutation caught: the gap measured
+  from the first request (`close = first + ...` for `last + ...`)."""
+  inbox, stopping = queue.Queue(), threading.Event()
+  config = scheduler.BatchConfig(max_batch=8, batch_window_ms=250, max_wait_ms=5000)
+
+  def feed():
+    for _ in range(4):
+      inbox.put((_gen(), concurrent.futures.Future()))
+      stopping.wait(0.1)
+
+  feeder = threading.Thread(target=feed)
+  feeder.start()
+  batch = scheduler._collect(inbox, config, stopping)
+  feeder.join()
+  assert len(batch) == 4

@@ -38,7 +38,8 @@ _PRESET = flags.DEFINE_string("preset", "tiny", "Model preset (random weights fo
 _CLIENTS = flags.DEFINE_integer("clients", 32, "Concurrent agents.")
 _TURNS = flags.DEFINE_integer("turns", 4, "Turns per agent.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at most).")
-_WINDOW = flags.DEFINE_float("batch_window_ms", 20.0, "Scheduler batch window.")
+_WINDOW = flags.DEFINE_float("batch_window_ms", 5.0, "Scheduler: the gap that closes a batch.")
+_MAX_WAIT = flags.DEFINE_float("max_wait_ms", 50.0, "Scheduler: a batch's longest wait.")
 
 
 def _cpu_model() -> str:
@@ -137,7 +138,7 @@ def main(argv):
     "turns": _TURNS.value,
     "max_tokens": _MAX_TOKENS.value,
   }
-  batch = scheduler.BatchConfig(max_batch=_CLIENTS.value, batch_window_ms=_WINDOW.value)
+  batch = scheduler.BatchConfig(_CLIENTS.value, _WINDOW.value, _MAX_WAIT.value)
   with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as endpoint:
     url = endpoint.url
     _, first = _workload(url)  # compiles the shapes it meets

@@ -1,7 +1,8 @@
 """The one thread that owns the model: concurrent requests decoded in batched calls.
 
-Requests wait in a queue. The scheduler takes the first, then keeps taking for up to
-`batch_window_ms` or until `max_batch` rows are waiting, whichever comes first; it groups
+Requests wait in a queue. The scheduler takes the first, then keeps taking while they
+arrive (each within `batch_window_ms` of the last, for at most `max_wait_ms`) or until
+`max_batch` rows are waiting, whichever comes first; it groups
 the rows by their sampler settings (temperature, top_p: static in the sampler) and runs
 `engine.generate` once per group (at most `max_batch` rows a call). A request's `n`
 choices are rows of its batch. A request whose caller gave up (timeout, disconnect)
@@ -21,17 +22,25 @@ from rlpost.serve import finish
 
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
-  """max_batch: rows per sampler call; batch_window_ms: how long the first request of a
-  batch waits for companions."""
+  """max_batch: rows per sampler call; batch_window_ms: a batch closes when no request has
+  arrived for this long (a lone request waits this long for companions); max_wait_ms:
+  and at the latest this long after its first request (a burst of agents, whose requests
+  trickle in over a few milliseconds, stays one batch)."""
 
   max_batch: int = 32
   batch_window_ms: float = 5.0
+  max_wait_ms: float = 50.0
 
   def __post_init__(self):
     if self.max_batch < 1:
       raise ValueError(f"BatchConfig.max_batch={self.max_batch} must be >= 1 row")
     if not self.batch_window_ms >= 0:
       raise ValueError(f"BatchConfig.batch_window_ms={self.batch_window_ms} must be >= 0")
+    if not self.max_wait_ms >= self.batch_window_ms:
+      raise ValueError(
+        f"BatchConfig.max_wait_ms={self.max_wait_ms} must be >= batch_window_ms="
+        f"{self.batch_window_ms}"
+      )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,8 +76,9 @@ def submit(scheduler: Scheduler, gen) -> concurrent.futures.Future:
 
 
 def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event) -> list:
-  """The next batch of (gen, future): the first waiting request, then more until the
-  window closes or max_batch rows wait."""
+  """The next batch of (gen, future): the first waiting request, then more until none has
+  arrived for batch_window_ms, max_wait_ms have passed since the first, or max_batch rows
+  wait."""
   while not stopping.is_set():
     try:
       batch = [inbox.get(timeout=0.05)]
@@ -77,12 +87,14 @@ def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event)
       continue
   else:
     return []
-  deadline = time.monotonic() + config.batch_window_ms / 1000
+  first = last = time.monotonic()
   while sum(g.n for g, _ in batch) < config.max_batch:
+    close = min(last + config.batch_window_ms / 1000, first + config.max_wait_ms / 1000)
     try:
-      batch.append(inbox.get(timeout=max(0.0, deadline - time.monotonic())))
+      batch.append(inbox.get(timeout=max(0.0, close - time.monotonic())))
     except queue.Empty:
       break
+    last = time.monotonic()
   return [(g, f) for g, f in batch if f.set_running_or_notify_cancel()]
 
 
