@@ -17,7 +17,7 @@ from rlpost.models import families
 from rlpost.serve import chat
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import finish
-from rlpost.serve import requests
+from rlpost.serve import request_bodies
 from rlpost.serve import responses
 from rlpost.serve import scheduler
 from rlpost.serve import server
@@ -44,7 +44,7 @@ def _chat(**fields):
 def test_chat_request_fields():
   """Mutations caught: max_completion_tokens read after max_tokens; top_p read from
   temperature; n's default 1 -> 2."""
-  gen = requests.parse_chat(
+  gen = request_bodies.parse_chat(
     _chat(max_tokens=9, max_completion_tokens=7, temperature=0.5, top_p=0.25, seed=3, stop="x"),
     ENGINE,
   )
@@ -59,7 +59,7 @@ def test_chat_request_fields():
     ("x",),
     1,
   )
-  assert requests.parse_chat(_chat(), ENGINE).max_tokens == 16  # the engine's cap
+  assert request_bodies.parse_chat(_chat(), ENGINE).max_tokens == 16  # the engine's cap
 
 
 @pytest.mark.parametrize(
@@ -87,8 +87,8 @@ def test_chat_request_fields():
 def test_bad_chat_fields_are_named(fields, status, param):
   """Mutation caught: the context check `room < 1` -> `room < -100` (the 70-byte prompt in a
   64-token context passes)."""
-  with pytest.raises(requests.ApiError) as e:
-    requests.parse_chat(_chat(**fields), ENGINE)
+  with pytest.raises(request_bodies.ApiError) as e:
+    request_bodies.parse_chat(_chat(**fields), ENGINE)
   assert (e.value.status, e.value.param) == (status, param)
   body = e.value.body()["error"]
   assert (
@@ -97,24 +97,26 @@ def test_bad_chat_fields_are_named(fields, status, param):
 
 
 def test_unknown_fields_are_ignored_and_context_limit_named():
-  gen = requests.parse_chat(_chat(user="me", metadata={"a": 1}, store=False), ENGINE)
+  gen = request_bodies.parse_chat(_chat(user="me", metadata={"a": 1}, store=False), ENGINE)
   assert gen.n == 1
-  with pytest.raises(requests.ApiError, match="context is 64 tokens"):
-    requests.parse_completion({"model": "tiny", "prompt": "y" * 80}, ENGINE)
+  with pytest.raises(request_bodies.ApiError, match="context is 64 tokens"):
+    request_bodies.parse_completion({"model": "tiny", "prompt": "y" * 80}, ENGINE)
 
 
 def test_completion_prompt_forms():
   """Mutation caught: a token-id prompt re-encoded as text (`return prompt` ->
   `return engine.tokenizer.encode(str(prompt))`)."""
-  assert requests.parse_completion({"model": "tiny", "prompt": "ab"}, ENGINE).prompt_ids == (
+  assert request_bodies.parse_completion({"model": "tiny", "prompt": "ab"}, ENGINE).prompt_ids == (
     2,
     102,
     103,
   )
-  gen = requests.parse_completion({"model": "tiny", "prompt": [[7, 8, 9]], "logprobs": 2}, ENGINE)
+  gen = request_bodies.parse_completion(
+    {"model": "tiny", "prompt": [[7, 8, 9]], "logprobs": 2}, ENGINE
+  )
   assert (gen.prompt_ids, gen.logprobs, gen.top_logprobs) == ((7, 8, 9), True, 2)
-  with pytest.raises(requests.ApiError, match=r"prompt="):
-    requests.parse_completion({"model": "tiny", "prompt": [1, 999]}, ENGINE)
+  with pytest.raises(request_bodies.ApiError, match=r"prompt="):
+    request_bodies.parse_completion({"model": "tiny", "prompt": [1, 999]}, ENGINE)
 
 
 def test_tool_messages_render_in_the_library_syntax():
@@ -171,7 +173,7 @@ def _gen(**fields):
     stream=False,
     include_usage=False,
   )
-  return requests.Generation(**{**base, **fields})
+  return request_bodies.Generation(**{**base, **fields})
 
 
 def test_finish_cuts_at_stop_strings_and_reads_tool_calls():

@@ -69,7 +69,7 @@ def stop(scheduler: Scheduler) -> None:
 
 
 def submit(scheduler: Scheduler, gen) -> concurrent.futures.Future:
-  """Queues request `gen` (requests.Generation); the future's result is its [finish.Choice]."""
+  """Queues request `gen` (request_bodies.Generation); the future's result is its [finish.Choice]."""
   future = concurrent.futures.Future()
   scheduler.inbox.put((gen, future))
   return future

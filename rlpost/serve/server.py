@@ -25,7 +25,8 @@ import time
 
 from absl import logging
 
-from rlpost.serve import requests, responses
+from rlpost.serve import request_bodies
+from rlpost.serve import responses
 from rlpost.serve import scheduler as scheduler_lib
 from rlpost.serve import sessions
 
@@ -105,14 +106,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.end_headers()
     self.wfile.write(data)
 
-  def _error(self, e: requests.ApiError) -> None:
+  def _error(self, e: request_bodies.ApiError) -> None:
     self._send_json(e.status, e.body())
 
   def _authorized(self) -> bool:
     key = self.app.config.api_key
     if key and self.headers.get("Authorization", "") != f"Bearer {key}":
       self._error(
-        requests.ApiError(
+        request_bodies.ApiError(
           401,
           "a valid API key is required (Authorization: Bearer KEY)",
           code="invalid_api_key",
@@ -140,7 +141,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self._send_json(200, card)
     elif path.startswith("/v1/models/"):
       self._error(
-        requests.ApiError(
+        request_bodies.ApiError(
           404, f"The model {path[11:]!r} does not exist", param="model", code="model_not_found"
         )
       )
@@ -151,8 +152,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if not self._authorized():
       return
     parse = {
-      "/v1/chat/completions": requests.parse_chat,
-      "/v1/completions": requests.parse_completion,
+      "/v1/chat/completions": request_bodies.parse_chat,
+      "/v1/completions": request_bodies.parse_completion,
     }
     session, path = sessions.split_path(self.path)
     if path not in parse:
@@ -160,11 +161,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       return self._error(_not_found(self.path))
     try:
       body = self._read_json()
-    except requests.ApiError as e:
+    except request_bodies.ApiError as e:
       return self._error(e)
     if not self.app.slots.acquire(blocking=False):
       return self._error(
-        requests.ApiError(
+        request_bodies.ApiError(
           429,
           f"the server has {self.app.config.max_concurrent} requests in flight; retry later",
           code="rate_limit_exceeded",
@@ -172,13 +173,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       )
     try:
       self._generate(body, parse[path], path == "/v1/chat/completions", session)
-    except requests.ApiError as e:
+    except request_bodies.ApiError as e:
       self._error(e)
     except (BrokenPipeError, ConnectionResetError):
       self.close_connection = True
     except Exception as e:  # noqa: BLE001  (the server goes on)
       logging.exception("serve: request failed")
-      self._error(requests.ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+      self._error(request_bodies.ApiError(500, f"internal error: {type(e).__name__}: {e}"))
     finally:
       self.app.slots.release()
 
@@ -193,11 +194,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     length = self.headers.get("Content-Length")
     if length is None or not length.isdigit():
       self.close_connection = True
-      raise requests.ApiError(411, "a Content-Length header is required", code="length_required")
+      raise request_bodies.ApiError(
+        411, "a Content-Length header is required", code="length_required"
+      )
     limit = self.app.config.max_body_bytes
     if int(length) > limit:
       self.close_connection = True  # the body stays unread
-      raise requests.ApiError(
+      raise request_bodies.ApiError(
         413,
         f"the body has {length} bytes; this server takes at most {limit}",
         code="request_too_large",
@@ -206,9 +209,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     try:
       body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise requests.ApiError(400, f"the body is not valid JSON: {e}", code="invalid_json") from e
+      raise request_bodies.ApiError(
+        400, f"the body is not valid JSON: {e}", code="invalid_json"
+      ) from e
     if not isinstance(body, dict):
-      raise requests.ApiError(
+      raise request_bodies.ApiError(
         400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json"
       )
     return body
@@ -240,8 +245,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.wfile.write(b"data: [DONE]\n\n")
 
 
-def _not_found(path: str) -> requests.ApiError:
-  return requests.ApiError(
+def _not_found(path: str) -> request_bodies.ApiError:
+  return request_bodies.ApiError(
     404,
     f"no route {path!r}: use /v1/models, /v1/chat/completions or /v1/completions",
     code="not_found",
@@ -273,7 +278,7 @@ def _wait(future, connection, timeout_s: float):
       return None
     if time.monotonic() > deadline:
       future.cancel()
-      raise requests.ApiError(
+      raise request_bodies.ApiError(
         504,
         f"no result within {timeout_s} s (request_timeout_s)",
         code="timeout",
