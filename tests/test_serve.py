@@ -5,6 +5,7 @@ import concurrent.futures
 import http.client
 import json
 import socket
+import time
 import types
 import urllib.parse
 
@@ -17,6 +18,7 @@ import pytest
 from rlpost import sampling
 from rlpost.models import decoder
 from rlpost.models import loading
+from rlpost.serve import agents
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
@@ -364,3 +366,49 @@ def test_a_session_records_the_sampled_tokens(served):
   assert list(segments[0].tokens) == prompts[1] + sampled[1]
   assert list(segments[1].tokens) == prompts[2] + sampled[2]
   assert sessions.take(served.endpoint.recorder, "ep-1") == []
+
+
+def _agent(client, task):
+  """A test agent by task kind: two turns token in, token out (reward: tokens sampled), or
+  one that raises, hangs past the timeout or returns NaN after one request."""
+  prompt, total = list(task["prompt"]), 0
+  for _ in range(2 if task["kind"] == "ok" else 1):
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    ids = r.choices[0].model_extra["token_ids"]
+    prompt = r.model_extra["prompt_token_ids"] + ids + [110]
+    total += len(ids)
+  if task["kind"] == "raise":
+    raise RuntimeError("boom")
+  if task["kind"] == "hang":
+    time.sleep(4)
+  return float("nan") if task["kind"] == "nan" else total
+
+
+async def _async_agent(client, task):
+  r = await client.completions.create(model="tiny", prompt=task["prompt"], max_tokens=3)
+  return len(r.choices[0].model_extra["token_ids"])
+
+
+@pytest.mark.slow
+def test_agents_play_episodes_and_failures_stay_their_own(served):
+  """Agents through the openai client: a good episode's segments hold its sampled tokens;
+  an agent that raises, hangs past timeout_s or returns NaN gets a named error and weight
+  0 while the others finish; an async agent works. Mutation caught: `weight = 0.0 if error
+  else 1.0` -> `weight = 1.0`."""
+  prompt = served.tok.encode("Go")
+  tasks = [{"kind": k, "prompt": prompt} for k in ("ok", "raise", "hang", "nan", "ok")]
+  config = agents.AgentConfig("unused:run", timeout_s=2.0, threads=8)
+  episodes = agents.play(served.endpoint, _agent, tasks, config)
+  ok, raised, hung, nan, ok2 = episodes
+  for e in (ok, ok2):
+    assert (e.error, e.weight, e.prefix_breaks, len(e.segments)) == (None, 1.0, 0, 1)
+    assert e.reward == sum(e.segments[0].loss_mask) > 0
+  assert ok.segments == ok2.segments  # greedy: the same tokens, each in its own session
+  assert "RuntimeError: boom" in raised.error and "timed out" in hung.error
+  assert "finite" in nan.error
+  assert [e.weight for e in (raised, hung, nan)] == [0.0, 0.0, 0.0]
+  (one,) = agents.play(served.endpoint, _async_agent, [{"prompt": prompt}], config)
+  assert one.error is None and one.reward == sum(one.segments[0].loss_mask)
+  with pytest.raises(ValueError, match="module:function"):
+    agents.load("no_colon")
+  assert agents.load("json:dumps") is json.dumps

@@ -298,11 +298,12 @@ def _handler_for(app: App):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Endpoint:
   """A running endpoint: its base URL (`http://HOST:PORT/v1`), the sessions' recorder
-  (`sessions.take`) and its scheduler (`calls[0]`: sampler calls so far)."""
+  (`sessions.take`), its scheduler (`calls[0]`: sampler calls so far) and API key."""
 
   url: str
   recorder: sessions.Recorder
   scheduler: scheduler_lib.Scheduler
+  api_key: str = ""
 
   def session_url(self, session: str) -> str:
     """The base URL whose requests are recorded under `session`."""
@@ -328,7 +329,7 @@ def serve_in_thread(engine, config: ServerConfig, batch: scheduler_lib.BatchConf
   thread.start()
   host, port = server.server_address[:2]
   try:
-    yield Endpoint(f"http://{host}:{port}/v1", app.recorder, scheduler)
+    yield Endpoint(f"http://{host}:{port}/v1", app.recorder, scheduler, config.api_key)
   finally:
     server.shutdown()
     server.server_close()

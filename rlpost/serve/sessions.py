@@ -38,9 +38,11 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Recorder:
-  """Turns by session id, guarded by a lock (handler threads record concurrently)."""
+  """Turns by session id, guarded by a lock (handler threads record concurrently), and
+  the ids of closed sessions (a timed-out agent's late requests are not kept)."""
 
   turns: dict = dataclasses.field(default_factory=dict)
+  closed: set = dataclasses.field(default_factory=set)
   lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -52,12 +54,16 @@ def split_path(path: str) -> tuple[str | None, str]:
 
 def record(recorder: Recorder, session: str, turn: Turn) -> None:
   with recorder.lock:
-    recorder.turns.setdefault(session, []).append(turn)
+    if session not in recorder.closed:
+      recorder.turns.setdefault(session, []).append(turn)
 
 
-def take(recorder: Recorder, session: str) -> list[Turn]:
-  """The session's turns in arrival order, forgotten by the recorder."""
+def take(recorder: Recorder, session: str, close: bool = False) -> list[Turn]:
+  """The session's turns in arrival order, forgotten by the recorder; with `close`, later
+  requests of the session are not recorded."""
   with recorder.lock:
+    if close:
+      recorder.closed.add(session)
     return recorder.turns.pop(session, [])
 
 
