@@ -9,5 +9,6 @@ finish.py          a row's tokens -> a choice: stop strings, text, finish_reason
 responses.py       OpenAI response and stream-chunk JSON (vLLM's token ids)
 scheduler.py       the one thread that owns the model: batches concurrent requests
 sessions.py        a session's prompt and sampled ids; segments that train (prefix breaks)
+agents.py          user agents (run(client, task) -> reward) played as recorded episodes
 server.py          the HTTP server (stdlib ThreadingHTTPServer), routes, limits, SSE
 """
