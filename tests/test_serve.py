@@ -16,6 +16,8 @@ import openai
 import pytest
 
 from rlpost import sampling
+from rlpost.models import policy
+from rlpost.rl import batch as batch_lib
 from rlpost.models import decoder
 from rlpost.models import loading
 from rlpost.serve import agents
@@ -412,3 +414,32 @@ def test_agents_play_episodes_and_failures_stay_their_own(served):
   with pytest.raises(ValueError, match="module:function"):
     agents.load("no_colon")
   assert agents.load("json:dumps") is json.dumps
+
+
+def _sampling_agent(client, task):
+  """Three turns token in, token out at temperature 0.7 (a seed per turn)."""
+  prompt = list(task["prompt"])
+  for turn in range(3):
+    r = client.completions.create(
+      model="tiny", prompt=prompt, max_tokens=5, temperature=0.7, seed=task["seed"] + turn
+    )
+    prompt = r.model_extra["prompt_token_ids"] + r.choices[0].model_extra["token_ids"] + [110, 111]
+  return 1.0
+
+
+@pytest.mark.slow
+def test_recorded_episodes_train_on_what_was_sampled(served):
+  """Agent episodes as RLBatch rows: the trainer's logprobs of the loss tokens (the
+  policy's teacher-forced forward at the sampling temperature) equal the sampler's
+  recorded ones, so the first importance ratio is 1. Mutation caught: sessions.rows
+  reading each sampled logprob one token early (`s.logprobs[k - 1 : -1]`)."""
+  tasks = [{"prompt": served.tok.encode(w), "seed": 10 * i} for i, w in enumerate(("A", "Bcd"))]
+  episodes = agents.play(served.endpoint, _sampling_agent, tasks, agents.AgentConfig("x:y"))
+  segments = [s for e in episodes for s in e.segments]
+  assert len(segments) == 2 and all(e.prefix_breaks == 0 for e in episodes)
+  batch = batch_lib.RLBatch(**sessions.rows(segments, served.tok.pad_id))
+  assert batch.loss_mask.sum() == sum(sum(s.loss_mask) for s in segments) >= 6
+  fwd = policy.ForwardConfig(served.engine.model_config, temperature=0.7)
+  logp = policy.completion_logprobs_jit(served.engine.params, None, batch_lib.to_device(batch), fwd)
+  on = batch.loss_mask > 0
+  np.testing.assert_allclose(np.asarray(logp)[on], batch.sampler_logp[on], atol=1e-3)

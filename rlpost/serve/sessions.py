@@ -14,6 +14,8 @@ import dataclasses
 import re
 import threading
 
+import numpy as np
+
 SESSION_PATH = re.compile(r"^/sessions/([A-Za-z0-9_.\-]{1,128})(/v1/.*)$")
 
 
@@ -83,3 +85,33 @@ def segments(turns: list[Turn]) -> tuple[list[Segment], int]:
   if tokens:
     out.append(Segment(tuple(tokens), tuple(mask), tuple(logp)))
   return out, breaks
+
+
+def rows(segments: list[Segment], pad_id: int) -> dict:
+  """The fields of an `rl.batch.RLBatch` holding one segment per row (numpy): context =
+  a segment's tokens before its first sampled one, left-padded to the widest; completion
+  = the rest (sampled tokens, and the observations between them with loss_mask 0),
+  right-padded. tokens/positions [N, P + T] int32, valid [N, P + T] bool, loss_mask and
+  sampler_logp [N, T] float32."""
+  starts = [s.loss_mask.index(1) if 1 in s.loss_mask else len(s.tokens) for s in segments]
+  P = max(starts)
+  T = max(len(s.tokens) - k for s, k in zip(segments, starts))
+  N = len(segments)
+  tokens = np.full((N, P + T), pad_id, np.int32)
+  valid = np.zeros((N, P + T), bool)
+  loss = np.zeros((N, T), np.float32)
+  logp = np.zeros((N, T), np.float32)
+  for i, (s, k) in enumerate(zip(segments, starts)):
+    lo, hi = P - k, P + len(s.tokens) - k
+    tokens[i, lo:hi] = s.tokens
+    valid[i, lo:hi] = True
+    loss[i, : hi - P] = s.loss_mask[k:]
+    logp[i, : hi - P] = s.logprobs[k:]
+  positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32)
+  return {
+    "tokens": tokens,
+    "positions": positions,
+    "valid": valid,
+    "loss_mask": loss,
+    "sampler_logp": logp,
+  }
