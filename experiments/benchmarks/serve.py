@@ -38,12 +38,14 @@ from rlpost.models import loading
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
+from rlpost.train import runtime
 
 _PRESET = flags.DEFINE_string("preset", "tiny", "Model preset (random weights for test presets).")
 _CLIENTS = flags.DEFINE_integer("clients", 32, "Concurrent agents.")
 _TURNS = flags.DEFINE_integer("turns", 4, "Turns per agent.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at most).")
 _WINDOW = flags.DEFINE_float("batch_window_ms", 50.0, "Scheduler: the gap that closes a batch.")
+_CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", "~/.cache/rlpost/jax", "'': off.")
 _MAX_WAIT = flags.DEFINE_float("max_wait_ms", 300.0, "Scheduler: a batch's longest wait.")
 
 
@@ -131,7 +133,9 @@ def _stream(url: str) -> dict:
 
 def main(argv):
   del argv
-  std_logging.getLogger("httpx").setLevel(std_logging.WARNING)  # a line per request
+  for name in ("httpx", "httpx2"):  # a line per request otherwise
+    std_logging.getLogger(name).setLevel(std_logging.WARNING)
+  runtime.enable_compilation_cache(_CACHE_DIR.value, 4.0)  # a rerun skips the warm-up's compiles
   config, params, tok = loading.load_model(_PRESET.value, loading.default_weights(_PRESET.value))
   engine = engine_lib.Engine(params, config, tok, "served", 4096, _MAX_TOKENS.value)
   report = {
