@@ -17,9 +17,9 @@ Prints ONE JSON object:
   python -m experiments.benchmarks.serve [--preset=tiny] [--clients=32 --turns=4]
 
 The clients run in this process (threads sharing the GIL with the server); on a loaded
-2-core machine a turn's 32 requests trickle in over tens of milliseconds, hence the
-50 ms gap and 300 ms cap here (the server's defaults, 5 and 50 ms, split such a turn
-over two or three sampler calls: 0.5-0.63x of the sampler in this benchmark).
+2-core machine a turn's 32 requests trickle in over tens of milliseconds. With the
+scheduler's defaults (a 20 ms gap closes a batch, 200 ms at most) a turn is one or two
+sampler calls; with a 5 ms gap and 50 ms cap it was two or three (7 calls, 0.45x).
 """
 
 import concurrent.futures
@@ -44,9 +44,9 @@ _PRESET = flags.DEFINE_string("preset", "tiny", "Model preset (random weights fo
 _CLIENTS = flags.DEFINE_integer("clients", 32, "Concurrent agents.")
 _TURNS = flags.DEFINE_integer("turns", 4, "Turns per agent.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at most).")
-_WINDOW = flags.DEFINE_float("batch_window_ms", 50.0, "Scheduler: the gap that closes a batch.")
+_WINDOW = flags.DEFINE_float("batch_window_ms", 20.0, "Scheduler: the gap that closes a batch.")
 _CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", "~/.cache/rlpost/jax", "'': off.")
-_MAX_WAIT = flags.DEFINE_float("max_wait_ms", 300.0, "Scheduler: a batch's longest wait.")
+_MAX_WAIT = flags.DEFINE_float("max_wait_ms", 200.0, "Scheduler: a batch's longest wait.")
 
 
 def _cpu_model() -> str:

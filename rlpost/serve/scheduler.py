@@ -28,8 +28,8 @@ class BatchConfig:
   trickle in over a few milliseconds, stays one batch)."""
 
   max_batch: int = 32
-  batch_window_ms: float = 5.0
-  max_wait_ms: float = 50.0
+  batch_window_ms: float = 20.0
+  max_wait_ms: float = 200.0
 
   def __post_init__(self):
     if self.max_batch < 1:
