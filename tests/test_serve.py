@@ -334,8 +334,9 @@ def test_bad_input_never_stops_the_server(served):
 
 
 def test_api_key_and_models(served):
-  """With an api_key, a request without it gets 401 and with it the model list. Mutation
-  caught: `_authorized` returning True always."""
+  """With an api_key, a request without it gets 401 and with it the model list. Mutations
+  caught: `_authorized` returning True always; a refused POST's body left unread (the
+  next request on the connection would read it as its request line)."""
   settings = server.ServerConfig(port=0, api_key="sesame")
   with server.serve_in_thread(served.engine, settings, scheduler.BatchConfig()) as endpoint:
     url = endpoint.url
@@ -344,6 +345,19 @@ def test_api_key_and_models(served):
       bad.models.list()
     good = openai.OpenAI(base_url=url, api_key="sesame", max_retries=0)
     assert [m.id for m in good.models.list()] == ["tiny"]
+    parts = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:  # a refused POST's body is read: the kept-alive connection serves the next request
+      conn.request("POST", "/v1/completions", body=b'{"model": "tiny"}')
+      refused = conn.getresponse()
+      assert (
+        refused.status == 401 and json.loads(refused.read())["error"]["code"] == "invalid_api_key"
+      )
+      conn.request("GET", "/v1/models", headers={"Authorization": "Bearer sesame"})
+      response = conn.getresponse()
+      assert response.status == 200 and json.loads(response.read())["data"][0]["id"] == "tiny"
+    finally:
+      conn.close()
 
 
 @pytest.mark.slow

@@ -150,7 +150,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
   def do_POST(self):
     if not self._authorized():
-      return
+      return self._discard_body()  # the connection stays usable for the next request
     parse = {
       "/v1/chat/completions": request_bodies.parse_chat,
       "/v1/completions": request_bodies.parse_completion,
