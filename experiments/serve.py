@@ -60,6 +60,10 @@ def main(argv):
   model_config, params, tokenizer = common.load_model(cfg)
   name = cfg.model_name or cfg.model.preset
   engine = engine_lib.Engine(params, model_config, tokenizer, name, context, cfg.max_tokens)
+  if cfg.warm_up_prompt_tokens > 0:  # greedy and OpenAI's default temperature, 1
+    for temperature in (0.0, 1.0):
+      shapes = engine_lib.warm_up(engine, batch.max_batch, cfg.warm_up_prompt_tokens, temperature)
+    logging.info("compiled %d batch shapes per temperature", shapes)
   with server.serve_in_thread(engine, served, batch) as endpoint:
     url = endpoint.url
     logging.info("serving %r at %s", name, url)

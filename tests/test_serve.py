@@ -23,6 +23,7 @@ from rlpost.models import loading
 from rlpost.serve import agents
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import scheduler
+from rlpost.serve import scoring
 from rlpost.serve import server
 from rlpost.serve import sessions
 from rlpost.text import chat_formats
@@ -457,3 +458,21 @@ def test_recorded_episodes_train_on_what_was_sampled(served):
   logp = policy.completion_logprobs_jit(served.engine.params, None, batch_lib.to_device(batch), fwd)
   on = batch.loss_mask > 0
   np.testing.assert_allclose(np.asarray(logp)[on], batch.sampler_logp[on], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_top_logprobs_do_not_depend_on_the_chunk(served, monkeypatch):
+  """A logits budget forcing 3-position chunks (10 positions: a ragged last chunk) gives
+  the same alternatives as 16-position ones. Mutation caught: the padding `-N % chunk`
+  -> `N % chunk` (a reshape error or shifted rows)."""
+  e = served.engine
+  prompt, lengths = sampling.pad_prompts([served.tok.encode("Hello")], sampling.SamplingConfig())
+  sampled = jnp.asarray([served.tok.encode("abcdefghij", add_bos=False)], jnp.int32)
+  mask = jnp.ones(sampled.shape, bool)
+  kwargs = dict(model_config=e.model_config, temperature=1.0, k=4)
+  whole = scoring.top_logprobs(e.params, prompt, lengths, sampled, mask, **kwargs)
+  monkeypatch.setattr(scoring, "LOGITS_BUDGET", 3 * e.model_config.vocab_size)
+  fresh = jax.jit(scoring.top_logprobs.__wrapped__, static_argnames=tuple(kwargs))  # retraced
+  parts = fresh(e.params, prompt, lengths, sampled, mask, **kwargs)
+  np.testing.assert_array_equal(whole[0], parts[0])
+  np.testing.assert_allclose(whole[1], parts[1], atol=1e-6)

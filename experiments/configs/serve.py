@@ -30,6 +30,7 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
   config.max_batch = 32  # rows per sampler call (a request's n choices are rows)
   config.batch_window_ms = 20.0  # a batch closes when no request came for this long
   config.max_wait_ms = 200.0  # or this long after its first request
+  config.warm_up_prompt_tokens = 0  # > 0: compile every batch shape up to this prompt first
   config.max_body_bytes = 1 << 20
   config.max_concurrent = 256  # requests in flight (429 beyond)
   config.request_timeout_s = 600.0

@@ -2,8 +2,8 @@
 
 The sampler reports only the sampled token's logprob; the alternatives come from a
 forward over [prompt | sampled tokens] with the sampler's temperature (1 for greedy),
-log_softmax over the full vocabulary. The output projection runs CHUNK positions at a
-time (`lax.map`), so no [B, N, V] array exists at once.
+log_softmax over the full vocabulary. The output projection runs a few positions at a
+time (`lax.map`; at most CHUNK, within LOGITS_BUDGET), so no [B, N, V] array exists.
 """
 
 import functools
@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from rlpost.models import decoder
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit; the forward always keeps this many (one program)
-CHUNK = 16
+CHUNK = 16  # positions per projection, fewer when [B, CHUNK, V] would pass LOGITS_BUDGET
+LOGITS_BUDGET = 1 << 24  # float32 elements (64 MiB)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "temperature", "k"))
@@ -43,9 +44,9 @@ def top_logprobs(
     params, tokens, positions, attn, config=model_config, return_hidden=True
   )
   before = hidden[:, P - 1 : P + N - 1]  # [B, N, D]: the state predicting each sampled token
-  pad = -N % CHUNK
-  chunks = jnp.pad(before, ((0, 0), (0, pad), (0, 0)))
-  chunks = chunks.reshape(B, -1, CHUNK, chunks.shape[-1]).swapaxes(0, 1)
+  chunk = max(1, min(CHUNK, LOGITS_BUDGET // (B * model_config.vocab_size)))
+  chunks = jnp.pad(before, ((0, 0), (0, -N % chunk), (0, 0)))
+  chunks = chunks.reshape(B, -1, chunk, chunks.shape[-1]).swapaxes(0, 1)
 
   def one(h_BxCxD):
     logits = decoder.logits_from_hidden(params, h_BxCxD) / temperature
