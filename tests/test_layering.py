@@ -5,6 +5,7 @@
   envs                      environments and rollouts (over data, rewards, the sampler)
   rl, supervised            losses, advantages, batches
   data, rewards             datasets, prompts, reward functions
+  serve                     the OpenAI-compatible endpoint (over the sampler and the text floor)
   sampling, continuation    the sampler
   models                    architectures, weights, quantization
   ops                       logprobs, masks
@@ -25,6 +26,7 @@ FLOORS = (
   ("ops",),
   ("models",),
   ("sampling", "continuation"),
+  ("serve",),
   ("data", "rewards"),
   ("rl", "supervised"),
   ("envs",),

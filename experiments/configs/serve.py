@@ -1,0 +1,38 @@
+"""Serving a policy over an OpenAI-compatible endpoint (rlpost.serve):
+
+  python -m experiments.serve --config=experiments/configs/serve.py:tiny --config.port=8000
+  python -m experiments.serve --config=experiments/configs/serve.py:gemma3_270m \\
+      --config.model.init_from=/tmp/grpo_run      # a run's newest weights
+
+Variants: tiny (random weights, byte tokenizer), gemma3_270m, smollm2 (SmolLM2-135M).
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+PRESETS = {"tiny": "tiny", "gemma3_270m": "gemma3_270m", "smollm2": "smollm2_135m"}
+
+
+def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
+  if variant not in PRESETS:
+    raise ValueError(f"Unknown config variant {variant!r}; valid variants: {sorted(PRESETS)}")
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # random weights (tiny) are drawn with it
+  config.model = common.model_config(PRESETS[variant])
+  config.model_name = ""  # what clients send as `model` ("": the preset's name)
+  config.host = "127.0.0.1"  # a non-loopback host needs allow_remote=True
+  config.port = 8000
+  config.api_key = ""  # "": no key checked; else clients send Authorization: Bearer KEY
+  config.allow_remote = False
+  config.context = 4096  # prompt + completion tokens, at most (capped at the preset's context)
+  config.max_tokens = 512  # new tokens per choice: the cap and the default
+  config.max_batch = 32  # rows per sampler call (a request's n choices are rows)
+  config.batch_window_ms = 20.0  # a batch closes when no request came for this long
+  config.max_wait_ms = 200.0  # or this long after its first request
+  config.warm_up_prompt_tokens = 0  # > 0: compile every batch shape up to this prompt first
+  config.max_body_bytes = 1 << 20
+  config.max_concurrent = 256  # requests in flight (429 beyond)
+  config.request_timeout_s = 600.0
+  config.lock()
+  return config

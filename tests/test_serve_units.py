@@ -1,0 +1,312 @@
+"""The endpoint's host-side pieces without a model: request checks, the chat seams, stop
+strings, stream deltas, row ids and buckets, the scheduler's dropping of abandoned
+requests, the client-gone check, the loopback rule, the serve config's checks."""
+
+import concurrent.futures
+import json
+import queue
+import socket
+import threading
+
+import pytest
+
+from experiments import serve as serve_main
+from experiments.configs import serve as serve_configs
+from rlpost import errors
+from rlpost.models import families
+from rlpost.serve import chat
+from rlpost.serve import engine as engine_lib
+from rlpost.serve import finish
+from rlpost.serve import request_bodies
+from rlpost.serve import responses
+from rlpost.serve import scheduler
+from rlpost.serve import server
+from rlpost.serve import sessions
+from rlpost.text import chat_formats
+from rlpost.text import tokenizer as tokenizer_lib
+
+TOK = tokenizer_lib.byte_tokenizer("gemma")
+ENGINE = engine_lib.Engine(None, families.get_config("tiny"), TOK, "tiny", 64, 16)
+TOOL = {
+  "type": "function",
+  "function": {
+    "name": "calculator",
+    "description": "arithmetic",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+  },
+}
+
+
+def _chat(**fields):
+  return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def test_chat_request_fields():
+  """Mutations caught: max_completion_tokens read after max_tokens; top_p read from
+  temperature; n's default 1 -> 2."""
+  gen = request_bodies.parse_chat(
+    _chat(max_tokens=9, max_completion_tokens=7, temperature=0.5, top_p=0.25, seed=3, stop="x"),
+    ENGINE,
+  )
+  assert gen.prompt_ids == tuple(
+    chat_formats.conversation_ids(TOK, [{"role": "user", "content": "hi"}])
+  )
+  assert (gen.max_tokens, gen.temperature, gen.top_p, gen.seed, gen.stop, gen.n) == (
+    7,
+    0.5,
+    0.25,
+    3,
+    ("x",),
+    1,
+  )
+  assert request_bodies.parse_chat(_chat(), ENGINE).max_tokens == 16  # the engine's cap
+
+
+@pytest.mark.parametrize(
+  "fields, status, param",
+  [
+    (dict(model="other"), 404, "model"),
+    (dict(temperature=-1), 400, "temperature"),
+    (dict(temperature="hot"), 400, "temperature"),
+    (dict(n=0), 400, "n"),
+    (dict(max_tokens=17), 400, "max_tokens"),
+    (dict(top_logprobs=3), 400, "top_logprobs"),
+    (dict(tool_choice="required"), 400, "tool_choice"),
+    (dict(logit_bias={"5": 1}), 400, "logit_bias"),
+    (dict(stop=["a", ""]), 400, "stop"),
+    (dict(messages=[{"role": "robot", "content": "x"}]), 400, "messages[0].role"),
+    (
+      dict(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+      400,
+      "messages[0].content",
+    ),
+    (dict(messages=[{"role": "user", "content": "x" * 70}]), 400, "messages"),
+    (dict(messages=[{"role": "user", "content": "x" * 40}], max_tokens=16), 400, "max_tokens"),
+  ],
+)
+def test_bad_chat_fields_are_named(fields, status, param):
+  """Mutation caught: the context check `room < 1` -> `room < -100` (the 70-byte prompt in a
+  64-token context passes)."""
+  with pytest.raises(request_bodies.ApiError) as e:
+    request_bodies.parse_chat(_chat(**fields), ENGINE)
+  assert (e.value.status, e.value.param) == (status, param)
+  body = e.value.body()["error"]
+  assert (
+    set(body) == {"message", "type", "param", "code"} and param.split("[")[0] in body["message"]
+  )
+
+
+def test_unknown_fields_are_ignored_and_context_limit_named():
+  gen = request_bodies.parse_chat(_chat(user="me", metadata={"a": 1}, store=False), ENGINE)
+  assert gen.n == 1
+  with pytest.raises(request_bodies.ApiError, match="context is 64 tokens"):
+    request_bodies.parse_completion({"model": "tiny", "prompt": "y" * 80}, ENGINE)
+
+
+def test_completion_prompt_forms():
+  """Mutation caught: a token-id prompt re-encoded as text (`return prompt` ->
+  `return engine.tokenizer.encode(str(prompt))`)."""
+  assert request_bodies.parse_completion({"model": "tiny", "prompt": "ab"}, ENGINE).prompt_ids == (
+    2,
+    102,
+    103,
+  )
+  gen = request_bodies.parse_completion(
+    {"model": "tiny", "prompt": [[7, 8, 9]], "logprobs": 2}, ENGINE
+  )
+  assert (gen.prompt_ids, gen.logprobs, gen.top_logprobs) == ((7, 8, 9), True, 2)
+  with pytest.raises(request_bodies.ApiError, match=r"prompt="):
+    request_bodies.parse_completion({"model": "tiny", "prompt": [1, 999]}, ENGINE)
+
+
+def test_tool_messages_render_in_the_library_syntax():
+  """The seam today: tools in the system turn, a tool result as <result>, an assistant's
+  tool_calls as <tool>NAME: ARG</tool>. Mutation caught: `_call_text` writing the raw
+  arguments JSON instead of its one value."""
+  messages = [
+    {"role": "user", "content": "2+3?"},
+    {
+      "role": "assistant",
+      "content": None,
+      "tool_calls": [
+        {
+          "id": "c1",
+          "type": "function",
+          "function": {"name": "calculator", "arguments": json.dumps({"expression": "2+3"})},
+        },
+      ],
+    },
+    {"role": "tool", "content": "5", "tool_call_id": "c1"},
+  ]
+  ids = chat.prompt_ids(TOK, messages, (TOOL,))
+  text = TOK.decode(ids, skip_special=False)
+  assert "- calculator: arithmetic" in text
+  assert "<start_of_turn>model\n<tool>calculator: 2+3</tool><end_of_turn>" in text
+  assert "<start_of_turn>user\n<result>5</result><end_of_turn>" in text
+  assert text.endswith("<start_of_turn>model\n")
+
+
+def test_split_tool_calls():
+  """Mutation caught: an unknown tool's call returned as a tool call (the name check
+  dropped)."""
+  content, calls = chat.split_tool_calls("Let me see. <tool>calculator: 2 * 3</tool>", (TOOL,))
+  assert content == "Let me see. "
+  assert calls[0]["function"] == {"name": "calculator", "arguments": '{"expression": "2 * 3"}'}
+  assert chat.split_tool_calls("<tool>search: x</tool>", (TOOL,)) == ("<tool>search: x</tool>", [])
+  assert chat.split_tool_calls("<tool>calculator: 1</tool>", ()) == (
+    "<tool>calculator: 1</tool>",
+    [],
+  )
+
+
+def _gen(**fields):
+  base = dict(
+    prompt_ids=(2,),
+    n=1,
+    max_tokens=8,
+    temperature=0.0,
+    top_p=1.0,
+    stop=(),
+    seed=0,
+    logprobs=False,
+    top_logprobs=0,
+    stream=False,
+    include_usage=False,
+  )
+  return request_bodies.Generation(**{**base, **fields})
+
+
+def test_finish_cuts_at_stop_strings_and_reads_tool_calls():
+  """Mutation caught: `text[:at]` -> `text[: at + len(stop)]` for a cut stop string."""
+  ids = TOK.encode("abXYcd", add_bos=False)
+  out = engine_lib.RowOutput(ids, [-1.0] * 6, None, False)
+  c = finish.finish(TOK, _gen(stop=("XY",)), 0, out)
+  assert (c.text, c.token_ids, c.finish_reason) == ("ab", ids[:4], "stop")
+  assert finish.finish(TOK, _gen(), 0, out).finish_reason == "length"
+  ids = TOK.encode("<tool>calculator: 1+1</tool> more", add_bos=False)
+  c = finish.finish(
+    TOK,
+    _gen(tools=(TOOL,), keep_stops=("</tool>",)),
+    0,
+    engine_lib.RowOutput(ids, [0.0] * len(ids), None, False),
+  )
+  assert c.finish_reason == "tool_calls" and c.text == "<tool>calculator: 1+1</tool>"
+  assert TOK.decode(c.token_ids) == c.text
+
+
+def test_stream_deltas_add_up_to_the_text():
+  """Stream deltas concatenate to the choice's text and ids, a multi-byte character waits
+  for its last byte. Mutation caught: the `os.path.commonprefix` clamp dropped (the cut
+  stop string's first byte is streamed)."""
+  ids = TOK.encode("hé!Z", add_bos=False)
+  c = finish.finish(TOK, _gen(stop=("Z",)), 0, engine_lib.RowOutput(ids, [0.0] * 5, None, False))
+  chunks = list(responses.stream_chunks(TOK, _gen(), "tiny", [c], chat=True))
+  pieces = [ch["choices"][0] for ch in chunks[1:-1]]
+  assert "".join(p["delta"]["content"] for p in pieces) == c.text == "hé!"
+  assert sum((p["token_ids"] for p in pieces), []) == c.token_ids
+  assert all("\ufffd" not in p["delta"]["content"] for p in pieces)
+  assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_row_ids_and_buckets():
+  """Mutation caught: row_id ignoring the choice index (n choices all the same)."""
+  assert engine_lib.row_id(7, 0) == engine_lib.row_id(7, 0) != engine_lib.row_id(7, 1)
+  assert 0 <= engine_lib.row_id(2**62, 3) < 2**31
+  assert [engine_lib.bucket(n, 16) for n in (1, 16, 17, 33)] == [16, 16, 32, 64]
+  assert [engine_lib.bucket(n, 1) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]
+
+
+def test_abandoned_requests_are_not_decoded():
+  """A request whose caller cancelled it before its batch leaves the batch. Mutation
+  caught: `_collect` keeping every future (no set_running_or_notify_cancel filter)."""
+  inbox = queue.Queue()
+  kept, dropped = concurrent.futures.Future(), concurrent.futures.Future()
+  dropped.cancel()
+  inbox.put((_gen(), dropped))
+  inbox.put((_gen(), kept))
+  batch = scheduler._collect(inbox, scheduler.BatchConfig(batch_window_ms=1), threading.Event())
+  assert [f for _, f in batch] == [kept]
+
+
+def test_a_closed_client_is_noticed_while_waiting():
+  """Mutation caught: `_client_gone` returning False always (the request would be kept
+  and decoded for nobody)."""
+  a, b = socket.socketpair()
+  future = concurrent.futures.Future()
+  try:
+    assert not server._client_gone(a)
+    b.close()
+    assert server._wait(future, a, 5.0) is None
+    assert future.cancelled()
+  finally:
+    a.close()
+
+
+def test_remote_hosts_need_allow_remote():
+  """Mutation caught: the loopback check dropped from ServerConfig.__post_init__."""
+  with pytest.raises(ValueError, match=r"host='0.0.0.0'.*allow_remote=True"):
+    server.ServerConfig(host="0.0.0.0")
+  assert server.ServerConfig(host="0.0.0.0", allow_remote=True).host == "0.0.0.0"
+  assert server.is_loopback("::1") and server.is_loopback("localhost")
+  cfg = serve_configs.get_config("tiny")
+  with cfg.unlocked():
+    cfg.host = "10.0.0.5"
+  with pytest.raises(errors.ConfigError, match=r"config.host='10.0.0.5'"):
+    serve_main.check_config(cfg)
+  cfg = serve_configs.get_config("tiny")
+  with cfg.unlocked():
+    cfg.max_batch = 0
+  with pytest.raises(errors.ConfigError, match=r"config.max_batch=0"):
+    serve_main.check_config(cfg)
+
+
+def test_session_segments_follow_the_sampled_tokens():
+  """Turns that extend the record join it (new prompt tokens masked, sampled ones trained
+  with their logprobs); a turn that does not starts a segment and counts a break.
+  Mutation caught: the prefix comparison dropped (`if tokens and False`), so the edited
+  history's tokens would be appended as if they extended the record."""
+  t1 = sessions.Turn((1, 2), (3, 4), (-0.5, -0.25))
+  t2 = sessions.Turn((1, 2, 3, 4, 9), (5,), (-1.0,))
+  t3 = sessions.Turn((1, 7), (8,), (-2.0,))
+  segs, breaks = sessions.segments([t1, t2, t3])
+  assert breaks == 1
+  assert segs[0] == sessions.Segment(
+    (1, 2, 3, 4, 9, 5), (0, 0, 1, 1, 0, 1), (0.0, 0.0, -0.5, -0.25, 0.0, -1.0)
+  )
+  assert segs[1] == sessions.Segment((1, 7, 8), (0, 0, 1), (0.0, 0.0, -2.0))
+  assert sessions.split_path("/sessions/ep-1/v1/chat/completions") == (
+    "ep-1",
+    "/v1/chat/completions",
+  )
+  assert sessions.split_path("/v1/models") == (None, "/v1/models")
+  assert sessions.split_path("/sessions/a b/v1/models")[0] is None
+
+
+def test_warm_up_compiles_every_bucket(monkeypatch):
+  """Every (rows, prompt width) bucket up to the limits, once each. Mutation caught:
+  `_powers` stopping below its upper bound (`while lo < hi`)."""
+  seen = []
+  monkeypatch.setattr(
+    engine_lib, "generate", lambda engine, rows, *a: seen.append((len(rows), len(rows[0].prompt)))
+  )
+  assert engine_lib.warm_up(ENGINE, 5, 40) == 8
+  assert seen == [(r, w) for r in (1, 2, 4, 8) for w in (32, 64)]
+
+
+def test_a_burst_stays_one_batch():
+  """Requests arriving 100 ms apart join one batch under a 250 ms gap although they
+  spread over 300 ms; a lone request waits one gap. Mutation caught: the gap measured
+  from the first request (`close = first + ...` for `last + ...`)."""
+  inbox, stopping = queue.Queue(), threading.Event()
+  config = scheduler.BatchConfig(max_batch=8, batch_window_ms=250, max_wait_ms=5000)
+
+  def feed():
+    for _ in range(4):
+      inbox.put((_gen(), concurrent.futures.Future()))
+      stopping.wait(0.1)
+
+  feeder = threading.Thread(target=feed)
+  feeder.start()
+  batch = scheduler._collect(inbox, config, stopping)
+  feeder.join()
+  assert len(batch) == 4
