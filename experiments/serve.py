@@ -13,6 +13,8 @@ from experiments import cli
 from rlpost import errors
 from rlpost.models import families
 from rlpost.recipes import common
+from rlpost.serve import chat
+from rlpost.text import chat_template
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
@@ -59,7 +61,14 @@ def main(argv):
   served, batch, context = check_config(cfg)
   model_config, params, tokenizer = common.load_model(cfg)
   name = cfg.model_name or cfg.model.preset
-  engine = engine_lib.Engine(params, model_config, tokenizer, name, context, cfg.max_tokens)
+  template = chat_template.for_tokenizer(tokenizer, cfg.model.chat_template)
+  try:
+    layout = chat.setup(template, cfg.tool_format, cfg.model.date_string)
+  except ValueError as e:
+    common.fail("tool_format", cfg.tool_format, str(e))
+  engine = engine_lib.Engine(
+    params, model_config, tokenizer, name, context, cfg.max_tokens, chat=layout
+  )
   if cfg.warm_up_prompt_tokens > 0:  # greedy and OpenAI's default temperature, 1
     for temperature in (0.0, 1.0):
       shapes = engine_lib.warm_up(engine, batch.max_batch, cfg.warm_up_prompt_tokens, temperature)

@@ -310,3 +310,57 @@ def test_a_burst_stays_one_batch():
   batch = scheduler._collect(inbox, config, stopping)
   feeder.join()
   assert len(batch) == 4
+
+
+def _qwen():
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from rlpost.text import chat_template  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(__file__).parent / "fixtures" / "chat_templates" / "qwen2_5.json"
+  fix = json.loads(path.read_text(encoding="utf-8"))
+  return chat_template.ChatTemplate(fix["template"], "qwen2_5", None, "<|im_end|>")
+
+
+def test_with_a_chat_template_the_prompt_is_its_rendering_and_calls_its_format():
+  """A ChatSetup with Qwen2.5's template: the prompt ids are the template's rendering
+  (tools in its system turn; an assistant's `tool_calls` with JSON-text arguments written
+  as the template writes an object; `tool` messages as <tool_response>), the native format
+  is hermes (no stop strings: several calls end at the end of turn), and a completion's
+  calls become OpenAI tool_calls, a malformed one leaving the text as content. Mutation
+  caught: split_tool_calls ignoring the setup's format (the library syntax read)."""
+  from rlpost.text import template_ids  # pylint: disable=g-import-not-at-top
+
+  tok = tokenizer_lib.byte_tokenizer("chatml")
+  setup = chat.setup(_qwen())
+  assert setup.tool_format == "hermes" and chat.stop_strings((TOOL,), setup) == ()
+  call = {"id": "call00000", "type": "function"}
+  call["function"] = {"name": "calculator", "arguments": '{"expression": "2+3"}'}
+  messages = [
+    {"role": "user", "content": "2+3?"},
+    {"role": "assistant", "content": "", "tool_calls": [call]},
+    {"role": "tool", "tool_call_id": "call00000", "content": "5"},
+  ]
+  want_call = {**call, "function": {"name": "calculator", "arguments": {"expression": "2+3"}}}
+  want = template_ids.conversation_ids(
+    setup.template,
+    tok,
+    [messages[0], {**messages[1], "tool_calls": [want_call]}, messages[2]],
+    tools=[TOOL],
+    add_generation_prompt=True,
+    date_string=setup.date_string,
+  )
+  got = chat.prompt_ids(tok, messages, (TOOL,), setup)
+  assert got == want
+  text = tok.decode(got, skip_special=False)
+  assert '"name": "calculator"' in text and "<tool_response>\n5\n</tool_response>" in text
+  two = (
+    'Let me see. <tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}'
+    '</tool_call><tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+  )
+  content, calls = chat.split_tool_calls(two, (TOOL,), setup)
+  assert content == "Let me see. " and [json.loads(c["function"]["arguments"]) for c in calls] == [
+    {"expression": "1+1"},
+    {"expression": "2*3"},
+  ]
+  broken = "<tool_call>{broken</tool_call>"
+  assert chat.split_tool_calls(broken, (TOOL,), setup) == (broken, [])

@@ -5,6 +5,8 @@
       --config.model.init_from=/tmp/grpo_run      # a run's newest weights
 
 Variants: tiny (random weights, byte tokenizer), gemma3_270m, smollm2 (SmolLM2-135M).
+Conversations are laid out by the model file's chat template (or
+`--config.model.chat_template=FILE`), else by the family's hand-written layout.
 """
 
 import ml_collections
@@ -21,6 +23,9 @@ def get_config(variant: str = "tiny") -> ml_collections.ConfigDict:
   config.seed = 0  # random weights (tiny) are drawn with it
   config.model = common.model_config(PRESETS[variant])
   config.model_name = ""  # what clients send as `model` ("": the preset's name)
+  # how completions' tool calls are read: native (the chat template's own format; the
+  # library's <tool>NAME: ARG</tool> without a template or tool section) or a format name
+  config.tool_format = "native"
   config.host = "127.0.0.1"  # a non-loopback host needs allow_remote=True
   config.port = 8000
   config.api_key = ""  # "": no key checked; else clients send Authorization: Bearer KEY

@@ -28,7 +28,8 @@ MIN_TOKEN_BUCKET = 16
 class Engine:
   """What serves: params (a decoder pytree), its Config and Tokenizer, the name clients
   send as `model`, `context` (prompt + new tokens, at most), `max_tokens` (the cap and
-  default of new tokens per choice)."""
+  default of new tokens per choice), `chat` (how conversations become ids and completions
+  tool calls: `chat.ChatSetup`; default the hand-written layout and the library syntax)."""
 
   params: dict
   model_config: decoder.Config
@@ -36,6 +37,7 @@ class Engine:
   name: str
   context: int
   max_tokens: int
+  chat: object = None
 
   def __post_init__(self):
     if self.max_tokens < 1 or self.context <= self.max_tokens:

@@ -49,5 +49,5 @@ def finish(tokenizer, gen, index: int, out) -> Choice:
   else:
     k, text = cut
     ids, logprobs, top, reason = ids[:k], logprobs[:k], top and top[:k], "stop"
-  content, calls = chat.split_tool_calls(text, gen.tools)
+  content, calls = chat.split_tool_calls(text, gen.tools, gen.chat)
   return Choice(index, ids, logprobs, top, text, content, calls, "tool_calls" if calls else reason)

@@ -53,6 +53,7 @@ class Generation:
   include_usage: bool
   tools: tuple = ()
   keep_stops: tuple[str, ...] = ()
+  chat: object = None  # chat.ChatSetup: how the completion's tool calls are read
 
 
 def _number(body, name, default, lo, hi):
@@ -200,7 +201,7 @@ def parse_chat(body, engine) -> Generation:
   check_model(body, engine)
   messages, tools = _messages(body), _tools(body)
   try:
-    ids = chat.prompt_ids(engine.tokenizer, messages, tools)
+    ids = chat.prompt_ids(engine.tokenizer, messages, tools, engine.chat)
   except ValueError as e:
     raise bad("messages", [m["role"] for m in messages], str(e)) from e
   logprobs = bool(body.get("logprobs") or False)
@@ -215,7 +216,8 @@ def parse_chat(body, engine) -> Generation:
     logprobs=logprobs,
     top_logprobs=top,
     tools=tools,
-    keep_stops=chat.stop_strings(tools),
+    keep_stops=chat.stop_strings(tools, engine.chat),
+    chat=engine.chat,
   )
 
 
