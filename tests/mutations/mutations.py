@@ -748,4 +748,37 @@ MUTATIONS = [
     tests=["tests/test_rl_config.py"],
     why="a bad model.dtype reaching the loader instead of failing at the entry",
   ),
+  # --- issue 70: four-bit weights
+  dict(
+    name="nf4_level_moved",
+    path="rlpost/models/quant4.py",
+    old="    -0.09105003625154495,\n",
+    new="    -0.09105103625154495,\n",
+    tests=["tests/test_quant4.py"],
+    why="an NF4 level that is not the paper's",
+  ),
+  dict(
+    name="nf4_nibbles_swapped",
+    path="rlpost/models/quant4.py",
+    old="  return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*lead, I // 2)\n",
+    new="  return (c[..., 1, :] | (c[..., 0, :] << 4)).reshape(*lead, I // 2)\n",
+    tests=["tests/test_quant4.py"],
+    why="codes packed in the other nibble order than the one every reader assumes",
+  ),
+  dict(
+    name="dense4_inputs_swapped",
+    path="rlpost/models/quant4.py",
+    old="  return runs[..., 0, :].reshape(*lead, I // 2), runs[..., 1, :].reshape(*lead, I // 2)\n",
+    new="  return runs[..., 1, :].reshape(*lead, I // 2), runs[..., 0, :].reshape(*lead, I // 2)\n",
+    tests=["tests/test_quant4.py"],
+    why="the 4-bit matmul pairing each nibble with the wrong input",
+  ),
+  dict(
+    name="double_quant_mean_dropped",
+    path="rlpost/models/quant4.py",
+    old='  return _unflatten(groups, q.shape) + w.scales["mean"][..., None, None]\n',
+    new="  return _unflatten(groups, q.shape)\n",
+    tests=["tests/test_quant4.py"],
+    why="double-quantised scales read without their mean",
+  ),
 ]

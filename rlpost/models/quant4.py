@@ -1,0 +1,231 @@
+"""Four-bit weights: NF4 (QLoRA, arXiv 2305.14314) and GGUF's Q4_0 / Q4_1 / Q4_K blocks.
+
+A `Packed4` stands for a params layer matrix W [..., I, O] (y = x @ W) and stores it
+output-major, as GGUF and torch do: `codes` uint8 [..., O, I / 2] (two 4-bit codes a
+byte) and scales per block of inputs. Within each run of 2 * half inputs, byte j holds
+input j in its low nibble and input j + half in its high one (GGUF's order: half 16 for
+Q4_0 / Q4_1, 32 for Q4_K; NF4 uses 32).
+
+Formats (`fmt`) and their `scales` (arrays [..., O, I / block] unless said):
+  "nf4"    absmax float32 (block 64): w = NF4[code] * absmax
+  "nf4_dq" absmax double-quantised: q int8 [..., O, I / 64]; per DQ_GROUP consecutive
+           scales of the flattened [O * I / 64], scale2 float32 [..., n2]; a float32
+           mean [...]: absmax = q * scale2 + mean (the paper's second level, with int8
+           codes in place of its 8-bit floats)
+  "q4_0"   d float16 (block 32): w = (code - 8) * d
+  "q4_1"   d, m float16 (block 32): w = code * d + m
+  "q4_k"   d, dmin float16 (block 256); sc, m uint8, 6 bits (block 32):
+           w = code * (d * sc) - dmin * m
+Every format is evaluated as code * scale + shift (NF4: NF4[code] * absmax) with
+float32 scale and shift per input; for the GGUF formats code * scale and the scale are
+exact in float32, so only the final add rounds, as in `gguf.quants.dequantize`: the
+values agree bit for bit (tests/test_quant4.py).
+
+`dense4` never interleaves the nibbles back: it splits the activations by nibble
+position instead and runs two dots over [O, I / 2] halves, each dequantised by one
+elementwise fusion (XLA:CPU emits the dot as a library call, so each half is written
+to a buffer before its dot reads it; module docstring of `dense4`).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# NF4's 16 levels: arXiv 2305.14314 Appendix E (bitsandbytes' table), float32.
+NF4_LEVELS = np.array(
+  [
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+  ],
+  np.float32,
+)
+NF4_BLOCK = 64
+DQ_GROUP = 256  # first-level scales per second-level scale
+FORMATS = ("nf4", "nf4_dq", "q4_0", "q4_1", "q4_k")
+HALF = {"nf4": 32, "nf4_dq": 32, "q4_0": 16, "q4_1": 16, "q4_k": 32}
+_STATIC = {"static": True}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Packed4:
+  """W [..., I, O] as codes uint8 [..., O, I / 2] and `scales` (module docstring) in
+  format `fmt` (static)."""
+
+  codes: jax.Array
+  scales: dict
+  fmt: str = dataclasses.field(default="nf4", metadata=_STATIC)
+
+  def __post_init__(self):
+    if self.fmt not in FORMATS:
+      raise ValueError(f"Packed4.fmt={self.fmt!r}: use one of {FORMATS}")
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The shape of the params leaf it stands for, [..., I, O]."""
+    *lead, O, half_I = self.codes.shape
+    return (*lead, 2 * half_I, O)
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of codes and scales together."""
+    return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(self))
+
+
+def pack_codes(codes: jax.Array, half: int) -> jax.Array:
+  """Codes [..., I] (values 0..15) -> bytes [..., I / 2] in the nibble order above."""
+  *lead, I = codes.shape
+  c = codes.astype(jnp.uint8).reshape(*lead, I // (2 * half), 2, half)
+  return (c[..., 0, :] | (c[..., 1, :] << 4)).reshape(*lead, I // 2)
+
+
+def split_inputs(x: jax.Array, half: int) -> tuple[jax.Array, jax.Array]:
+  """x [..., I] -> (the inputs under low nibbles, those under high ones), each [..., I / 2]."""
+  *lead, I = x.shape
+  runs = x.reshape(*lead, I // (2 * half), 2, half)
+  return runs[..., 0, :].reshape(*lead, I // 2), runs[..., 1, :].reshape(*lead, I // 2)
+
+
+def quantize_nf4(w_IxO: jax.Array, double: bool = False) -> Packed4:
+  """NF4 codes of W [..., I, O] (I a multiple of 64), one absmax per block of 64 inputs
+  and output; the nearest level wins (ties to the lower). `double`: "nf4_dq"."""
+  I = w_IxO.shape[-2]
+  if I % NF4_BLOCK:
+    raise ValueError(f"quantize_nf4: input size {I} is not a multiple of the block {NF4_BLOCK}")
+  w_OxI = jnp.swapaxes(w_IxO.astype(jnp.float32), -1, -2)
+  blocks = w_OxI.reshape(*w_OxI.shape[:-1], I // NF4_BLOCK, NF4_BLOCK)
+  absmax = jnp.max(jnp.abs(blocks), axis=-1)
+  absmax = jnp.where(absmax > 0, absmax, 1.0)
+  normed = (blocks / absmax[..., None])[..., None]
+  mids = jnp.asarray((NF4_LEVELS[1:] + NF4_LEVELS[:-1]) / 2).reshape((1,) * blocks.ndim + (15,))
+  codes = jnp.sum(normed > mids, axis=-1)
+  packed = pack_codes(codes.reshape(w_OxI.shape), HALF["nf4"])
+  if not double:
+    return Packed4(packed, {"absmax": absmax}, "nf4")
+  return Packed4(packed, double_quantize(absmax), "nf4_dq")
+
+
+def _flat_groups(a_OxG: jax.Array) -> jax.Array:
+  """[..., O, G] -> [..., n2, DQ_GROUP], the flattened scales zero-padded."""
+  *lead, O, G = a_OxG.shape
+  n2 = -(-(O * G) // DQ_GROUP)
+  flat = jnp.pad(a_OxG.reshape(*lead, O * G), [(0, 0)] * len(lead) + [(0, n2 * DQ_GROUP - O * G)])
+  return flat.reshape(*lead, n2, DQ_GROUP)
+
+
+def _unflatten(groups: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  *lead, O, G = shape
+  return groups.reshape(*lead, -1)[..., : O * G].reshape(shape)
+
+
+def double_quantize(absmax_OxG: jax.Array) -> dict:
+  """The second level: absmax [..., O, G] -> {"q", "scale2", "mean"} (module docstring);
+  each group's int8 scale is its centred absmax / 127."""
+  mean = jnp.mean(absmax_OxG, axis=(-2, -1))
+  groups = _flat_groups(absmax_OxG - mean[..., None, None])
+  m = jnp.max(jnp.abs(groups), axis=-1)
+  scale2 = jnp.where(m > 0, m / 127.0, 1.0)
+  q = jnp.clip(jnp.round(groups / scale2[..., None]), -127, 127).astype(jnp.int8)
+  return {"q": _unflatten(q, absmax_OxG.shape), "scale2": scale2, "mean": mean}
+
+
+def absmax(w: Packed4) -> jax.Array:
+  """An NF4 matrix's first-level scales [..., O, I / 64] float32."""
+  if w.fmt == "nf4":
+    return w.scales["absmax"]
+  q = w.scales["q"]
+  groups = _flat_groups(q).astype(jnp.float32) * w.scales["scale2"][..., None]
+  return _unflatten(groups, q.shape) + w.scales["mean"][..., None, None]
+
+
+def undouble(w: Packed4) -> Packed4:
+  """An "nf4_dq" matrix as "nf4" (float32 absmax); other formats unchanged."""
+  return Packed4(w.codes, {"absmax": absmax(w)}, "nf4") if w.fmt == "nf4_dq" else w
+
+
+def _per_byte(a: jax.Array, bytes_per_block: int) -> jax.Array:
+  """Per-block values [..., O, n] float32 -> per byte [..., O, n * bytes_per_block]."""
+  return jnp.repeat(a.astype(jnp.float32), bytes_per_block, axis=-1)
+
+
+def _nf4_value(code: jax.Array) -> jax.Array:
+  """NF4_LEVELS[code] as a tree of selects on the code's bits (XLA:CPU runs a 16-entry
+  gather per element several times slower)."""
+  levels = [jnp.float32(v) for v in NF4_LEVELS]
+  for bit in range(4):
+    on = ((code >> bit) & 1) == 1
+    levels = [jnp.where(on, levels[2 * j + 1], levels[2 * j]) for j in range(len(levels) // 2)]
+  return levels[0]
+
+
+def halves(w: Packed4) -> tuple[jax.Array, jax.Array]:
+  """The float32 values under the low and under the high nibbles, each [..., O, I / 2]."""
+  lo, hi = w.codes & 15, w.codes >> 4
+  s = w.scales
+  if w.fmt in ("nf4", "nf4_dq"):
+    scale = _per_byte(absmax(w), 32)
+    return _nf4_value(lo) * scale, _nf4_value(hi) * scale
+  if w.fmt == "q4_k":  # byte run r (32 bytes): low nibbles in sub-block 2r, high in 2r + 1
+    d, dmin = _per_byte(s["d"], 128), _per_byte(s["dmin"], 128)
+    sc, m = s["sc"], s["m"]
+    pair = lambda a, k: _per_byte(a[..., k::2], 32)
+    parts = [(d * pair(sc, k), -(dmin * pair(m, k))) for k in (0, 1)]
+  else:
+    d = _per_byte(s["d"], 16)
+    shift = _per_byte(s["m"], 16) if w.fmt == "q4_1" else -8.0 * d
+    parts = [(d, shift)] * 2
+  return tuple(c.astype(jnp.float32) * scale + shift for c, (scale, shift) in zip((lo, hi), parts))
+
+
+def dequantize(w: Packed4) -> jax.Array:
+  """The float32 matrix W [..., I, O] that `w` stands for."""
+  lo, hi = halves(w)
+  *lead, O, n = lo.shape
+  h = HALF[w.fmt]
+  runs = jnp.stack([lo.reshape(*lead, O, n // h, h), hi.reshape(*lead, O, n // h, h)], axis=-2)
+  return jnp.swapaxes(runs.reshape(*lead, O, 2 * n), -1, -2)
+
+
+def concatenate_outputs(parts: list[Packed4]) -> Packed4:
+  """Matrices with the same inputs side by side: [I, O1], [I, O2] -> [I, O1 + O2]
+  (double-quantised scales are expanded first, `undouble`)."""
+  parts = [undouble(p) for p in parts]
+  fmts = sorted({p.fmt for p in parts})
+  if len(fmts) != 1:
+    raise ValueError(f"quant4.concatenate_outputs: formats differ ({fmts}); use one format")
+  cat = lambda *a: jnp.concatenate(a, axis=-2)
+  scales = jax.tree.map(cat, *[p.scales for p in parts])
+  return Packed4(cat(*[p.codes for p in parts]), scales, fmts[0])
+
+
+def dense4(x: jax.Array, w: Packed4) -> jax.Array:
+  """x [..., I] @ W [I, O] -> [..., O] float32, for a Packed4 W (no leading axes).
+
+  Two dots, x's low-nibble inputs against `halves(w)[0]` and its high-nibble inputs
+  against `halves(w)[1]`, in float32. XLA:CPU fuses each half's dequantisation into one
+  elementwise loop and materialises its [O, I / 2] float32 output for the dot (a library
+  call that fuses no producer); written as a multiply-and-reduce instead, nothing is
+  materialised but XLA:CPU's reduction runs ~30x slower (issue 70's notes)."""
+  lead, I = x.shape[:-1], x.shape[-1]
+  x_lo, x_hi = split_inputs(x.reshape(-1, I).astype(jnp.float32), HALF[w.fmt])
+  w_lo, w_hi = halves(w)
+  dot = lambda a, b: jax.lax.dot_general(
+    a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  return (dot(x_lo, w_lo) + dot(x_hi, w_hi)).reshape(*lead, w.codes.shape[-2])

@@ -1,0 +1,178 @@
+"""Four-bit weights (rlpost.models.quant4): NF4's levels against the paper and against
+the normal quantiles, NF4 round trips against a NumPy reference written here, double
+quantisation, the two-dot matmul against the dequantised matrix."""
+
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rlpost.models import quant4
+
+# arXiv 2305.14314, Appendix E (the NF4 data type), as printed.
+PAPER_NF4 = [
+  -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+  -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+  0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+  0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+]  # fmt: skip
+
+
+def _nf4_from_quantiles() -> np.ndarray:
+  """The paper's construction: quantiles of N(0, 1) at 9 evenly spaced probabilities from
+  delta to 1/2 for the positive side (8 values and 0) and at 8 for the negative side (7
+  values and 0), one zero dropped, normalised to [-1, 1]; delta = 1 - (1/32 + 1/30) / 2
+  (bitsandbytes' offset 0.9677083)."""
+  ppf = statistics.NormalDist().inv_cdf
+  delta = 1 - (1 / 32 + 1 / 30) / 2
+  pos = [ppf(p) for p in np.linspace(delta, 0.5, 9)[:-1]]
+  neg = [-ppf(p) for p in np.linspace(delta, 0.5, 8)[:-1]]
+  levels = np.sort(np.array(pos + [0.0] + neg))
+  return levels / np.max(np.abs(levels))
+
+
+def test_nf4_levels_are_the_papers_and_the_normal_quantiles():
+  """Mutation caught: one level of `NF4_LEVELS` moved by 1e-6 (-0.091051...)."""
+  np.testing.assert_array_equal(quant4.NF4_LEVELS, np.float32(PAPER_NF4))
+  np.testing.assert_allclose(_nf4_from_quantiles(), PAPER_NF4, rtol=0, atol=1e-6)
+
+
+def _np_nf4(w_IxO: np.ndarray):
+  """NumPy reference: per output column and block of 64 inputs, absmax; each entry to the
+  nearest level (argmin; first on ties). Returns (codes [I, O], absmax [I/64, O],
+  dequantised [I, O])."""
+  I, O = w_IxO.shape
+  blocks = w_IxO.reshape(I // 64, 64, O)
+  amax = np.abs(blocks).max(axis=1)
+  amax = np.where(amax > 0, amax, np.float32(1))
+  normed = blocks / amax[:, None, :]
+  levels = np.float32(PAPER_NF4)
+  codes = np.abs(normed[..., None] - levels).argmin(axis=-1)
+  deq = levels[codes] * amax[:, None, :]
+  return codes.reshape(I, O), amax, deq.reshape(I, O)
+
+
+def _np_double(amax_OxG: np.ndarray) -> np.ndarray:
+  """NumPy reference of the second level: mean removed, int8 per 256 flattened scales."""
+  flat = amax_OxG.reshape(-1).astype(np.float64)
+  mean = flat.mean()
+  n = -(-flat.size // 256) * 256
+  groups = np.pad(flat - mean, (0, n - flat.size)).reshape(-1, 256)
+  s2 = np.abs(groups).max(axis=1) / 127
+  s2 = np.where(s2 > 0, s2, 1.0)
+  q = np.clip(np.round(groups / s2[:, None]), -127, 127)
+  return ((q * s2[:, None]).reshape(-1)[: flat.size] + mean).reshape(amax_OxG.shape)
+
+
+_SHAPES = [(64, 3), (128, 5), (192, 40), (640, 17)]
+
+
+def _weights(shape, seed):
+  rng = np.random.default_rng(seed)
+  scale = rng.uniform(0.001, 3.0, (shape[0], 1))  # rows of very different size
+  w = (rng.standard_normal(shape) * scale).astype(np.float32)
+  w[:64, 0] = 0.0  # an all-zero block
+  return w
+
+
+_round_trip = jax.jit(lambda w: quant4.dequantize(quant4.quantize_nf4(w)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(_SHAPES), st.integers(0, 2**16))
+def test_nf4_round_trip_matches_numpy_reference(shape, seed):
+  """Mutations caught: the midpoints taken as the levels (`mids = NF4_LEVELS[1:]`), the
+  nibbles swapped in `pack_codes` (`c[..., 1, :] | (c[..., 0, :] << 4)`), blocks of 32."""
+  w = _weights(shape, seed)
+  codes, amax, deq = _np_nf4(w)
+  got = np.asarray(_round_trip(jnp.asarray(w)))
+  mismatches = np.sum(got != deq)
+  assert mismatches == 0, (mismatches, np.abs(got - deq).max())
+  assert np.all(deq[:64, 0] == 0)
+
+
+def test_nf4_codes_and_layout():
+  """The stored nibbles are the reference's codes in the documented order (byte j of a
+  64-input block: input j low, input j + 32 high), the scales [O, I / 64].
+  Mutation caught: `_nf4_value` reading bit 3 for bit 0 (levels out of order)."""
+  w = _weights((128, 6), 3)
+  codes, amax, _ = _np_nf4(w)
+  p = quant4.quantize_nf4(jnp.asarray(w))
+  assert p.codes.dtype == jnp.uint8 and p.codes.shape == (6, 64) and p.shape == (128, 6)
+  np.testing.assert_array_equal(np.asarray(p.scales["absmax"]), amax.T)
+  b = np.asarray(p.codes).reshape(6, 2, 32)
+  want = codes.T.reshape(6, 2, 2, 32)  # [O, block, low/high, j]
+  np.testing.assert_array_equal(b & 15, want[:, :, 0])
+  np.testing.assert_array_equal(b >> 4, want[:, :, 1])
+  lo, hi = quant4.halves(p)
+  np.testing.assert_array_equal(
+    np.asarray(lo).reshape(6, 2, 32), quant4.NF4_LEVELS[want[:, :, 0]] * amax.T[..., None]
+  )
+
+
+@pytest.mark.parametrize("shape", [(640, 17), (64, 9)])
+def test_double_quantised_scales_match_reference(shape):
+  """The second level against `_np_double` (float64) within float32 rounding, and within
+  its own bound (half an int8 step) of the first-level scales.
+  Mutations caught: the mean not added back in `absmax`, scale2 = m / 255."""
+  w = _weights(shape, 7)
+  _, amax, _ = _np_nf4(w)
+  p = quant4.quantize_nf4(jnp.asarray(w), double=True)
+  assert p.fmt == "nf4_dq" and p.scales["q"].dtype == jnp.int8
+  got = np.asarray(quant4.absmax(p))
+  np.testing.assert_allclose(got, _np_double(amax.T), rtol=1e-6, atol=1e-6)
+  step = np.repeat(np.asarray(p.scales["scale2"]), 256)[: amax.size].reshape(got.shape)
+  assert np.all(np.abs(got - amax.T) <= step / 2 * (1 + 1e-4) + 1e-7)
+  single = quant4.quantize_nf4(jnp.asarray(w))
+  np.testing.assert_array_equal(np.asarray(p.codes), np.asarray(single.codes))
+  np.testing.assert_array_equal(np.asarray(quant4.undouble(p).scales["absmax"]), got)
+
+
+def _random_packed(fmt, O, I, seed):
+  """A Packed4 of format `fmt` with random codes and finite random scales."""
+  rng = np.random.default_rng(seed)
+  codes = jnp.asarray(rng.integers(0, 256, (O, I // 2), dtype=np.uint8))
+  f16 = lambda n: jnp.asarray(rng.uniform(-0.1, 0.1, (O, I // n)).astype(np.float16))
+  u6 = lambda: jnp.asarray(rng.integers(0, 64, (O, I // 32), dtype=np.uint8))
+  scales = {
+    "nf4": lambda: {"absmax": jnp.asarray(rng.uniform(0, 1, (O, I // 64)), jnp.float32)},
+    "q4_0": lambda: {"d": f16(32)},
+    "q4_1": lambda: {"d": f16(32), "m": f16(32)},
+    "q4_k": lambda: {"d": f16(256), "dmin": f16(256), "sc": u6(), "m": u6()},
+  }[fmt]()
+  return quant4.Packed4(codes, scales, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "q4_0", "q4_1", "q4_k"])
+def test_dense4_equals_the_product_with_the_dequantised_matrix(fmt):
+  """Two dots over the nibble halves = x @ dequantize(w) within float32 rounding, for
+  rows 1 and 5 and leading axes. Mutation caught: `split_inputs` giving the high-nibble
+  inputs first (`runs[..., 1, :]` for the low half)."""
+  w = _random_packed(fmt, 24, 512, 1)
+  x = jax.random.normal(jax.random.key(2), (5, 512))
+  want = x @ quant4.dequantize(w)
+  got = jax.jit(quant4.dense4)(x, w)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+  got3 = quant4.dense4(x[:2].reshape(2, 1, 512), w)
+  np.testing.assert_allclose(
+    got3[:, 0], want[:2], rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max())
+  )
+
+
+def test_concatenate_outputs_and_errors():
+  """[I, O1] and [I, O2] side by side equal the dequantised matrices side by side;
+  mixed formats and a bad format name raise naming the fix."""
+  a, b = _random_packed("q4_k", 8, 256, 1), _random_packed("q4_k", 16, 256, 2)
+  cat = quant4.concatenate_outputs([a, b])
+  np.testing.assert_array_equal(
+    quant4.dequantize(cat), jnp.concatenate([quant4.dequantize(a), quant4.dequantize(b)], -1)
+  )
+  with pytest.raises(ValueError, match="formats differ"):
+    quant4.concatenate_outputs([a, _random_packed("q4_0", 8, 256, 3)])
+  with pytest.raises(ValueError, match="use one of"):
+    quant4.Packed4(a.codes, a.scales, "q3")
+  with pytest.raises(ValueError, match="multiple of the block 64"):
+    quant4.quantize_nf4(jnp.ones((96, 4)))
