@@ -2,6 +2,7 @@
 the normal quantiles, NF4 round trips against a NumPy reference written here, double
 quantisation, the two-dot matmul against the dequantised matrix."""
 
+import dataclasses
 import statistics
 
 import jax
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rlpost.models import quant4
+from rlpost import sampling
+from rlpost.models import decoder, families, quant4
 
 # arXiv 2305.14314, Appendix E (the NF4 data type), as printed.
 PAPER_NF4 = [
@@ -176,3 +178,56 @@ def test_concatenate_outputs_and_errors():
     quant4.Packed4(a.codes, a.scales, "q3")
   with pytest.raises(ValueError, match="multiple of the block 64"):
     quant4.quantize_nf4(jnp.ones((96, 4)))
+
+
+# The tiny test model with inputs in multiples of 64 (NF4's block).
+TINY64 = dataclasses.replace(families.get_config("tiny"), embed_dim=64, mlp_dim=128)
+
+
+def _tiny64_params(seed=0):
+  params = decoder.init_params(jax.random.key(seed), TINY64)
+  scaled = {k: v * 5.0 if v.ndim == 3 else v for k, v in params["layers"].items()}
+  return {**params, "layers": scaled}  # weights large enough that 4-bit rounding shows
+
+
+@pytest.mark.slow
+def test_four_bit_forward_equals_the_float_forward_on_the_dequantised_weights():
+  """The decoder reading Packed4 layers (dense4) against the float32 forward on the same
+  values (`dequantized`): logits within float rounding, while NF4 moves them visibly
+  from the original float weights. Mutation caught: `_dense` ignoring Packed4 (it would
+  fail on the pytree), `dense4` reading `halves(w)` swapped."""
+  params = _tiny64_params()
+  q = quant4.quantize_layers(params)
+  assert all(isinstance(q["layers"][n], quant4.Packed4) for n in decoder.MATRICES)
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, TINY64.vocab_size)
+  positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
+  mask = jnp.broadcast_to(jnp.tril(jnp.ones((12, 12), bool)), (2, 12, 12))
+  fwd = jax.jit(lambda p: decoder.forward(p, tokens, positions, mask, config=TINY64)[0])
+  got, want, orig = fwd(q), fwd(quant4.dequantized(q)), fwd(params)
+  scale = float(jnp.abs(want).max())
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+  assert float(jnp.abs(orig - want).max()) > 1e-3 * scale
+
+
+@pytest.mark.slow
+def test_sampler_reads_the_four_bit_copy():
+  """`for_sampling`'s copy through the sampler (decode layout: q/k/v and gate/up fused as
+  Packed4) samples the same greedy tokens with the same logprobs as the float32 copy
+  of the same values with the same int8 output projection."""
+  q = quant4.for_sampling(_tiny64_params(1))
+  floats = {**quant4.dequantized(q), "unembed": q["unembed"]}
+  fused = decoder.unstack_layers(q)["layers"][0]
+  assert isinstance(fused["q+k+v"], quant4.Packed4) and fused["q+k+v"].shape == (64, 128)
+  sc = sampling.SamplingConfig(temperature=0.0, max_new_tokens=6, stop_ids=(), prompt_bucket=8)
+  tokens = jax.random.randint(jax.random.key(2), (2, 8), 3, TINY64.vocab_size)
+  run = lambda p: sampling.sample(
+    p, tokens, jnp.array([8, 5]), jax.random.key(0), model_config=TINY64, config=sc
+  )
+  a, b = run(decoder.unstack_layers(q)), run(decoder.unstack_layers(floats))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_four_bit_needs_inputs_in_blocks_of_64():
+  with pytest.raises(ValueError, match="layer matrix 'q' has 32 inputs, not a multiple of"):
+    quant4.quantize_layers(decoder.init_params(jax.random.key(0), families.get_config("tiny")))

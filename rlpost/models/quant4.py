@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlpost.models import quant
+
 # NF4's 16 levels: arXiv 2305.14314 Appendix E (bitsandbytes' table), float32.
 NF4_LEVELS = np.array(
   [
@@ -229,3 +231,37 @@ def dense4(x: jax.Array, w: Packed4) -> jax.Array:
     a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
   )
   return (dot(x_lo, w_lo) + dot(x_hi, w_hi)).reshape(*lead, w.codes.shape[-2])
+
+
+def quantize_layers(params, double: bool = False):
+  """`params` with every float layer matrix stack [L, I, O] as NF4 (`quantize_nf4`); a
+  Packed4 already there (a GGUF's Q4 blocks) is kept. ValueError naming the matrix when
+  its input size is not a multiple of 64."""
+  layers = dict(params["layers"])
+  for name, w in layers.items():
+    if isinstance(w, Packed4) or w.ndim != 3:
+      continue
+    if w.shape[1] % NF4_BLOCK:
+      raise ValueError(
+        f"4-bit weights: layer matrix {name!r} has {w.shape[1]} inputs, not a multiple of "
+        f"NF4's block {NF4_BLOCK}; use float32 or int8 weights for this model"
+      )
+    layers[name] = quantize_nf4(w, double)
+  return {**params, "layers": layers}
+
+
+def for_sampling(params, requantize: bool = True):
+  """The sampler's 4-bit copy: layer matrices NF4 (`quantize_layers`; with
+  `requantize=False` only the Packed4 already there are 4-bit, the rest stays as given)
+  and the output projection as `quant.quantize_rows`'s int8 copy under "unembed" (in
+  float32 it would be most of a small model's bytes per token: Gemma 3 270M's [262144,
+  640])."""
+  params = quantize_layers(params) if requantize else params
+  output = params["output"] if "output" in params else params["embed"]
+  return {**params, "unembed": quant.quantize_rows(output)}
+
+
+def dequantized(params):
+  """`params` with every Packed4 as its float32 matrix (and no "unembed")."""
+  layers = {k: dequantize(w) if isinstance(w, Packed4) else w for k, w in params["layers"].items()}
+  return {k: v for k, v in params.items() if k != "unembed"} | {"layers": layers}
