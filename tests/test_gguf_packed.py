@@ -5,12 +5,12 @@ on random blocks and on every packed tensor of the shipped files."""
 import gguf
 import numpy as np
 import pytest
-
 from conftest import skip_or_fail
+from test_weights import TINY_INFO, gguf_tensors, random_params, write_gguf
+
 from rlpost.models import quant4
 from rlpost.models.weights import gguf as gguf_loader
 from rlpost.models.weights import gguf_file, gguf_packed, packaged
-from test_weights import TINY_INFO, gguf_tensors, random_params, write_gguf
 
 Q = gguf.GGMLQuantizationType
 

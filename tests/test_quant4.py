@@ -42,12 +42,12 @@ def test_nf4_levels_are_the_papers_and_the_normal_quantiles():
   np.testing.assert_allclose(_nf4_from_quantiles(), PAPER_NF4, rtol=0, atol=1e-6)
 
 
-def _np_nf4(w_IxO: np.ndarray):
-  """NumPy reference: per output column and block of 64 inputs, absmax; each entry to the
-  nearest level (argmin; first on ties). Returns (codes [I, O], absmax [I/64, O],
+def _np_nf4(w_IxO: np.ndarray, block: int = 64):
+  """NumPy reference: per output column and block of inputs, absmax; each entry to the
+  nearest level (argmin; first on ties). Returns (codes [I, O], absmax [I/block, O],
   dequantised [I, O])."""
   I, O = w_IxO.shape
-  blocks = w_IxO.reshape(I // 64, 64, O)
+  blocks = w_IxO.reshape(I // block, block, O)
   amax = np.abs(blocks).max(axis=1)
   amax = np.where(amax > 0, amax, np.float32(1))
   normed = blocks / amax[:, None, :]
@@ -176,7 +176,7 @@ def test_concatenate_outputs_and_errors():
     quant4.concatenate_outputs([a, _random_packed("q4_0", 8, 256, 3)])
   with pytest.raises(ValueError, match="use one of"):
     quant4.Packed4(a.codes, a.scales, "q3")
-  with pytest.raises(ValueError, match="multiple of the block 64"):
+  with pytest.raises(ValueError, match="input size 96 is not a multiple of the block 64"):
     quant4.quantize_nf4(jnp.ones((96, 4)))
 
 
@@ -228,6 +228,18 @@ def test_sampler_reads_the_four_bit_copy():
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
-def test_four_bit_needs_inputs_in_blocks_of_64():
-  with pytest.raises(ValueError, match="layer matrix 'q' has 32 inputs, not a multiple of"):
-    quant4.quantize_layers(decoder.init_params(jax.random.key(0), families.get_config("tiny")))
+def test_four_bit_layers_take_blocks_of_32_where_64_does_not_divide():
+  """The tiny model (width 32): its [32, O] matrices get one block of 32 per output
+  (nibble runs of 16), its [64, O] ones blocks of 64; a width of 48 fails naming the
+  matrix. Mutation caught: `half` returning 32 for every NF4 matrix."""
+  params = decoder.init_params(jax.random.key(0), families.get_config("tiny"))
+  q = quant4.quantize_layers(params)
+  assert (
+    q["layers"]["q"].scales["absmax"].shape == (4, 64, 1) and quant4.half(q["layers"]["q"]) == 16
+  )
+  assert q["layers"]["down"].scales["absmax"].shape == (4, 32, 1)
+  codes, _, want = _np_nf4(np.asarray(params["layers"]["q"][1]), block=32)
+  np.testing.assert_array_equal(np.asarray(quant4.dequantize(q["layers"]["q"]))[1], want)
+  bad = {**params, "layers": {**params["layers"], "k": jnp.ones((4, 48, 8))}}
+  with pytest.raises(ValueError, match="layer matrix 'k' has 48 inputs, not a multiple of 32"):
+    quant4.quantize_layers(bad)

@@ -4,10 +4,11 @@ A `Packed4` stands for a params layer matrix W [..., I, O] (y = x @ W) and store
 output-major, as GGUF and torch do: `codes` uint8 [..., O, I / 2] (two 4-bit codes a
 byte) and scales per block of inputs. Within each run of 2 * half inputs, byte j holds
 input j in its low nibble and input j + half in its high one (GGUF's order: half 16 for
-Q4_0 / Q4_1, 32 for Q4_K; NF4 uses 32).
+Q4_0 / Q4_1, 32 for Q4_K; NF4 uses half its block).
 
 Formats (`fmt`) and their `scales` (arrays [..., O, I / block] unless said):
-  "nf4"    absmax float32 (block 64): w = NF4[code] * absmax
+  "nf4"    absmax float32 (block 64; `quantize_layers` takes 32 where the inputs are
+           not a multiple of 64, as in the tiny test models): w = NF4[code] * absmax
   "nf4_dq" absmax double-quantised: q int8 [..., O, I / 64]; per DQ_GROUP consecutive
            scales of the flattened [O * I / 64], scale2 float32 [..., n2]; a float32
            mean [...]: absmax = q * scale2 + mean (the paper's second level, with int8
@@ -60,7 +61,6 @@ NF4_LEVELS = np.array(
 NF4_BLOCK = 64
 DQ_GROUP = 256  # first-level scales per second-level scale
 FORMATS = ("nf4", "nf4_dq", "q4_0", "q4_1", "q4_k")
-HALF = {"nf4": 32, "nf4_dq": 32, "q4_0": 16, "q4_1": 16, "q4_k": 32}
 _STATIC = {"static": True}
 
 
@@ -90,6 +90,15 @@ class Packed4:
     return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(self))
 
 
+def half(w: Packed4) -> int:
+  """Inputs per nibble run (module docstring): half an NF4 / Q4_0 / Q4_1 block, 32 for
+  Q4_K."""
+  if w.fmt == "q4_k":
+    return 32
+  first = w.scales["q" if w.fmt == "nf4_dq" else "absmax" if w.fmt == "nf4" else "d"]
+  return w.codes.shape[-1] // first.shape[-1]
+
+
 def pack_codes(codes: jax.Array, half: int) -> jax.Array:
   """Codes [..., I] (values 0..15) -> bytes [..., I / 2] in the nibble order above."""
   *lead, I = codes.shape
@@ -104,20 +113,20 @@ def split_inputs(x: jax.Array, half: int) -> tuple[jax.Array, jax.Array]:
   return runs[..., 0, :].reshape(*lead, I // 2), runs[..., 1, :].reshape(*lead, I // 2)
 
 
-def quantize_nf4(w_IxO: jax.Array, double: bool = False) -> Packed4:
-  """NF4 codes of W [..., I, O] (I a multiple of 64), one absmax per block of 64 inputs
+def quantize_nf4(w_IxO: jax.Array, double: bool = False, block: int = NF4_BLOCK) -> Packed4:
+  """NF4 codes of W [..., I, O] (I a multiple of `block`), one absmax per block of inputs
   and output; the nearest level wins (ties to the lower). `double`: "nf4_dq"."""
   I = w_IxO.shape[-2]
-  if I % NF4_BLOCK:
-    raise ValueError(f"quantize_nf4: input size {I} is not a multiple of the block {NF4_BLOCK}")
+  if I % block or block % 2:
+    raise ValueError(f"quantize_nf4: input size {I} is not a multiple of the block {block}")
   w_OxI = jnp.swapaxes(w_IxO.astype(jnp.float32), -1, -2)
-  blocks = w_OxI.reshape(*w_OxI.shape[:-1], I // NF4_BLOCK, NF4_BLOCK)
+  blocks = w_OxI.reshape(*w_OxI.shape[:-1], I // block, block)
   absmax = jnp.max(jnp.abs(blocks), axis=-1)
   absmax = jnp.where(absmax > 0, absmax, 1.0)
   normed = (blocks / absmax[..., None])[..., None]
   mids = jnp.asarray((NF4_LEVELS[1:] + NF4_LEVELS[:-1]) / 2).reshape((1,) * blocks.ndim + (15,))
   codes = jnp.sum(normed > mids, axis=-1)
-  packed = pack_codes(codes.reshape(w_OxI.shape), HALF["nf4"])
+  packed = pack_codes(codes.reshape(w_OxI.shape), block // 2)
   if not double:
     return Packed4(packed, {"absmax": absmax}, "nf4")
   return Packed4(packed, double_quantize(absmax), "nf4_dq")
@@ -181,7 +190,7 @@ def halves(w: Packed4) -> tuple[jax.Array, jax.Array]:
   lo, hi = w.codes & 15, w.codes >> 4
   s = w.scales
   if w.fmt in ("nf4", "nf4_dq"):
-    scale = _per_byte(absmax(w), 32)
+    scale = _per_byte(absmax(w), half(w))
     return _nf4_value(lo) * scale, _nf4_value(hi) * scale
   if w.fmt == "q4_k":  # byte run r (32 bytes): low nibbles in sub-block 2r, high in 2r + 1
     d, dmin = _per_byte(s["d"], 128), _per_byte(s["dmin"], 128)
@@ -199,7 +208,7 @@ def dequantize(w: Packed4) -> jax.Array:
   """The float32 matrix W [..., I, O] that `w` stands for."""
   lo, hi = halves(w)
   *lead, O, n = lo.shape
-  h = HALF[w.fmt]
+  h = half(w)
   runs = jnp.stack([lo.reshape(*lead, O, n // h, h), hi.reshape(*lead, O, n // h, h)], axis=-2)
   return jnp.swapaxes(runs.reshape(*lead, O, 2 * n), -1, -2)
 
@@ -225,7 +234,7 @@ def dense4(x: jax.Array, w: Packed4) -> jax.Array:
   call that fuses no producer); written as a multiply-and-reduce instead, nothing is
   materialised but XLA:CPU's reduction runs ~30x slower (issue 70's notes)."""
   lead, I = x.shape[:-1], x.shape[-1]
-  x_lo, x_hi = split_inputs(x.reshape(-1, I).astype(jnp.float32), HALF[w.fmt])
+  x_lo, x_hi = split_inputs(x.reshape(-1, I).astype(jnp.float32), half(w))
   w_lo, w_hi = halves(w)
   dot = lambda a, b: jax.lax.dot_general(
     a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -234,20 +243,29 @@ def dense4(x: jax.Array, w: Packed4) -> jax.Array:
 
 
 def quantize_layers(params, double: bool = False):
-  """`params` with every float layer matrix stack [L, I, O] as NF4 (`quantize_nf4`); a
-  Packed4 already there (a GGUF's Q4 blocks) is kept. ValueError naming the matrix when
-  its input size is not a multiple of 64."""
+  """`params` with every float layer matrix stack [L, I, O] as NF4 (`quantize_nf4`, block
+  64, or 32 where 64 does not divide I); a Packed4 already there (a GGUF's Q4 blocks) is
+  kept. ValueError naming the matrix when 32 does not divide its inputs either."""
   layers = dict(params["layers"])
   for name, w in layers.items():
     if isinstance(w, Packed4) or w.ndim != 3:
       continue
-    if w.shape[1] % NF4_BLOCK:
+    if w.shape[1] % 32:
       raise ValueError(
         f"4-bit weights: layer matrix {name!r} has {w.shape[1]} inputs, not a multiple of "
-        f"NF4's block {NF4_BLOCK}; use float32 or int8 weights for this model"
+        "32 (NF4 blocks of 64, or 32); use float32 or int8 weights for this model"
       )
-    layers[name] = quantize_nf4(w, double)
+    layers[name] = quantize_nf4(w, double, NF4_BLOCK if w.shape[1] % NF4_BLOCK == 0 else 32)
   return {**params, "layers": layers}
+
+
+def sampling_parts(params, requantize: bool = True):
+  """(unembed, {name: Packed4}): what `for_sampling` adds, alone, so a program making it
+  outputs no copy of the weights it keeps (embedding, norms, float matrices)."""
+  layers = quantize_layers(params)["layers"] if requantize else params["layers"]
+  output = params["output"] if "output" in params else params["embed"]
+  packed = {k: w for k, w in layers.items() if isinstance(w, Packed4)}
+  return quant.quantize_rows(output), packed
 
 
 def for_sampling(params, requantize: bool = True):
@@ -256,9 +274,8 @@ def for_sampling(params, requantize: bool = True):
   and the output projection as `quant.quantize_rows`'s int8 copy under "unembed" (in
   float32 it would be most of a small model's bytes per token: Gemma 3 270M's [262144,
   640])."""
-  params = quantize_layers(params) if requantize else params
-  output = params["output"] if "output" in params else params["embed"]
-  return {**params, "unembed": quant.quantize_rows(output)}
+  unembed, packed = sampling_parts(params, requantize)
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
 
 def dequantized(params):

@@ -35,6 +35,8 @@ LOGP_GAPS = {
   ("bfloat16", "model"): 3e-2,
   ("float32", "int8"): 0.2,
   ("bfloat16", "int8"): 0.2,
+  ("float32", "int4"): 0.5,
+  ("bfloat16", "int4"): 0.5,
 }
 
 

@@ -14,7 +14,7 @@ from rlpost.models import quant
 from rlpost.recipes import common
 from rlpost.text import tool_syntax
 
-SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
+SAMPLER_WEIGHTS = ("model", "int8", "int4")  # `sampling.weights`: what the sampler reads
 
 
 @dataclasses.dataclass(frozen=True)

@@ -813,4 +813,20 @@ MUTATIONS = [
     tests=["tests/test_gguf_packed.py"],
     why="every layer of a packed stack reading layer 0's weights",
   ),
+  dict(
+    name="int4_sampler_ignored",
+    path="rlpost/recipes/rollout.py",
+    old='  int4 = c.sampling.weights == "int4"\n',
+    new="  int4 = False\n",
+    tests=["tests/test_grpo.py"],
+    why="sampling.weights=int4 accepted but the sampler reading the float weights",
+  ),
+  dict(
+    name="nf4_half_fixed",
+    path="rlpost/models/quant4.py",
+    old="  return w.codes.shape[-1] // first.shape[-1]\n",
+    new="  return 32\n",
+    tests=["tests/test_quant4.py"],
+    why="NF4 blocks of 32 read as if their nibble runs were 64 inputs long",
+  ),
 ]

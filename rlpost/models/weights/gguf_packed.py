@@ -39,7 +39,7 @@ def from_raw(raw: np.ndarray, qtype) -> quant4.Packed4:
   fmt = PACKED_TYPES.get(Q(qtype))
   if fmt is None:
     raise ValueError(f"from_raw: {Q(qtype).name} is not kept packed; use {list(PACKED_TYPES)}")
-  block, size = gguf_lib.GGML_QUANT_SIZES[Q(qtype)]
+  _, size = gguf_lib.GGML_QUANT_SIZES[Q(qtype)]
   O = raw.shape[0]
   blocks = raw.reshape(O, -1, size)
   codes = lambda start: np.ascontiguousarray(blocks[..., start:]).reshape(O, -1)
