@@ -225,6 +225,48 @@ def concatenate_outputs(parts: list[Packed4]) -> Packed4:
   return Packed4(cat(*[p.codes for p in parts]), scales, fmts[0])
 
 
+def merge_inputs(lo: jax.Array, hi: jax.Array, half: int) -> jax.Array:
+  """Inverse of `split_inputs`: ([..., I / 2], [..., I / 2]) -> [..., I]."""
+  *lead, n = lo.shape
+  runs = jnp.stack([lo.reshape(*lead, n // half, half), hi.reshape(*lead, n // half, half)], -2)
+  return runs.reshape(*lead, 2 * n)
+
+
+def _dot_t(a_NxK: jax.Array, b_OxK: jax.Array) -> jax.Array:
+  return jax.lax.dot_general(
+    a_NxK, b_OxK, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+
+
+@jax.custom_vjp
+def _dense4_rows(x_NxI: jax.Array, w: Packed4) -> jax.Array:
+  x_lo, x_hi = split_inputs(x_NxI, half(w))
+  w_lo, w_hi = halves(w)
+  return _dot_t(x_lo, w_lo) + _dot_t(x_hi, w_hi)
+
+
+def _dense4_fwd(x_NxI, w):
+  return _dense4_rows(x_NxI, w), w
+
+
+def _dense4_bwd(w, g_NxO):
+  """dx = g @ W.T, its halves dequantised again from the codes: autodiff would keep the
+  forward's float32 halves as residuals, a float copy of the frozen base for the backward
+  pass. The weights get no gradient (a frozen base: zeros, float0 for the codes)."""
+  w_lo, w_hi = halves(w)
+  dot = lambda g, b: jnp.matmul(g, b, preferred_element_type=jnp.float32)
+  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))
+  zero = lambda a: (
+    np.zeros(a.shape, jax.dtypes.float0)
+    if jnp.issubdtype(a.dtype, jnp.integer)
+    else jnp.zeros_like(a)
+  )
+  return dx, jax.tree.map(zero, w)
+
+
+_dense4_rows.defvjp(_dense4_fwd, _dense4_bwd)
+
+
 def dense4(x: jax.Array, w: Packed4) -> jax.Array:
   """x [..., I] @ W [I, O] -> [..., O] float32, for a Packed4 W (no leading axes).
 
@@ -232,30 +274,47 @@ def dense4(x: jax.Array, w: Packed4) -> jax.Array:
   against `halves(w)[1]`, in float32. XLA:CPU fuses each half's dequantisation into one
   elementwise loop and materialises its [O, I / 2] float32 output for the dot (a library
   call that fuses no producer); written as a multiply-and-reduce instead, nothing is
-  materialised but XLA:CPU's reduction runs ~30x slower (issue 70's notes)."""
+  materialised but XLA:CPU's reduction ran ~30x slower (issue 70's notes). The backward
+  pass (x only) dequantises again instead of keeping the halves (`_dense4_bwd`)."""
   lead, I = x.shape[:-1], x.shape[-1]
-  x_lo, x_hi = split_inputs(x.reshape(-1, I).astype(jnp.float32), half(w))
-  w_lo, w_hi = halves(w)
-  dot = lambda a, b: jax.lax.dot_general(
-    a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-  )
-  return (dot(x_lo, w_lo) + dot(x_hi, w_hi)).reshape(*lead, w.codes.shape[-2])
+  y = _dense4_rows(x.reshape(-1, I).astype(jnp.float32), w)
+  return y.reshape(*lead, w.codes.shape[-2])
+
+
+def nf4_block(inputs: int) -> int:
+  """NF4's block for a matrix with `inputs` rows: 64, or 32 where 64 does not divide them
+  (the tiny test models); ValueError when 32 does not either."""
+  if inputs % 32:
+    raise ValueError(
+      f"4-bit weights: {inputs} inputs are not a multiple of 32 (NF4 blocks of 64, or 32); "
+      "use float32 or int8 weights for this model"
+    )
+  return NF4_BLOCK if inputs % NF4_BLOCK == 0 else 32
+
+
+_quantize_stack = jax.jit(quantize_nf4, static_argnames=("double", "block"))
+
+
+def requantized(w: Packed4, delta_IxO: jax.Array) -> Packed4:
+  """NF4 of dequantize(w) + delta (e.g. LoRA's scale * A @ B), [..., I, O], in w's NF4
+  block (a GGUF format gets `nf4_block`'s)."""
+  block = 2 * half(w) if w.fmt in ("nf4", "nf4_dq") else nf4_block(w.shape[-2])
+  return quantize_nf4(dequantize(w) + delta_IxO, w.fmt == "nf4_dq", block)
 
 
 def quantize_layers(params, double: bool = False):
   """`params` with every float layer matrix stack [L, I, O] as NF4 (`quantize_nf4`, block
-  64, or 32 where 64 does not divide I); a Packed4 already there (a GGUF's Q4 blocks) is
-  kept. ValueError naming the matrix when 32 does not divide its inputs either."""
+  `nf4_block(I)`, one program per stack); a Packed4 already there (a GGUF's Q4 blocks) is
+  kept. ValueError naming the matrix whose inputs 32 does not divide."""
   layers = dict(params["layers"])
   for name, w in layers.items():
     if isinstance(w, Packed4) or w.ndim != 3:
       continue
-    if w.shape[1] % 32:
-      raise ValueError(
-        f"4-bit weights: layer matrix {name!r} has {w.shape[1]} inputs, not a multiple of "
-        "32 (NF4 blocks of 64, or 32); use float32 or int8 weights for this model"
-      )
-    layers[name] = quantize_nf4(w, double, NF4_BLOCK if w.shape[1] % NF4_BLOCK == 0 else 32)
+    try:
+      block = nf4_block(w.shape[1])
+    except ValueError as e:
+      raise ValueError(f"layer matrix {name!r}: {e}") from None
+    layers[name] = _quantize_stack(w, double=double, block=block)
   return {**params, "layers": layers}
 
 

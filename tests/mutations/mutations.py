@@ -829,4 +829,12 @@ MUTATIONS = [
     tests=["tests/test_quant4.py"],
     why="NF4 blocks of 32 read as if their nibble runs were 64 inputs long",
   ),
+  dict(
+    name="dense4_backward_halves_swapped",
+    path="rlpost/models/quant4.py",
+    old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
+    new="  dx = merge_inputs(dot(g_NxO, w_hi), dot(g_NxO, w_lo), half(w))\n",
+    tests=["tests/test_quant4.py"],
+    why="QLoRA's backward pass through the 4-bit base pairing gradients with the wrong inputs",
+  ),
 ]
