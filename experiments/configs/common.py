@@ -22,6 +22,7 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
       "path": "",  # GGUF file or HF checkpoint dir; "" = packaged GGUF
       "dtype": "float32",  # float32 | bfloat16
       "init_from": "",  # workdir of an earlier run (e.g. SFT): start from its newest weights
+      "base_bits": 32,  # 32 | 4: with LoRA, the frozen base as NF4 (QLoRA)
     }
   )
 

@@ -50,17 +50,20 @@ MODEL_WEIGHTS = ("gguf", "hf", "random")
 class ModelBlock:
   """The `model` block: `preset` (a `families.PRESETS` name), `weights` (gguf | hf |
   random), `path` ("": the packaged GGUF), `dtype` (float32 | bfloat16), `init_from` (an
-  earlier run's workdir: its newest weights; "": none)."""
+  earlier run's workdir: its newest weights; "": none), `base_bits` (32: the base as
+  `dtype` says; 4: QLoRA's frozen NF4 base, `quant4.quantize_layers`)."""
 
   preset: str = "tiny"
   weights: str = "random"
   path: str = ""
   dtype: str = "float32"
   init_from: str = ""
+  base_bits: int = 32
 
   def __post_init__(self):
     common.check_one_of(ModelBlock, "weights", self.weights, MODEL_WEIGHTS)
     common.check_one_of(ModelBlock, "dtype", self.dtype, ("float32", "bfloat16"))
+    common.check_one_of(ModelBlock, "base_bits", self.base_bits, (32, 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +198,14 @@ def check_rules(c: RLConfig) -> None:
   _check_batch(c)
   _check_credit(c)
   rollout_lib.check_off_policy(c.sampling, c.rollout.max_staleness, c.algo.tis_cap)
+  common.check_base_bits(c.model.base_bits, c.lora.enabled)
+  if c.model.base_bits == 4 and c.sampling.weights != "int4":
+    common.fail(
+      "sampling.weights",
+      c.sampling.weights,
+      "model.base_bits=4 keeps the base in 4 bits: the sampler reads the adapters merged "
+      "into it, NF4 again; set sampling.weights=int4 (with algo.tis_cap)",
+    )
   _check_eval_and_loop(c)
   if c.reward_model.path and c.rollout.dynamic_sampling:
     common.fail(

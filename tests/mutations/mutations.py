@@ -837,4 +837,12 @@ MUTATIONS = [
     tests=["tests/test_quant4.py"],
     why="QLoRA's backward pass through the 4-bit base pairing gradients with the wrong inputs",
   ),
+  dict(
+    name="base_bits_ignored",
+    path="rlpost/recipes/common.py",
+    old='  if getattr(m, "base_bits", 32) == 4:  # QLoRA: the frozen base NF4 (rebuilt on resume)\n',
+    new="  if False:\n",
+    tests=["tests/test_qlora.py"],
+    why="model.base_bits=4 accepted and the base left in float32",
+  ),
 ]
