@@ -84,3 +84,26 @@ def test_four_bit_base_needs_lora(tmp_path):
   cfg.lora.enabled = False
   with pytest.raises(ValueError, match=r"model\.base_bits=4: a 4-bit base is frozen"):
     sft_recipe.run(cfg, str(tmp_path))
+
+
+def test_export_writes_a_four_bit_base_as_float(tmp_path):
+  """A QLoRA model exports as float32: the NF4 matrices' values (adapters merged in float
+  over `quant4.dequantized`) read back exactly by the HF loader.
+  Mutation caught: `export_hf_checkpoint` not dequantising (np.asarray of a Packed4)."""
+  from test_weights import TINY_INFO, random_params  # pylint: disable=g-import-not-at-top
+
+  from rlpost.models import lora  # pylint: disable=g-import-not-at-top
+  from rlpost.models.weights import safetensors as st  # pylint: disable=g-import-not-at-top
+
+  info = dict(TINY_INFO, embed_dim=64, mlp_dim=128, head_dim=32)
+  params = quant4.quantize_layers(jax.tree.map(np.asarray, random_params(info)))
+  cfg = lora.LoraConfig(rank=2, alpha=4.0)
+  adapters = lora.init_adapters(jax.random.key(0), params, cfg)
+  adapters = jax.tree.map(lambda a: a + 0.1, adapters)
+  merged = lora.merge(quant4.dequantized(params), adapters, cfg)
+  st.export_hf_checkpoint(merged, info, tmp_path / "merged")
+  loaded, _ = st.load_hf_checkpoint(tmp_path / "merged")
+  np.testing.assert_array_equal(loaded["layers"]["up"], merged["layers"]["up"])
+  st.export_hf_checkpoint(params, info, tmp_path / "base")
+  base, _ = st.load_hf_checkpoint(tmp_path / "base")
+  np.testing.assert_array_equal(base["layers"]["q"], quant4.dequantize(params["layers"]["q"]))
