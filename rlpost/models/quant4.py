@@ -25,7 +25,8 @@ values agree bit for bit (tests/test_quant4.py).
 `dense4` never interleaves the nibbles back: it splits the activations by nibble
 position instead and runs two dots over [O, I / 2] halves, each dequantised by one
 elementwise fusion (XLA:CPU emits the dot as a library call, so each half is written
-to a buffer before its dot reads it; module docstring of `dense4`).
+to a buffer before its dot reads it: `dense4`'s docstring); its backward pass (LoRA over
+a frozen 4-bit base, QLoRA) dequantises again rather than keep those halves.
 """
 
 import dataclasses
@@ -206,11 +207,7 @@ def halves(w: Packed4) -> tuple[jax.Array, jax.Array]:
 
 def dequantize(w: Packed4) -> jax.Array:
   """The float32 matrix W [..., I, O] that `w` stands for."""
-  lo, hi = halves(w)
-  *lead, O, n = lo.shape
-  h = half(w)
-  runs = jnp.stack([lo.reshape(*lead, O, n // h, h), hi.reshape(*lead, O, n // h, h)], axis=-2)
-  return jnp.swapaxes(runs.reshape(*lead, O, 2 * n), -1, -2)
+  return jnp.swapaxes(merge_inputs(*halves(w), half(w)), -1, -2)
 
 
 def concatenate_outputs(parts: list[Packed4]) -> Packed4:
