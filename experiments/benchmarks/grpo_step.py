@@ -74,6 +74,13 @@ _MEMORY = flags.DEFINE_bool(
   "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
   "phase's end (`memory_probe`).",
 )
+_FREE_LOADED = flags.DEFINE_bool(
+  "free_loaded",
+  False,
+  "Drop this script's reference to the loaded params once the run is built, as `rl.run` "
+  "does (off: the recorded figures, which hold a second float32 copy of the embedding: "
+  "the loaded one beside the placed one).",
+)
 _CHECK_RSS = flags.DEFINE_bool(
   "check_rss",
   True,
@@ -120,6 +127,8 @@ def _run_mode(mode: str) -> dict:
     loaded = (loaded[0], quant4.quantize_layers(loaded[1]), loaded[2])
   jax.block_until_ready(loaded[1])
   pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
+  if _FREE_LOADED.value:  # as `rl.run`, which keeps no reference to the loaded params
+    del loaded
   if probe:
     step = probe.wrap("train_step", pieces.learner.train_step)
     pieces = pieces._replace(learner=pieces.learner._replace(train_step=step))
@@ -154,6 +163,7 @@ def _run_mode(mode: str) -> dict:
     "remat": cfg.train.remat,
     "sampler_weights": cfg.sampling.weights,
     "base_bits": m.base_bits,
+    "free_loaded": _FREE_LOADED.value,
     "reward_model": _REWARD_MODEL.value,
     "steady_reward_model_s_median": round(
       float(np.median([t["reward_model_s"] for t in steady])), 3
@@ -231,7 +241,16 @@ def main(argv):
       ]
       + [
         f"--{f.name}={f.value}"
-        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL, _MEMORY)
+        for f in (
+          _COMPUTE,
+          _CHUNK,
+          _REMAT,
+          _SAMPLER,
+          _MODEL_PATH,
+          _REWARD_MODEL,
+          _MEMORY,
+          _FREE_LOADED,
+        )
         if f.value
       ],
       capture_output=True,
