@@ -271,6 +271,19 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
   assert gaps["sync", 0] < 1e-5 and gaps["int8", 0] > 1e-4, gaps
 
 
+@pytest.mark.slow
+def test_int4_rollouts_read_the_four_bit_copy(tmp_path):
+  """sampling.weights=int4 (NF4, blocks of 32 on the tiny model's width), TIS cap 2, 2
+  steps: the sampler's logprobs of its tokens differ from the trainer's by more than
+  float rounding (it reads the 4-bit copy; the float32 sampler's gap is < 1e-5 above)
+  and the run trains. Mutation caught: `make_sampler` ignoring sampling.weights=int4."""
+  overrides = {"train.steps": 2, "checkpoint.every": 100, "algo.tis_cap": 2.0}
+  rl.run(_config("tiny", **overrides, **{"sampling.weights": "int4"}), str(tmp_path))
+  records = _metrics(tmp_path)
+  gaps = [r["sampler_logp_gap_mean"] for r in records]
+  assert len(records) == 2 and all(1e-3 < g < 0.5 for g in gaps), gaps
+
+
 @pytest.mark.parametrize(
   "overrides,field",
   [
@@ -291,7 +304,8 @@ def test_off_policy_samplers_with_tis_learn_as_the_synchronous_run(tmp_path):
       "sampling.int8_paths",
     ),
     ({"sampling.int8_paths": "io8"}, "sampling.int8_paths"),
-    ({"sampling.weights": "int4"}, "sampling.weights"),
+    ({"sampling.weights": "int3"}, "sampling.weights"),
+    ({"sampling.weights": "int4"}, "algo.tis_cap"),
     ({"algo.nosuch": 1}, "algo.nosuch"),
     # Old names fail and name the new field.
     ({"algo.name": "ppo2"}, "algo.name is no longer a field: use config.name"),

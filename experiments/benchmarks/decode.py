@@ -10,12 +10,20 @@ Prints ONE JSON object:
   single       batch 1, 64-token prompt, 128 new tokens
   prefill      one 512-token prompt: prompt tokens/s
 
-  python -m experiments.benchmarks.decode --dtype=float32 [--weights=int8]
+  bandwidth    bytes of weights a decode step reads (layer matrices and the output
+               projection in the sampler's copy), memory bandwidth measured by a 1 GiB
+               numpy copy (bytes read + written / s), and batch 1's tokens/s as a fraction
+               of their quotient (the bandwidth limit)
+
+  python -m experiments.benchmarks.decode --dtype=float32 [--weights=int8|int4]
 
 With --weights=int8 the sampler (batch, single, prefill) reads the int8 copy
 (`rlpost.models.quant.quantize_for_sampling`), its dots formed as --int8_paths says
 ("auto": calibrated on this machine, `compute_paths.resolve_int8`; or LAYOUT:ROWS);
-the ceilings stay the float ones.
+the ceilings stay the float ones. With --weights=int4 it reads `quant4.for_sampling`'s
+copy: --int4=nf4, every layer matrix NF4; --int4=gguf, the preset's packaged GGUF loaded
+with its Q4_0 / Q4_1 / Q4_K blocks kept (`load_gguf(packed=True)`; other types float32);
+the output projection int8 in both.
 """
 
 import dataclasses
@@ -33,7 +41,8 @@ import numpy as np
 from experiments.benchmarks import device_memory
 from rlpost import sampling
 from rlpost.models import decoder, families
-from rlpost.models import quant
+from rlpost.models import quant, quant4
+from rlpost.models.weights import gguf
 from rlpost.train import compute_paths
 
 _PRESET = flags.DEFINE_string("preset", "gemma3_270m", "Model preset.")
@@ -42,12 +51,26 @@ _BATCH = flags.DEFINE_integer("batch", 8, "Prompts in the batched workload.")
 _PROMPT = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens (batched workload).")
 _NEW = flags.DEFINE_integer("new_tokens", 64, "New tokens (batched workload).")
 _WEIGHTS = flags.DEFINE_enum(
-  "weights", "model", ["model", "int8"], "What the sampler reads: the params, or their int8 copy."
+  "weights",
+  "model",
+  ["model", "int8", "int4"],
+  "What the sampler reads: the params, or their int8 or 4-bit copy.",
+)
+_INT4 = flags.DEFINE_enum(
+  "int4", "nf4", ["nf4", "gguf"], "With --weights=int4: NF4, or the packaged GGUF's Q4 blocks."
 )
 _INT8_PATHS = flags.DEFINE_string(
   "int8_paths", "auto", "With --weights=int8: auto (calibrated) or LAYOUT:ROWS, e.g. io:8."
 )
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (min and median reported).")
+
+
+def _cpu_model() -> str:
+  """`lscpu`'s model name (from /proc/cpuinfo)."""
+  for line in open("/proc/cpuinfo"):
+    if line.startswith("model name"):
+      return line.split(":", 1)[1].strip()
+  return platform.machine()
 
 
 def _timed(fn, repeats):
@@ -109,6 +132,37 @@ def _scan_ceiling(params, batch, repeats):
   return min(times)
 
 
+def _bandwidth_gb_s(repeats: int = 3) -> float:
+  """GB/s of a 1 GiB numpy copy, counting the bytes read and written (best of `repeats`)."""
+  src = np.ones(1 << 28, np.float32)
+  dst = np.empty_like(src)
+  best = min(_timed(lambda: np.copyto(dst, src), repeats)[1])
+  return 2 * src.nbytes / best / 1e9
+
+
+def _bytes_per_token(sampled) -> int:
+  """Bytes of the weights one decode step reads: the layer matrices and norms, and the
+  output projection ("unembed" when there is one; the input rows are a few)."""
+  nbytes = lambda tree: sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+  output = sampled.get("unembed", sampled.get("output", sampled["embed"]))
+  return nbytes(sampled["layers"]) + nbytes(output) + nbytes(sampled["final_norm"])
+
+
+def _sampler_weights(config, dtype, int8_paths):
+  """(float params for the ceilings, what the sampler reads)."""
+  if _WEIGHTS.value == "int4" and _INT4.value == "gguf":
+    loaded, _ = gguf.load_gguf(families.packaged_gguf(_PRESET.value), packed=True)
+    params = jax.device_put(loaded)
+    return quant4.dequantized(params), jax.jit(quant4.for_sampling, static_argnums=1)(params, False)
+  params = decoder.init_params(jax.random.key(0), config, dtype)
+  if _WEIGHTS.value == "int4":
+    return params, jax.jit(quant4.for_sampling)(params)
+  if int8_paths is not None:
+    quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
+    return params, quantize(params, paths=int8_paths)
+  return params, params
+
+
 def _decode(params, config, batch, prompt_len, new_tokens, repeats):
   sc = sampling.SamplingConfig(
     temperature=1.0, max_new_tokens=new_tokens, stop_ids=(), prompt_bucket=prompt_len
@@ -151,11 +205,7 @@ def main(argv):
   # Calibrated before the weights exist: their (asynchronous) initialization would run
   # beside the probes and skew them.
   int8_paths = compute_paths.int8_paths(_INT8_PATHS.value)[0] if _WEIGHTS.value == "int8" else None
-  params = decoder.init_params(jax.random.key(0), config, dtype)
-  sampled = params
-  if int8_paths is not None:
-    quantize = jax.jit(quant.quantize_for_sampling, static_argnames=("paths",))
-    sampled = quantize(params, paths=int8_paths)
+  params, sampled = _sampler_weights(config, dtype, int8_paths)
   load_before = open("/proc/loadavg").read().split()[:3]
   ceiling_s = _ceiling(params, config, _BATCH.value, _REPEATS.value)
   batched = _decode(sampled, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
@@ -177,6 +227,11 @@ def main(argv):
   pre_first, pre_times = _timed(
     lambda: pre(sampled, tokens, jnp.array([512], jnp.int32)), _REPEATS.value
   )
+  bandwidth = {"weight_bytes_per_token": _bytes_per_token(sampled)}
+  bandwidth["memory_gb_s"] = round(_bandwidth_gb_s(), 2)
+  limit = bandwidth["memory_gb_s"] * 1e9 / bandwidth["weight_bytes_per_token"]
+  bandwidth["limit_tokens_per_s"] = round(limit, 1)
+  bandwidth["single_stream_fraction_of_limit"] = round(single["tokens_per_s"] / limit, 3)
   print(
     json.dumps(
       {
@@ -185,14 +240,17 @@ def main(argv):
         "param_dtype": _DTYPE.value,
         "sampler_weights": _WEIGHTS.value,
         "int8_paths": None if int8_paths is None else dataclasses.asdict(int8_paths),
+        "int4": _INT4.value if _WEIGHTS.value == "int4" else None,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
         "machine": platform.processor() or platform.machine(),
+        "cpu": _cpu_model(),
         "loadavg_before": load_before,
         "loadavg_after": open("/proc/loadavg").read().split()[:3],
         "batched": batched,
         "single_stream": single,
+        "bandwidth": bandwidth,
         "prefill_512": {
           "compile_plus_first_run_s": round(pre_first, 3),
           "tokens_per_s": round(512 / min(pre_times), 1),

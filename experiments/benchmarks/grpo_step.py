@@ -6,7 +6,11 @@ computed every iteration), full-parameter and LoRA. Each mode runs in its own
 subprocess so peak RSS is per mode. Prints ONE JSON object.
 
   python -m experiments.benchmarks.grpo_step [--dtype=bfloat16] [--compute_dtype=bfloat16]
-      [--remat=full] [--modes=full,lora]
+      [--remat=full] [--modes=full,lora,qlora]
+
+Mode "qlora": LoRA over a frozen NF4 base (`model.base_bits=4`, `quant4.quantize_layers`
+of the loaded weights), the sampler reading the adapters merged into it, NF4 again
+(`sampling.weights=int4`, TIS cap 2), whatever --sampler_weights says.
 """
 
 import dataclasses
@@ -30,12 +34,13 @@ from rlpost.data.tasks import Task
 from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
 from rlpost.models import policy
+from rlpost.models import quant4
 from rlpost.recipes import rl
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import objectives
 from rlpost.train import weight_sync
 
-_MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora"], "Run one mode (internal).")
+_MODE = flags.DEFINE_enum("mode", "", ["", "full", "lora", "qlora"], "Run one mode (internal).")
 _ITERATIONS = flags.DEFINE_integer("iterations", 4, "Iterations per mode (first = compile).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Param dtype.")
 _COMPUTE = flags.DEFINE_enum(
@@ -51,8 +56,9 @@ _REMAT = flags.DEFINE_enum(
 _SAMPLER = flags.DEFINE_enum(
   "sampler_weights",
   "model",
-  ["model", "int8"],
-  "What the sampler reads (int8: a copy per weight sync, dots calibrated, TIS cap 2).",
+  ["model", "int8", "int4"],
+  "What the sampler reads (int8 / int4: a copy per weight sync, TIS cap 2; int8's dots "
+  "calibrated).",
 )
 _MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
 _MODEL_PATH = flags.DEFINE_string(
@@ -67,6 +73,13 @@ _MEMORY = flags.DEFINE_bool(
   "Also report where the peak RSS is reached: VmRSS sampled per phase (weight sync, "
   "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
   "phase's end (`memory_probe`).",
+)
+_FREE_LOADED = flags.DEFINE_bool(
+  "free_loaded",
+  False,
+  "Drop this script's reference to the loaded params once the run is built, as `rl.run` "
+  "does (off: the recorded figures, which hold a second float32 copy of the embedding: "
+  "the loaded one beside the placed one).",
 )
 _CHECK_RSS = flags.DEFINE_bool(
   "check_rss",
@@ -94,7 +107,7 @@ def _run_mode(mode: str) -> dict:
   with cfg.unlocked():
     cfg.model.weights, cfg.model.dtype = "random", _DTYPE.value
     cfg.model.path = _MODEL_PATH.value
-    cfg.lora.enabled = mode == "lora"
+    cfg.lora.enabled = mode in ("lora", "qlora")
     cfg.env.template, cfg.env.name = "plain", "arithmetic"  # problems are made below
     cfg.sampling.max_new_tokens, cfg.sampling.prompt_bucket = 64, 32
     cfg.train.batch_tasks, cfg.train.micro_batch_size = 2, 8
@@ -102,15 +115,20 @@ def _run_mode(mode: str) -> dict:
     cfg.train.compute_dtype = _COMPUTE.value or cfg.train.compute_dtype
     cfg.train.logprob_chunk = _CHUNK.value or cfg.train.logprob_chunk
     cfg.train.remat = _REMAT.value or cfg.train.remat
-    cfg.sampling.weights = _SAMPLER.value
-    if _SAMPLER.value == "int8":
+    cfg.sampling.weights = "int4" if mode == "qlora" else _SAMPLER.value
+    cfg.model.base_bits = 4 if mode == "qlora" else 32
+    if cfg.sampling.weights != "model":
       cfg.algo.tis_cap = 2.0
     cfg.reward_model.path = _REWARD_MODEL.value
   probe = _probed() if _MEMORY.value else None
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
+  if m.base_bits == 4:  # as `recipes.common.load_model` does
+    loaded = (loaded[0], quant4.quantize_layers(loaded[1]), loaded[2])
   jax.block_until_ready(loaded[1])
   pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
+  if _FREE_LOADED.value:  # as `rl.run`, which keeps no reference to the loaded params
+    del loaded
   if probe:
     step = probe.wrap("train_step", pieces.learner.train_step)
     pieces = pieces._replace(learner=pieces.learner._replace(train_step=step))
@@ -143,7 +161,9 @@ def _run_mode(mode: str) -> dict:
     "compute_dtype": cfg.train.compute_dtype,
     "logprob_chunk": cfg.train.logprob_chunk,
     "remat": cfg.train.remat,
-    "sampler_weights": _SAMPLER.value,
+    "sampler_weights": cfg.sampling.weights,
+    "base_bits": m.base_bits,
+    "free_loaded": _FREE_LOADED.value,
     "reward_model": _REWARD_MODEL.value,
     "steady_reward_model_s_median": round(
       float(np.median([t["reward_model_s"] for t in steady])), 3
@@ -221,7 +241,16 @@ def main(argv):
       ]
       + [
         f"--{f.name}={f.value}"
-        for f in (_COMPUTE, _CHUNK, _REMAT, _SAMPLER, _MODEL_PATH, _REWARD_MODEL, _MEMORY)
+        for f in (
+          _COMPUTE,
+          _CHUNK,
+          _REMAT,
+          _SAMPLER,
+          _MODEL_PATH,
+          _REWARD_MODEL,
+          _MEMORY,
+          _FREE_LOADED,
+        )
         if f.value
       ],
       capture_output=True,

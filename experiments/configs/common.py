@@ -24,6 +24,7 @@ def model_config(variant: str) -> ml_collections.ConfigDict:
       "init_from": "",  # workdir of an earlier run (e.g. SFT): start from its newest weights
       "chat_template": "",  # a .jinja file; "" = the model file's own (else the family's layout)
       "date_string": "26 Jul 2024",  # the day chat templates print (fixed, not today)
+      "base_bits": 32,  # 32 | 4: with LoRA, the frozen base as NF4 (QLoRA)
     }
   )
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from rlpost.models import architecture, quant
+from rlpost.models import architecture, quant, quant4
 from rlpost.models import attention as attention_lib
 from rlpost.models import lora as lora_lib
 
@@ -201,10 +201,13 @@ gated_gelu.defvjp(_gated_gelu_fwd, _gated_gelu_bwd)
 def _dense(x: jax.Array, w: jax.Array, compute_dtype=None) -> jax.Array:
   """x @ w with float32 output; inputs cast to `compute_dtype`, or to the weight dtype.
 
-  An int8 `w` (the sampler's, `rlpost.models.quant`) runs int8 x int8.
+  An int8 `w` (the sampler's, `rlpost.models.quant`) runs int8 x int8; a 4-bit one
+  (`rlpost.models.quant4`) dequantises inside its matmul.
   """
   if isinstance(w, quant.Int8Weight):
     return quant.dense(x, w)
+  if isinstance(w, quant4.Packed4):
+    return quant4.dense4(x, w)
   if compute_dtype is None or jnp.dtype(compute_dtype) == w.dtype == x.dtype:
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
   return _mixed_dense(x, w, jnp.dtype(compute_dtype))
@@ -372,6 +375,13 @@ def decode_layout(params: Params) -> Params:
   return unstack_layers(params) if layer_bytes >= UNROLL_MIN_LAYER_BYTES else params
 
 
+_concatenate_floats = functools.partial(jnp.concatenate, axis=-1)
+_CONCATENATE = {
+  quant.Int8Weight: quant.concatenate_outputs,
+  quant4.Packed4: quant4.concatenate_outputs,
+}
+
+
 def unstack_layers(params: Params) -> Params:
   """Decode layout: "layers" as a tuple of per-layer dicts, q/k/v and gate/up concatenated.
 
@@ -385,12 +395,12 @@ def unstack_layers(params: Params) -> Params:
   """
   layers = dict(params["layers"])
   for names in _FUSED:
-    parts = [layers.pop(n) for n in names]
-    layers["+".join(names)] = (
-      quant.concatenate_outputs(parts)
-      if isinstance(parts[0], quant.Int8Weight)
-      else jnp.concatenate(parts, axis=-1)
-    )
+    parts = [layers[n] for n in names]
+    if len({(type(p), getattr(p, "fmt", None)) for p in parts}) > 1:
+      continue  # a GGUF storing q and k in different types: left apart
+    for n in names:
+      del layers[n]
+    layers["+".join(names)] = _CONCATENATE.get(type(parts[0]), _concatenate_floats)(parts)
   count = jax.tree.leaves(layers)[0].shape[0]
   return {
     **params,

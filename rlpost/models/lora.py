@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from rlpost.models import quant4
+
 ALL_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -67,11 +69,15 @@ def merge(params, adapters, config: LoraConfig):
 def merged_weights(weights: dict, adapters, config: LoraConfig) -> dict:
   """{name: W + scale * A @ B} for the adapted stacks `weights` ({name: [L, in, out]}, the
   keys of adapters["layers"]) in their dtypes: `merge` without the weights it keeps, so
-  a program computing it outputs (copies) only the merged ones."""
+  a program computing it outputs (copies) only the merged ones. A 4-bit (`quant4.Packed4`)
+  weight comes out NF4 again (`quant4.requantized`)."""
   out = {}
   for name, ab in adapters["layers"].items():
     w = weights[name]
     delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
+    if isinstance(w, quant4.Packed4):  # a 4-bit base (QLoRA): merged, then NF4 again
+      out[name] = quant4.requantized(w, config.scale * delta)
+      continue
     out[name] = (w.astype(jnp.float32) + config.scale * delta).astype(w.dtype)
   return out
 

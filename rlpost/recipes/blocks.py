@@ -15,7 +15,7 @@ from rlpost.recipes import common
 from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
-SAMPLER_WEIGHTS = ("model", "int8")  # `sampling.weights`: what the sampler reads
+SAMPLER_WEIGHTS = ("model", "int8", "int4")  # `sampling.weights`: what the sampler reads
 
 
 @dataclasses.dataclass(frozen=True)

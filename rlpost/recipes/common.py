@@ -22,6 +22,7 @@ from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.models import quant
+from rlpost.models import quant4
 from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import checkpoint
 from rlpost.train import compute_paths
@@ -311,7 +312,19 @@ def load_model(cfg):
   config, params, tokenizer = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   if getattr(m, "init_from", ""):
     params = weights_from_run(m.init_from, params, cfg)
+  if getattr(m, "base_bits", 32) == 4:  # QLoRA: the frozen base NF4 (rebuilt on resume)
+    params = quant4.quantize_layers(params)
   return config, params, tokenizer
+
+
+def check_base_bits(base_bits: int, lora_enabled: bool) -> None:
+  """model.base_bits=4 needs LoRA: the 4-bit base is frozen."""
+  if base_bits == 4 and not lora_enabled:
+    fail(
+      "model.base_bits",
+      base_bits,
+      "a 4-bit base is frozen and trains LoRA adapters only: set lora.enabled=True (or 32)",
+    )
 
 
 def run_config(workdir: str, field: str, fix: str) -> ml_collections.ConfigDict:

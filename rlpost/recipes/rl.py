@@ -530,10 +530,10 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
 
 def _greedy_rollout(p: Pieces, pool, state, tasks, seeds) -> multiturn.Rollout:
   """Greedy episodes of `tasks` by `state`'s policy, sampled by this process alone, from
-  the policy's own weights (even when training rollouts read an int8 copy)."""
+  the policy's own weights (even when training rollouts read an int8 or 4-bit copy)."""
   actor = state.trainable["policy"]
   mesh = sharding.mesh_of(state)
-  sampler = p.sampler._replace(int8=None)
+  sampler = p.sampler._replace(int8=None, int4=False)
   key = jax.random.key(0)
   params_s, key = rollout_lib.sampler_weights(sampler, actor, p.forward, key, mesh)
   return _play(p, pool, params_s, tasks, seeds, key, p.greedy, 1, 0)

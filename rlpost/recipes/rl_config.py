@@ -55,7 +55,9 @@ class ModelBlock:
   random), `path` ("": the packaged GGUF), `dtype` (float32 | bfloat16), `init_from` (an
   earlier run's workdir: its newest weights; "": none), `chat_template` (a .jinja file
   rendered instead of the model file's own template; "": the file's, else the family's
-  layout), `date_string` (the day templates print, fixed so prompts do not change daily)."""
+  layout), `date_string` (the day templates print, fixed so prompts do not change daily),
+  `base_bits` (32: the base as `dtype` says; 4: QLoRA's frozen NF4 base,
+  `quant4.quantize_layers`)."""
 
   preset: str = "tiny"
   weights: str = "random"
@@ -64,6 +66,7 @@ class ModelBlock:
   init_from: str = ""
   chat_template: str = ""
   date_string: str = chat_template_lib.DEFAULT_DATE
+  base_bits: int = 32
 
   def __post_init__(self):
     common.check_one_of(ModelBlock, "weights", self.weights, MODEL_WEIGHTS)
@@ -74,6 +77,7 @@ class ModelBlock:
         f"ModelBlock.chat_template={self.chat_template!r}: no such file; give a .jinja chat "
         "template file (or a Hugging Face directory), or '' for the model file's own template"
       )
+    common.check_one_of(ModelBlock, "base_bits", self.base_bits, (32, 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +219,14 @@ def check_rules(c: RLConfig) -> None:
   _check_batch(c)
   _check_credit(c)
   rollout_lib.check_off_policy(c.sampling, c.rollout.max_staleness, c.algo.tis_cap)
+  common.check_base_bits(c.model.base_bits, c.lora.enabled)
+  if c.model.base_bits == 4 and c.sampling.weights != "int4":
+    common.fail(
+      "sampling.weights",
+      c.sampling.weights,
+      "model.base_bits=4 keeps the base in 4 bits: the sampler reads the adapters merged "
+      "into it, NF4 again; set sampling.weights=int4 (with algo.tis_cap)",
+    )
   _check_eval_and_loop(c)
   if c.reward_model.path and c.rollout.dynamic_sampling:
     common.fail(

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from rlpost.envs import multiturn
 from rlpost.models import policy
 from rlpost.models import quant
+from rlpost.models import quant4
 from rlpost.recipes import common
 from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
@@ -116,11 +117,13 @@ class Sampler(NamedTuple):
   """Where rollouts run: `mesh` (None: on the trainer's devices) and the frozen weights
   (the LoRA base, else None) placed there once; `int8`: None, or the sampler reads an
   int8 copy of the policy made at each weight sync, its dots formed as these
-  `quant.Int8Paths` say (`sampling.int8_paths`)."""
+  `quant.Int8Paths` say (`sampling.int8_paths`); `int4`: the sampler reads a 4-bit copy
+  made at each sync (`quant4.for_sampling`: the LoRA-merged layers NF4)."""
 
   mesh: Any
   frozen: Any
   int8: quant.Int8Paths | None = None
+  int4: bool = False
 
 
 def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
@@ -132,15 +135,17 @@ def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
   if c.sampling.weights == "int8":
     int8, why = compute_paths.int8_paths(c.sampling.int8_paths)
     absl_logging.info("sampling.weights=int8: dots %s (%s)", int8, why)
+  int4 = c.sampling.weights == "int4"
   if mesh is None or base is None:
-    return Sampler(mesh, base, int8)
-  return Sampler(mesh, sharding.sync(base, mesh), int8)
+    return Sampler(mesh, base, int8, int4)
+  return Sampler(mesh, sharding.sync(base, mesh), int8, int4)
 
 
 def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, prints=False):
   """(params, key) the sampler reads this iteration (`policy.sampling_params`, LoRA merged).
 
-  With `sampler.int8` the sampler gets their int8 copy, made here once per sync.
+  With `sampler.int8` (`sampler.int4`) the sampler gets their int8 (4-bit) copy, made
+  here once per sync.
   Own rollout devices: the trainable weights are copied there device to device and
   merged with the frozen copy already there. Shared devices: with several processes
   each takes its own replica (`sharding.local_copy`), as it samples its rows alone.
@@ -148,7 +153,9 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, pri
   prints: also return `weight_sync`'s fingerprints (trainer, copy or None, sampler):
   ((params, key), fingerprints).
   """
-  if sampler.int8 is None:
+  if sampler.int4:
+    finish = _four_bit_for_sampling
+  elif sampler.int8 is None:
     finish = lambda params: params
   else:
     finish = functools.partial(_quantized_for_sampling, paths=sampler.int8)
@@ -184,6 +191,15 @@ def _quantized_for_sampling(params, paths):
   """`quant.quantize_for_sampling(params, paths=paths)`: one program makes the int8 parts,
   the weights kept are passed through (a program's output would be a copy)."""
   return quant.with_int8_parts(params, _int8_parts(params, paths=paths))
+
+
+_int4_parts = jax.jit(quant4.sampling_parts)
+
+
+def _four_bit_for_sampling(params):
+  """`quant4.for_sampling(params)`, its new parts made by one program (as `_quantized_for_sampling`)."""
+  unembed, packed = _int4_parts(params)
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
 
 def loop_step(p, produce, train, max_staleness: int | None, steps: int):
@@ -302,15 +318,16 @@ def _lagged_carry(pipe: pipeline.Pipeline, publish, part, max_staleness: int) ->
 
 def check_off_policy(s, max_staleness: int | None, tis_cap, field: str = "rollout.max_staleness"):
   """Samples from another policy than the trainer's need a truncated IS cap to correct
-  them: an older one (max_staleness s > 0) or an int8 copy (`s.weights`, of the
+  them: an older one (max_staleness s > 0) or an int8 or 4-bit copy (`s.weights`, of the
   `blocks.SamplingBlock`)."""
   weights = s.weights
-  if weights == "int8" and tis_cap is None:
+  if weights in ("int8", "int4") and tis_cap is None:
     common.fail(
       "algo.tis_cap",
       None,
-      "sampling.weights=int8 samples from an int8 copy of the policy, not the policy the "
-      "trainer scores: set a truncated importance sampling cap, e.g. --config.algo.tis_cap=2.0",
+      f"sampling.weights={weights} samples from an {weights} copy of the policy, not the "
+      "policy the trainer scores: set a truncated importance sampling cap, e.g. "
+      "--config.algo.tis_cap=2.0",
     )
   if max_staleness is not None and max_staleness < 0:
     common.fail(field, max_staleness, "use None (sample, then train), 0 or more")

@@ -38,6 +38,7 @@ def check_config(cfg, sources: tuple[str, ...]) -> policy.ForwardConfig:
       "SFT and DPO do not sample: every device trains; set it to 0",
     )
   common.check_rows_per_device(cfg, t.batch_size, "train.batch_size")
+  common.check_base_bits(cfg.model.get("base_bits", 32), cfg.lora.enabled)
   if t.gather_bucket < 1:
     fail("train.gather_bucket", t.gather_bucket, "must be >= 1 (tokens)")
   d = cfg.data

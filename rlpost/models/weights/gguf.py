@@ -16,7 +16,7 @@ import numpy as np
 
 from rlpost import errors
 from rlpost.models import families
-from rlpost.models.weights import common, gguf_file, packaged
+from rlpost.models.weights import common, gguf_file, gguf_packed, packaged
 
 _CHUNK_ELEMENTS = 1 << 22  # dequantize ~16 MB of float32 at a time
 
@@ -26,7 +26,7 @@ def family_of(gf: gguf_file.GGUFFile) -> families.Family:
   return families.by_gguf_architecture(gf.metadata.get("general.architecture"), str(gf.path))
 
 
-def _kinds(family: families.Family, config) -> list[tuple[str, tuple, str]]:
+def tensor_kinds(family: families.Family, config) -> list[tuple[str, tuple, str]]:
   """The weight map's (GGUF name, params path, kind), q/k rows marked "rope_rows:N" where
   the family's converter permuted them."""
   targets = family.weights.gguf_targets(config)
@@ -45,7 +45,7 @@ def _kinds(family: families.Family, config) -> list[tuple[str, tuple, str]]:
 
 def _targets(gf: gguf_file.GGUFFile, family, config, params) -> list[tuple[str, np.ndarray, str]]:
   """(GGUF name, destination array, kind) for every tensor; checks names and shapes."""
-  targets = [(n, _leaf(params, path), kind) for n, path, kind in _kinds(family, config)]
+  targets = [(n, _leaf(params, path), kind) for n, path, kind in tensor_kinds(family, config)]
   extra = set(getattr(family.weights, "gguf_extra_tensors", lambda config: ())(config))
   wanted = {t[0] for t in targets} | extra
   missing = [n for n in wanted if n not in gf.tensors]
@@ -97,8 +97,32 @@ def _fill(gf, name: str, dest: np.ndarray, kind: str, rows: slice) -> None:
     dest[...] = w
 
 
+def _packed_stacks(gf, targets) -> tuple[dict[str, Any], dict[str, str]]:
+  """({leaf: stacked Packed4}, {GGUF name: leaf}) for each layer matrix whose every
+  layer's tensor has one type of `gguf_packed.PACKED_TYPES` (q/k rows un-permuted as
+  `_fill` does)."""
+  by_leaf: dict[str, list] = {}
+  for name, path, kind in targets:
+    if path[0] == "layers" and kind != "plain":
+      by_leaf.setdefault(path[1], []).append((name, kind))
+  stacks = {}
+  for leaf, tensors in by_leaf.items():
+    types = {gf.tensors[name].qtype for name, _ in tensors}
+    if len(types) > 1 or next(iter(types)) not in gguf_packed.PACKED_TYPES:
+      continue
+    parts = []
+    for name, kind in tensors:
+      w = gguf_packed.from_raw(gf.raw(name), gf.tensors[name].qtype)
+      if kind.startswith("rope_rows:"):
+        rows = np.arange(w.codes.shape[0])[:, None]
+        w = gguf_packed.take_rows(w, unpermute_rope_rows(rows, int(kind.split(":")[1]))[:, 0])
+      parts.append(w)
+    stacks[leaf] = gguf_packed.stack(parts)
+  return stacks, {name: leaf for leaf in stacks for name, _ in by_leaf[leaf]}
+
+
 def load_gguf(
-  path: str | os.PathLike | None = None, dtype: Any = np.float32
+  path: str | os.PathLike | None = None, dtype: Any = np.float32, packed: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
   """Loads and dequantizes a GGUF file of any supported family (`families.FAMILIES`).
 
@@ -106,6 +130,8 @@ def load_gguf(
     path: the .gguf file; None means `packaged.default_gguf_path()` (Gemma 3 270M).
     dtype: float32 (default), bfloat16 or float16; values are dequantized in
       float32 and rounded once.
+    packed: keep the layer matrices stored as Q4_0 / Q4_1 / Q4_K (every layer in one
+      of them) as `quant4.Packed4` stacks instead (`_packed_stacks`).
 
   Returns:
     (params, info): numpy params pytree (layout in `rlpost.models.weights.common`) and
@@ -117,8 +143,11 @@ def load_gguf(
   info = family.weights.gguf_info(gf, family)
   config = family.config(**info)
   params = common.empty_params(config, common.canonical_dtype(dtype))
+  stacks, stacks_of = _packed_stacks(gf, tensor_kinds(family, config)) if packed else ({}, {})
   jobs = []
   for name, dest, kind in _targets(gf, family, config, params):
+    if name in stacks_of:
+      continue
     shape = gf.tensors[name].shape
     whole = kind.startswith("rope_rows:") or len(shape) == 1
     step = shape[0] if whole else max(1, _CHUNK_ELEMENTS // shape[-1])
@@ -128,4 +157,4 @@ def load_gguf(
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # numpy drops the GIL
     for future in [pool.submit(_fill, gf, *job) for job in jobs]:
       future.result()
-  return params, info
+  return {**params, "layers": {**params["layers"], **stacks}}, info

@@ -22,6 +22,7 @@ import safetensors.numpy
 
 from rlpost import errors
 from rlpost.models import families
+from rlpost.models import quant4
 from rlpost.models.weights import common
 
 _INDEX = "model.safetensors.index.json"
@@ -206,7 +207,9 @@ def export_hf_checkpoint(
   """Writes params as a HF `*ForCausalLM` directory of the model's family.
 
   Args:
-    params: params pytree (numpy or jax arrays).
+    params: params pytree (numpy or jax arrays); `quant4.Packed4` layer matrices (a QLoRA
+      base, its adapters merged in float by `lora.merge(quant4.dequantized(params), ...)`
+      or not) are written as their float values.
     info_or_config: info dict or `Config` (the Config field names).
     ckpt_dir: output directory (created); config.json and model.safetensors
       are overwritten.
@@ -218,7 +221,8 @@ def export_hf_checkpoint(
   """
   config = _as_config(info_or_config)
   arrays = {k: np.asarray(v) for k, v in params.items() if k not in ("layers", "unembed")}
-  params = {**arrays, "layers": {k: np.asarray(v) for k, v in params["layers"].items()}}
+  layers = quant4.dequantized(params)["layers"]  # a 4-bit (QLoRA) base is written as float
+  params = {**arrays, "layers": {k: np.asarray(v) for k, v in layers.items()}}
   common.check_params(params, config)
   dt = common.canonical_dtype(dtype)
   tensors = {}
