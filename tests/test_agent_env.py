@@ -43,8 +43,8 @@ def _episode(reward, *segments, error=None):
 
 def test_rows_hold_the_sampled_tokens_with_loss_only_on_them():
   """Each row is its episode's segment, context left-padded, loss on the sampled ids only,
-  the reward on the last sampled token. Mutation caught: `rows = [_Row(s[0], ...` (the
-  first segment in place of the last) and `turn_rewards[n, ...[0]]`."""
+  the reward on the last sampled token. Mutation caught (tests/mutations/mutations.py
+  agent_env_reward_on_first_token): the reward on a row's first sampled token."""
   a = _segment([5, 6, 7], ([11, 12], [8, 9]), ([13], []))
   b = _segment([5, 6], ([21, 22, 23], []))
   out = agent_env.rollout_of([_episode(1.0, a), _episode(0.0, b)], [3], 2, TOKENIZER, 4)
@@ -71,8 +71,9 @@ def test_rows_hold_the_sampled_tokens_with_loss_only_on_them():
 def test_a_split_episode_adds_a_mirror_group_with_the_same_advantages():
   """Earlier segments follow in whole groups of G whose rewards are the group's, so GRPO's
   advantage of an earlier segment is its episode's; a blank fills the rows of episodes
-  that did not split. Mutation caught: `_Row(blank, k, True, 0.0)` -> weight 1.0 (the
-  blank trains) and `rows += [...] for k in group` ordering changes."""
+  that did not split. Mutations caught: agent_env_first_segment_first (the first segment
+  in the first B*G rows), agent_env_mirror_repeats_last (a mirror row repeats an
+  unsplit episode, training it twice)."""
   early = _segment([5], ([31, 32], []))
   late = _segment([5, 9], ([33], []))
   plain = _segment([5], ([41], []))
@@ -84,6 +85,7 @@ def test_a_split_episode_adds_a_mirror_group_with_the_same_advantages():
   np.testing.assert_allclose(adv[2:], adv[:2])
   loss = out.batch.loss_mask
   assert loss[2].sum() == 2 and loss[3].sum() == 0  # the early segment; the blank
+  assert out.batch.tokens[0][out.batch.valid[0]].tolist() == list(late.tokens)
   assert out.batch.tokens[2][out.batch.valid[2]].tolist() == list(early.tokens)
   m = agent_env.metrics(out.episodes)
   assert m["agent/prefix_breaks"] == 1 and m["agent/split_rows"] == 2
@@ -92,7 +94,7 @@ def test_a_split_episode_adds_a_mirror_group_with_the_same_advantages():
 
 def test_failed_episodes_are_zero_weight_rows_and_counted():
   """A failed episode keeps its row with no loss tokens and reward 0; one that made no
-  request is a blank. Mutation caught: `weight_N1` left out of loss_mask."""
+  request is a blank. Mutation caught: agent_env_failed_rows_train."""
   seg = _segment([5], ([51, 52], []))
   played = [
     _episode(0.0, seg, error="agent raised RuntimeError: x"),
@@ -142,7 +144,7 @@ def test_task_sources(tmp_path):
 
 def test_a_fixed_temperature_overrides_the_request():
   """The training endpoint samples every request at the run's temperature. Mutation
-  caught: `if engine.temperature is not None` -> `if False`."""
+  caught: serve_fixed_temperature_ignored."""
   gen = types.SimpleNamespace(temperature=0.3, top_p=0.5)
   assert scheduler._settings(types.SimpleNamespace(temperature=None), gen) == (0.3, 0.5)
   assert scheduler._settings(types.SimpleNamespace(temperature=1.0), gen) == (1.0, 1.0)
@@ -182,7 +184,7 @@ def test_a_tiny_grpo_iteration_trains_on_the_recorded_tokens(monkeypatch):
   """One GRPO iteration of an agent through the endpoint: every row is its session's
   tokens (the last prompt and its sampled ids), loss exactly on the sampled ids with the
   sampler's logprobs, failed episodes zero-weight, the agent/* metrics reported.
-  Mutation caught: `fields["loss_mask"] * weight_N1` dropped (failed rows train)."""
+  Mutation caught: agent_env_failed_rows_train."""
   from experiments.configs.agentic_runs import agent_tiny  # pylint: disable=g-import-not-at-top
   from rlpost.data.cursor import Cursor  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import rl  # pylint: disable=g-import-not-at-top
