@@ -6,7 +6,7 @@ the library's own `Env` rollout (issue 68: goal <= 1.3x), on the tiny model.
 
 `agent`: experiments/configs/agentic_runs/agent_tiny.py:calculator (the example agent,
 experiments/examples/calculator_agent.py, through an in-process endpoint). `env`: the
-same config with `env.name` this module's `calculator_env` (the same arithmetic tasks by
+same config with `env.name=experiments.examples.calculator_env:make` (the same arithmetic tasks by
 seed, the calculator in the library's tool syntax through `tools.with_tools`, three turns,
 reward 1.0 when the last number of a turn without a call is the answer). The same model,
 GRPO settings, G, tasks, turn budget and seeds; not the same tokens: the agent's prompts
@@ -21,7 +21,6 @@ sampled tokens per iteration, and agent/env ratios.
 
 import json
 import os
-import re
 import statistics
 import time
 
@@ -31,8 +30,6 @@ from absl import flags
 from experiments.benchmarks.multiturn_rollout import _cpu_model
 from experiments.configs.agentic_runs import agent_tiny
 from rlpost.data.cursor import Cursor
-from rlpost.envs import agent as agent_env
-from rlpost.envs import protocol
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("iterations", 6, "iterations per side")
@@ -42,27 +39,11 @@ flags.DEFINE_integer("batch_tasks", 2, "tasks per iteration (x G = 4 episodes ea
 flags.DEFINE_list("order", ["env", "agent"], "sides, in the order they run")
 
 
-def calculator_env() -> protocol.EnvTasks:
-  """The calculator task as an `Env` (the recipe wraps it with the calculator tool)."""
-
-  def reset(task, seed):
-    return task, task["question"] + " Use the calculator."
-
-  def step(task, text):
-    numbers = re.findall(r"-?\d+", text)
-    reward = float(bool(numbers) and numbers[-1] == task["answer"])
-    return protocol.Step(task, "", reward, True, {"success": reward > 0})
-
-  env = protocol.Env("calculator", reset, step, max_turns=3)
-  tasks = lambda seeds: [agent_env.arithmetic_task(s) for s in seeds]
-  return protocol.EnvTasks(env, tasks, tasks)
-
-
 def _config(side: str):
   cfg = agent_tiny.get_config(FLAGS.variant)
   cfg.train.batch_tasks = FLAGS.batch_tasks
   if side == "env":
-    cfg.env = {"name": "experiments.benchmarks.agent_iteration:calculator_env"}
+    cfg.env = {"name": "experiments.examples.calculator_env:make"}
     cfg.tools.enabled = True
   return cfg
 
