@@ -144,9 +144,10 @@ def play(config: AgentEnvConfig, params, tasks, seeds, key, **kw) -> Any:
     temperature=sc.temperature,
   )
   settings = server.ServerConfig(port=0, request_timeout_s=config.timeout_s)
-  batching = scheduler.BatchConfig(max_batch=config.threads)
-  agent = agents.load(config.agent)
   each = [t for t in tasks for _ in range(G)]
+  # a batch closes as soon as every live episode's request waits (not after the window)
+  batching = scheduler.BatchConfig(max_batch=min(config.threads, len(each)))
+  agent = agents.load(config.agent)
   with server.serve_in_thread(engine, settings, batching) as endpoint:
     played = agents.play(endpoint, agent, each, _agent_config(config))
   return rollout_of(played, seeds, G, tok, sc.prompt_bucket)
