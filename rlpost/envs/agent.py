@@ -31,9 +31,12 @@ a split episode once per segment; `agent/reward` is over episodes. One process o
 import dataclasses
 import json
 import pathlib
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import jax
 import numpy as np
+
+from rlpost import errors
 
 from rlpost.envs import frozenlake
 from rlpost.envs import multiturn
@@ -126,11 +129,17 @@ def _agent_config(config: AgentEnvConfig) -> agents.AgentConfig:
   return agents.AgentConfig(config.agent, config.timeout_s, config.threads)
 
 
-def play(config: AgentEnvConfig, params, tasks, seeds, key, **kw) -> Any:
+def play(config: AgentEnvConfig, params, tasks, seeds, key, **kw) -> multiturn.Rollout:
   """G episodes of each task by the agent through an endpoint on `params`: a
   `multiturn.Rollout` (`rollout_of`). kw: tokenizer, model_config, sampling_config,
-  turns, num_generations (`protocol.Player.play`)."""
+  turns, num_generations (`protocol.Player.play`). A request holds at most
+  rollout.max_prompt_tokens + rollout.max_total_tokens tokens (the endpoint's context,
+  a longer one is answered 400 and fails its episode), max_turn_tokens new ones."""
   del key  # each request draws its own seed (or the agent's)
+  if jax.process_count() > 1:
+    raise errors.ConfigError(
+      f"config.env.name=agent plays on one process; this run has {jax.process_count()}"
+    )
   tok, turns, sc, G = kw["tokenizer"], kw["turns"], kw["sampling_config"], kw["num_generations"]
   layout = turns.layout
   engine = engine_lib.Engine(
