@@ -2,7 +2,7 @@ r"""An RL iteration of the calculator agent through the endpoint, beside the sam
 the library's own `Env` rollout (issue 68: goal <= 1.3x), on the tiny model.
 
   python -m experiments.benchmarks.agent_iteration [--iterations=6] [--skip=2] \
-      [--variant=calculator] [--batch_tasks=2] [--order=env,agent] [--preset=gemma3_270m]
+      [--variant=calculator] [--batch_tasks=2] [--order=env,agent] [--model=gemma3_270m]
 
 `agent`: experiments/configs/agentic_runs/agent_tiny.py:calculator (the example agent,
 experiments/examples/calculator_agent.py, through an in-process endpoint). `env`: the
@@ -38,14 +38,14 @@ flags.DEFINE_integer("skip", 2, "first iterations left out of the medians (compi
 flags.DEFINE_string("variant", "calculator", "agent_tiny variant")
 flags.DEFINE_integer("batch_tasks", 2, "tasks per iteration (x G = 4 episodes each)")
 flags.DEFINE_list("order", ["env", "agent"], "sides, in the order they run")
-flags.DEFINE_string("preset", "tiny", "model preset (e.g. gemma3_270m: its default weights, LoRA)")
+flags.DEFINE_string("model", "tiny", "model preset (e.g. gemma3_270m: its default weights, LoRA)")
 
 
 def _config(side: str):
   cfg = agent_tiny.get_config(FLAGS.variant)
   cfg.train.batch_tasks = FLAGS.batch_tasks
-  if FLAGS.preset != "tiny":
-    cfg.model.preset, cfg.model.weights = FLAGS.preset, common.MODELS[FLAGS.preset]
+  if FLAGS.model != "tiny":
+    cfg.model.preset, cfg.model.weights = FLAGS.model, common.MODELS[FLAGS.model]
     cfg.lora.enabled = True
   if side == "env":
     cfg.env = {"name": "experiments.examples.calculator_env:make"}

@@ -876,7 +876,7 @@ MUTATIONS = [
     path="rlpost/envs/agent.py",
     old="    turn_rewards[n, np.flatnonzero(batch.loss_mask[n])[-1]] = rewards[n]\n",
     new="    turn_rewards[n, np.flatnonzero(batch.loss_mask[n])[0]] = rewards[n]\n",
-    tests=["tests/test_agent_env.py"],
+    tests=["tests/test_agent.py"],
     why="an agent episode's reward lands on its first sampled token, not its last",
   ),
   dict(
@@ -884,7 +884,7 @@ MUTATIONS = [
     path="rlpost/envs/agent.py",
     old="  rows = [_Row(s[-1], k, False, w[k]) for k, s in enumerate(segs)]\n",
     new="  rows = [_Row(s[0], k, False, w[k]) for k, s in enumerate(segs)]\n",
-    tests=["tests/test_agent_env.py"],
+    tests=["tests/test_agent.py"],
     why="a split agent episode's first B*G row is its first segment, not the last",
   ),
   dict(
@@ -892,7 +892,7 @@ MUTATIONS = [
     path="rlpost/envs/agent.py",
     old="        else _Row(blank, k, True, 0.0)\n",
     new="        else _Row(segs[k][-1], k, True, w[k])\n",
-    tests=["tests/test_agent_env.py"],
+    tests=["tests/test_agent.py"],
     why="an unsplit agent episode trains twice in its group's mirror rows",
   ),
   dict(
@@ -900,7 +900,7 @@ MUTATIONS = [
     path="rlpost/envs/agent.py",
     old='  fields["loss_mask"] = fields["loss_mask"] * weight_N1\n',
     new='  fields["loss_mask"] = fields["loss_mask"]\n',
-    tests=["tests/test_agent_env.py"],
+    tests=["tests/test_agent.py"],
     why="a failed agent episode (raised, timed out) trains on its tokens",
   ),
   dict(
@@ -908,7 +908,7 @@ MUTATIONS = [
     path="rlpost/serve/scheduler.py",
     old="  if engine.temperature is not None:\n",
     new="  if False:\n",
-    tests=["tests/test_agent_env.py"],
+    tests=["tests/test_agent.py"],
     why="a training endpoint samples at the request's temperature, not the run's",
   ),
 ]

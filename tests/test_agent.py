@@ -196,7 +196,7 @@ def test_a_tiny_grpo_iteration_trains_on_the_recorded_tokens(monkeypatch):
   )
   monkeypatch.setattr(agents, "play", lambda *a: played.extend(play(*a)) or played)
   cfg = agent_tiny.get_config("calculator")
-  cfg.env.agent = "test_agent_env:flaky_run"
+  cfg.env.agent = "test_agent:flaky_run"
   cfg.train.batch_tasks, cfg.rollout.max_turn_tokens = 2, 16
   p = rl.build(cfg)
   captured, train = [], rl.train
