@@ -30,6 +30,7 @@ a split episode once per segment; `agent/reward` is over episodes. One process o
 
 import dataclasses
 import json
+import logging
 import pathlib
 from typing import NamedTuple
 
@@ -157,6 +158,8 @@ def play(config: AgentEnvConfig, params, tasks, seeds, key, **kw) -> multiturn.R
   # a batch closes as soon as every live episode's request waits (not after the window)
   batching = scheduler.BatchConfig(max_batch=min(config.threads, len(each)))
   agent = agents.load(config.agent)
+  for name in ("httpx", "httpx2"):  # the openai client logs every request at INFO
+    logging.getLogger(name).setLevel(logging.WARNING)
   with server.serve_in_thread(engine, settings, batching) as endpoint:
     played = agents.play(endpoint, agent, each, _agent_config(config))
   return rollout_of(played, seeds, G, tok, sc.prompt_bucket)
