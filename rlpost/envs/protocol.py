@@ -126,6 +126,20 @@ class CompletionReport(NamedTuple):
   accuracy_names: tuple = ()
 
 
+class Player(NamedTuple):
+  """An environment that plays its own episodes instead of `multiturn.rollout`'s turn loop
+  (an agent behind the endpoint, `rlpost.envs.agent`).
+
+  play: (params, tasks, seeds, key, *, tokenizer, model_config, sampling_config, turns,
+    num_generations) -> multiturn.Rollout, rows task-major as the rollout's (G per task
+    first; further rows after them in whole groups of G).
+  metrics: the Rollout's episodes -> {name: value}, merged into the iteration's metrics.
+  """
+
+  play: Callable[..., Any]
+  metrics: Callable[[list], dict]
+
+
 class EnvTasks(NamedTuple):
   """An environment and the tasks its episodes are about.
 
@@ -142,6 +156,7 @@ class EnvTasks(NamedTuple):
     rows; a dataset: its normalised question), the same for the same content whatever
     the seed; or None: the environment names none, and held-out evaluation is by seed
     alone (`rlpost.envs.held_out`: overlap with training reported as unknown).
+  player: None: episodes are `env`'s, played by `multiturn.rollout`; a Player: its own.
   """
 
   env: Env
@@ -152,3 +167,4 @@ class EnvTasks(NamedTuple):
   scaffold: str | None = None
   report: CompletionReport | None = None
   content_key: Callable[[Any, int], Hashable] | None = None
+  player: Player | None = None

@@ -20,6 +20,7 @@ import importlib
 from typing import Any, Callable, NamedTuple
 
 from rlpost import errors
+from rlpost.envs import agent as agent_env
 from rlpost.envs import frozenlake
 from rlpost.data import tasks as tasks_lib
 from rlpost.envs import gsm8k_calc
@@ -59,6 +60,8 @@ ENVS: dict[str, EnvSpec] = {
   "reasoning_gym": EnvSpec(reasoning_gym.ReasoningGymConfig, reasoning_gym.build),
   "gymnasium": EnvSpec(toy_text.GymConfig, toy_text.build),
   "textarena": EnvSpec(textarena_games.TextArenaConfig, textarena_games.build),
+  # user code behind the OpenAI-compatible endpoint (the `openai` package)
+  "agent": EnvSpec(agent_env.AgentEnvConfig, agent_env.build, takes_tools=False),
 }
 
 

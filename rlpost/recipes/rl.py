@@ -402,6 +402,8 @@ def _collect(p: Pieces, pool, params_s, cursor: Cursor, key, index: int):
   out, penalty = _groups_of(chosen, G, p.sampling.pad_id, whole)
   extra = {} if penalty is None else {"overlong_penalty": penalty}
   metrics = {**errors, **reports.rollout_metrics(out, tasks.report, extra)}
+  if tasks.player is not None:
+    metrics.update(tasks.player.metrics(out.episodes))
   # dynamic/*: a group learner's on a dataset (the names those runs always had), or with
   # dynamic sampling on
   if groups and (tasks.report is not None or r.dynamic_sampling):
@@ -450,22 +452,24 @@ def _groups_of(chosen, G: int, pad_id: int, whole: bool):
 
 
 def _play(p: Pieces, pool, params_s, tasks, seeds, key, sc, num_generations, first_row):
-  """`num_generations` episodes of each (task, seed) with the sampler weights `params_s`."""
-  out = multiturn.rollout(
-    params_s,
-    p.tasks.env,
-    tasks,
-    seeds,
-    key,
-    tokenizer=p.tokenizer,
-    model_config=p.forward.model,
-    sampling_config=sc,
-    turns=p.turns,
-    num_generations=num_generations,
-    pool=pool,
-    first_row=first_row,
-    widest=lambda n: int(shares.max_over_processes([n])[0]),
-  )
+  """`num_generations` episodes of each (task, seed) with the sampler weights `params_s`
+  (an environment with a `player` plays its own: `protocol.Player`)."""
+  shared = dict(tokenizer=p.tokenizer, model_config=p.forward.model, sampling_config=sc)
+  shared.update(turns=p.turns, num_generations=num_generations)
+  if p.tasks.player is not None:
+    out = p.tasks.player.play(params_s, tasks, seeds, key, **shared)
+  else:
+    out = multiturn.rollout(
+      params_s,
+      p.tasks.env,
+      tasks,
+      seeds,
+      key,
+      **shared,
+      pool=pool,
+      first_row=first_row,
+      widest=lambda n: int(shares.max_over_processes([n])[0]),
+    )
   del params_s
   host_memory.release_freed_memory()  # the sampler's weight copies, before the train step
   return out

@@ -29,7 +29,9 @@ class Engine:
   """What serves: params (a decoder pytree), its Config and Tokenizer, the name clients
   send as `model`, `context` (prompt + new tokens, at most), `max_tokens` (the cap and
   default of new tokens per choice), `chat` (how conversations become ids and completions
-  tool calls: `chat.ChatSetup`; default the hand-written layout and the library syntax)."""
+  tool calls: `chat.ChatSetup`; default the hand-written layout and the library syntax),
+  `temperature`: None, or the one temperature every request samples at (top_p 1), whatever
+  it asks: a training run's endpoint, whose trainer divides the logits by the run's)."""
 
   params: dict
   model_config: decoder.Config
@@ -38,6 +40,7 @@ class Engine:
   context: int
   max_tokens: int
   chat: object = None
+  temperature: float | None = None
 
   def __post_init__(self):
     if self.max_tokens < 1 or self.context <= self.max_tokens:

@@ -114,7 +114,7 @@ def _run(engine, config, batch: list, calls: list) -> None:
   rows) and resolves each future with its choices or the error of its call."""
   groups = {}
   for job, (gen, _) in enumerate(batch):
-    key = (gen.temperature, gen.top_p) if gen.temperature > 0 else (0.0, 1.0)
+    key = _settings(engine, gen)
     for i in range(gen.n):
       row = engine_lib.Row(
         gen.prompt_ids, gen.max_tokens, engine_lib.row_id(gen.seed, i), gen.top_logprobs
@@ -137,6 +137,13 @@ def _run(engine, config, batch: list, calls: list) -> None:
       future.set_result(
         [finish.finish(engine.tokenizer, gen, i, outputs[job, i]) for i in range(gen.n)]
       )
+
+
+def _settings(engine, gen) -> tuple[float, float]:
+  """(temperature, top_p) a request samples at: the engine's fixed temperature when set."""
+  if engine.temperature is not None:
+    return (engine.temperature, 1.0) if engine.temperature > 0 else (0.0, 1.0)
+  return (gen.temperature, gen.top_p) if gen.temperature > 0 else (0.0, 1.0)
 
 
 def _chunks(rows: list, size: int):

@@ -87,15 +87,17 @@ def segments(turns: list[Turn]) -> tuple[list[Segment], int]:
   return out, breaks
 
 
-def rows(segments: list[Segment], pad_id: int) -> dict:
+def rows(segments: list[Segment], pad_id: int, context_bucket: int = 1, width_bucket: int = 1):
   """The fields of an `rl.batch.RLBatch` holding one segment per row (numpy): context =
-  a segment's tokens before its first sampled one, left-padded to the widest; completion
-  = the rest (sampled tokens, and the observations between them with loss_mask 0),
-  right-padded. tokens/positions [N, P + T] int32, valid [N, P + T] bool, loss_mask and
+  a segment's tokens before its first sampled one, left-padded to the widest (rounded up
+  to a multiple of `context_bucket`); completion = the rest (sampled tokens, and the
+  observations between them with loss_mask 0), right-padded (to a multiple of
+  `width_bucket`). tokens/positions [N, P + T] int32, valid [N, P + T] bool, loss_mask and
   sampler_logp [N, T] float32."""
   starts = [s.loss_mask.index(1) if 1 in s.loss_mask else len(s.tokens) for s in segments]
-  P = max(starts)
+  P = -(-max(starts) // context_bucket) * context_bucket
   T = max(len(s.tokens) - k for s, k in zip(segments, starts))
+  T = -(-max(T, 1) // width_bucket) * width_bucket
   N = len(segments)
   tokens = np.full((N, P + T), pad_id, np.int32)
   valid = np.zeros((N, P + T), bool)
