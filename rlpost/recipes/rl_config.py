@@ -209,6 +209,13 @@ def check_rules(c: RLConfig) -> None:
       f"must be <= the {turns.max_total_tokens} tokens a row samples at most "
       "(rollout.max_total_tokens, else sampling.max_new_tokens)",
     )
+  if c.env_name == "agent" and c.rollout.dynamic_sampling:
+    common.fail(
+      "rollout.dynamic_sampling",
+      True,
+      "env.name='agent' adds groups mirroring split episodes, which dynamic sampling would "
+      "drop as tied groups; use False",
+    )
   if c.tools.format != "library" and c.rollout.template != "template":
     common.fail(
       "tools.format",
