@@ -3,8 +3,6 @@ cache's machine key, quiet checkpoint logs, and both in a real run."""
 
 import logging
 import re
-import subprocess
-import sys
 
 import jax
 import pytest
@@ -47,45 +45,6 @@ def test_checkpoint_library_info_is_dropped_and_nothing_else():
   )
   assert not keep(read_only)  # another run's checkpoints are opened read only on purpose
   assert keep(record("/x/rlpost/train/checkpoint.py", logging.WARNING))
-
-
-def _sft(tmp_path, name, *flags):
-  run = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "experiments.sft",
-      "--config=experiments/configs/sft.py:tiny",
-      "--config.train.steps=2",
-      "--config.checkpoint.every=1",
-      f"--workdir={tmp_path / name}",
-      *flags,
-    ],
-    cwd=REPO_ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=True,
-  )
-  return run.stderr
-
-
-@pytest.mark.slow
-def test_runs_are_quiet_and_fill_the_cache_by_default(tmp_path):
-  """A default run: no checkpoint-library INFO line, the progress bar still shown, and
-  compiled programs in the cache's machine-keyed directory; asked for, the INFO lines
-  come back, and an empty cache directory turns the cache off (said at --verbosity=1)."""
-  cache = tmp_path / "cache"
-  quiet = _sft(tmp_path, "quiet", f"--compilation_cache_dir={cache}")
-  assert "checkpoint_manager.py" not in quiet and "sft: 100%" in quiet
-  (keyed,) = cache.iterdir()
-  assert keyed.name == runtime.machine_key() and any(keyed.iterdir())
-  before = sorted(p.name for p in keyed.iterdir())
-  loud = _sft(
-    tmp_path, "loud", "--checkpoint_info_logs", "--compilation_cache_dir=", "--verbosity=1"
-  )
-  assert "checkpoint_manager.py" in loud and "compilation cache: off" in loud
-  assert sorted(p.name for p in keyed.iterdir()) == before
 
 
 @pytest.mark.parametrize("max_gb", [0.0, -1.0, float("inf"), float("nan")])
@@ -170,21 +129,33 @@ TINY_RECIPES = [
 @pytest.mark.slow
 def test_tiny_recipes_start_and_end_without_noise(tmp_path):
   """Issue 71: each tiny recipe through its main, 3 steps (a warm-up of 0 steps, which
-  optax logged as a misconfiguration), then the same command again for one recipe of each
-  loop and learner kind (GRPO, agentic PPO with its critic, SFT: it resumes from the last
-  checkpoint; every recipe restores through `train/checkpoint.py`), then a GRPO run
-  started from a finished run's weights (`init_from`: orbax opens that run read only):
-  exit status 0 and no line `unexpected_lines` flags. One process start for the runs
+  optax logged as a misconfiguration), then the same command again for GRPO and SFT (it
+  resumes from the last checkpoint; every recipe restores through `train/checkpoint.py`),
+  then a GRPO run started from a finished run's weights (`init_from`: orbax opens that run
+  read only): exit status 0 and no line `unexpected_lines` flags. The SFT run also fills
+  the compilation cache's machine-keyed directory (`--compilation_cache_dir`) and shows its
+  progress bar; its resume asks for the checkpoint library's INFO lines and turns the cache
+  off (said at --verbosity=1), writing nothing to it. One process start for the runs
   (tests/cli_batch.py). Mutation caught: make_optimizer building a zero-length warm-up
-  again. Over 20 s (about 45 s on 2 cores): 11 runs of 7 mains, each compiling its own
+  again. Over 20 s (about 50 s on 2 cores): 10 runs of 7 mains, each compiling its own
   programs; the logs are what a user sees, so they go through the mains."""
   from conftest import run_clis  # pylint: disable=g-import-not-at-top
 
-  cases = []
-  resumed = (0, 3, 4)  # grpo, agentic ppo, sft: TINY_RECIPES' indices
-  for i in [*range(len(TINY_RECIPES)), *resumed]:
+  cache, sft = tmp_path / "cache", 4  # TINY_RECIPES' index of SFT
+  cases, loud = [], len(TINY_RECIPES) + 1
+  for n, i in enumerate([*range(len(TINY_RECIPES)), 0, sft]):
     main, config = TINY_RECIPES[i]
     flags = ["--config.train.steps=3", "--config.checkpoint.every=1"]
+    if i == sft:
+      flags += (
+        [f"--compilation_cache_dir={cache}"]
+        if n < loud
+        else [
+          "--checkpoint_info_logs",
+          "--compilation_cache_dir=",
+          "--verbosity=1",
+        ]
+      )
     cases.append(
       [main, [f"--config=experiments/configs/{config}", *flags, f"--workdir={tmp_path / str(i)}"]]
     )
@@ -199,9 +170,16 @@ def test_tiny_recipes_start_and_end_without_noise(tmp_path):
       ],
     ]
   )
+  runs = run_clis(cases, timeout=600)
+  (keyed,) = cache.iterdir()  # the quiet SFT run filled the machine-keyed directory
+  assert keyed.name == runtime.machine_key() and any(keyed.iterdir())
+  assert "sft: 100%" in runs[sft][1]
+  status, output = runs[loud]
+  assert status == 0 and "checkpoint_manager.py" in output, output[-2000:]
+  assert "compilation cache: off" in output
   failures = []
-  for (main, args), (status, output) in zip(cases, run_clis(cases, timeout=600)):
-    if status != 0 or unexpected_lines(output):
+  for n, ((main, args), (status, output)) in enumerate(zip(cases, runs)):
+    if n != loud and (status != 0 or unexpected_lines(output)):
       failures.append(f"{main} {args}: status {status}\n" + "\n".join(unexpected_lines(output)))
       failures[-1] += "" if unexpected_lines(output) else output[-2000:]
   assert not failures, "\n\n".join(failures)
