@@ -137,37 +137,18 @@ def _native_step(task, fmt: tool_formats.Format, toolset, max_turns, tool_bonus,
     parsed = fmt.parse(text)
     if not parsed.calls or state.turns + 1 >= max_turns:
       return _finish(task, state, text, text, bool(parsed.calls))
-    calls = [
-      c._replace(id=tool_formats.call_id(state.calls + i)) for i, c in enumerate(parsed.calls)
-    ]
-    results = [tool_functions.run_call(toolset, c, max_chars) for c in calls]
-    messages = tuple(tool_formats.result_message(fmt, c, r) for c, (r, _) in zip(calls, results))
-    is_error = any(err for _, err in results)
-    observation = "\n".join(m["content"] for m in messages)
+    answer = native_tools.answer_calls(parsed, toolset, fmt, max_chars, state.calls)
+    is_error = answer.info["tool_error"]
     bonus = tool_bonus > 0 and not is_error and not state.bonus_paid
-    transcript = f"{state.transcript}{text}\n{observation}\n"
+    transcript = f"{state.transcript}{text}\n{answer.observation}\n"
     new = State(
       state.problem,
       transcript,
       state.turns + 1,
       state.bonus_paid or bonus,
-      state.calls + len(calls),
+      state.calls + answer.count,
     )
-    assistant = {
-      "role": "assistant",
-      "content": parsed.content,
-      "tool_calls": [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in calls
-        if not c.error
-      ],
-    }
-    info = {
-      "tool_call": True,
-      "tool_error": is_error,
-      native_tools.TOOL_MESSAGES: messages,
-      native_tools.ASSISTANT_MESSAGE: assistant,
-    }
+    observation, info = answer.observation, answer.info
     return protocol.Step(new, observation, tool_bonus if bonus else 0.0, False, info)
 
   return step

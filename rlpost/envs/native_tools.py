@@ -16,6 +16,7 @@ first call), so a template that matches results to calls by id sees unique ids.
 """
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from rlpost.envs import tool_functions
 from rlpost.envs.protocol import Env, Step, check_env
@@ -24,6 +25,48 @@ from rlpost.text.tool_syntax import clip
 
 TOOL_MESSAGES = "tool_messages"  # info key: the turn's results as `tool` messages (a tuple)
 ASSISTANT_MESSAGE = "assistant_message"  # info key: the turn as an OpenAI assistant message
+
+
+class Answer(NamedTuple):
+  """A turn's calls answered: the observation text (the results, one per line), the step
+  info (tool_call, tool_error, TOOL_MESSAGES, ASSISTANT_MESSAGE), the calls counted."""
+
+  observation: str
+  info: dict
+  count: int
+
+
+def answer_calls(
+  parsed: tool_formats.Parsed,
+  toolset: Mapping[str, tool_functions.FunctionTool],
+  fmt: tool_formats.Format,
+  max_result_chars: int,
+  answered: int,
+) -> Answer:
+  """Runs every call of a parsed turn (ids renumbered from `answered`, the episode's calls
+  so far) and returns their results as `tool` messages and the turn as an assistant
+  message with its well-formed calls."""
+  calls = [c._replace(id=tool_formats.call_id(answered + i)) for i, c in enumerate(parsed.calls)]
+  results = [tool_functions.run_call(toolset, c, max_result_chars) for c in calls]
+  messages = tuple(
+    tool_formats.result_message(fmt, c, text) for c, (text, _) in zip(calls, results)
+  )
+  assistant = {
+    "role": "assistant",
+    "content": parsed.content,
+    "tool_calls": [
+      {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+      for c in calls
+      if not c.error
+    ],
+  }
+  info = {
+    "tool_call": True,
+    "tool_error": any(err for _, err in results),
+    TOOL_MESSAGES: messages,
+    ASSISTANT_MESSAGE: assistant,
+  }
+  return Answer("\n".join(m["content"] for m in messages), info, len(calls))
 
 
 def with_native_tools(
@@ -54,28 +97,8 @@ def with_native_tools(
       return result._replace(
         state=(result.state, answered), info={**result.info, "tool_call": False}
       )
-    calls = [c._replace(id=tool_formats.call_id(answered + i)) for i, c in enumerate(parsed.calls)]
-    results = [tool_functions.run_call(toolset, c, max_result_chars) for c in calls]
-    messages = tuple(
-      tool_formats.result_message(fmt, c, text) for c, (text, _) in zip(calls, results)
-    )
-    assistant = {
-      "role": "assistant",
-      "content": parsed.content,
-      "tool_calls": [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in calls
-        if not c.error
-      ],
-    }
-    info = {
-      "tool_call": True,
-      "tool_error": any(err for _, err in results),
-      TOOL_MESSAGES: messages,
-      ASSISTANT_MESSAGE: assistant,
-    }
-    observation = "\n".join(m["content"] for m in messages)
-    return Step((inner, answered + len(calls)), observation, 0.0, False, info)
+    answer = answer_calls(parsed, toolset, fmt, max_result_chars, answered)
+    return Step((inner, answered + answer.count), answer.observation, 0.0, False, answer.info)
 
   stops = tuple(env.stop_strings) + tuple(s for s in fmt.stop_strings if s not in env.stop_strings)
   schemas = tuple(env.tools) + tuple(tool_functions.schemas(toolset))

@@ -848,11 +848,11 @@ MUTATIONS = [
     why="an assistant message answering before all its tool calls have results is accepted",
   ),
   dict(
-    name="gsm8k_calc_native_call_ids_per_turn",
-    path="rlpost/envs/gsm8k_calc.py",
-    old="      c._replace(id=tool_formats.call_id(state.calls + i)) for i, c in enumerate(parsed.calls)\n",
-    new="      c._replace(id=tool_formats.call_id(i)) for i, c in enumerate(parsed.calls)\n",
-    tests=["tests/test_gsm8k_calc_native.py"],
+    name="native_call_ids_per_turn",
+    path="rlpost/envs/native_tools.py",
+    old="  calls = [c._replace(id=tool_formats.call_id(answered + i)) for i, c in enumerate(parsed.calls)]\n",
+    new="  calls = [c._replace(id=tool_formats.call_id(i)) for i, c in enumerate(parsed.calls)]\n",
+    tests=["tests/test_gsm8k_calc_native.py", "tests/test_template_turns.py"],
     why="native call ids repeat across an episode's turns (templates match results by id)",
   ),
   dict(
