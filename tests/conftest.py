@@ -274,6 +274,27 @@ def with_overrides(cfg, overrides: dict):
   return cfg
 
 
+def import_main(name: str):
+  """Imports module `name`, an absl main or benchmark that defines flags at import. Flags
+  are process-global and pytest-xdist collects every test module in each worker, so two
+  such modules naming a flag alike (`--config`, `--preset`) would clash: the clashing flag
+  of the module imported earlier is dropped first (the tests call these modules' functions
+  and never read their parsed flags)."""
+  import re
+  import sys
+
+  from absl import flags
+
+  for _ in range(100):
+    try:
+      return importlib.import_module(name)
+    except flags.DuplicateFlagError as e:
+      sys.modules.pop(name, None)
+      clash = re.search(r"The flag '([^']+)' is defined twice", str(e)).group(1)
+      delattr(flags.FLAGS, clash)
+  raise RuntimeError(f"{name}: its flags keep clashing with another module's")
+
+
 def run_unread_below_entry(cfg, workdir, **kwargs):
   """`rl.run(cfg, workdir, **kwargs)` with every ConfigDict read raising from `rl.build` on
   (model, learner, sampler, loop, checkpoints, evaluation): below the entry an RL run

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, import_main
 
 
 def _report(module: str, *flags: str) -> dict:
@@ -66,7 +66,9 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
   from absl import flags  # pylint: disable=g-import-not-at-top
   from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
 
-  from experiments.benchmarks import grpo_step, rss_budget  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
+
+  grpo_step = import_main("experiments.benchmarks.grpo_step")
 
   over = rss_budget.EXPECTED["lora"] + 1.0
   line = json.dumps({"peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
@@ -114,7 +116,7 @@ def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths()
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn
   but the last (plus the scaffold's newline)."""
-  from experiments.benchmarks import multiturn_rollout  # pylint: disable=g-import-not-at-top
+  multiturn_rollout = import_main("experiments.benchmarks.multiturn_rollout")
 
   env = multiturn_rollout._fixed_env(turns=3, prompt_len=8, observed=5)
   state, prompt = env.reset(None, 0)
@@ -185,7 +187,7 @@ def test_preference_benchmark_trains_without_its_held_out_pairs_and_gives_kto_bo
   answer as desirable and its rejected one as undesirable (a pairs file used to fail KTO
   for want of a 'completion' field). Mutations: the held-out pairs trained on; a label
   flipped."""
-  from experiments.benchmarks import preference_losses
+  preference_losses = import_main("experiments.benchmarks.preference_losses")
   from rlpost.data import chat
 
   pairs = [

@@ -4,7 +4,9 @@ no timing asserted)."""
 import pytest
 from optional_packages import require
 
-from experiments.benchmarks import env_step
+from conftest import import_main
+
+env_step = import_main("experiments.benchmarks.env_step")
 
 
 @pytest.mark.parametrize("label", sorted(env_step.ADAPTERS))

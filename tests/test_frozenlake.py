@@ -4,6 +4,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
+from conftest import import_main
+
 from rlpost.envs import frozenlake as fl
 from rlpost.envs.protocol import Env, Step
 
@@ -454,7 +456,7 @@ def test_map_blind_baselines_agree_with_the_envs_own_steps():
 
   import numpy as np
 
-  from experiments import frozenlake_baselines as fb
+  fb = import_main("experiments.frozenlake_baselines")
 
   maps = [fl.generate_map(3, seed, 0.3) for seed in range(6)]
   turns = 5
@@ -493,7 +495,7 @@ def test_neighbour_reader_reads_the_line_and_walks_as_a_tile_level_reference():
 
   Mutations caught: holes read as safe; the edge read as safe; the turn order not
   alternating (down every turn)."""
-  from experiments import frozenlake_baselines as fb
+  fb = import_main("experiments.frozenlake_baselines")
 
   m = ("SFFF", "HFFF", "FHFF", "FFFG")
   for row in range(4):
@@ -551,7 +553,7 @@ def test_greedy_outcomes_replay_and_read_as_one_sequence_or_not():
   counted; the replay's outcome not compared (lengths only)."""
   import numpy as np
 
-  from experiments import frozenlake_baselines as fb
+  fb = import_main("experiments.frozenlake_baselines")
 
   seeds = range(500, 540)
   env = fl.make_env(4, max_turns=8, neighbours=True)

@@ -9,13 +9,13 @@ import warnings
 
 import pytest
 
-from conftest import REPO_ROOT, with_overrides
+from conftest import REPO_ROOT, import_main, with_overrides
 from experiments.configs import sample as sample_configs
 from rlpost.text import tokenizer as tokenizer_lib
 
 with warnings.catch_warnings():  # ml_collections loads the --config default with the
   warnings.simplefilter("ignore", DeprecationWarning)  # deprecated load_module()
-  from experiments import sample
+  sample = import_main("experiments.sample")
 
 
 def _config(**overrides):

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 from conftest import run_metrics, with_overrides
 
-from experiments import intervals, seeds
+from conftest import import_main
+from experiments import intervals
 from experiments.configs import agentic as agentic_configs
 from rlpost.envs import frozenlake, held_out
 from rlpost.recipes import item_outcomes
+
+seeds = import_main("experiments.seeds")
 
 
 def test_outcome_files_are_replaced_whole_never_appended_or_left_half(tmp_path, monkeypatch):

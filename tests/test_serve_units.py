@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from experiments import serve as serve_main
+from conftest import import_main
 from experiments.configs import serve as serve_configs
 from rlpost import errors
 from rlpost.models import families
@@ -24,6 +24,8 @@ from rlpost.serve import server
 from rlpost.serve import sessions
 from rlpost.text import chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
+
+serve_main = import_main("experiments.serve")
 
 TOK = tokenizer_lib.byte_tokenizer("gemma")
 ENGINE = engine_lib.Engine(None, families.get_config("tiny"), TOK, "tiny", 64, 16)

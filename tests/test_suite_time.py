@@ -2,7 +2,9 @@
 
 import json
 
-from experiments.benchmarks import suite_time
+from conftest import import_main
+
+suite_time = import_main("experiments.benchmarks.suite_time")
 
 DURATIONS = """
 ============================= slowest durations ==============================
@@ -31,7 +33,7 @@ def test_cpu_description_names_this_machines_cpu():
 def test_suite_profile_sums_per_module_and_per_program(tmp_path):
   """Mutations caught: a program's seconds counted once per name instead of summed; its
   compilations counted once per test instead of read from the record."""
-  from experiments.benchmarks import suite_profile
+  suite_profile = import_main("experiments.benchmarks.suite_profile")
 
   lines = [
     {

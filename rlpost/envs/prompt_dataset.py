@@ -112,15 +112,16 @@ def build(config: PromptsConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
 
 def with_checker(task: tasks_lib.Task, config: PromptsConfig) -> tasks_lib.Task:
   """`task` with its answers checked by `config.checker` (module docstring); exact leaves
-  GSM8K's and arithmetic's own numeric check as it is."""
+  every task as it is (GSM8K's and arithmetic's own numeric check; a prompt file without
+  an accuracy flag); math_verify adds a prompt file's `answer_accuracy`."""
   check = checkers.get(config.checker)
   accuracy = lambda completion, truth: (
     checkers.answer_reward(check)([""], [completion], [truth])[0] > 0
   )
+  if config.source == "digit" or config.checker == "exact":
+    return task  # a prompt file's metrics as before: its reward functions alone
   if config.source == "jsonl":
     return task._replace(accuracy_fns={"answer_accuracy": accuracy})
-  if config.source == "digit" or config.checker == "exact":
-    return task
   numbers = lambda p, c, a: [1.5 * v for v in checkers.answer_reward(check)(p, c, a)]
   fns = {k: (numbers if k == "check_numbers" else fn) for k, fn in task.reward_fns.items()}
   return task._replace(
