@@ -38,7 +38,8 @@ import time
 from absl import app
 from absl import flags
 
-from experiments.benchmarks.multiturn_rollout import _cpu_model
+from experiments.benchmarks import machine
+
 from experiments.configs import common
 from experiments.configs.agentic_runs import agent_tiny
 from rlpost.data.cursor import Cursor
@@ -102,7 +103,7 @@ def _side(side: str) -> dict:
 
 def main(argv):
   del argv
-  result = {"cpu": _cpu_model(), "load_before": os.getloadavg()}
+  result = {"cpu": machine.cpu_model(), "load_before": os.getloadavg()}
   sides = {side: _side(side) for side in FLAGS.order}
   result.update(sides)
   if {"agent", "env"} <= set(sides):

@@ -23,7 +23,6 @@ rollout the history's words were).
 import json
 import os
 import pathlib
-import platform
 import statistics
 import time
 
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from experiments.benchmarks import machine
 from rlpost import sampling
 from rlpost.models import decoder, families
 from rlpost.models.weights import gguf_file, packaged
@@ -77,17 +77,6 @@ def _conversation(tools_in_system: bool) -> list[dict]:
   ]
 
 
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.machine()
-
-
 def _times(fn, repeats: int) -> list[float]:
   """Seconds of `repeats` calls after one untimed (compiling, warming) call."""
   jax.block_until_ready(fn())
@@ -128,7 +117,7 @@ def main(argv):
   }
   report = {
     "workload": {"preset": _PRESET.value, "rows": _ROWS.value, "new_tokens": _NEW.value},
-    "cpu": _cpu_model(),
+    "cpu": machine.cpu_model(),
     "jax": jax.__version__,
     "load_average_before": os.getloadavg(),
   }

@@ -34,6 +34,8 @@ import time
 
 from absl import app
 from absl import flags
+
+from experiments.benchmarks import machine
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,14 +65,6 @@ _INT8_PATHS = flags.DEFINE_string(
   "int8_paths", "auto", "With --weights=int8: auto (calibrated) or LAYOUT:ROWS, e.g. io:8."
 )
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repetitions (min and median reported).")
-
-
-def _cpu_model() -> str:
-  """`lscpu`'s model name (from /proc/cpuinfo)."""
-  for line in open("/proc/cpuinfo"):
-    if line.startswith("model name"):
-      return line.split(":", 1)[1].strip()
-  return platform.machine()
 
 
 def _timed(fn, repeats):
@@ -245,7 +239,7 @@ def main(argv):
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
         "machine": platform.processor() or platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": machine.cpu_model(),
         "loadavg_before": load_before,
         "loadavg_after": open("/proc/loadavg").read().split()[:3],
         "batched": batched,

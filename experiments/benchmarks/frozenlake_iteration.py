@@ -37,7 +37,8 @@ import time
 from absl import app
 from absl import flags
 
-from experiments.benchmarks.multiturn_rollout import _cpu_model
+from experiments.benchmarks import machine
+
 
 _TREES = flags.DEFINE_list("trees", ["."], "Checkouts to time, in this order.")
 _VARIANT = flags.DEFINE_string("variant", "frozenlake_gemma3,ppo", "agentic.py variant.")
@@ -96,7 +97,12 @@ def _run(tree: str, workdir: str, extra: list[str]) -> dict:
 
 def main(argv):
   del argv
-  report = {"cpu": _cpu_model(), "variant": _VARIANT.value, "steps": _STEPS.value, "runs": {}}
+  report = {
+    "cpu": machine.cpu_model(),
+    "variant": _VARIANT.value,
+    "steps": _STEPS.value,
+    "runs": {},
+  }
   for i, tree in enumerate(_TREES.value):
     extra = [kv.split(":", 1)[1] for kv in _TREE_SET.value if kv.split(":", 1)[0] == str(i)]
     with tempfile.TemporaryDirectory() as workdir:

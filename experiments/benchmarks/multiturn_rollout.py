@@ -24,12 +24,13 @@ compile, then timed in `--repeats` rounds of one of each (steady state). Prints 
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import time
 
 from absl import app
 from absl import flags
+
+from experiments.benchmarks import machine
 import jax
 import jax.numpy as jnp
 
@@ -65,18 +66,6 @@ def _fixed_env(turns: int, prompt_len: int, observed: int) -> protocol.Env:
     return protocol.Step(turn + 1, "" if done else "o" * (observed - 1), 0.0, done, {})
 
   return protocol.Env("fixed", reset, step, max_turns=turns)
-
-
-def _cpu_model() -> str:
-  """The CPU model name (what `lscpu` prints), or the platform's machine type."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.machine()
 
 
 def main(argv):
@@ -128,7 +117,7 @@ def main(argv):
       "sampled_per_turn": S,
       "observed_per_turn": O,
     },
-    "cpu": _cpu_model(),
+    "cpu": machine.cpu_model(),
     "jax": jax.__version__,
     "load_average_before": os.getloadavg(),
   }

@@ -26,12 +26,13 @@ import concurrent.futures
 import json
 import logging as std_logging
 import os
-import platform
 import statistics
 import time
 
 from absl import app
 from absl import flags
+
+from experiments.benchmarks import machine
 import openai
 
 from rlpost.models import loading
@@ -47,18 +48,6 @@ _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at mo
 _WINDOW = flags.DEFINE_float("batch_window_ms", 20.0, "Scheduler: the gap that closes a batch.")
 _CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", "~/.cache/rlpost/jax", "'': off.")
 _MAX_WAIT = flags.DEFINE_float("max_wait_ms", 200.0, "Scheduler: a batch's longest wait.")
-
-
-def _cpu_model() -> str:
-  """The CPU model name (what `lscpu` prints), or the platform's machine type."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.machine()
 
 
 def _agent(client, index: int, turns: int, max_tokens: int) -> list[dict]:
@@ -139,7 +128,7 @@ def main(argv):
   config, params, tok = loading.load_model(_PRESET.value, loading.default_weights(_PRESET.value))
   engine = engine_lib.Engine(params, config, tok, "served", 4096, _MAX_TOKENS.value)
   report = {
-    "cpu": _cpu_model(),
+    "cpu": machine.cpu_model(),
     "cpus": os.cpu_count(),
     "load_average_before": os.getloadavg(),
     "preset": _PRESET.value,
