@@ -54,6 +54,7 @@ from rlpost.models import policy
 from rlpost.recipes import alarms as alarms_lib
 from rlpost.recipes import chat_layout
 from rlpost.recipes import common
+from rlpost.recipes import eval_progress
 from rlpost.recipes import item_outcomes
 from rlpost.recipes import reports
 from rlpost.recipes import rl_config
@@ -509,25 +510,33 @@ def evaluate(p: Pieces, pool, state, workdir: str, step: int) -> dict:
   The first `log.trajectories_logged` transcripts go to workdir/eval_trajectories.jsonl,
   every episode's outcome and replies to workdir/eval_outcomes.jsonl and, one line per
   item, to workdir/eval/step_<step>.jsonl (`item_outcomes`). With several processes
-  every process plays all of them (the same greedy episodes).
+  every process plays all of them (the same greedy episodes). Finished chunks are kept
+  until then, so an evaluation interrupted and played again resumes (`eval_progress`).
   """
   ev, held = p.config.eval, p.held_out or held_out_set(p.config, p.tasks, True)
   seeds = list(held.seeds)
   chunk = ev.batch_tasks or len(seeds)
+  keep = eval_progress.enabled(workdir)
+  digest = eval_progress.fingerprint(state.trainable["policy"]) if keep else ""
   episodes = []
   progress = tqdm.trange(  # one tick per chunk of held-out tasks
     0, len(seeds), chunk, desc=f"eval@{step}", leave=False, disable=jax.process_index() > 0
   )
   for first in progress:
     part = seeds[first : first + chunk]
-    tasks = p.tasks.eval_tasks(part)
-    out = _greedy_rollout(p, pool, state, tasks, part)
-    episodes += out.episodes
+    kept = eval_progress.load(workdir, step, first, part, digest) if keep else None
+    if kept is None:
+      kept = _greedy_rollout(p, pool, state, p.tasks.eval_tasks(part), part).episodes
+      if keep:
+        eval_progress.save(workdir, step, first, part, digest, kept)
+    episodes += kept
   reports.write_trajectories(
     workdir, step, episodes[: p.config.log.trajectories_logged], reports.EVAL_TRANSCRIPTS
   )
   reports.write_outcomes(workdir, step, episodes)
   item_outcomes.write(workdir, step, item_outcomes.episode_items(episodes, held.keys))
+  if keep:
+    eval_progress.clear(workdir, step)
   greedy = {f"greedy/{k}": v for k, v in reports.episode_metrics(episodes).items()}
   return {**greedy, **held.metrics()}
 

@@ -815,6 +815,22 @@ MUTATIONS = [
     why="an interrupted evaluation leaving half an outcome file",
   ),
   dict(
+    name="eval_chunks_ignore_the_policy",
+    path="rlpost/recipes/eval_progress.py",
+    old='    if kept["seeds"] == list(seeds) and kept["fingerprint"] == digest:\n',
+    new='    if kept["seeds"] == list(seeds):\n',
+    tests=["tests/test_eval_progress.py"],
+    why="a resumed evaluation reusing episodes another policy played",
+  ),
+  dict(
+    name="eval_chunks_not_kept",
+    path="rlpost/recipes/rl.py",
+    old="  keep = eval_progress.enabled(workdir)\n",
+    new="  keep = False\n",
+    tests=["tests/test_eval_progress.py"],
+    why="an interrupted evaluation playing every chunk again",
+  ),
+  dict(
     name="eval_gsm8k_raw_question_key",
     path="rlpost/recipes/eval.py",
     old="  key = lambda p: prompt_dataset.normalized_question(p.question)\n",
