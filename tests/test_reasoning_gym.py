@@ -7,6 +7,7 @@ import pytest
 from optional_packages import require
 
 from rlpost import errors
+from rlpost.envs import held_out
 from rlpost.envs import protocol
 from rlpost.envs import reasoning_gym as rg_env
 from rlpost.envs import table as env_table
@@ -72,22 +73,27 @@ def test_a_raising_scorer_scores_zero(monkeypatch):
 
 def test_held_out_items_are_disjoint_from_the_training_pool():
   """With a generator of few distinct questions (one-digit a + b), held-out items repeat
-  training ones unless dropped: none of ours does (compared by normalised question), and
-  the count dropped is the number of candidates the package's stream has in the pool.
-  Mutation caught: the `continue` after a repeat removed (repeats kept)."""
+  training ones and each other unless skipped: the held-out set (`held_out.choose` over
+  the environment's content key) has 20 distinct questions, none in the pool (questions
+  recomputed here from the package's own stream), and its counts by seed alone are those
+  of the stream's first 20 items. Mutation caught: content_key reading the answer instead
+  of the question (repeats kept)."""
   rg = require("reasoning_gym")
-  config = rg_env.ReasoningGymConfig(task_config=json.dumps(SMALL), pool=100)
-  train = rg_env.Source(rg_env.generators(config, 0, 100), (("chain_sum", 1.0),), 0)
-  held = rg_env.Source(rg_env.generators(config, 10**6, 2000), (("chain_sum", 1.0),), 10**6)
-  items, dropped = rg_env.held_out_items(config, train, held, 20)
+  config, tasks = _tasks(eval_tasks=20, pool=100)
+  held = held_out.choose(tasks, held_out.train_seeds(tasks, 1, 1), 10**6, 20)
   pool = {
     rg_env.normalise(x["question"])
     for x in rg.create_dataset("chain_sum", seed=0, size=100, **SMALL)
   }
-  stream = rg.create_dataset("chain_sum", seed=10**6, size=2000, **SMALL)
-  seen = [rg_env.normalise(stream[i]["question"]) for i in range(len(items) + dropped)]
-  assert len(items) == 20 and dropped == sum(q in pool for q in seen) > 0
-  assert not {rg_env.normalise(i.item["question"]) for i in items} & pool
+  stream = rg.create_dataset("chain_sum", seed=10**6, size=10**5, **SMALL)
+  chosen = [rg_env.normalise(stream[s - 10**6]["question"]) for s in held.seeds]
+  assert len(set(chosen)) == 20 and not set(chosen) & pool
+  first = [rg_env.normalise(stream[k]["question"]) for k in range(20)]
+  assert held.overlap_before == sum(q in pool for q in first) > 0
+  assert (held.overlap, held.distinct, held.distinct_before) == (0, 20, len(set(first)))
+  assert [t.item for t in tasks.eval_tasks(list(held.seeds[:2]))] == [
+    stream[s - 10**6] for s in held.seeds[:2]
+  ]
 
 
 def test_retries_answer_again_after_feedback_and_a_mixture_draws_both():

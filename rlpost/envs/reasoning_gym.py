@@ -13,9 +13,10 @@ base Gemma 3 270M gave no <answer> span on 64 of 64 chain_sum items) ends the pr
 
 Items come from the generator by index: training seed s (0 <= s < `env.pool`, drawn by
 the data cursor) is item s of the generator seeded `env.seed`; held-out seed
-eval_seed_offset + k is the k-th item of the generator seeded `env.seed +
-eval_seed_offset` whose normalised question is not among the training pool's (the seeds
-are disjoint and so are the questions; `build` logs how many it dropped).
+eval_seed_offset + k is item k of the generator seeded `env.seed + eval_seed_offset`,
+and the recipe evaluates those whose normalised question (`content_key`) is none of the
+training pool's nor an earlier held-out item's (`rlpost.envs.held_out`: the run logs
+and reports eval/overlap = 0 and how many it skipped).
 
 `env.task`: a generator's name (`reasoning_gym.factory.DATASETS`) with `env.task_config`
 its config's fields (a dict or a JSON object string, e.g. '{"min_terms": 2}'); or a
@@ -29,9 +30,9 @@ import json
 import random
 from typing import Any, NamedTuple
 
-from absl import logging
 
 from rlpost.envs import block_fields
+from rlpost.envs import held_out
 from rlpost.envs import protocol
 from rlpost.rewards import checkers
 from rlpost.rewards import extras
@@ -209,33 +210,22 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
   )
 
 
-def candidates(count: int) -> int:
-  """Held-out items generated at most to find `count` not repeating a training item."""
-  return 20 * count + 1000
+def held_out_stream(count: int) -> int:
+  """Items of the held-out generator: as many as `held_out.choose` may examine for `count`
+  evaluation items (items are made on access, so the size costs nothing)."""
+  return max(held_out.MIN_MAX_DRAWS, 100 * count)
 
 
-def held_out_items(config, train: Source, held: Source, count: int) -> tuple[list, int]:
-  """The first `count` held-out items whose question is not a training item's, and how
-  many were dropped as duplicates."""
-  seen = {normalise(train.item(i)[1]["question"]) for i in range(config.pool)}
-  items, dropped, index = [], 0, 0
-  while len(items) < count:
-    if index >= candidates(count):
-      raise ValueError(
-        f"task={config.task!r}: {dropped} of the first {index} held-out items repeat a "
-        "training item's question; lower env.pool or widen the generator's task_config"
-      )
-    name, item = held.item(index)
-    index += 1
-    if normalise(item["question"]) in seen:
-      dropped += 1
-      continue
-    items.append(State(name, item, 0))
-  return items, dropped
+def content_key(state: State, seed: int) -> str:
+  """What an item is about, for the held-out set (`held_out.choose`): its normalised
+  question."""
+  del seed
+  return normalise(state.item["question"])
 
 
 def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
-  """Training items 0 .. pool-1; the held-out items deduplicated against them."""
+  """Training items 0 .. pool-1; held-out seed offset + k: item k of the held-out stream
+  (the recipe keeps the seeds whose question is new: `held_out.choose`)."""
   if config.pool > run.eval_seed_offset:
     _bad(
       "pool", config.pool, f"must be <= eval.seed_offset={run.eval_seed_offset} (disjoint seeds)"
@@ -243,15 +233,8 @@ def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTask
   weights = parse_tasks(config.task)
   train = Source(generators(config, config.seed, config.pool), weights, config.seed)
   held_seed = config.seed + run.eval_seed_offset
-  held = Source(generators(config, held_seed, candidates(run.eval_tasks)), weights, held_seed)
-  items, dropped = held_out_items(config, train, held, run.eval_tasks)
-  logging.info(
-    "reasoning_gym %s: %d held-out items, %d dropped as repeats of the %d training items",
-    config.task,
-    len(items),
-    dropped,
-    config.pool,
-  )
+  size = held_out_stream(run.eval_tasks)
+  held = Source(generators(config, held_seed, size), weights, held_seed)
   env = make_env(config, train.datasets)  # a scorer reads the item and its generator's config
 
   def train_tasks(seeds):
@@ -259,8 +242,10 @@ def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTask
 
   def eval_tasks(seeds):
     ks = [s - run.eval_seed_offset for s in seeds]
-    if any(not 0 <= k < len(items) for k in ks):
-      raise ValueError(f"held-out seeds {seeds} outside the {len(items)} built (eval.num_tasks)")
-    return [items[k] for k in ks]
+    if any(not 0 <= k < size for k in ks):
+      raise ValueError(f"held-out seeds {seeds} outside the held-out stream's {size} items")
+    return [State(*held.item(k), 0) for k in ks]
 
-  return protocol.EnvTasks(env, train_tasks, eval_tasks, pool=config.pool, shuffle=True)
+  return protocol.EnvTasks(
+    env, train_tasks, eval_tasks, pool=config.pool, shuffle=True, content_key=content_key
+  )

@@ -831,6 +831,14 @@ MUTATIONS = [
     why="an interrupted evaluation playing every chunk again",
   ),
   dict(
+    name="reasoning_gym_key_is_the_answer",
+    path="rlpost/envs/reasoning_gym.py",
+    old='  return normalise(state.item["question"])\n',
+    new='  return normalise(state.item["answer"])\n',
+    tests=["tests/test_reasoning_gym.py"],
+    why="held-out reasoning-gym items compared by answer: repeats of a question kept",
+  ),
+  dict(
     name="eval_gsm8k_raw_question_key",
     path="rlpost/recipes/eval.py",
     old="  key = lambda p: prompt_dataset.normalized_question(p.question)\n",
