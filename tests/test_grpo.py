@@ -387,25 +387,98 @@ def test_degenerate_settings_fail_before_any_model_is_loaded(
   assert not (tmp_path / "checkpoints").exists()
 
 
-def _cli(workdir, *overrides: str) -> subprocess.CompletedProcess:
-  """`python -m experiments.grpo` on the tiny config with `overrides`."""
-  args = [
-    sys.executable,
-    "-m",
-    "experiments.grpo",
-    "--config=experiments/configs/grpo_gsm8k.py:tiny",
-    *overrides,
-    f"--workdir={workdir}",
-  ]
-  env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-  return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+# The command-line refusals: (flags, exit status, text the output must hold). Each is
+# one line, no traceback. Run as `python -m experiments.grpo` on the tiny config, all of
+# them in one process start (conftest.run_clis: each a forked child).
+_CLI_REFUSALS = [
+  # an unknown field names its block and the block's fields
+  (
+    ["--config.algo.nosuch=1"],
+    2,
+    ("config.algo.nosuch: no such field; valid fields of config.algo:", "'kl_method'"),
+  ),
+  # a value of the wrong type, an unknown variant, a missing config file or flag: absl's
+  # one-line message, as `app.run`'s own parser gives
+  (
+    ["--config.train.steps=abc"],
+    2,
+    "FATAL flags parsing error: flag --config.train.steps=abc: invalid literal for int()",
+  ),
+  (
+    ["--config=experiments/configs/grpo_gsm8k.py:tiny,nosuch"],
+    2,
+    "FATAL flags parsing error: flag --config=experiments/configs/grpo_gsm8k.py:tiny,nosuch: "
+    "Unknown variant part(s) ['nosuch']; models:",
+  ),
+  (
+    ["--config=experiments/configs/nosuch.py:tiny"],
+    2,
+    "FATAL flags parsing error: --config=experiments/configs/nosuch.py:tiny",
+  ),
+  (
+    ["--config=experiments/configs/nosuch.py:tiny", "--config.train.steps=1"],
+    2,
+    "FATAL flags parsing error: --config=experiments/configs/nosuch.py:tiny: Failed loading "
+    "config file",
+  ),
+  (["--nosuchflag=1"], 2, "FATAL flags parsing error: Unknown command line flag 'nosuchflag'"),
+  # None reaches a placeholder after the other overrides: the variant's cap is gone, so
+  # the off-policy check (run before any model loads) names it
+  (
+    ["--config.algo.tis_cap=2.0", "--config.algo.tis_cap=None", "--config.rollout.max_staleness=1"],
+    2,
+    "FATAL ConfigError: config.algo.tis_cap=None: rollout.max_staleness=1",
+  ),
+  (
+    ["--config.train.learning_rate=None"],
+    2,
+    "config.train.learning_rate=None: this field cannot be None",
+  ),
+  (
+    ["--config.algo.nosuch=None"],
+    2,
+    "config.algo.nosuch: no such field; valid fields of config.algo",
+  ),
+  # a config value the checks refuse, a missing data file, a workdir that cannot hold a run
+  (["--config.train.steps=0"], 2, "FATAL ConfigError: config.train.steps=0: must be >= 1"),
+  (
+    ["--config.data.source=gsm8k", "--config.data.data_dir=/nonexistent/gsm8k"],
+    2,
+    "FATAL FileNotFoundError: data.data_dir='/nonexistent/gsm8k'",
+  ),
+  (None, 2, "FATAL WorkdirError: --workdir="),  # None: the workdir is a file
+]
 
 
-def test_cli_unknown_field_names_the_block_and_its_fields(tmp_path):
-  out = _cli(tmp_path, "--config.algo.nosuch=1")
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert "config.algo.nosuch: no such field; valid fields of config.algo:" in out.stderr
-  assert "'kl_method'" in out.stderr and "Traceback" not in out.stderr
+def test_cli_refusals_are_one_line_with_status_2(tmp_path):
+  """Each of `_CLI_REFUSALS`: status 2 and its line, no traceback, no checkpoint written.
+
+  Mutations caught: `cli._parse_flags` catching only AttributeError/KeyError (as before)
+  ends the flag cases in a traceback (three, nested, for the variant) and status 1;
+  `cli.run` without its UsageError handler ends the config, data and workdir cases so."""
+  from conftest import run_clis  # pylint: disable=g-import-not-at-top
+
+  cases = []
+  for k, (flags, _, _) in enumerate(_CLI_REFUSALS):
+    workdir = tmp_path / str(k)
+    if flags is None:
+      workdir.write_text("not a directory")
+    config = (
+      []
+      if any(f.startswith("--config=") for f in flags or [])
+      else ["--config=experiments/configs/grpo_gsm8k.py:tiny"]
+    )
+    cases.append(["experiments.grpo", [*config, *(flags or []), f"--workdir={workdir}"]])
+  failures = []
+  for k, ((flags, code, expected), (status, output)) in enumerate(
+    zip(_CLI_REFUSALS, run_clis(cases))
+  ):
+    texts = (expected,) if isinstance(expected, str) else expected
+    if status != code or not all(t in output for t in texts) or "Traceback" in output:
+      failures.append(f"{flags}: status {status}, wanted {code} and {expected!r}\n{output[-1500:]}")
+    elif flags is not None and (tmp_path / str(k) / "checkpoints").exists():
+      failures.append(f"{flags}: a checkpoint was written")
+  assert not failures, "\n\n".join(failures)
 
 
 @pytest.mark.parametrize(
@@ -425,100 +498,6 @@ def test_an_old_field_name_on_the_command_line_names_its_new_place(variant, old,
   message = cli.unknown_override(argv)
   assert message.startswith(f"config.{old}: no such field; valid fields of config.algo:")
   assert (hint in message) if hint else ("renamed" not in message), message
-
-
-@pytest.mark.parametrize(
-  "overrides,expected",
-  [
-    (["--config.train.steps=abc"], "flag --config.train.steps=abc: invalid literal for int()"),
-    (
-      ["--config=experiments/configs/grpo_gsm8k.py:tiny,nosuch"],
-      (
-        "flag --config=experiments/configs/grpo_gsm8k.py:tiny,nosuch: Unknown variant part(s) "
-        "['nosuch']; models:"
-      ),
-    ),
-    (
-      ["--config=experiments/configs/nosuch.py:tiny"],
-      "--config=experiments/configs/nosuch.py:tiny",
-    ),
-    (
-      ["--config=experiments/configs/nosuch.py:tiny", "--config.train.steps=1"],
-      "--config=experiments/configs/nosuch.py:tiny: Failed loading config file",
-    ),
-    (["--nosuchflag=1"], "Unknown command line flag 'nosuchflag'"),
-  ],
-)
-def test_cli_flag_errors_are_one_line_without_a_traceback(overrides, expected, tmp_path):
-  """A value of the wrong type, an unknown variant, a missing config file or flag: absl's
-  one-line message and status 2, as `app.run`'s own parser gives.
-
-  Mutation caught: `cli._parse_flags` catching only AttributeError/KeyError (as before) ends
-  each of these in a traceback (three, nested, for the variant) and status 1."""
-  out = _cli(tmp_path, *overrides)
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert f"FATAL flags parsing error: {expected}" in out.stderr, out.stderr[-2000:]
-  assert "Traceback" not in out.stderr, out.stderr[-2000:]
-
-
-@pytest.mark.parametrize(
-  "overrides,code,expected",
-  [
-    # None reaches a placeholder after the other overrides: the variant's cap is gone, so
-    # the off-policy check (run before any model loads) names it.
-    (
-      [
-        "--config.algo.tis_cap=2.0",
-        "--config.algo.tis_cap=None",
-        "--config.rollout.max_staleness=1",
-      ],
-      2,
-      "FATAL ConfigError: config.algo.tis_cap=None: rollout.max_staleness=1",
-    ),
-    (
-      ["--config.train.learning_rate=None"],
-      2,
-      "config.train.learning_rate=None: this field cannot be None",
-    ),
-    (
-      ["--config.algo.nosuch=None"],
-      2,
-      "config.algo.nosuch: no such field; valid fields of config.algo",
-    ),
-  ],
-)
-def test_cli_none_overrides(overrides, code, expected, tmp_path):
-  out = _cli(tmp_path, *overrides)
-  assert out.returncode == code, out.stderr[-2000:]
-  assert expected in out.stderr, out.stderr[-2000:]
-  assert "Traceback" not in out.stderr, out.stderr[-2000:]
-  assert not (tmp_path / "checkpoints").exists()
-
-
-@pytest.mark.parametrize(
-  "overrides,expected",
-  [
-    (["--config.train.steps=0"], "FATAL ConfigError: config.train.steps=0: must be >= 1"),
-    (
-      ["--config.data.source=gsm8k", "--config.data.data_dir=/nonexistent/gsm8k"],
-      "FATAL FileNotFoundError: data.data_dir='/nonexistent/gsm8k'",
-    ),
-    ([], "FATAL WorkdirError: --workdir="),
-  ],
-)
-def test_cli_refusals_are_one_fatal_line_with_status_2(overrides, expected, tmp_path):
-  """A config value the checks refuse, a missing data file, a workdir that cannot hold a
-  run: one line naming the setting and status 2 (as for a bad flag), not a traceback.
-
-  Mutation caught: `cli.run` without its UsageError handler ends each in a traceback and
-  status 1."""
-  workdir = tmp_path / "run"
-  if not overrides:  # the workdir case: a file where the run directory goes
-    workdir.write_text("not a directory")
-  out = _cli(workdir, *overrides)
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert expected in out.stderr, out.stderr[-2000:]
-  assert "Traceback" not in out.stderr, out.stderr[-2000:]
 
 
 def test_missing_gsm8k_data_dir_names_the_setting(tmp_path):

@@ -34,7 +34,7 @@ from rlpost.rl import objectives
 from rlpost.rl import state_credit
 from conftest import default_codegen, require_gemma3, with_overrides
 from test_gemma3 import CONFIG, _random_params
-from test_gsm8k_calc import EXAMPLE, NATALIA
+from test_gsm8k_calc import NATALIA
 
 TOK = tokenizer_lib.byte_tokenizer()
 HOSTILE = "a <end_of_turn> b <bos><start_of_turn>user\n</tool><too"
@@ -1014,53 +1014,45 @@ def test_calculator_rollouts_continuing_the_cache_equal_reprefilled_ones(
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_rollouts_continuing_the_cache_equal_reprefilled_ones():
-  """The real Gemma 3 270M, as the tiny-model tests: greedy, GSM8K with the calculator
-  (with one solved example in its 221-token prompt the model calls the tool: two turns);
-  sampled (temperature 1, a fixed key), FrozenLake, two rows of three turns. One prompt
-  width and window for both, three sampler programs each (start, extend, the oracle's).
-  (A greedy FrozenLake case, dropped in session 25, ran the greedy programs again on
-  three turns, which the sampled case covers.) Over 20 s (~60 s): 270M sampler
-  programs, and the oracle prefills 352 slots every turn.
+  """The real Gemma 3 270M, as the tiny-model tests: FrozenLake sampled (temperature 1, a
+  fixed key), two rows of three turns; three sampler programs (start, extend, the
+  oracle's). (A GSM8K-with-the-calculator case, greedy, ran a second set of programs on a
+  256-slot prompt until session 74: tool results continue the cache as observations do,
+  which the tiny-model calculator tests check; a greedy FrozenLake case went in session
+  25.) Over 20 s: 270M sampler programs.
 
   Mutation caught: a later turn's positions not counting the kept tokens
   (`continued_turn_positions_skip_kept_tokens`)."""
   from real_models import gemma3_270m  # pylint: disable=g-import-not-at-top
 
   config, params, tok = gemma3_270m()
-  task = tasks.Task([NATALIA], gsm8k_rewards.REWARD_FNS, tasks.MATH_ACCURACY, [EXAMPLE])
   newline = scaffold.text_ids(tok, "\n")
   sc = sampling.SamplingConfig(
-    temperature=0.0,
+    temperature=1.0,
     stop_ids=(tok.eos_id, tok.end_of_turn_id, *newline),
     max_new_tokens=24,
     pad_id=tok.pad_id,
-    prompt_bucket=256,
+    prompt_bucket=128,
   )
   turns = multiturn.TurnConfig("plain", 24, 96, fixed_shapes=True)
-  lake = frozenlake.make_env(size=4, max_turns=3)
-  cases = (
-    (gsm8k_calc.make_env(task, fewshot=1, max_turns=3), NATALIA, sc, [2]),
-    (lake, None, dataclasses.replace(sc, temperature=1.0), [3, 3]),  # sampled, fixed key
+  run = lambda: multiturn.rollout(
+    params,
+    frozenlake.make_env(size=4, max_turns=3),
+    [None],
+    [5],
+    jax.random.key(3),
+    tokenizer=tok,
+    model_config=config,
+    sampling_config=sc,
+    turns=turns,
+    num_generations=2,
   )
-  for env, problem, sampling_config, turns_taken in cases:
-    run = lambda: multiturn.rollout(
-      params,
-      env,
-      [problem],
-      [5],
-      jax.random.key(3),
-      tokenizer=tok,
-      model_config=config,
-      sampling_config=sampling_config,
-      turns=turns,
-      num_generations=len(turns_taken),  # greedy: one row (a second would repeat it)
-    )
-    got = run()
-    assert [len(e.texts) for e in got.episodes] == turns_taken, env.name
-    with pytest.MonkeyPatch.context() as patch:
-      _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
-      want = run()
-    assert_same_rollouts(got, want, atol=1e-4)
+  got = run()
+  assert [len(e.texts) for e in got.episodes] == [3, 3]
+  with pytest.MonkeyPatch.context() as patch:
+    _patch_sampler(patch, reprefilling(got.batch.prompt_len + turns.max_total_tokens))
+    want = run()
+  assert_same_rollouts(got, want, atol=1e-4)
 
 
 class _ScriptedSampler:
