@@ -507,9 +507,10 @@ def test_smollm2_logprobs_and_greedy_continuations_match_transformers(smollm2):
 
 
 FAMILY_PRESETS = ("llama_tiny", "qwen2_tiny", "qwen3_tiny")
+RECIPE_RUNS = ("sft_lora", "sft", "dpo", "grpo", "ppo")  # run_every_recipe's runs
 
 
-def run_every_recipe(preset: str, tmp, extra=None) -> list[dict]:
+def run_every_recipe(preset: str, tmp, extra=None, recipes=RECIPE_RUNS) -> list[dict]:
   """SFT (LoRA and full), DPO and the RL recipe with each learner, one step each on
   `preset` (with `extra` overrides, e.g. a mesh): GRPO over the one-turn prompt
   environment and PPO (actor and critic) over multi-turn FrozenLake, so both learners,
@@ -517,7 +518,8 @@ def run_every_recipe(preset: str, tmp, extra=None) -> list[dict]:
   programs are the same on every family). Then the SFT LoRA run is resumed with another
   family's preset, which must be refused (LoRA adapters of llama_tiny and qwen2_tiny
   have the same shapes, so the restore itself would succeed). Returns each run's last
-  metrics record. `tests/test_sharding.py` runs it for every family on an FSDP mesh."""
+  metrics record. `recipes`: which of RECIPE_RUNS (sft_lora always runs: the refusal
+  resumes it). `tests/test_sharding.py` runs it for every family on an FSDP mesh."""
   from conftest import run_metrics, with_overrides  # pylint: disable=g-import-not-at-top
   from experiments.configs import agentic as agentic_configs  # pylint: disable=g-import-not-at-top
   from experiments.configs import dpo as dpo_configs  # pylint: disable=g-import-not-at-top
@@ -527,13 +529,18 @@ def run_every_recipe(preset: str, tmp, extra=None) -> list[dict]:
   from rlpost.recipes import sft as sft_recipe  # pylint: disable=g-import-not-at-top
 
   ppo_small = {"algo.critic_warmup_steps": 0, "train.micro_batch_size": 2, "eval.every": 0}
-  runs = [
-    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": True, "eval.every": 0}),
-    (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": False, "eval.every": 0}),
-    (dpo, dpo_configs.get_config("tiny"), {}),
-    (rl, grpo_gsm8k.get_config("tiny"), {}),
-    (rl, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
-  ]
+  every = {
+    "sft_lora": (
+      sft_recipe,
+      sft_configs.get_config("tiny"),
+      {"lora.enabled": True, "eval.every": 0},
+    ),
+    "sft": (sft_recipe, sft_configs.get_config("tiny"), {"lora.enabled": False, "eval.every": 0}),
+    "dpo": (dpo, dpo_configs.get_config("tiny"), {}),
+    "grpo": (rl, grpo_gsm8k.get_config("tiny"), {}),
+    "ppo": (rl, agentic_configs.get_config("frozenlake_tiny,ppo"), ppo_small),
+  }
+  runs = [every["sft_lora"]] + [every[r] for r in recipes if r != "sft_lora"]
   last = []
   for k, (recipe, cfg, run_extra) in enumerate(runs):
     overrides = {"model.preset": preset, "train.steps": 1, **(extra or {}), **run_extra}
