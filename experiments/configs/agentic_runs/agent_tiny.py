@@ -18,27 +18,38 @@ AGENTS = {
 }
 
 
-def get_config(variant: str = "calculator") -> ml_collections.ConfigDict:
+def agent_config(
+  model_run: str, variant: str, agents: dict, *, total_tokens: int, size: int
+) -> ml_collections.ConfigDict:
+  """The blocks an example-agent run shares on any model: `variant` KIND[,ALGORITHM] with
+  KIND a key of `agents` ({KIND: (agent, task source, tokens per reply)}), `model_run` the
+  agentic run module whose model it trains (`agentic.base`)."""
   kind, _, algo = variant.partition(",")
-  if kind not in AGENTS:
-    raise ValueError(f"agent_tiny:{kind}: use one of {sorted(AGENTS)}")
-  agent, tasks, turn_tokens = AGENTS[kind]
+  if kind not in agents:
+    raise ValueError(f"{model_run}:{kind}: use one of {sorted(agents)}")
+  agent, tasks, turn_tokens = agents[kind]
   env = ml_collections.ConfigDict(
     # fields: rlpost/envs/agent.py (tasks: jsonl | arithmetic | frozenlake)
-    {"name": "agent", "agent": agent, "tasks": tasks, "path": "", "size": 2}
+    {"name": "agent", "agent": agent, "tasks": tasks, "path": "", "size": size}
   )
   env.timeout_s, env.threads = 120.0, 16
-  c = agentic.base("frozenlake_tiny", algo or "grpo", env, total_tokens=192)
-  c.name = f"agent_tiny:{kind},{algo or 'grpo'}"
+  c = agentic.base(model_run, algo or "grpo", env, total_tokens=total_tokens)
   c.algo.num_generations = 4
-  c.algo.beta = 0.0
   c.rollout.template = "chat"
   c.rollout.max_turn_tokens = turn_tokens  # the endpoint's cap on a request's max_tokens
   c.rollout.stop_strings = ()
-  c.rollout.max_prompt_tokens = 768
   c.sampling.prompt_bucket = 64
   c.train.steps = 4
   c.train.batch_tasks = 2
+  return c
+
+
+def get_config(variant: str = "calculator") -> ml_collections.ConfigDict:
+  c = agent_config("frozenlake_tiny", variant, AGENTS, total_tokens=192, size=2)
+  kind, _, algo = variant.partition(",")
+  c.name = f"agent_tiny:{kind},{algo or 'grpo'}"
+  c.algo.beta = 0.0
+  c.rollout.max_prompt_tokens = 768
   c.train.compute_dtype = "float32"
   c.eval.every, c.eval.num_tasks = 0, 2
   c.log.trajectories_every = 0
