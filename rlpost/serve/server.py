@@ -18,17 +18,17 @@ import dataclasses
 import http.server
 import ipaddress
 import json
+import queue
 import select
 import socket
 import threading
 import time
+from typing import NamedTuple
 
 from absl import logging
 
-from rlpost.serve import request_bodies
-from rlpost.serve import responses
+from rlpost.serve import request_bodies, responses, sessions, streaming
 from rlpost.serve import scheduler as scheduler_lib
-from rlpost.serve import sessions
 
 LOOPBACK = ("localhost",)
 
@@ -221,9 +221,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   def _generate(self, body: dict, parse, chat: bool, session: str | None) -> None:
     engine = self.app.engine
     gen = parse(body, engine)
-    future = scheduler_lib.submit(self.app.scheduler, gen)
-    choices = _wait(future, self.connection, self.app.config.request_timeout_s)
-    if choices is None:  # the client went away before its batch started
+    ticket = scheduler_lib.submit(self.app.scheduler, gen, session)
+    if gen.stream:
+      choices = self._stream(gen, ticket, chat)
+    else:
+      choices = _wait(ticket, self.connection, self.app.config.request_timeout_s)
+    if choices is None:  # the client went away (its rows stop at the next chunk)
       self.close_connection = True
       return
     if session is not None:
@@ -232,17 +235,105 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       sessions.record(self.app.recorder, session, turn)
     if not gen.stream:
       build = responses.chat_response if chat else responses.completion_response
-      return self._send_json(200, build(engine.tokenizer, gen, engine.name, choices))
+      self._send_json(200, build(engine.tokenizer, gen, engine.name, choices))
+
+  def _event(self, chunk) -> None:
+    self.wfile.write(
+      b"data: " + (chunk if isinstance(chunk, bytes) else json.dumps(chunk).encode())
+    )
+    self.wfile.write(b"\n\n")
+    self.wfile.flush()
+
+  def _open_stream(self) -> None:
     self.send_response(200)
     self.send_header("Content-Type", "text/event-stream")
     self.send_header("Cache-Control", "no-cache")
     self.send_header("Connection", "close")
     self.end_headers()
     self.close_connection = True
-    for chunk in responses.stream_chunks(engine.tokenizer, gen, engine.name, choices, chat):
-      self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-      self.wfile.flush()
-    self.wfile.write(b"data: [DONE]\n\n")
+
+  def _stream(self, gen, ticket, chat: bool):
+    """Writes the request's SSE stream as its tokens are decoded; returns its choices, or
+    None when the client went away (its rows are then dropped)."""
+    try:
+      return self._stream_events(gen, ticket, chat)
+    except (BrokenPipeError, ConnectionResetError):
+      _abandon(ticket)
+      raise
+
+  def _stream_events(self, gen, ticket, chat: bool):
+    tok, timeout = self.app.engine.tokenizer, self.app.config.request_timeout_s
+    head = responses.stream_head(gen, self.app.engine.name, chat)
+    held, sent = streaming.holds(gen), [streaming.Sent() for _ in range(gen.n)]
+    choices, opened = [None] * gen.n, False
+    for kind, index, payload in _updates(ticket, gen.n, self.connection, timeout):
+      if kind == "gone":
+        return None
+      if not opened:
+        self._open_stream()
+        if chat:
+          self._event(responses.role_chunk(head, gen))
+        opened = True
+      if kind == "tokens" and not gen.top_logprobs:  # alternatives come with the choice
+        ids, logprobs = payload
+        piece = streaming.progress(tok, sent[index], ids, held)
+        if piece is not None:
+          lo, hi, text = piece
+          part = _Part(ids[lo:hi], logprobs[lo:hi], None)
+          self._event(responses.piece_chunk(tok, head, gen, index, part, text, chat))
+      elif kind == "done":
+        choices[index] = payload
+        lo, hi, text = streaming.rest(sent[index], payload)
+        if text or hi > lo:
+          top = payload.top and payload.top[lo:hi]
+          part = _Part(payload.token_ids[lo:hi], payload.logprobs[lo:hi], top)
+          self._event(responses.piece_chunk(tok, head, gen, index, part, text, chat))
+        self._event(responses.last_chunk(head, payload, chat))
+    if gen.include_usage:
+      self._event(responses.usage_chunk(head, gen, choices))
+    self._event(b"[DONE]")
+    return choices
+
+
+class _Part(NamedTuple):
+  token_ids: tuple
+  logprobs: tuple
+  top: list | None
+
+
+def _updates(ticket, n: int, connection, timeout_s: float):
+  """A streaming request's updates until its `n` choices are done; ("gone", None, None)
+  when the client went away first. Raises the request's error, or ApiError 504."""
+  deadline, done = time.monotonic() + timeout_s, 0
+  while done < n:
+    if _client_gone(connection):
+      _abandon(ticket)
+      yield ("gone", None, None)
+      return
+    try:
+      update = ticket.updates.get(timeout=0.05)
+    except queue.Empty:
+      if ticket.done() and ticket.exception() is not None:
+        raise ticket.exception()  # pylint: disable=raising-bad-type
+      if time.monotonic() > deadline:
+        _abandon(ticket)
+        raise request_bodies.ApiError(
+          504,
+          f"no result within {timeout_s} s (request_timeout_s)",
+          code="timeout",
+          kind="server_error",
+        )
+      continue
+    done += update[0] == "done"
+    yield update
+
+
+def _abandon(future) -> None:
+  """Drops a request: not decoded if it waits, its rows stopped at the next chunk if not."""
+  future.cancel()
+  gone = getattr(future, "gone", None)
+  if gone is not None:
+    gone.set()
 
 
 def _not_found(path: str) -> request_bodies.ApiError:
@@ -265,8 +356,9 @@ def _client_gone(connection: socket.socket) -> bool:
 
 
 def _wait(future, connection, timeout_s: float):
-  """The future's result; None when the client went away first (the request is dropped
-  if its batch has not started); ApiError 504 after `timeout_s`."""
+  """The future's result; None when the client went away first (the request is dropped:
+  not decoded if it waits, its rows stopped if they decode); ApiError 504 after
+  `timeout_s`."""
   deadline = time.monotonic() + timeout_s
   while True:
     try:
@@ -274,10 +366,10 @@ def _wait(future, connection, timeout_s: float):
     except TimeoutError:
       pass
     if _client_gone(connection):
-      future.cancel()
+      _abandon(future)
       return None
     if time.monotonic() > deadline:
-      future.cancel()
+      _abandon(future)
       raise request_bodies.ApiError(
         504,
         f"no result within {timeout_s} s (request_timeout_s)",
@@ -298,7 +390,7 @@ def _handler_for(app: App):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Endpoint:
   """A running endpoint: its base URL (`http://HOST:PORT/v1`), the sessions' recorder
-  (`sessions.take`), its scheduler (`calls[0]`: sampler calls so far) and API key."""
+  (`sessions.take`), its scheduler (`stats`: chunks, admissions, prefilled tokens, cache hits) and API key."""
 
   url: str
   recorder: sessions.Recorder

@@ -1,0 +1,226 @@
+"""The device side of continuous batching: a fixed set of row slots over one KV cache.
+
+A pool holds R row slots (R a power of two) and one KV cache `[L, R, S, K, hd]`
+(`decoder.init_cache`). Every decode step writes column `w = cache["index"]` of every
+row (the write index is shared); what a row attends is its own `valid` mask `[R, S]`
+and its positions are its own (`next_pos`), so rows of different lengths, admitted at
+different steps, decode side by side. Per slot (`Slots`): the pending token (sampled,
+not yet run through the model: the last token of a request never is), how many tokens
+its request has emitted (`count`: token t of a row draws from
+`fold_in(fold_in(key(0), row_id), t)`, exactly as `sampling.decode_loop`), its budget,
+its random identity and whether it is done.
+
+  admit(...)       prefill new rows' prompts (or a session's new suffix after the
+                   history its slot keeps) into chosen slots, ending at a new write index;
+                   samples each row's token 0
+  step_chunk(...)  `steps` decode steps of every live row (one jitted while loop)
+  compact(...)     packs each row's history to the left and resizes S (stable order)
+
+Column order within a row is its token order; the host (`pool.py`) keeps each row's
+last column so an admission never writes over a history it keeps.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from rlpost import sampling
+from rlpost.models import decoder, quant
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Slots:
+  """cache: k, v [L, R, S, K, hd], pos [R, S] int32, index [] int32 (w, shared);
+  valid [R, S] bool; next_pos, token, count, budget, row_id [R] int32; done [R] bool."""
+
+  cache: dict
+  valid: jax.Array
+  next_pos: jax.Array
+  token: jax.Array
+  count: jax.Array
+  budget: jax.Array
+  row_id: jax.Array
+  done: jax.Array
+
+
+def init(model_config: decoder.Config, rows: int, size: int, dtype) -> Slots:
+  """An empty pool of `rows` slots and `size` columns (every slot done)."""
+  zeros = lambda: jnp.zeros((rows,), jnp.int32)  # noqa: E731  (distinct buffers: donated)
+  return Slots(
+    cache=decoder.init_cache(model_config, rows, size, dtype),
+    valid=jnp.zeros((rows, size), bool),
+    next_pos=zeros(),
+    token=zeros(),
+    count=zeros(),
+    budget=zeros(),
+    row_id=zeros(),
+    done=jnp.ones((rows,), bool),
+  )
+
+
+def _step_keys(row_id_B, count_B):
+  """Token `count_B[r]` of row r: fold_in(fold_in(key(0), row_id), count)."""
+  keys = sampling.row_keys(jax.random.key(0), row_id_B, row_id_B.shape[0])
+  return jax.vmap(jax.random.fold_in)(keys, count_B)
+
+
+@functools.partial(
+  jax.jit, static_argnames=("model_config", "config", "steps"), donate_argnames=("slots",)
+)
+def step_chunk(params, slots: Slots, *, model_config, config: sampling.SamplingConfig, steps: int):
+  """Up to `steps` decode steps of every live row (fewer when all are done).
+
+  Returns (slots, tokens [R, steps] int32, logprobs [R, steps] float32, steps run [] int32);
+  a row's tokens of this chunk are its first `count_after - count_before` entries."""
+  params = decoder.decode_layout(params)
+  R, S = slots.valid.shape
+  col = jnp.arange(S)[None, :]
+  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+
+  def body(carry):
+    t, s, tokens, logprobs = carry
+    live = ~s.done
+    here = col == s.cache["index"]
+    hidden, cache = decoder.forward(
+      params,
+      s.token[:, None],
+      s.next_pos[:, None],
+      (s.valid | here)[:, None, :],
+      s.cache,
+      config=model_config,
+      return_hidden=True,
+    )
+    logits = decoder.vocab_major_logits(params, hidden[:, 0])
+    token, logp = sampling.select_tokens(_step_keys(s.row_id, s.count), logits, config)
+    count = s.count + live
+    done = s.done | (live & (jnp.isin(token, stop_ids) | (count >= s.budget)))
+    s = dataclasses.replace(
+      s,
+      cache=cache,
+      valid=s.valid | (here & live[:, None]),
+      next_pos=s.next_pos + live,
+      token=jnp.where(live, token, s.token),
+      count=count,
+      done=done,
+    )
+    tokens = tokens.at[:, t].set(jnp.where(live, token, config.pad_id))
+    logprobs = logprobs.at[:, t].set(jnp.where(live, logp, 0.0))
+    return t + 1, s, tokens, logprobs
+
+  carry = (
+    jnp.zeros((), jnp.int32),
+    slots,
+    jnp.full((R, steps), config.pad_id, jnp.int32),
+    jnp.zeros((R, steps), jnp.float32),
+  )
+  cond = lambda c: (c[0] < steps) & ~jnp.all(c[1].done)
+  ran, slots, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  return slots, tokens, logprobs, ran
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "config"), donate_argnames=("slots",))
+def admit(
+  params,
+  slots: Slots,
+  rows_A,
+  tokens_AxM,
+  lengths_A,
+  keep_A,
+  row_id_A,
+  budget_A,
+  end,
+  *,
+  model_config,
+  config: sampling.SamplingConfig,
+):
+  """Prefills A rows into slots `rows_A` and samples their token 0.
+
+  Args:
+    rows_A: [A] int32 slot indices (a repeated row repeats all of its inputs).
+    tokens_AxM: [A, M] int32 new tokens, left-padded; lengths_A [A] int32 their counts.
+    keep_A: [A] int32, how many history tokens of the slot stay (0: a fresh row); they
+      are its first keep_A valid columns, positions 0 .. keep_A - 1.
+    row_id_A, budget_A: [A] int32, each row's random identity and token budget (>= 1).
+    end: [] int32, the new write index; the new tokens fill columns [end - M, end), after
+      every kept history (the host's rule), and every row's next step writes at `end`.
+
+  Returns (slots, token0 [A] int32, logprob0 [A] float32)."""
+  params = quant.float_view(decoder.decode_layout(params))
+  M = tokens_AxM.shape[1]
+  S = slots.valid.shape[1]
+  col = jnp.arange(S)[None, :]
+  kept = slots.valid[rows_A]
+  kept = kept & (jnp.cumsum(kept, axis=1) <= keep_A[:, None])
+  pad_A = M - lengths_A
+  first = end - M + pad_A  # the first new token's column
+  query_col = (end - M + jnp.arange(M))[None, :]  # [1, M]
+  mine = (col[:, None, :] >= first[:, None, None]) & (col[:, None, :] <= query_col[..., None])
+  mask = kept[:, None, :] | mine  # [A, M, S]
+  positions = jnp.maximum(keep_A[:, None] + jnp.arange(M)[None, :] - pad_A[:, None], 0)
+  c = slots.cache
+  sub = {"k": c["k"][:, rows_A], "v": c["v"][:, rows_A], "pos": c["pos"][rows_A]}
+  hidden, sub = decoder.forward(
+    params,
+    tokens_AxM,
+    positions,
+    mask,
+    {**sub, "index": end - M},
+    config=model_config,
+    return_hidden=True,
+  )
+  logits = decoder.vocab_major_logits(params, hidden[:, -1])
+  zero = jnp.zeros_like(row_id_A)
+  token, logp = sampling.select_tokens(_step_keys(row_id_A, zero), logits, config)
+  stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+  cache = {
+    "k": c["k"].at[:, rows_A].set(sub["k"]),
+    "v": c["v"].at[:, rows_A].set(sub["v"]),
+    "pos": c["pos"].at[rows_A].set(sub["pos"]),
+    "index": jnp.asarray(end, jnp.int32),
+  }
+  new_valid = kept | ((col >= first[:, None]) & (col < end))
+  slots = Slots(
+    cache=cache,
+    valid=slots.valid.at[rows_A].set(new_valid),
+    next_pos=slots.next_pos.at[rows_A].set(keep_A + lengths_A),
+    token=slots.token.at[rows_A].set(token),
+    count=slots.count.at[rows_A].set(1),
+    budget=slots.budget.at[rows_A].set(budget_A),
+    row_id=slots.row_id.at[rows_A].set(row_id_A),
+    done=slots.done.at[rows_A].set(jnp.isin(token, stop_ids) | (budget_A <= 1)),
+  )
+  return slots, token, logp
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def compact(slots: Slots, *, size: int) -> Slots:
+  """Moves each row's valid columns, in order, to its first columns and resizes the pool
+  to `size` columns (at least every row's history); the write index becomes the longest
+  history."""
+  S = slots.valid.shape[1]
+  c = slots.cache
+  valid, pos, k, v = slots.valid, c["pos"], c["k"], c["v"]
+  if size > S:
+    grow = size - S
+    valid = jnp.pad(valid, ((0, 0), (0, grow)))
+    pos = jnp.pad(pos, ((0, 0), (0, grow)), constant_values=-1)
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
+  order = jnp.argsort(~valid, axis=1, stable=True)[:, :size]  # [R, size]
+  take = lambda x: jnp.take_along_axis(x, order[None, :, :, None, None], axis=2)
+  valid = jnp.take_along_axis(valid, order, axis=1)
+  cache = {
+    "k": take(k),
+    "v": take(v),
+    "pos": jnp.take_along_axis(pos, order, axis=1),
+    "index": valid.sum(axis=1).max().astype(jnp.int32),
+  }
+  return dataclasses.replace(slots, cache=cache, valid=valid)
+
+
+def cancel(slots: Slots, rows: list[int]) -> Slots:
+  """The slots `rows` marked done (their next steps emit nothing)."""
+  return dataclasses.replace(slots, done=slots.done.at[jnp.asarray(rows, jnp.int32)].set(True))
