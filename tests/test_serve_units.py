@@ -1,5 +1,5 @@
 """The endpoint's host-side pieces without a model: request checks, the chat seams, stop
-strings, stream deltas, row ids and buckets, the scheduler's dropping of abandoned
+strings, stream pieces, row ids and buckets, the scheduler's dropping of abandoned
 requests, the client-gone check, the loopback rule, the serve config's checks."""
 
 import concurrent.futures
@@ -17,11 +17,13 @@ from rlpost.models import families
 from rlpost.serve import chat
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import finish
+from rlpost.serve import pool as pool_lib
 from rlpost.serve import request_bodies
 from rlpost.serve import responses
 from rlpost.serve import scheduler
 from rlpost.serve import server
 from rlpost.serve import sessions
+from rlpost.serve import streaming
 from rlpost.text import chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
 
@@ -196,18 +198,42 @@ def test_finish_cuts_at_stop_strings_and_reads_tool_calls():
   assert TOK.decode(c.token_ids) == c.text
 
 
-def test_stream_deltas_add_up_to_the_text():
-  """Stream deltas concatenate to the choice's text and ids, a multi-byte character waits
-  for its last byte. Mutation caught: the `os.path.commonprefix` clamp dropped (the cut
-  stop string's first byte is streamed)."""
-  ids = TOK.encode("hé!Z", add_bos=False)
-  c = finish.finish(TOK, _gen(stop=("Z",)), 0, engine_lib.RowOutput(ids, [0.0] * 5, None, False))
-  chunks = list(responses.stream_chunks(TOK, _gen(), "tiny", [c], chat=True))
-  pieces = [ch["choices"][0] for ch in chunks[1:-1]]
-  assert "".join(p["delta"]["content"] for p in pieces) == c.text == "hé!"
-  assert sum((p["token_ids"] for p in pieces), []) == c.token_ids
-  assert all("\ufffd" not in p["delta"]["content"] for p in pieces)
-  assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+def _streamed(gen, ids):
+  """The (ids, text) pieces a stream sends for `ids` decoded one token per chunk, then
+  the flush when the choice ends."""
+  c = finish.finish(TOK, gen, 0, engine_lib.RowOutput(ids, [0.0] * len(ids), None, False))
+  sent, held, pieces = streaming.Sent(), streaming.holds(gen), []
+  for k in range(1, len(c.token_ids) + 1):
+    piece = streaming.progress(TOK, sent, ids[:k], held)
+    pieces += [(ids[piece[0] : piece[1]], piece[2])] if piece else []
+  lo, hi, text = streaming.rest(sent, c)
+  return c, pieces + [(c.token_ids[lo:hi], text)]
+
+
+def test_stream_pieces_add_up_to_the_text():
+  """Streamed pieces concatenate to the choice's text and ids; a multi-byte character
+  waits for its last byte; the start of a stop string waits until it is known not to be
+  one. Mutations caught: safe_end's suffix check dropped (the `!` of the cut `!Z` is
+  sent), its U+FFFD loop dropped (half an `é` is sent)."""
+  ids = TOK.encode("hé!Z!", add_bos=False)
+  c, pieces = _streamed(_gen(stop=("!Z",)), ids)
+  assert "".join(t for _, t in pieces) == c.text == "hé"
+  assert sum((list(i) for i, _ in pieces), []) == c.token_ids
+  assert all("\ufffd" not in t for _, t in pieces) and len(pieces) >= 2
+  c, pieces = _streamed(_gen(), TOK.encode("a!b", add_bos=False))
+  assert [t for _, t in pieces[:3]] == ["a", "!", "b"]  # nothing held without stops
+
+
+def test_stream_holds_a_tool_call_back():
+  """With tools, text from a call opener on is held and the call comes in the last chunk;
+  the content before it streams. Mutation caught: holds() leaving out the call openers."""
+  gen = _gen(tools=(TOOL,), keep_stops=("</tool>",))
+  ids = TOK.encode("ok <tool>calculator: 1</tool>", add_bos=False)
+  c, pieces = _streamed(gen, ids)
+  assert c.tool_calls and c.content == "ok "
+  assert [t for _, t in pieces if t] == ["o", "k", " "]
+  last = responses.last_chunk({}, c, chat=True)["choices"][0]
+  assert last["finish_reason"] == "tool_calls" and last["delta"]["tool_calls"][0]["index"] == 0
 
 
 def test_row_ids_and_buckets():
@@ -285,14 +311,16 @@ def test_session_segments_follow_the_sampled_tokens():
 
 
 def test_warm_up_compiles_every_bucket(monkeypatch):
-  """Every (rows, prompt width) bucket up to the limits, once each. Mutation caught:
-  `_powers` stopping below its upper bound (`while lo < hi`)."""
+  """Every (rows admitted together, prefill width) bucket up to the limits, once each.
+  Mutation caught: `powers` stopping below its upper bound (`while lo < hi`)."""
   seen = []
+  monkeypatch.setattr(pool_lib, "new_pool", lambda *a: None)
+  monkeypatch.setattr(pool_lib, "live", lambda pool: [])
   monkeypatch.setattr(
-    engine_lib, "generate", lambda engine, rows, *a: seen.append((len(rows), len(rows[0].prompt)))
+    pool_lib, "admit", lambda engine, pool, jobs: seen.append((len(jobs), len(jobs[0].prompt)))
   )
-  assert engine_lib.warm_up(ENGINE, 5, 40) == 8
-  assert seen == [(r, w) for r in (1, 2, 4, 8) for w in (32, 64)]
+  assert pool_lib.warm_up(ENGINE, 5, 40) == 8
+  assert seen == [(r, w) for w in (32, 64) for r in (1, 2, 4, 8)]
 
 
 def test_a_burst_stays_one_batch():
