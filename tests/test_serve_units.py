@@ -3,6 +3,7 @@ strings, stream pieces, row ids and buckets, the scheduler's dropping of abandon
 requests, the client-gone check, the loopback rule, the serve config's checks."""
 
 import concurrent.futures
+import dataclasses
 import json
 import queue
 import socket
@@ -196,6 +197,39 @@ def test_finish_cuts_at_stop_strings_and_reads_tool_calls():
   )
   assert c.finish_reason == "tool_calls" and c.text == "<tool>calculator: 1+1</tool>"
   assert TOK.decode(c.token_ids) == c.text
+
+
+def test_tool_calls_reach_the_client_response():
+  """A chat request offering a tool, whose completion holds a call: the response (as the
+  `openai` client reads it) has the call as tool_calls, finish_reason tool_calls, content
+  before it, and the ids cut after the call's close; with tool_choice none the text stays
+  content. (Was an end-to-end test over a faked sampler; the decode path is in
+  test_serve_slots.) Mutation caught: chat.stop_strings returning () (the call still
+  parses, but the ids and text run on past its close)."""
+  import openai  # pylint: disable=g-import-not-at-top
+
+  engine = dataclasses.replace(ENGINE, context=1024)  # the tool's description is long
+  ids = TOK.encode("ok <tool>calculator: 6*7</tool> more", add_bos=False)
+  out = engine_lib.RowOutput(ids, [0.0] * len(ids), None, False)
+  for choice, want in (("auto", "tool_calls"), ("none", "length")):
+    gen = request_bodies.parse_chat(_chat(tools=[TOOL], tool_choice=choice), engine)
+    c = finish.finish(TOK, gen, 0, out)
+    body = responses.chat_response(TOK, gen, "tiny", [c])
+    r = openai.types.chat.ChatCompletion.model_validate(body).choices[0]
+    assert r.finish_reason == want
+  assert r.message.content == TOK.decode(ids) and not r.message.tool_calls  # tool_choice none
+  gen = request_bodies.parse_chat(_chat(tools=[TOOL]), engine)
+  c = finish.finish(TOK, gen, 0, out)
+  r = openai.types.chat.ChatCompletion.model_validate(
+    responses.chat_response(TOK, gen, "tiny", [c])
+  ).choices[0]
+  assert r.message.content == "ok " and r.model_extra["token_ids"] == c.token_ids
+  call = r.message.tool_calls[0]
+  assert (call.function.name, json.loads(call.function.arguments)) == (
+    "calculator",
+    {"expression": "6*7"},
+  )
+  assert TOK.decode(c.token_ids) == "ok <tool>calculator: 6*7</tool>"
 
 
 def _streamed(gen, ids):
