@@ -94,8 +94,8 @@ def test_a_session_continues_from_its_slot(tiny, temperature):
   """Three turns of a session (turn 3 edits the end of turn 2's reply) beside another
   row each turn: every turn equals the sampler on the whole prompt re-prefilled, and only
   the new suffix is prefilled (turn 2: the reply's last token and the new ones; turn 3:
-  from the edit on). Mutation caught: a finished row's slot marking the columns later
-  steps write as its own (`here & live` -> `here` in step_chunk)."""
+  from the edit on). Mutation caught: the new tokens' positions restarting at 0 (keep_A
+  dropped from admit's positions)."""
   tok = tiny.tokenizer
   pool = pool_lib.new_pool(tiny, temperature, 1.0, 2, pool_lib.new_stats())
   prompt, more, prefilled = tok.encode("Hi there"), tok.encode(" more", add_bos=False), []
@@ -159,7 +159,7 @@ def _body(max_tokens: int) -> bytes:
 def test_the_stream_arrives_as_it_is_decoded(one_slot):
   """With 200 tokens to decode (chunks of 4), the first content event arrives in the first
   third of the stream's time, not with the rest. Mutation caught: the scheduler sending no
-  token updates (`elif request.gen.stream and False`: the text then comes when the row
+  token updates (`_deliver`'s `elif ... gen.stream ...` -> `elif False`: the text comes when the row
   ends)."""
   for _ in range(2):  # compiles the shapes the stream meets (the pool's sizes settle)
     _sse(one_slot.address, _body(200))
