@@ -23,8 +23,14 @@ import numpy as np
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import slots as slots_lib
 
-MIN_COLUMNS = 64
+MIN_COLUMNS = 256  # a pool's columns: a power of two from here (few programs to compile)
 HEADROOM = 64  # columns a compaction leaves free beyond what is asked
+
+
+def admission_rows(n: int, rows: int) -> int:
+  """Rows an admission of n runs with: a power of four (fewer programs than powers of
+  two; a small admission's prefill is cheap), at most the pool's rows."""
+  return min(4 ** -(-(max(n, 1) - 1).bit_length() // 2), rows)
 
 
 @dataclasses.dataclass(eq=False)
@@ -79,10 +85,10 @@ def new_stats() -> dict:
   return dict.fromkeys(names + ("max_live", "cancelled", "compactions"), 0)
 
 
-def new_pool(engine, temperature: float, top_p: float, rows: int, stats: dict) -> Pool:
+def new_pool(engine, temperature, top_p, rows: int, stats: dict, columns=MIN_COLUMNS) -> Pool:
   config = engine_lib.sampling_config(engine, temperature, top_p, 1)
   dtype = engine.params["embed"].dtype
-  slots = slots_lib.init(engine.model_config, rows, MIN_COLUMNS, dtype)
+  slots = slots_lib.init(engine.model_config, rows, columns, dtype)
   return Pool(config, slots, [Lane() for _ in range(rows)], stats)
 
 
@@ -143,7 +149,7 @@ def admit(engine, pool: Pool, jobs: list[Job]) -> list[Job]:
 
 
 def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> None:
-  rows = placed + [placed[0]] * (engine_lib.bucket(len(placed), 1) - len(placed))
+  rows = placed + [placed[0]] * (admission_rows(len(placed), len(pool.lanes)) - len(placed))
   tokens = np.full((len(rows), width), pool.config.pad_id, np.int32)
   for r, (job, _, keep) in enumerate(rows):
     new = job.prompt[keep:]
@@ -230,17 +236,24 @@ def release(pool: Pool, lanes: list[int], cancel: bool) -> None:
 
 
 def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, steps=8) -> int:
-  """Compiles what a pool of `max_rows` slots meets for prompts of up to `max_prompt`
-  tokens at one setting: for every (rows admitted together, prefill width) bucket, an
-  admission and its rows decoded to `engine.max_tokens`. Returns the number of pairs."""
+  """Compiles the programs a pool of `max_rows` slots runs at one setting for prompts of
+  up to `max_prompt` tokens and `engine.max_tokens` new ones: at every column count on
+  the way, an admission of every (rows, prefill width) bucket, a chunk of `steps`, and
+  the compactions to the other counts. Returns the number of admission shapes."""
   rows = engine_lib.bucket(max_rows, 1)
-  pool = new_pool(engine, temperature, top_p, rows, new_stats())
-  pairs = 0
-  for width in engine_lib.powers(engine_lib.MIN_PROMPT_BUCKET, engine_lib.bucket(max_prompt, 1)):
-    for count in engine_lib.powers(1, rows):
-      prompt = (engine.tokenizer.bos_id,) * width
-      admit(engine, pool, [Job(prompt, engine.max_tokens, 0, None, None) for _ in range(count)])
-      while live(pool):
-        release(pool, step(engine, pool, steps), cancel=False)
-      pairs += 1
-  return pairs
+  top = engine_lib.bucket(max_prompt + engine.max_tokens + HEADROOM, MIN_COLUMNS)
+  sizes = list(engine_lib.powers(MIN_COLUMNS, top))
+  widths = engine_lib.powers(engine_lib.MIN_PROMPT_BUCKET, engine_lib.bucket(max_prompt, 1))
+  counts = sorted({admission_rows(n, rows) for n in range(1, rows + 1)})
+  shapes = 0
+  for width in widths:
+    for size in [s for s in sizes if s > width]:  # an admission compacts to fit first
+      pool = new_pool(engine, temperature, top_p, rows, new_stats(), size)
+      for count in counts:
+        jobs = [Job((engine.tokenizer.bos_id,) * width, 1, 0, None, None) for _ in range(count)]
+        _admit_device(engine, pool, [(j, i, 0) for i, j in enumerate(jobs)], width, width)
+        shapes += 1
+      step(engine, pool, steps)
+      for other in sizes:
+        slots_lib.compact(pool.slots, size=other)
+  return shapes
