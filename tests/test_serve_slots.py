@@ -78,7 +78,7 @@ def test_rows_joining_mid_decode_equal_the_sampler_alone(tiny, temperature):
   words = ("Hello there", "A", "Some longer prompt text here, friend", "xyz", "Q")
   budgets = (24, 16, 30, 20, 10)
   jobs = [_job(tok.encode(w), b, s) for s, (w, b) in enumerate(zip(words, budgets))]
-  pool = pool_lib.new_pool(tiny, temperature, 1.0, 4, pool_lib.new_stats())
+  pool = pool_lib.new_pool(tiny, temperature, 1.0, 4, pool_lib.new_stats(), 64)  # compacts
   out = _run(tiny, pool, {0: jobs[:2], 1: jobs[2:3], 2: jobs[3:4], 3: jobs[4:]})
   for seed, job in enumerate(jobs):
     ids, logprobs = out[id(job)]
