@@ -347,19 +347,21 @@ def test_session_segments_follow_the_sampled_tokens():
 
 def test_warm_up_compiles_every_bucket(monkeypatch):
   """Every (rows admitted together, prefill width) bucket up to the limits, once each at
-  every column count, then a chunk. Mutations caught: `powers` stopping below its upper
+  every column count, each followed by a chunk of that many rows. Mutations caught: `powers` stopping below its upper
   bound (`while lo < hi`); admission_rows rounding to powers of two (`4 **` -> `2 **`:
   more programs)."""
   seen = []
   pool = types.SimpleNamespace(columns=256, slots=None)
   monkeypatch.setattr(pool_lib, "new_pool", lambda *a: pool)
-  monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step"))
+  monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step") or [])
+  monkeypatch.setattr(pool_lib, "release", lambda *a, **k: None)
   monkeypatch.setattr(pool_lib.slots_lib, "compact", lambda *a, **k: None)
   monkeypatch.setattr(
     pool_lib, "_admit_device", lambda e, p, placed, width, end: seen.append((len(placed), width))
   )
   assert pool_lib.warm_up(ENGINE, 8, 40) == 6
-  assert seen == [(1, 32), (4, 32), (8, 32), "step", (1, 64), (4, 64), (8, 64), "step"]
+  pairs = [(r, w) for w in (32, 64) for r in (1, 4, 8)]
+  assert seen == [x for pair in pairs for x in (pair, "step")]
   assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 5, 17, 40)] == [1, 4, 16, 32, 32]
 
 

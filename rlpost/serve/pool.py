@@ -28,8 +28,8 @@ HEADROOM = 64  # columns a compaction leaves free beyond what is asked
 
 
 def admission_rows(n: int, rows: int) -> int:
-  """Rows an admission of n runs with: a power of four (fewer programs than powers of
-  two; a small admission's prefill is cheap), at most the pool's rows."""
+  """Rows an admission or a chunk of n rows runs with: a power of four (fewer programs
+  than powers of two; a small call is cheap), at most the pool's rows."""
   return min(4 ** -(-(max(n, 1) - 1).bit_length() // 2), rows)
 
 
@@ -199,23 +199,28 @@ def step(engine, pool: Pool, steps: int) -> list[int]:
   the lanes whose rows ended (stop id or budget) in it."""
   if pool.write_index + steps > pool.columns:
     _compact(pool, steps)
-  before = pool.write_index
-  pool.slots, tokens, logprobs, _ = slots_lib.step_chunk(
-    engine.params, pool.slots, model_config=engine.model_config, config=pool.config, steps=steps
+  before, rows = pool.write_index, live(pool)
+  spare = [i for i in range(len(pool.lanes)) if i not in rows]
+  rows_B = rows + spare[: admission_rows(len(rows), len(pool.lanes)) - len(rows)]
+  pool.slots, *out = slots_lib.step_chunk(
+    engine.params,
+    pool.slots,
+    np.asarray(rows_B, np.int32),
+    model_config=engine.model_config,
+    config=pool.config,
+    steps=steps,
   )
-  tokens, logprobs, count, done = jax.device_get(
-    (tokens, logprobs, pool.slots.count, pool.slots.done)
-  )
+  tokens, logprobs, count, done = jax.device_get(out)
   ended = []
-  for i in live(pool):
+  for b, i in enumerate(rows):
     lane = pool.lanes[i]
-    new = int(count[i]) - len(lane.ids)
+    new = int(count[b]) - len(lane.ids)
     if new > 0:
-      lane.ids += tokens[i, :new].tolist()
-      lane.logprobs += logprobs[i, :new].tolist()
+      lane.ids += tokens[b, :new].tolist()
+      lane.logprobs += logprobs[b, :new].tolist()
       lane.cached = lane.job.prompt + tuple(lane.ids[:-1])
       lane.end = before + new
-    if done[i]:
+    if done[b]:
       ended.append(i)
   pool.stats["chunks"] += 1
   pool.stats["max_live"] = max(pool.stats["max_live"], len(live(pool)))
@@ -238,7 +243,7 @@ def release(pool: Pool, lanes: list[int], cancel: bool) -> None:
 def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, steps=8) -> int:
   """Compiles the programs a pool of `max_rows` slots runs at one setting for prompts of
   up to `max_prompt` tokens and `engine.max_tokens` new ones: at every column count on
-  the way, an admission of every (rows, prefill width) bucket, a chunk of `steps`, and
+  the way, an admission and a chunk of `steps` of every (rows, prefill width) bucket, and
   the compactions to the other counts. Returns the number of admission shapes."""
   rows = engine_lib.bucket(max_rows, 1)
   top = engine_lib.bucket(max_prompt + engine.max_tokens + HEADROOM, MIN_COLUMNS)
@@ -250,10 +255,10 @@ def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, 
     for size in [s for s in sizes if s > width]:  # an admission compacts to fit first
       pool = new_pool(engine, temperature, top_p, rows, new_stats(), size)
       for count in counts:
-        jobs = [Job((engine.tokenizer.bos_id,) * width, 1, 0, None, None) for _ in range(count)]
+        jobs = [Job((engine.tokenizer.bos_id,) * width, 2, 0, None, None) for _ in range(count)]
         _admit_device(engine, pool, [(j, i, 0) for i, j in enumerate(jobs)], width, width)
+        release(pool, step(engine, pool, steps), cancel=False)  # a chunk of `count` rows
         shapes += 1
-      step(engine, pool, steps)
       for other in sizes:
         slots_lib.compact(pool.slots, size=other)
   return shapes

@@ -13,7 +13,8 @@ its random identity and whether it is done.
   admit(...)       prefill new rows' prompts (or a session's new suffix after the
                    history its slot keeps) into chosen slots, ending at a new write index;
                    samples each row's token 0
-  step_chunk(...)  `steps` decode steps of every live row (one jitted while loop)
+  step_chunk(...)  `steps` decode steps of the live rows (gathered into a bucket of B
+                   rows, decoded in one jitted while loop, written back)
   compact(...)     packs each row's history to the left and resizes S (stable order)
 
 Column order within a row is its token order; the host (`pool.py`) keeps each row's
@@ -70,12 +71,42 @@ def _step_keys(row_id_B, count_B):
 @functools.partial(
   jax.jit, static_argnames=("model_config", "config", "steps"), donate_argnames=("slots",)
 )
-def step_chunk(params, slots: Slots, *, model_config, config: sampling.SamplingConfig, steps: int):
-  """Up to `steps` decode steps of every live row (fewer when all are done).
+def step_chunk(
+  params, slots: Slots, rows_B, *, model_config, config: sampling.SamplingConfig, steps: int
+):
+  """Up to `steps` decode steps of the slots `rows_B` ([B] int32, distinct; B <= R: the
+  live rows and done ones to fill a bucket), fewer when all of them are done. Only these
+  rows are computed (gathered, decoded, written back).
 
-  Returns (slots, tokens [R, steps] int32, logprobs [R, steps] float32, steps run [] int32);
-  a row's tokens of this chunk are its first `count_after - count_before` entries."""
+  Returns (slots, tokens [B, steps] int32, logprobs [B, steps] float32, count [B] int32,
+  done [B] bool); a row's tokens of this chunk are its first `count_after - count_before`."""
   params = decoder.decode_layout(params)
+  c = slots.cache
+  sub = Slots(
+    cache={
+      "k": c["k"][:, rows_B],
+      "v": c["v"][:, rows_B],
+      "pos": c["pos"][rows_B],
+      "index": c["index"],
+    },
+    **{f: getattr(slots, f)[rows_B] for f in _ROW_FIELDS},
+  )
+  sub, tokens, logprobs = _decode(params, sub, model_config, config, steps)
+  cache = {
+    "k": c["k"].at[:, rows_B].set(sub.cache["k"]),
+    "v": c["v"].at[:, rows_B].set(sub.cache["v"]),
+    "pos": c["pos"].at[rows_B].set(sub.cache["pos"]),
+    "index": sub.cache["index"],
+  }
+  rows = {f: getattr(slots, f).at[rows_B].set(getattr(sub, f)) for f in _ROW_FIELDS}
+  return Slots(cache=cache, **rows), tokens, logprobs, sub.count, sub.done
+
+
+_ROW_FIELDS = ("valid", "next_pos", "token", "count", "budget", "row_id", "done")
+
+
+def _decode(params, slots: Slots, model_config, config, steps: int):
+  """The decode loop of `step_chunk` over every row of `slots`."""
   R, S = slots.valid.shape
   col = jnp.arange(S)[None, :]
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
@@ -116,9 +147,9 @@ def step_chunk(params, slots: Slots, *, model_config, config: sampling.SamplingC
     jnp.full((R, steps), config.pad_id, jnp.int32),
     jnp.zeros((R, steps), jnp.float32),
   )
-  cond = lambda c: (c[0] < steps) & ~jnp.all(c[1].done)
-  ran, slots, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
-  return slots, tokens, logprobs, ran
+  cond = lambda c: (c[0] < steps) & ~jnp.all(c[1].done)  # noqa: E731
+  _, slots, tokens, logprobs = jax.lax.while_loop(cond, body, carry)
+  return slots, tokens, logprobs
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "config"), donate_argnames=("slots",))
