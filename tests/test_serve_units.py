@@ -346,22 +346,26 @@ def test_session_segments_follow_the_sampled_tokens():
 
 
 def test_warm_up_compiles_every_bucket(monkeypatch):
-  """Every (rows admitted together, prefill width) bucket up to the limits, once each at
-  every column count, each followed by a chunk of that many rows. Mutations caught: `powers` stopping below its upper
-  bound (`while lo < hi`); admission_rows rounding to powers of two (`4 **` -> `2 **`:
-  more programs)."""
+  """Every (rows admitted together, prefill width) bucket up to the limits at every column
+  count: a fresh admission, a chunk of that many rows, a session's continuation. Mutations
+  caught: `powers` stopping below its upper bound (`while lo < hi`); admission_rows
+  rounding to powers of two (`4 **` -> `2 **`: more programs)."""
   seen = []
-  pool = types.SimpleNamespace(columns=256, slots=None)
+  lanes = [pool_lib.Lane(cached=(2,) * 40) for _ in range(8)]
+  pool = types.SimpleNamespace(columns=256, slots=None, write_index=0, lanes=lanes)
   monkeypatch.setattr(pool_lib, "new_pool", lambda *a: pool)
   monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step") or [])
   monkeypatch.setattr(pool_lib, "release", lambda *a, **k: None)
+  monkeypatch.setattr(pool_lib, "live", lambda *a: [])
   monkeypatch.setattr(pool_lib.slots_lib, "compact", lambda *a, **k: None)
-  monkeypatch.setattr(
-    pool_lib, "_admit_device", lambda e, p, placed, width, end: seen.append((len(placed), width))
-  )
+
+  def admit(engine, pool, placed, width, end):
+    seen.append((len(placed), width, "continued" if placed[0][2] else "fresh"))
+
+  monkeypatch.setattr(pool_lib, "_admit_device", admit)
   assert pool_lib.warm_up(ENGINE, 8, 40) == 6
   pairs = [(r, w) for w in (32, 64) for r in (1, 4, 8)]
-  assert seen == [x for pair in pairs for x in (pair, "step")]
+  assert seen == [x for r, w in pairs for x in ((r, w, "fresh"), "step", (r, w, "continued"))]
   assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 5, 17, 40)] == [1, 4, 16, 32, 32]
 
 

@@ -136,16 +136,30 @@ def admit(engine, pool: Pool, jobs: list[Job]) -> list[Job]:
     jobs_left = []
   if not placed:
     return jobs_left
-  width = engine_lib.bucket(
-    max(len(j.prompt) - k for j, _, k in placed), engine_lib.MIN_PROMPT_BUCKET
-  )
-  after = max((pool.lanes[i].end for _, i, k in placed if k), default=0)
-  if max(pool.write_index, after + width) + 1 > pool.columns:
-    _compact(pool, width + 1)
-    after = max((pool.lanes[i].end for _, i, k in placed if k), default=0)
-  end = max(pool.write_index, after + width, width)
-  _admit_device(engine, pool, placed, width, end)
+  groups = [[p for p in placed if not p[2]], [p for p in placed if p[2]]]  # fresh, continued
+  widths = [_width(g) for g in groups]
+  if _end(pool, groups[1], widths) + 1 > pool.columns:
+    _compact(pool, max(widths) + 1)
+  end = _end(pool, groups[1], widths)
+  for group, width in zip(groups, widths):
+    if group:
+      _admit_device(engine, pool, group, width, end)
   return jobs_left
+
+
+def _width(group: list) -> int:
+  """The prefill width of (job, lane, kept) rows: their new tokens' bucket (0: none)."""
+  if not group:
+    return 0
+  new = max(len(j.prompt) - k for j, _, k in group)
+  return engine_lib.bucket(new, engine_lib.MIN_PROMPT_BUCKET)
+
+
+def _end(pool: Pool, continued: list, widths: list) -> int:
+  """The write index after an admission: past the continued rows' histories by their
+  width, at least the fresh rows' width, never back."""
+  after = max((pool.lanes[i].end for _, i, _ in continued), default=0)
+  return max(pool.write_index, after + widths[1], widths[0])
 
 
 def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> None:
@@ -167,6 +181,7 @@ def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> Non
     np.int32(end),
     model_config=engine.model_config,
     config=pool.config,
+    fresh=not placed[0][2],
   )
   token0, logp0 = jax.device_get((token0, logp0))
   now = time.monotonic()
@@ -243,21 +258,29 @@ def release(pool: Pool, lanes: list[int], cancel: bool) -> None:
 def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, steps=8) -> int:
   """Compiles the programs a pool of `max_rows` slots runs at one setting for prompts of
   up to `max_prompt` tokens and `engine.max_tokens` new ones: at every column count on
-  the way, an admission and a chunk of `steps` of every (rows, prefill width) bucket, and
-  the compactions to the other counts. Returns the number of admission shapes."""
+  the way, for every (rows, prefill width) bucket an admission, a chunk of `steps` and a
+  session's continuation, and the compactions to the other counts. Returns the number of admission shapes."""
   rows = engine_lib.bucket(max_rows, 1)
-  top = engine_lib.bucket(max_prompt + engine.max_tokens + HEADROOM, MIN_COLUMNS)
+  width = engine_lib.bucket(max_prompt, engine_lib.MIN_PROMPT_BUCKET)
+  # the most a compaction asks: the longest history, an admission's width, HEADROOM
+  top = engine_lib.bucket(max_prompt + engine.max_tokens + width + 1 + HEADROOM, MIN_COLUMNS)
   sizes = list(engine_lib.powers(MIN_COLUMNS, top))
-  widths = engine_lib.powers(engine_lib.MIN_PROMPT_BUCKET, engine_lib.bucket(max_prompt, 1))
+  widths = engine_lib.powers(engine_lib.MIN_PROMPT_BUCKET, width)
   counts = sorted({admission_rows(n, rows) for n in range(1, rows + 1)})
   shapes = 0
   for width in widths:
     for size in [s for s in sizes if s > width]:  # an admission compacts to fit first
       pool = new_pool(engine, temperature, top_p, rows, new_stats(), size)
       for count in counts:
-        jobs = [Job((engine.tokenizer.bos_id,) * width, 2, 0, None, None) for _ in range(count)]
+        bos = (engine.tokenizer.bos_id,) * width
+        jobs = [Job(bos, 2, 0, "warm", None) for _ in range(count)]
         _admit_device(engine, pool, [(j, i, 0) for i, j in enumerate(jobs)], width, width)
         release(pool, step(engine, pool, steps), cancel=False)  # a chunk of `count` rows
+        end = pool.write_index + width
+        if end < size:  # a session's next turn: `width` new tokens after its history
+          more = [(Job(pool.lanes[i].cached + bos, 2, 0, None, None), i) for i in range(count)]
+          _admit_device(engine, pool, [(j, i, len(j.prompt) - width) for j, i in more], width, end)
+        release(pool, live(pool), cancel=True)
         shapes += 1
       for other in sizes:
         slots_lib.compact(pool.slots, size=other)

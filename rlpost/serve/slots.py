@@ -152,7 +152,9 @@ def _decode(params, slots: Slots, model_config, config, steps: int):
   return slots, tokens, logprobs
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "config"), donate_argnames=("slots",))
+@functools.partial(
+  jax.jit, static_argnames=("model_config", "config", "fresh"), donate_argnames=("slots",)
+)
 def admit(
   params,
   slots: Slots,
@@ -166,6 +168,7 @@ def admit(
   *,
   model_config,
   config: sampling.SamplingConfig,
+  fresh: bool,
 ):
   """Prefills A rows into slots `rows_A` and samples their token 0.
 
@@ -177,42 +180,30 @@ def admit(
     row_id_A, budget_A: [A] int32, each row's random identity and token budget (>= 1).
     end: [] int32, the new write index; the new tokens fill columns [end - M, end), after
       every kept history (the host's rule), and every row's next step writes at `end`.
+    fresh: every keep_A is 0: the prompts are prefilled as `sampling.prefill` does (an
+      M-column cache: the cost does not grow with the pool's columns), then copied in.
 
   Returns (slots, token0 [A] int32, logprob0 [A] float32)."""
-  params = quant.float_view(decoder.decode_layout(params))
-  M = tokens_AxM.shape[1]
-  S = slots.valid.shape[1]
-  col = jnp.arange(S)[None, :]
+  params = decoder.decode_layout(params)
+  col = jnp.arange(slots.valid.shape[1])[None, :]
   kept = slots.valid[rows_A]
   kept = kept & (jnp.cumsum(kept, axis=1) <= keep_A[:, None])
-  pad_A = M - lengths_A
-  first = end - M + pad_A  # the first new token's column
-  query_col = (end - M + jnp.arange(M))[None, :]  # [1, M]
-  mine = (col[:, None, :] >= first[:, None, None]) & (col[:, None, :] <= query_col[..., None])
-  mask = kept[:, None, :] | mine  # [A, M, S]
-  positions = jnp.maximum(keep_A[:, None] + jnp.arange(M)[None, :] - pad_A[:, None], 0)
-  c = slots.cache
-  sub = {"k": c["k"][:, rows_A], "v": c["v"][:, rows_A], "pos": c["pos"][rows_A]}
-  hidden, sub = decoder.forward(
-    params,
-    tokens_AxM,
-    positions,
-    mask,
-    {**sub, "index": end - M},
-    config=model_config,
-    return_hidden=True,
+  prefill = _prefill_fresh if fresh else _prefill_after
+  logits, sub = prefill(
+    params, slots.cache, rows_A, tokens_AxM, lengths_A, keep_A, kept, end, model_config
   )
-  logits = decoder.vocab_major_logits(params, hidden[:, -1])
-  zero = jnp.zeros_like(row_id_A)
-  token, logp = sampling.select_tokens(_step_keys(row_id_A, zero), logits, config)
+  token, logp = sampling.select_tokens(
+    _step_keys(row_id_A, jnp.zeros_like(row_id_A)), logits, config
+  )
   stop_ids = jnp.asarray(config.stop_ids or (-1,), jnp.int32)
+  c = slots.cache
   cache = {
     "k": c["k"].at[:, rows_A].set(sub["k"]),
     "v": c["v"].at[:, rows_A].set(sub["v"]),
     "pos": c["pos"].at[rows_A].set(sub["pos"]),
     "index": jnp.asarray(end, jnp.int32),
   }
-  new_valid = kept | ((col >= first[:, None]) & (col < end))
+  new_valid = kept | ((col >= (end - lengths_A)[:, None]) & (col < end))
   slots = Slots(
     cache=cache,
     valid=slots.valid.at[rows_A].set(new_valid),
@@ -224,6 +215,44 @@ def admit(
     done=slots.done.at[rows_A].set(jnp.isin(token, stop_ids) | (budget_A <= 1)),
   )
   return slots, token, logp
+
+
+def _prefill_fresh(params, cache, rows_A, tokens_AxM, lengths_A, keep_A, kept, end, config):
+  """New prompts alone (`sampling.prefill`), their k/v copied to columns [end - M, end)
+  of the slots' rows. Returns (last logits [V, A], the rows' cache {k, v, pos})."""
+  del keep_A, kept
+  M = tokens_AxM.shape[1]
+  logits, block = sampling.prefill(params, tokens_AxM, lengths_A, model_config=config, cache_size=M)
+  at = (0, 0, end - M, 0, 0)
+  return logits, {
+    "k": jax.lax.dynamic_update_slice(cache["k"][:, rows_A], block["k"], at),
+    "v": jax.lax.dynamic_update_slice(cache["v"][:, rows_A], block["v"], at),
+    "pos": jax.lax.dynamic_update_slice(cache["pos"][rows_A], block["pos"], (0, end - M)),
+  }
+
+
+def _prefill_after(params, cache, rows_A, tokens_AxM, lengths_A, keep_A, kept, end, config):
+  """New tokens after each row's kept history (attending it and each other, causally),
+  written at columns [end - M, end). Returns (last logits [V, A], the rows' cache)."""
+  params = quant.float_view(params)
+  M = tokens_AxM.shape[1]
+  col = jnp.arange(kept.shape[1])[None, :]
+  pad_A = M - lengths_A
+  first = end - M + pad_A  # the first new token's column
+  query_col = (end - M + jnp.arange(M))[None, :]  # [1, M]
+  mine = (col[:, None, :] >= first[:, None, None]) & (col[:, None, :] <= query_col[..., None])
+  positions = jnp.maximum(keep_A[:, None] + jnp.arange(M)[None, :] - pad_A[:, None], 0)
+  sub = {"k": cache["k"][:, rows_A], "v": cache["v"][:, rows_A], "pos": cache["pos"][rows_A]}
+  hidden, sub = decoder.forward(
+    params,
+    tokens_AxM,
+    positions,
+    kept[:, None, :] | mine,
+    {**sub, "index": end - M},
+    config=config,
+    return_hidden=True,
+  )
+  return decoder.vocab_major_logits(params, hidden[:, -1]), sub
 
 
 @functools.partial(jax.jit, static_argnames=("size",))
