@@ -25,6 +25,7 @@ from rlpost.serve import slots as slots_lib
 
 MIN_COLUMNS = 256  # a pool's columns: a power of two from here (few programs to compile)
 HEADROOM = 64  # columns a compaction leaves free beyond what is asked
+KEEP_IDLE_S = 60.0  # a session's kept slot unused this long is dropped at a compaction
 
 
 def admission_rows(n: int, rows: int) -> int:
@@ -138,8 +139,8 @@ def admit(engine, pool: Pool, jobs: list[Job]) -> list[Job]:
     return jobs_left
   groups = [[p for p in placed if not p[2]], [p for p in placed if p[2]]]  # fresh, continued
   widths = [_width(g) for g in groups]
-  if _end(pool, groups[1], widths) + 1 > pool.columns:
-    _compact(pool, max(widths) + 1)
+  if _end(pool, groups[1], widths) + 1 > pool.columns:  # fresh rows need columns < width
+    _compact(pool, widths[1] + 1, floor=widths[0] + 1)
   end = _end(pool, groups[1], widths)
   for group, width in zip(groups, widths):
     if group:
@@ -195,12 +196,17 @@ def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> Non
   pool.stats["admissions"] += 1
 
 
-def _compact(pool: Pool, room: int) -> None:
-  """Packs every kept history to the left (free lanes' columns dropped) and resizes the
-  pool to fit the longest plus `room` columns and HEADROOM."""
+def _compact(pool: Pool, room: int, floor: int = 0) -> None:
+  """Packs every kept history to the left (free lanes' columns dropped, and sessions idle
+  for KEEP_IDLE_S) and resizes the pool to fit the longest plus `room` columns (at least
+  `floor`) and HEADROOM."""
+  now = time.monotonic()
+  for lane in pool.lanes:
+    if lane.job is None and now - lane.used > KEEP_IDLE_S:
+      lane.session = None
   keep = [lane.job is not None or lane.session is not None for lane in pool.lanes]
   counts = [len(lane.cached) if k else 0 for lane, k in zip(pool.lanes, keep)]
-  size = engine_lib.bucket(max(counts) + room + HEADROOM, MIN_COLUMNS)
+  size = engine_lib.bucket(max(max(counts) + room, floor) + HEADROOM, MIN_COLUMNS)
   slots = pool.slots
   slots = slots_lib.Slots(**{**vars(slots), "valid": slots.valid & np.asarray(keep)[:, None]})
   pool.slots = slots_lib.compact(slots, size=size)
