@@ -26,6 +26,7 @@ from rlpost.serve import scheduler
 from rlpost.serve import server
 from rlpost.serve import sessions
 from rlpost.serve import streaming
+from rlpost.serve import waiting
 from rlpost.text import chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
 
@@ -292,14 +293,14 @@ def test_abandoned_requests_are_not_decoded():
 
 
 def test_a_closed_client_is_noticed_while_waiting():
-  """Mutation caught: `_client_gone` returning False always (the request would be kept
+  """Mutation caught: `waiting.client_gone` returning False always (the request would be kept
   and decoded for nobody)."""
   a, b = socket.socketpair()
   future = concurrent.futures.Future()
   try:
-    assert not server._client_gone(a)
+    assert not waiting.client_gone(a)
     b.close()
-    assert server._wait(future, a, 5.0) is None
+    assert waiting.wait(future, a, 5.0) is None
     assert future.cancelled()
   finally:
     a.close()

@@ -1,10 +1,10 @@
 """A sampled row -> one choice: stop strings, text, tool calls, finish_reason.
 
 Stop strings are found in the decoded text (the scheduler ends a row once its text holds
-one, `first_stop`): the tokens are cut after the first token whose text holds a stop string, and the text before it is kept (for a
-tool-call close, `Generation.keep_stops`, through it). The token ids stay exactly the
-sampled ones (the stop id included when the row ended on it): a trainer reading
-`token_ids` trains on what was sampled.
+one, `first_stop`): the tokens are cut after the first token whose text holds a stop
+string, and the text before it is kept (for a tool-call close, `Generation.keep_stops`,
+through it). The token ids stay exactly the sampled ones (the stop id included when the
+row ended on it): a trainer reading `token_ids` trains on what was sampled.
 """
 
 import dataclasses

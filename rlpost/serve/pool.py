@@ -24,7 +24,7 @@ from rlpost.serve import engine as engine_lib
 from rlpost.serve import slots as slots_lib
 
 MIN_COLUMNS = 256  # a pool's columns: a power of two from here (few programs to compile)
-HEADROOM = 64  # columns a compaction leaves free beyond what is asked
+HEADROOM = 16  # columns a compaction leaves free beyond what is asked
 KEEP_IDLE_S = 60.0  # a session's kept slot unused this long is dropped at a compaction
 
 
@@ -95,10 +95,6 @@ def new_pool(engine, temperature, top_p, rows: int, stats: dict, columns=MIN_COL
 
 def live(pool: Pool) -> list[int]:
   return [i for i, lane in enumerate(pool.lanes) if lane.job is not None]
-
-
-def idle(pool: Pool) -> bool:
-  return all(lane.job is None and lane.session is None for lane in pool.lanes)
 
 
 def _common(a: tuple, b: tuple) -> int:

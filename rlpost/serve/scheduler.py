@@ -1,9 +1,9 @@
 """The one thread that owns the model: rows join and leave a running batch (continuous
 batching).
 
-Requests wait in a queue. The loop: take what has arrived (when nothing decodes, the
-first request and those following it within `batch_window_ms`, at most `max_wait_ms`,
-as before: a burst of agents is admitted in one prefill), admit waiting choices into
+Requests wait in a queue. The loop: take what has arrived (when fewer than half the
+slots decode, also those following it within `batch_window_ms` of each other, at most
+`max_wait_ms`: a burst of agents is admitted in one prefill and decodes in step), admit waiting choices into
 free slots (`pool.admit`), run one chunk of `chunk_steps` decode steps, hand each
 request its new tokens (`Ticket.updates`: what a stream writes as it goes), and finish
 the rows that ended: a stop id, the budget, a stop string in their text (found after
@@ -101,8 +101,7 @@ def submit(scheduler: Scheduler, gen, session: str | None = None) -> Ticket:
 
 def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event) -> list:
   """The next group of (gen, future) when nothing decodes: the first waiting request, then
-  more until none has arrived for batch_window_ms, max_wait_ms have passed since the
-  first, or max_batch rows wait. Cancelled futures are dropped."""
+  more (`_more`). Cancelled futures are dropped."""
   while not stopping.is_set():
     try:
       batch = [inbox.get(timeout=0.05)]
@@ -111,6 +110,12 @@ def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event)
       continue
   else:
     return []
+  return _running(_more(inbox, config, batch))
+
+
+def _more(inbox: queue.Queue, config: BatchConfig, batch: list) -> list:
+  """`batch` and the requests that follow it until none has arrived for batch_window_ms,
+  max_wait_ms have passed, or max_batch rows wait."""
   first = last = time.monotonic()
   while sum(g.n for g, _ in batch) < config.max_batch:
     close = min(last + config.batch_window_ms / 1000, first + config.max_wait_ms / 1000)
@@ -119,17 +124,26 @@ def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event)
     except queue.Empty:
       break
     last = time.monotonic()
-  return [(g, f) for g, f in batch if f.set_running_or_notify_cancel()]
+  return batch
 
 
-def _drain(inbox: queue.Queue) -> list:
-  """What arrived while rows decode (nobody waits for more)."""
+def _drain(inbox: queue.Queue, config: BatchConfig, live: int) -> list:
+  """What arrived while rows decode; when fewer than half the slots decode, the requests
+  that follow it too (`_more`: agents whose turns end together join together, not one
+  chunk apart)."""
   out = []
   while True:
     try:
       out.append(inbox.get_nowait())
     except queue.Empty:
-      return [(g, f) for g, f in out if f.set_running_or_notify_cancel()]
+      break
+  if out and live < config.max_batch // 2:
+    out = _more(inbox, config, out)
+  return _running(out)
+
+
+def _running(batch: list) -> list:
+  return [(g, f) for g, f in batch if f.set_running_or_notify_cancel()]
 
 
 @dataclasses.dataclass(eq=False)
@@ -145,8 +159,8 @@ class _Request:
 def _loop(engine, config, inbox, stopping, stats) -> None:
   pools, waiting = {}, []
   while not stopping.is_set():
-    busy = waiting or any(pool_lib.live(p) for p in pools.values())
-    arrived = _drain(inbox) if busy else _collect(inbox, config, stopping)
+    live = sum(len(pool_lib.live(p)) for p in pools.values())
+    arrived = _drain(inbox, config, live) if waiting or live else _collect(inbox, config, stopping)
     for gen, ticket in arrived:
       request = _Request(gen, ticket, _settings(engine, gen), [None] * gen.n)
       session = getattr(ticket, "session", None)

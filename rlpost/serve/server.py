@@ -9,8 +9,14 @@ SSE is plain writes on the socket. The accept queue is `ServerConfig.accept_queu
 
 Limits: bodies over `max_body_bytes` get 413 unread; at most `max_concurrent` requests
 are in flight (429 beyond); a request waits at most `request_timeout_s` (504); a socket
-idle for `read_timeout_s` is closed. A client that goes away while its request waits is
-noticed (its socket reads EOF) and its request is dropped before it is decoded.
+idle for `read_timeout_s` is closed. A client that goes away is noticed (its socket reads
+EOF, or a stream's write fails) and its request is dropped: not decoded if it waits, its
+rows stopped and their slots freed at the next chunk if they decode.
+
+A stream (`stream=true`) writes its chunks as the scheduler hands over tokens, after each
+decode chunk (`streaming.py` holds back what could start a stop string or a tool call);
+a request with `top_logprobs` streams when its choice ends (the alternatives come from
+one forward over the whole choice).
 """
 
 import contextlib
@@ -18,16 +24,12 @@ import dataclasses
 import http.server
 import ipaddress
 import json
-import queue
-import select
-import socket
 import threading
-import time
 from typing import NamedTuple
 
 from absl import logging
 
-from rlpost.serve import request_bodies, responses, sessions, streaming
+from rlpost.serve import request_bodies, responses, sessions, streaming, waiting
 from rlpost.serve import scheduler as scheduler_lib
 
 LOOPBACK = ("localhost",)
@@ -225,7 +227,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if gen.stream:
       choices = self._stream(gen, ticket, chat)
     else:
-      choices = _wait(ticket, self.connection, self.app.config.request_timeout_s)
+      choices = waiting.wait(ticket, self.connection, self.app.config.request_timeout_s)
     if choices is None:  # the client went away (its rows stop at the next chunk)
       self.close_connection = True
       return
@@ -258,7 +260,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     try:
       return self._stream_events(gen, ticket, chat)
     except (BrokenPipeError, ConnectionResetError):
-      _abandon(ticket)
+      waiting.abandon(ticket)
       raise
 
   def _stream_events(self, gen, ticket, chat: bool):
@@ -266,7 +268,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     head = responses.stream_head(gen, self.app.engine.name, chat)
     held, sent = streaming.holds(gen), [streaming.Sent() for _ in range(gen.n)]
     choices, opened = [None] * gen.n, False
-    for kind, index, payload in _updates(ticket, gen.n, self.connection, timeout):
+    for kind, index, payload in waiting.updates(ticket, gen.n, self.connection, timeout):
       if kind == "gone":
         return None
       if not opened:
@@ -301,81 +303,12 @@ class _Part(NamedTuple):
   top: list | None
 
 
-def _updates(ticket, n: int, connection, timeout_s: float):
-  """A streaming request's updates until its `n` choices are done; ("gone", None, None)
-  when the client went away first. Raises the request's error, or ApiError 504."""
-  deadline, done = time.monotonic() + timeout_s, 0
-  while done < n:
-    if _client_gone(connection):
-      _abandon(ticket)
-      yield ("gone", None, None)
-      return
-    try:
-      update = ticket.updates.get(timeout=0.05)
-    except queue.Empty:
-      if ticket.done() and ticket.exception() is not None:
-        raise ticket.exception()  # pylint: disable=raising-bad-type
-      if time.monotonic() > deadline:
-        _abandon(ticket)
-        raise request_bodies.ApiError(
-          504,
-          f"no result within {timeout_s} s (request_timeout_s)",
-          code="timeout",
-          kind="server_error",
-        )
-      continue
-    done += update[0] == "done"
-    yield update
-
-
-def _abandon(future) -> None:
-  """Drops a request: not decoded if it waits, its rows stopped at the next chunk if not."""
-  future.cancel()
-  gone = getattr(future, "gone", None)
-  if gone is not None:
-    gone.set()
-
-
 def _not_found(path: str) -> request_bodies.ApiError:
   return request_bodies.ApiError(
     404,
     f"no route {path!r}: use /v1/models, /v1/chat/completions or /v1/completions",
     code="not_found",
   )
-
-
-def _client_gone(connection: socket.socket) -> bool:
-  """Whether the peer closed its side (readable with nothing to read)."""
-  readable, _, _ = select.select([connection], [], [], 0)
-  if not readable:
-    return False
-  try:
-    return connection.recv(1, socket.MSG_PEEK) == b""
-  except OSError:
-    return True
-
-
-def _wait(future, connection, timeout_s: float):
-  """The future's result; None when the client went away first (the request is dropped:
-  not decoded if it waits, its rows stopped if they decode); ApiError 504 after
-  `timeout_s`."""
-  deadline = time.monotonic() + timeout_s
-  while True:
-    try:
-      return future.result(timeout=0.05)
-    except TimeoutError:
-      pass
-    if _client_gone(connection):
-      _abandon(future)
-      return None
-    if time.monotonic() > deadline:
-      _abandon(future)
-      raise request_bodies.ApiError(
-        504,
-        f"no result within {timeout_s} s (request_timeout_s)",
-        code="timeout",
-        kind="server_error",
-      )
 
 
 class _Server(http.server.ThreadingHTTPServer):
