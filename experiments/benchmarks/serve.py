@@ -4,8 +4,8 @@ Workload (flags): `--clients` concurrent agents, each a conversation of `--turns
 through the real `openai` client on its own session URL (each turn appends the reply and
 a new user message; a turn whose prompt extends the session's kept slot prefills only
 the rest), `--max_tokens` new tokens per turn (sampled, temperature 0.7, a seed per
-client). The whole workload runs once (compiling the shapes it meets; `--warm_up` also
-compiles every (rows admitted, prefill width) bucket), then it is timed. The reference
+client). The whole workload runs `--passes` times (compiling the shapes it meets;
+`--warm_up` also compiles every (rows admitted, prefill width) bucket), then it is timed. The reference
 replays the same rows (the prompt ids the endpoint saw, the token counts it returned)
 through `sampling.sample`, one batched call per turn with every client's row, timed
 after a warm-up. Prints ONE JSON object:
@@ -19,6 +19,8 @@ after a warm-up. Prints ONE JSON object:
              the sampler alone on the same prompt and token count (batch 1)
 
   python -m experiments.benchmarks.serve [--preset=tiny] [--clients=32 --turns=4]
+  python -m experiments.benchmarks.serve --preset=gemma3_270m --max_tokens=16 \
+      --nowarm_up --passes=2       # Gemma 3 270M: compiles only what the workload meets
 
 The clients run in this process (threads sharing the GIL with the server).
 """
@@ -57,6 +59,7 @@ _MAX_WAIT = flags.DEFINE_float("max_wait_ms", 200.0, "Scheduler: a batch's longe
 _CHUNK = flags.DEFINE_integer("chunk_steps", 8, "Scheduler: decode steps per jitted call.")
 _WARM_UP = flags.DEFINE_bool("warm_up", True, "Compile every admission bucket first.")
 _SESSIONS = flags.DEFINE_bool("sessions", True, "Agents on session URLs (cache reuse).")
+_PASSES = flags.DEFINE_integer("passes", 1, "Untimed passes of the workload first (compiles).")
 
 
 def _agent(client, index: int, turns: int, max_tokens: int) -> list[dict]:
@@ -183,7 +186,8 @@ def main(argv):
   batch = scheduler.BatchConfig(_CLIENTS.value, _WINDOW.value, _MAX_WAIT.value, _CHUNK.value)
   report["chunk_steps"] = _CHUNK.value
   with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as endpoint:
-    _, first = _workload(endpoint, 0)  # compiles the shapes it meets
+    for run in range(_PASSES.value):  # compiles the shapes it meets
+      _, first = _workload(endpoint, -run - 1)
     if _WARM_UP.value:
       longest = max(len(r["prompt"]) for r in first)
       report["warm_up_pairs"] = pool_lib.warm_up(
@@ -191,7 +195,7 @@ def main(argv):
       )
     _stream(endpoint.url)
     counters = dict(endpoint.scheduler.stats)
-    seconds, records = _workload(endpoint, 1)
+    seconds, records = _workload(endpoint, 0)
     counters = {k: endpoint.scheduler.stats[k] - v for k, v in counters.items()}
     report["stream"], prompt = _stream(endpoint.url)
   report["stream"]["sampler_alone"] = _sampler_alone(engine, prompt, report["stream"]["tokens"])

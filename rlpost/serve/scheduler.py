@@ -163,7 +163,7 @@ def _loop(engine, config, inbox, stopping, stats) -> None:
     arrived = _drain(inbox, config, live) if waiting or live else _collect(inbox, config, stopping)
     for gen, ticket in arrived:
       request = _Request(gen, ticket, _settings(engine, gen), [None] * gen.n)
-      session = getattr(ticket, "session", None)
+      session = ticket.session
       for i in range(gen.n):
         row = engine_lib.row_id(gen.seed, i)
         waiting.append(
