@@ -159,8 +159,8 @@ def _body(max_tokens: int) -> bytes:
 def test_the_stream_arrives_as_it_is_decoded(one_slot):
   """With 200 tokens to decode (chunks of 4), the first content event arrives in the first
   third of the stream's time, not with the rest. Mutation caught: the scheduler sending no
-  token updates (`_deliver`'s `elif ... gen.stream ...` -> `elif False`: the text comes when the row
-  ends)."""
+  token updates (`_send_tokens`'s `if ... gen.stream:` -> `if False:`: the text comes when
+  the row ends)."""
   for _ in range(2):  # compiles the shapes the stream meets (the pool's sizes settle)
     _sse(one_slot.address, _body(200))
   events = _sse(one_slot.address, _body(200))

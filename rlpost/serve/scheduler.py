@@ -190,6 +190,7 @@ def _turn(engine, config, pools: dict, waiting: list, stats: dict) -> list:
     mine = [j for j in waiting if j.owner.settings == settings]
     if mine:
       left += pool_lib.admit(engine, pool, mine)
+      _send_tokens(pool, [i for i in pool_lib.live(pool) if pool.lanes[i].job in mine])
   for pool in pools.values():
     gone = [i for i in pool_lib.live(pool) if _gone(pool.lanes[i].job.owner)]
     stats["cancelled"] += len(gone)
@@ -220,14 +221,22 @@ def _deliver(engine, pool, ended: list[int]) -> None:
     stops = request.gen.stop + request.gen.keep_stops
     if i not in ended and stops and finish.first_stop(engine.tokenizer, lane.ids, stops):
       cut.append(i)
-    elif request.gen.stream and i not in ended:
-      update = (tuple(lane.ids), tuple(lane.logprobs))
-      request.ticket.updates.put(("tokens", lane.job.index, update))
+  _send_tokens(pool, [i for i in pool_lib.live(pool) if i not in ended + cut])
   for i in ended + cut:
     lane = pool.lanes[i]
     _finish_choice(engine, pool, lane.job.owner, lane.job.index, lane)
   pool_lib.release(pool, ended, cancel=False)
   pool_lib.release(pool, cut, cancel=True)
+
+
+def _send_tokens(pool, lanes: list[int]) -> None:
+  """Hands each streaming request of `lanes` its choice's tokens so far (token 0 comes
+  with the admission: a stream's first content waits for no decode chunk)."""
+  for i in lanes:
+    lane = pool.lanes[i]
+    if lane.job.owner.gen.stream:
+      update = (tuple(lane.ids), tuple(lane.logprobs))
+      lane.job.owner.ticket.updates.put(("tokens", lane.job.index, update))
 
 
 def _finish_choice(engine, pool, request: _Request, index: int, lane) -> None:
