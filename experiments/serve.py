@@ -16,6 +16,7 @@ from rlpost.recipes import common
 from rlpost.serve import chat
 from rlpost.text import chat_template
 from rlpost.serve import engine as engine_lib
+from rlpost.serve import pool
 from rlpost.serve import scheduler
 from rlpost.serve import server
 
@@ -46,7 +47,9 @@ def check_config(cfg) -> tuple[server.ServerConfig, scheduler.BatchConfig, int]:
   """(server settings, batch settings, context) from the config, before the model loads;
   errors name config.FIELD, its value and the fix."""
   served = _settings(server.ServerConfig, cfg, _SERVER_FIELDS)
-  batch = _settings(scheduler.BatchConfig, cfg, ("max_batch", "batch_window_ms", "max_wait_ms"))
+  batch = _settings(
+    scheduler.BatchConfig, cfg, ("max_batch", "batch_window_ms", "max_wait_ms", "chunk_steps")
+  )
   if not cfg.max_tokens >= 1:
     common.fail("max_tokens", cfg.max_tokens, "must be >= 1 new token")
   if cfg.context <= cfg.max_tokens:
@@ -71,8 +74,10 @@ def main(argv):
   )
   if cfg.warm_up_prompt_tokens > 0:  # greedy and OpenAI's default temperature, 1
     for temperature in (0.0, 1.0):
-      shapes = engine_lib.warm_up(engine, batch.max_batch, cfg.warm_up_prompt_tokens, temperature)
-    logging.info("compiled %d batch shapes per temperature", shapes)
+      shapes = pool.warm_up(
+        engine, batch.max_batch, cfg.warm_up_prompt_tokens, temperature, steps=batch.chunk_steps
+      )
+    logging.info("compiled %d admission shapes per temperature", shapes)
   with server.serve_in_thread(engine, served, batch) as endpoint:
     url = endpoint.url
     logging.info("serving %r at %s", name, url)

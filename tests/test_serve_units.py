@@ -1,12 +1,14 @@
 """The endpoint's host-side pieces without a model: request checks, the chat seams, stop
-strings, stream deltas, row ids and buckets, the scheduler's dropping of abandoned
+strings, stream pieces, row ids and buckets, the scheduler's dropping of abandoned
 requests, the client-gone check, the loopback rule, the serve config's checks."""
 
 import concurrent.futures
+import dataclasses
 import json
 import queue
 import socket
 import threading
+import types
 
 import pytest
 
@@ -17,11 +19,14 @@ from rlpost.models import families
 from rlpost.serve import chat
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import finish
+from rlpost.serve import pool as pool_lib
 from rlpost.serve import request_bodies
 from rlpost.serve import responses
 from rlpost.serve import scheduler
 from rlpost.serve import server
 from rlpost.serve import sessions
+from rlpost.serve import streaming
+from rlpost.serve import waiting
 from rlpost.text import chat_formats
 from rlpost.text import tokenizer as tokenizer_lib
 
@@ -196,18 +201,75 @@ def test_finish_cuts_at_stop_strings_and_reads_tool_calls():
   assert TOK.decode(c.token_ids) == c.text
 
 
-def test_stream_deltas_add_up_to_the_text():
-  """Stream deltas concatenate to the choice's text and ids, a multi-byte character waits
-  for its last byte. Mutation caught: the `os.path.commonprefix` clamp dropped (the cut
-  stop string's first byte is streamed)."""
-  ids = TOK.encode("hé!Z", add_bos=False)
-  c = finish.finish(TOK, _gen(stop=("Z",)), 0, engine_lib.RowOutput(ids, [0.0] * 5, None, False))
-  chunks = list(responses.stream_chunks(TOK, _gen(), "tiny", [c], chat=True))
-  pieces = [ch["choices"][0] for ch in chunks[1:-1]]
-  assert "".join(p["delta"]["content"] for p in pieces) == c.text == "hé!"
-  assert sum((p["token_ids"] for p in pieces), []) == c.token_ids
-  assert all("\ufffd" not in p["delta"]["content"] for p in pieces)
-  assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+def test_tool_calls_reach_the_client_response():
+  """A chat request offering a tool, whose completion holds a call: the response (as the
+  `openai` client reads it) has the call as tool_calls, finish_reason tool_calls, content
+  before it, and the ids cut after the call's close; with tool_choice none the text stays
+  content. (Was an end-to-end test over a faked sampler; the decode path is in
+  test_serve_slots.) Mutation caught: chat.stop_strings returning () (the call still
+  parses, but the ids and text run on past its close)."""
+  import openai  # pylint: disable=g-import-not-at-top
+
+  engine = dataclasses.replace(ENGINE, context=1024)  # the tool's description is long
+  ids = TOK.encode("ok <tool>calculator: 6*7</tool> more", add_bos=False)
+  out = engine_lib.RowOutput(ids, [0.0] * len(ids), None, False)
+  for choice, want in (("auto", "tool_calls"), ("none", "length")):
+    gen = request_bodies.parse_chat(_chat(tools=[TOOL], tool_choice=choice), engine)
+    c = finish.finish(TOK, gen, 0, out)
+    body = responses.chat_response(TOK, gen, "tiny", [c])
+    r = openai.types.chat.ChatCompletion.model_validate(body).choices[0]
+    assert r.finish_reason == want
+  assert r.message.content == TOK.decode(ids) and not r.message.tool_calls  # tool_choice none
+  gen = request_bodies.parse_chat(_chat(tools=[TOOL]), engine)
+  c = finish.finish(TOK, gen, 0, out)
+  r = openai.types.chat.ChatCompletion.model_validate(
+    responses.chat_response(TOK, gen, "tiny", [c])
+  ).choices[0]
+  assert r.message.content == "ok " and r.model_extra["token_ids"] == c.token_ids
+  call = r.message.tool_calls[0]
+  assert (call.function.name, json.loads(call.function.arguments)) == (
+    "calculator",
+    {"expression": "6*7"},
+  )
+  assert TOK.decode(c.token_ids) == "ok <tool>calculator: 6*7</tool>"
+
+
+def _streamed(gen, ids):
+  """The (ids, text) pieces a stream sends for `ids` decoded one token per chunk, then
+  the flush when the choice ends."""
+  c = finish.finish(TOK, gen, 0, engine_lib.RowOutput(ids, [0.0] * len(ids), None, False))
+  sent, held, pieces = streaming.Sent(), streaming.holds(gen), []
+  for k in range(1, len(c.token_ids) + 1):
+    piece = streaming.progress(TOK, sent, ids[:k], held)
+    pieces += [(ids[piece[0] : piece[1]], piece[2])] if piece else []
+  lo, hi, text = streaming.rest(sent, c)
+  return c, pieces + [(c.token_ids[lo:hi], text)]
+
+
+def test_stream_pieces_add_up_to_the_text():
+  """Streamed pieces concatenate to the choice's text and ids; a multi-byte character
+  waits for its last byte; the start of a stop string waits until it is known not to be
+  one. Mutations caught: safe_end's suffix check dropped (the `!` of the cut `!Z` is
+  sent), its U+FFFD loop dropped (half an `é` is sent)."""
+  ids = TOK.encode("hé!Z!", add_bos=False)
+  c, pieces = _streamed(_gen(stop=("!Z",)), ids)
+  assert "".join(t for _, t in pieces) == c.text == "hé"
+  assert sum((list(i) for i, _ in pieces), []) == c.token_ids
+  assert all("\ufffd" not in t for _, t in pieces) and len(pieces) >= 2
+  c, pieces = _streamed(_gen(), TOK.encode("a!b", add_bos=False))
+  assert [t for _, t in pieces[:3]] == ["a", "!", "b"]  # nothing held without stops
+
+
+def test_stream_holds_a_tool_call_back():
+  """With tools, text from a call opener on is held and the call comes in the last chunk;
+  the content before it streams. Mutation caught: holds() leaving out the call openers."""
+  gen = _gen(tools=(TOOL,), keep_stops=("</tool>",))
+  ids = TOK.encode("ok <tool>calculator: 1</tool>", add_bos=False)
+  c, pieces = _streamed(gen, ids)
+  assert c.tool_calls and c.content == "ok "
+  assert [t for _, t in pieces if t] == ["o", "k", " "]
+  last = responses.last_chunk({}, c, chat=True)["choices"][0]
+  assert last["finish_reason"] == "tool_calls" and last["delta"]["tool_calls"][0]["index"] == 0
 
 
 def test_row_ids_and_buckets():
@@ -231,14 +293,14 @@ def test_abandoned_requests_are_not_decoded():
 
 
 def test_a_closed_client_is_noticed_while_waiting():
-  """Mutation caught: `_client_gone` returning False always (the request would be kept
+  """Mutation caught: `waiting.client_gone` returning False always (the request would be kept
   and decoded for nobody)."""
   a, b = socket.socketpair()
   future = concurrent.futures.Future()
   try:
-    assert not server._client_gone(a)
+    assert not waiting.client_gone(a)
     b.close()
-    assert server._wait(future, a, 5.0) is None
+    assert waiting.wait(future, a, 5.0) is None
     assert future.cancelled()
   finally:
     a.close()
@@ -285,14 +347,27 @@ def test_session_segments_follow_the_sampled_tokens():
 
 
 def test_warm_up_compiles_every_bucket(monkeypatch):
-  """Every (rows, prompt width) bucket up to the limits, once each. Mutation caught:
-  `_powers` stopping below its upper bound (`while lo < hi`)."""
+  """Every (rows admitted together, prefill width) bucket up to the limits at every column
+  count: a fresh admission, a chunk of that many rows, a session's continuation. Mutations
+  caught: `powers` stopping below its upper bound (`while lo < hi`); admission_rows
+  rounding to powers of two (`4 **` -> `2 **`: more programs)."""
   seen = []
-  monkeypatch.setattr(
-    engine_lib, "generate", lambda engine, rows, *a: seen.append((len(rows), len(rows[0].prompt)))
-  )
-  assert engine_lib.warm_up(ENGINE, 5, 40) == 8
-  assert seen == [(r, w) for r in (1, 2, 4, 8) for w in (32, 64)]
+  lanes = [pool_lib.Lane(cached=(2,) * 40) for _ in range(8)]
+  pool = types.SimpleNamespace(columns=256, slots=None, write_index=0, lanes=lanes)
+  monkeypatch.setattr(pool_lib, "new_pool", lambda *a: pool)
+  monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step") or [])
+  monkeypatch.setattr(pool_lib, "release", lambda *a, **k: None)
+  monkeypatch.setattr(pool_lib, "live", lambda *a: [])
+  monkeypatch.setattr(pool_lib.slots_lib, "compact", lambda *a, **k: None)
+
+  def admit(engine, pool, placed, width, end):
+    seen.append((len(placed), width, "continued" if placed[0][2] else "fresh"))
+
+  monkeypatch.setattr(pool_lib, "_admit_device", admit)
+  assert pool_lib.warm_up(ENGINE, 8, 40) == 6
+  pairs = [(r, w) for w in (32, 64) for r in (1, 4, 8)]
+  assert seen == [x for r, w in pairs for x in ((r, w, "fresh"), "step", (r, w, "continued"))]
+  assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 5, 17, 40)] == [1, 4, 16, 32, 32]
 
 
 def test_a_burst_stays_one_batch():

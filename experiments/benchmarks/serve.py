@@ -1,25 +1,28 @@
 r"""The endpoint's throughput against the batched sampler, and one streaming client.
 
 Workload (flags): `--clients` concurrent agents, each a conversation of `--turns` turns
-through the real `openai` client (each turn appends the reply and a new user message),
-`--max_tokens` new tokens per turn (sampled, temperature 0.7, a seed per client). The
-whole workload runs once, then `engine.warm_up` compiles every (rows, prompt width) bucket
-it can meet, then it is timed. The reference replays
-the same rows (the prompt ids the endpoint saw, the token counts it returned) through
-`engine.generate`, one call per turn with every client's row, timed after a warm-up.
-Prints ONE JSON object:
+through the real `openai` client on its own session URL (each turn appends the reply and
+a new user message; a turn whose prompt extends the session's kept slot prefills only
+the rest), `--max_tokens` new tokens per turn (sampled, temperature 0.7, a seed per
+client). The whole workload runs `--passes` times (compiling the shapes it meets;
+`--warm_up` also compiles every (rows admitted, prefill width) bucket), then it is timed. The reference
+replays the same rows (the prompt ids the endpoint saw, the token counts it returned)
+through `sampling.sample`, one batched call per turn with every client's row, timed
+after a warm-up. Prints ONE JSON object:
 
-  endpoint   seconds, completion tokens/s, per-request latency p50/p95, sampler calls
+  endpoint   seconds, completion tokens/s, per-request latency p50/p95, and the
+             scheduler's counters over the timed run (chunks, admissions, prefilled
+             tokens, session cache hits and misses, compactions)
   sampler    seconds, tokens/s (the same rows and lengths, batched per turn)
   ratio      endpoint tokens/s / sampler tokens/s (issue 68's goal: >= 0.8)
-  stream     one streaming client alone: time to first content chunk, tokens/s
+  stream     one streaming client alone: time to first content chunk, tokens/s, and
+             the sampler alone on the same prompt and token count (batch 1)
 
   python -m experiments.benchmarks.serve [--preset=tiny] [--clients=32 --turns=4]
+  python -m experiments.benchmarks.serve --preset=gemma3_270m --max_tokens=16 \
+      --nowarm_up --passes=2       # Gemma 3 270M: compiles only what the workload meets
 
-The clients run in this process (threads sharing the GIL with the server); on a loaded
-2-core machine a turn's 32 requests trickle in over tens of milliseconds. With the
-scheduler's defaults (a 20 ms gap closes a batch, 200 ms at most) a turn is one or two
-sampler calls; with a 5 ms gap and 50 ms cap it was two or three (7 calls, 0.45x).
+The clients run in this process (threads sharing the GIL with the server).
 """
 
 import concurrent.futures
@@ -35,8 +38,13 @@ from absl import flags
 from experiments.benchmarks import machine
 import openai
 
+import jax
+import jax.numpy as jnp
+
+from rlpost import sampling
 from rlpost.models import loading
 from rlpost.serve import engine as engine_lib
+from rlpost.serve import pool as pool_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
 from rlpost.train import runtime
@@ -48,6 +56,10 @@ _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "New tokens per turn (at mo
 _WINDOW = flags.DEFINE_float("batch_window_ms", 20.0, "Scheduler: the gap that closes a batch.")
 _CACHE_DIR = flags.DEFINE_string("compilation_cache_dir", "~/.cache/rlpost/jax", "'': off.")
 _MAX_WAIT = flags.DEFINE_float("max_wait_ms", 200.0, "Scheduler: a batch's longest wait.")
+_CHUNK = flags.DEFINE_integer("chunk_steps", 8, "Scheduler: decode steps per jitted call.")
+_WARM_UP = flags.DEFINE_bool("warm_up", True, "Compile every admission bucket first.")
+_SESSIONS = flags.DEFINE_bool("sessions", True, "Agents on session URLs (cache reuse).")
+_PASSES = flags.DEFINE_integer("passes", 1, "Untimed passes of the workload first (compiles).")
 
 
 def _agent(client, index: int, turns: int, max_tokens: int) -> list[dict]:
@@ -78,33 +90,57 @@ def _agent(client, index: int, turns: int, max_tokens: int) -> list[dict]:
   return records
 
 
-def _workload(url: str) -> tuple[float, list[dict]]:
-  client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=600)
+def _workload(endpoint, run: int) -> tuple[float, list[dict]]:
+  def url(i):
+    return endpoint.session_url(f"r{run}-a{i}") if _SESSIONS.value else endpoint.url
+
+  def play(i):
+    client = openai.OpenAI(base_url=url(i), api_key="-", max_retries=0, timeout=600)
+    return _agent(client, i, _TURNS.value, _MAX_TOKENS.value)
+
   start = time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(_CLIENTS.value) as pool:
-    runs = list(
-      pool.map(lambda i: _agent(client, i, _TURNS.value, _MAX_TOKENS.value), range(_CLIENTS.value))
-    )
+    runs = list(pool.map(play, range(_CLIENTS.value)))
   return time.perf_counter() - start, [r for run in runs for r in run]
+
+
+def _batched(engine, prompts: list, tokens: int, temperature: float):
+  """One `sampling.sample` call over `prompts` (bucketed rows, width and token cap, as the
+  endpoint's engine did before continuous batching), `tokens` new tokens at most."""
+  config = engine_lib.sampling_config(
+    engine, temperature, 1.0, engine_lib.bucket(tokens, engine_lib.MIN_TOKEN_BUCKET)
+  )
+  width = engine_lib.bucket(max(len(p) for p in prompts), engine_lib.MIN_PROMPT_BUCKET)
+  padded = prompts + [prompts[0]] * (engine_lib.bucket(len(prompts), 1) - len(prompts))
+  ids, lengths = sampling.pad_prompts([list(p) for p in padded], config, width)
+  out = sampling.sample(
+    engine.params,
+    ids,
+    lengths,
+    jax.random.key(0),
+    jnp.int32(tokens),
+    jnp.arange(len(padded), dtype=jnp.int32),
+    model_config=engine.model_config,
+    config=config,
+  )
+  return jax.block_until_ready(out)
 
 
 def _sampler(engine, records: list[dict]) -> float:
   """Seconds to sample the same rows, one batched call per turn (every client's row)."""
   by_turn = {}
   for r in records:
-    rows = by_turn.setdefault(r["turn"], [])
-    seed = engine_lib.row_id(len(rows), r["turn"])
-    rows.append(engine_lib.Row(tuple(r["prompt"]), max(r["tokens"], 1), seed))
+    by_turn.setdefault(r["turn"], []).append(r)
   start = time.perf_counter()
   for rows in by_turn.values():
-    engine_lib.generate(engine, rows, 0.7, 1.0)
+    _batched(engine, [r["prompt"] for r in rows], max(max(r["tokens"] for r in rows), 1), 0.7)
   return time.perf_counter() - start
 
 
-def _stream(url: str) -> dict:
+def _stream(url: str) -> tuple[dict, list[int]]:
   client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=600)
   start = time.perf_counter()
-  first, tokens = None, 0
+  first, tokens, prompt = None, 0, None
   for chunk in client.chat.completions.create(
     model="served",
     messages=[{"role": "user", "content": "Stream, please."}],
@@ -113,11 +149,22 @@ def _stream(url: str) -> dict:
     seed=1,
     stream=True,
   ):
+    prompt = prompt or (chunk.model_extra or {}).get("prompt_token_ids")
     if chunk.choices and chunk.choices[0].model_extra.get("token_ids"):
       first = first or time.perf_counter() - start
       tokens += len(chunk.choices[0].model_extra["token_ids"])
   seconds = time.perf_counter() - start
-  return {"time_to_first_token_s": first, "tokens": tokens, "tokens_per_s": tokens / seconds}
+  report = {"time_to_first_token_s": first, "tokens": tokens, "tokens_per_s": tokens / seconds}
+  return report, prompt
+
+
+def _sampler_alone(engine, prompt: list[int], tokens: int) -> dict:
+  """The sampler alone on the stream's prompt and token count (batch 1), after a warm-up."""
+  _batched(engine, [prompt], tokens, 0.7)
+  start = time.perf_counter()
+  _batched(engine, [prompt], tokens, 0.7)
+  seconds = time.perf_counter() - start
+  return {"seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
 def main(argv):
@@ -136,17 +183,22 @@ def main(argv):
     "turns": _TURNS.value,
     "max_tokens": _MAX_TOKENS.value,
   }
-  batch = scheduler.BatchConfig(_CLIENTS.value, _WINDOW.value, _MAX_WAIT.value)
+  batch = scheduler.BatchConfig(_CLIENTS.value, _WINDOW.value, _MAX_WAIT.value, _CHUNK.value)
+  report["chunk_steps"] = _CHUNK.value
   with server.serve_in_thread(engine, server.ServerConfig(port=0), batch) as endpoint:
-    url = endpoint.url
-    _, first = _workload(url)  # compiles the shapes it meets
-    longest = max(len(r["prompt"]) for r in first)
-    report["warm_up_shapes"] = engine_lib.warm_up(engine, _CLIENTS.value, longest, 0.7)
-    _stream(url)
-    calls = endpoint.scheduler.calls[0]
-    seconds, records = _workload(url)
-    calls = endpoint.scheduler.calls[0] - calls
-    report["stream"] = _stream(url)
+    for run in range(_PASSES.value):  # compiles the shapes it meets
+      _, first = _workload(endpoint, -run - 1)
+    if _WARM_UP.value:
+      longest = max(len(r["prompt"]) for r in first)
+      report["warm_up_pairs"] = pool_lib.warm_up(
+        engine, _CLIENTS.value, longest, 0.7, steps=_CHUNK.value
+      )
+    _stream(endpoint.url)
+    counters = dict(endpoint.scheduler.stats)
+    seconds, records = _workload(endpoint, 0)
+    counters = {k: endpoint.scheduler.stats[k] - v for k, v in counters.items()}
+    report["stream"], prompt = _stream(endpoint.url)
+  report["stream"]["sampler_alone"] = _sampler_alone(engine, prompt, report["stream"]["tokens"])
   tokens = sum(r["tokens"] for r in records)
   latencies = sorted(r["seconds"] for r in records)
   report["endpoint"] = {
@@ -155,7 +207,8 @@ def main(argv):
     "tokens_per_s": tokens / seconds,
     "latency_p50_s": statistics.median(latencies),
     "latency_p95_s": latencies[int(0.95 * (len(latencies) - 1))],
-    "sampler_calls": calls,
+    **{k: v for k, v in counters.items() if k != "max_live"},
+    "max_live_rows": endpoint.scheduler.stats["max_live"],
   }
   _sampler(engine, records)  # compiles the reference's shapes
   sampler_seconds = _sampler(engine, records)

@@ -62,6 +62,22 @@ def stop_strings(tools: tuple, chat: ChatSetup | None = None) -> tuple[str, ...]
   return tool_formats.get(_setup(chat).tool_format).stop_strings
 
 
+CALL_OPENERS = {
+  "library": (tool_syntax.CALL_OPEN,),
+  "hermes": (tool_formats.HERMES_OPEN,),
+  "mistral": (tool_formats.TOOL_CALLS,),
+  "llama3_json": (tool_formats.PYTHON_TAG, "{"),
+}
+
+
+def call_openers(tools: tuple, chat: ChatSetup | None = None) -> tuple[str, ...]:
+  """Strings a tool call of the setup's format may begin with (a stream holds its text
+  back from them); () without tools."""
+  if not tools:
+    return ()
+  return CALL_OPENERS[_setup(chat).tool_format]
+
+
 def prompt_ids(
   tokenizer, messages: list[dict], tools: tuple, chat: ChatSetup | None = None
 ) -> list[int]:

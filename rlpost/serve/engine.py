@@ -1,18 +1,16 @@
-"""The model behind the endpoint and its one batched call.
+"""The model behind the endpoint: what serves, a row's identity, shared helpers.
 
-`generate` decodes rows that share a temperature and top_p in ONE `sampling.sample` call.
-Shapes are bucketed to powers of two (rows, prompt width, new-token cap), so a server
-compiles a few programs, not one per request mix. Batching never changes a result: row r
-draws its random numbers from `fold_in(key, row_id)` with `row_id` a function of the
-request's seed and the choice's index alone (`row_id`), the prompt is left-padded
-(positions start at 0 in every row), and a row asking for fewer tokens than its batch
-companions is cut on the host (its first k tokens do not depend on the batch's limit).
+Batching never changes a result: a choice's token t draws its random numbers from
+`fold_in(fold_in(key(0), row_id), t)` with `row_id` a function of the request's seed and
+the choice's index alone (`row_id`), and its positions start at 0 whatever slot and
+columns it gets (`slots.py`), so it equals `sampling.sample` on its prompt alone. Shapes
+are bucketed to powers of two (slots, prefill width, cache columns), so a server compiles
+a few programs, not one per request mix.
 """
 
 import dataclasses
 import zlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -50,17 +48,6 @@ class Engine:
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
-  """One choice to sample: prompt ids, its token budget, its random identity (`row_id`),
-  and how many alternatives per token to report (0: none)."""
-
-  prompt: tuple[int, ...]
-  max_tokens: int
-  row_id: int
-  top_logprobs: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
 class RowOutput:
   """Sampled ids (the stop id included when the row stopped), their sampler logprobs,
   per token the `top_logprobs` most likely (id, logprob) pairs (or None), and whether
@@ -84,7 +71,7 @@ def bucket(n: int, least: int) -> int:
 
 
 def sampling_config(engine: Engine, temperature: float, top_p: float, new_tokens: int):
-  """The static sampler settings of a batch: stops at EOS and the turn close."""
+  """The static sampler settings of a setting's rows: stops at EOS and the turn close."""
   tok = engine.tokenizer
   return sampling.SamplingConfig(
     temperature=temperature,
@@ -96,78 +83,37 @@ def sampling_config(engine: Engine, temperature: float, top_p: float, new_tokens
   )
 
 
-def generate(engine: Engine, rows: list[Row], temperature: float, top_p: float):
-  """Samples every row in one sampler call; returns [RowOutput] in `rows`' order."""
-  if not rows:
-    return []
-  limit = max(r.max_tokens for r in rows)
-  config = sampling_config(engine, temperature, top_p, bucket(limit, MIN_TOKEN_BUCKET))
-  width = bucket(max(len(r.prompt) for r in rows), MIN_PROMPT_BUCKET)
-  padded = rows + [rows[0]] * (bucket(len(rows), 1) - len(rows))
-  tokens_BxP, lengths_B = sampling.pad_prompts([list(r.prompt) for r in padded], config, width)
-  row_ids = jnp.asarray([r.row_id for r in padded], jnp.int32)
-  out = sampling.sample(
-    engine.params,
-    tokens_BxP,
-    lengths_B,
-    jax.random.key(0),
-    jnp.int32(limit),
-    row_ids,
-    model_config=engine.model_config,
-    config=config,
-  )
-  top = _top(engine, rows, tokens_BxP, lengths_B, out, config)
-  out = jax.device_get(out)
-  return [_row_output(out, i, r, top, config) for i, r in enumerate(rows)]
-
-
-def warm_up(engine: Engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0) -> int:
-  """Compiles the sampler for every shape a batch of up to `max_rows` rows with prompts of
-  up to `max_prompt` tokens and the default budget (`engine.max_tokens`) can take, at one
-  temperature and top_p (static sampler settings: each pair is its own program). Returns
-  the number of shapes."""
-  shapes = 0
-  for rows in _powers(1, bucket(max_rows, 1)):
-    for width in _powers(MIN_PROMPT_BUCKET, bucket(max_prompt, MIN_PROMPT_BUCKET)):
-      row = Row((engine.tokenizer.bos_id,) * width, engine.max_tokens, 0)
-      generate(engine, [row] * rows, temperature, top_p)
-      shapes += 1
-  return shapes
-
-
-def _powers(lo: int, hi: int):
+def powers(lo: int, hi: int):
+  """lo, 2 lo, 4 lo, ... up to hi."""
   while lo <= hi:
     yield lo
     lo *= 2
 
 
-def _top(engine, rows, tokens_BxP, lengths_B, out, config):
-  """[rows, N, K] ids and logprobs of the most likely tokens, when a row asks for them."""
-  k = max(r.top_logprobs for r in rows)
-  if k == 0:
+def top_alternatives(engine: Engine, gen, ids: list[int], config) -> list | None:
+  """Per sampled token of `ids` (after `gen.prompt_ids`), the `gen.top_logprobs` most
+  likely (id, logprob) pairs (`scoring.top_logprobs`: a teacher-forced forward at the
+  sampler's temperature, 1 for greedy); None without ids."""
+  if not ids:
     return None
-  temperature = config.temperature if config.temperature > 0 else 1.0
-  ids, logp = scoring.top_logprobs(
+  width = bucket(len(gen.prompt_ids), MIN_PROMPT_BUCKET)
+  prompt = np.full((1, width), config.pad_id, np.int32)
+  prompt[0, width - len(gen.prompt_ids) :] = gen.prompt_ids
+  n = bucket(len(ids), MIN_TOKEN_BUCKET)
+  sampled = np.full((1, n), config.pad_id, np.int32)
+  sampled[0, : len(ids)] = ids
+  top_ids, logp = scoring.top_logprobs(
     engine.params,
-    tokens_BxP,
-    lengths_B,
-    out.tokens,
-    out.mask,
+    jnp.asarray(prompt),
+    jnp.asarray([len(gen.prompt_ids)], jnp.int32),
+    jnp.asarray(sampled),
+    jnp.asarray(np.arange(n)[None, :] < len(ids)),
     model_config=engine.model_config,
-    temperature=temperature,
+    temperature=config.temperature if config.temperature > 0 else 1.0,
     k=scoring.MAX_TOP_LOGPROBS,
   )
-  return np.asarray(ids), np.asarray(logp)
-
-
-def _row_output(out, i: int, row: Row, top, config) -> RowOutput:
-  n = min(int(out.lengths[i]), row.max_tokens)
-  ids = out.tokens[i, :n].tolist()
-  stopped = bool(n) and ids[-1] in config.stop_ids
-  pairs = None
-  if row.top_logprobs and top is not None:
-    k = row.top_logprobs
-    pairs = [
-      [(int(a), float(b)) for a, b in zip(top[0][i, t, :k], top[1][i, t, :k])] for t in range(n)
-    ]
-  return RowOutput(ids, out.logprobs[i, :n].astype(float).tolist(), pairs, stopped)
+  top_ids, logp = np.asarray(top_ids)[0], np.asarray(logp)[0]
+  k = gen.top_logprobs
+  return [
+    [(int(a), float(b)) for a, b in zip(top_ids[t, :k], logp[t, :k])] for t in range(len(ids))
+  ]

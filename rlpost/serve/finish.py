@@ -1,10 +1,10 @@
 """A sampled row -> one choice: stop strings, text, tool calls, finish_reason.
 
-Stop strings are found in the decoded text after sampling: the tokens are cut after the
-first token whose text holds a stop string, and the text before it is kept (for a
-tool-call close, `Generation.keep_stops`, through it). The token ids stay exactly the
-sampled ones (the stop id included when the row ended on it): a trainer reading
-`token_ids` trains on what was sampled.
+Stop strings are found in the decoded text (the scheduler ends a row once its text holds
+one, `first_stop`): the tokens are cut after the first token whose text holds a stop
+string, and the text before it is kept (for a tool-call close, `Generation.keep_stops`,
+through it). The token ids stay exactly the sampled ones (the stop id included when the
+row ended on it): a trainer reading `token_ids` trains on what was sampled.
 """
 
 import dataclasses
@@ -37,6 +37,12 @@ def _first_stop(tokenizer, ids, stops, keep) -> tuple[int, str] | None:
       at, stop = min(found)
       return k, text[: at + len(stop)] if stop in keep else text[:at]
   return None
+
+
+def first_stop(tokenizer, ids, stops) -> bool:
+  """Whether the text of `ids` holds one of `stops` (the row can end: `finish` cuts it)."""
+  text = tokenizer.decode(ids)
+  return any(s in text for s in stops)
 
 
 def finish(tokenizer, gen, index: int, out) -> Choice:

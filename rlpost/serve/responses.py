@@ -5,7 +5,6 @@ the distribution it was drawn from (softmax(logits / temperature), within top_p)
 `top_logprobs` are log_softmax(logits / temperature) over the whole vocabulary (greedy:
 temperature 1)."""
 
-import os
 import time
 import uuid
 
@@ -98,48 +97,43 @@ def completion_response(tokenizer, gen, model: str, choices) -> dict:
   return body
 
 
-def _deltas(tokenizer, c):
-  """(first token, end token, text delta) per step of the text: the longest prefix of
-  the choice's text that the tokens so far decode to (an incomplete character, or the
-  start of a stop string that is cut, waits)."""
-  sent, start = "", 0
-  for k in range(1, len(c.token_ids) + 1):
-    last = k == len(c.token_ids)
-    text = c.text if last else os.path.commonprefix([tokenizer.decode(c.token_ids[:k]), c.text])
-    if len(text) > len(sent) or last:
-      yield start, k, text[len(sent) :]
-      sent, start = text, k
+def stream_head(gen, model: str, chat: bool) -> dict:
+  """The fields every chunk of one stream shares (one id)."""
+  return _head("chat.completion.chunk" if chat else "text_completion", model)
 
 
-def stream_chunks(tokenizer, gen, model: str, choices, chat: bool):
-  """The stream's chunk bodies in order (then the server writes `data: [DONE]`)."""
-  head = _head("chat.completion.chunk" if chat else "text_completion", model)
-  first = {**head, "choices": [], "prompt_token_ids": list(gen.prompt_ids)}
-  for c in choices:
-    if chat:
-      yield {
-        **first,
-        "choices": [
-          {"index": c.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-        ],
-      }
-    for lo, hi, text in [] if c.tool_calls else _deltas(tokenizer, c):
-      piece = {"index": c.index, "finish_reason": None, "token_ids": c.token_ids[lo:hi]}
-      if chat:
-        piece["delta"] = {"content": text}
-        piece["logprobs"] = _chat_logprobs(tokenizer, c, lo, hi) if gen.logprobs else None
-      else:
-        piece["text"] = text
-      yield {**head, "choices": [piece]}
-    last = {"index": c.index, "finish_reason": c.finish_reason}
-    if c.tool_calls:
-      calls = [{"index": j, **call} for j, call in enumerate(c.tool_calls)]
-      last["delta"] = {"content": c.content, "tool_calls": calls}
-      last["token_ids"] = c.token_ids
-    elif chat:
-      last["delta"] = {}
-    else:
-      last["text"] = ""
-    yield {**head, "choices": [last]}
-  if gen.include_usage:
-    yield {**head, "choices": [], "usage": _usage(len(gen.prompt_ids), choices)}
+def role_chunk(head: dict, gen) -> dict:
+  """A chat stream's first chunk: the assistant role of every choice, the prompt ids."""
+  opening = [
+    {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    for i in range(gen.n)
+  ]
+  return {**head, "choices": opening, "prompt_token_ids": list(gen.prompt_ids)}
+
+
+def piece_chunk(tokenizer, head: dict, gen, index: int, part, text: str, chat: bool) -> dict:
+  """A content chunk: `text` and the ids of `part` (an object with token_ids, logprobs,
+  top: what these ids were sampled with)."""
+  piece = {"index": index, "finish_reason": None, "token_ids": list(part.token_ids)}
+  if chat:
+    piece["delta"] = {"content": text}
+    piece["logprobs"] = _chat_logprobs(tokenizer, part) if gen.logprobs else None
+  else:
+    piece["text"] = text
+  return {**head, "choices": [piece]}
+
+
+def last_chunk(head: dict, c, chat: bool) -> dict:
+  """A choice's last chunk: its finish_reason, and its tool calls when it has some."""
+  last = {"index": c.index, "finish_reason": c.finish_reason}
+  if c.tool_calls:
+    last["delta"] = {"tool_calls": [{"index": j, **call} for j, call in enumerate(c.tool_calls)]}
+  elif chat:
+    last["delta"] = {}
+  else:
+    last["text"] = ""
+  return {**head, "choices": [last]}
+
+
+def usage_chunk(head: dict, gen, choices) -> dict:
+  return {**head, "choices": [], "usage": _usage(len(gen.prompt_ids), choices)}

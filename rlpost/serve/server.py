@@ -9,8 +9,14 @@ SSE is plain writes on the socket. The accept queue is `ServerConfig.accept_queu
 
 Limits: bodies over `max_body_bytes` get 413 unread; at most `max_concurrent` requests
 are in flight (429 beyond); a request waits at most `request_timeout_s` (504); a socket
-idle for `read_timeout_s` is closed. A client that goes away while its request waits is
-noticed (its socket reads EOF) and its request is dropped before it is decoded.
+idle for `read_timeout_s` is closed. A client that goes away is noticed (its socket reads
+EOF, or a stream's write fails) and its request is dropped: not decoded if it waits, its
+rows stopped and their slots freed at the next chunk if they decode.
+
+A stream (`stream=true`) writes its chunks as the scheduler hands over tokens, after each
+decode chunk (`streaming.py` holds back what could start a stop string or a tool call);
+a request with `top_logprobs` streams when its choice ends (the alternatives come from
+one forward over the whole choice).
 """
 
 import contextlib
@@ -18,17 +24,13 @@ import dataclasses
 import http.server
 import ipaddress
 import json
-import select
-import socket
 import threading
-import time
+from typing import NamedTuple
 
 from absl import logging
 
-from rlpost.serve import request_bodies
-from rlpost.serve import responses
+from rlpost.serve import request_bodies, responses, sessions, streaming, waiting
 from rlpost.serve import scheduler as scheduler_lib
-from rlpost.serve import sessions
 
 LOOPBACK = ("localhost",)
 
@@ -221,9 +223,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   def _generate(self, body: dict, parse, chat: bool, session: str | None) -> None:
     engine = self.app.engine
     gen = parse(body, engine)
-    future = scheduler_lib.submit(self.app.scheduler, gen)
-    choices = _wait(future, self.connection, self.app.config.request_timeout_s)
-    if choices is None:  # the client went away before its batch started
+    ticket = scheduler_lib.submit(self.app.scheduler, gen, session)
+    if gen.stream:
+      choices = self._stream(gen, ticket, chat)
+    else:
+      choices = waiting.wait(ticket, self.connection, self.app.config.request_timeout_s)
+    if choices is None:  # the client went away (its rows stop at the next chunk)
       self.close_connection = True
       return
     if session is not None:
@@ -232,17 +237,70 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       sessions.record(self.app.recorder, session, turn)
     if not gen.stream:
       build = responses.chat_response if chat else responses.completion_response
-      return self._send_json(200, build(engine.tokenizer, gen, engine.name, choices))
+      self._send_json(200, build(engine.tokenizer, gen, engine.name, choices))
+
+  def _event(self, chunk) -> None:
+    self.wfile.write(
+      b"data: " + (chunk if isinstance(chunk, bytes) else json.dumps(chunk).encode())
+    )
+    self.wfile.write(b"\n\n")
+    self.wfile.flush()
+
+  def _open_stream(self) -> None:
     self.send_response(200)
     self.send_header("Content-Type", "text/event-stream")
     self.send_header("Cache-Control", "no-cache")
     self.send_header("Connection", "close")
     self.end_headers()
     self.close_connection = True
-    for chunk in responses.stream_chunks(engine.tokenizer, gen, engine.name, choices, chat):
-      self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-      self.wfile.flush()
-    self.wfile.write(b"data: [DONE]\n\n")
+
+  def _stream(self, gen, ticket, chat: bool):
+    """Writes the request's SSE stream as its tokens are decoded; returns its choices, or
+    None when the client went away (its rows are then dropped)."""
+    try:
+      return self._stream_events(gen, ticket, chat)
+    except (BrokenPipeError, ConnectionResetError):
+      waiting.abandon(ticket)
+      raise
+
+  def _stream_events(self, gen, ticket, chat: bool):
+    tok, timeout = self.app.engine.tokenizer, self.app.config.request_timeout_s
+    head = responses.stream_head(gen, self.app.engine.name, chat)
+    held, sent = streaming.holds(gen), [streaming.Sent() for _ in range(gen.n)]
+    choices, opened = [None] * gen.n, False
+    for kind, index, payload in waiting.updates(ticket, gen.n, self.connection, timeout):
+      if kind == "gone":
+        return None
+      if not opened:
+        self._open_stream()
+        if chat:
+          self._event(responses.role_chunk(head, gen))
+        opened = True
+      if kind == "tokens" and not gen.top_logprobs:  # alternatives come with the choice
+        ids, logprobs = payload
+        piece = streaming.progress(tok, sent[index], ids, held)
+        if piece is not None:
+          lo, hi, text = piece
+          part = _Part(ids[lo:hi], logprobs[lo:hi], None)
+          self._event(responses.piece_chunk(tok, head, gen, index, part, text, chat))
+      elif kind == "done":
+        choices[index] = payload
+        lo, hi, text = streaming.rest(sent[index], payload)
+        if text or hi > lo:
+          top = payload.top and payload.top[lo:hi]
+          part = _Part(payload.token_ids[lo:hi], payload.logprobs[lo:hi], top)
+          self._event(responses.piece_chunk(tok, head, gen, index, part, text, chat))
+        self._event(responses.last_chunk(head, payload, chat))
+    if gen.include_usage:
+      self._event(responses.usage_chunk(head, gen, choices))
+    self._event(b"[DONE]")
+    return choices
+
+
+class _Part(NamedTuple):
+  token_ids: tuple
+  logprobs: tuple
+  top: list | None
 
 
 def _not_found(path: str) -> request_bodies.ApiError:
@@ -251,39 +309,6 @@ def _not_found(path: str) -> request_bodies.ApiError:
     f"no route {path!r}: use /v1/models, /v1/chat/completions or /v1/completions",
     code="not_found",
   )
-
-
-def _client_gone(connection: socket.socket) -> bool:
-  """Whether the peer closed its side (readable with nothing to read)."""
-  readable, _, _ = select.select([connection], [], [], 0)
-  if not readable:
-    return False
-  try:
-    return connection.recv(1, socket.MSG_PEEK) == b""
-  except OSError:
-    return True
-
-
-def _wait(future, connection, timeout_s: float):
-  """The future's result; None when the client went away first (the request is dropped
-  if its batch has not started); ApiError 504 after `timeout_s`."""
-  deadline = time.monotonic() + timeout_s
-  while True:
-    try:
-      return future.result(timeout=0.05)
-    except TimeoutError:
-      pass
-    if _client_gone(connection):
-      future.cancel()
-      return None
-    if time.monotonic() > deadline:
-      future.cancel()
-      raise request_bodies.ApiError(
-        504,
-        f"no result within {timeout_s} s (request_timeout_s)",
-        code="timeout",
-        kind="server_error",
-      )
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -298,7 +323,7 @@ def _handler_for(app: App):
 @dataclasses.dataclass(frozen=True, eq=False)
 class Endpoint:
   """A running endpoint: its base URL (`http://HOST:PORT/v1`), the sessions' recorder
-  (`sessions.take`), its scheduler (`calls[0]`: sampler calls so far) and API key."""
+  (`sessions.take`), its scheduler (`stats`: chunks, admissions, prefilled tokens, cache hits) and API key."""
 
   url: str
   recorder: sessions.Recorder

@@ -1032,4 +1032,31 @@ MUTATIONS = [
     tests=["tests/test_agent.py"],
     why="a training endpoint samples at the request's temperature, not the run's",
   ),
+  dict(
+    name="serve_slot_key_counter_shared",
+    path="rlpost/serve/slots.py",
+    old="    token, logp = sampling.select_tokens(_step_keys(s.row_id, s.count), logits, config)\n",
+    new=(
+      "    token, logp = sampling.select_tokens(_step_keys(s.row_id, "
+      "jnp.broadcast_to(s.cache['index'], s.count.shape)), logits, config)\n"
+    ),
+    tests=["tests/test_serve_slots.py"],
+    why="a row's random key follows the pool's shared write index, not its own token count",
+  ),
+  dict(
+    name="serve_admitted_row_attends_previous_occupant",
+    path="rlpost/serve/slots.py",
+    old="  kept = kept & (jnp.cumsum(kept, axis=1) <= keep_A[:, None])\n",
+    new="  kept = kept\n",
+    tests=["tests/test_serve_slots.py"],
+    why="a row admitted into a freed slot attends the columns of the slot's last occupant",
+  ),
+  dict(
+    name="serve_continued_turn_positions_restart",
+    path="rlpost/serve/slots.py",
+    old="  positions = jnp.maximum(keep_A[:, None] + jnp.arange(M)[None, :] - pad_A[:, None], 0)\n",
+    new="  positions = jnp.maximum(jnp.arange(M)[None, :] - pad_A[:, None], 0)\n",
+    tests=["tests/test_serve_slots.py"],
+    why="a session's next turn, continued in its slot, numbers its new tokens from 0",
+  ),
 ]
