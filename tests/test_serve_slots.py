@@ -182,3 +182,20 @@ def test_a_client_gone_mid_stream_frees_its_slot(one_slot):
   assert len(r.choices[0].model_extra["token_ids"]) >= 1
   assert stats["cancelled"] == cancelled + 1
   assert stats["chunks"] - chunks < 200 // 4 // 2
+
+
+@pytest.mark.slow
+def test_the_stream_client_benchmark_measures_a_real_stream(one_slot):
+  """`experiments.benchmarks.stream_client` (the same client code for llama.cpp's server)
+  against our endpoint: the tokens it counts (each event's `token_ids`) are the completion's,
+  the first before the stream's end. Mutation caught: `stream_once` counting one token per
+  text chunk on our server too (the byte model's characters hold several tokens back)."""
+  from experiments.benchmarks import stream_client  # pylint: disable=g-import-not-at-top
+
+  url = one_slot.endpoint.url
+  got = stream_client.stream_once(url, "tiny", 24)
+  want = one_slot.client.completions.create(
+    model="tiny", prompt=stream_client.PROMPT, max_tokens=24, temperature=0
+  )
+  assert got["tokens"] == len(want.choices[0].model_extra["token_ids"]) >= 2
+  assert 0 < got["ttft_s"] and got["stream_s"] > 0

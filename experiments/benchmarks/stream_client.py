@@ -7,9 +7,10 @@ the server (issue 68: one streaming client at batch 1 beside llama.cpp's server)
 library only: it runs in either environment.
 
 A request is `POST /v1/completions` with `stream=true`, a fixed prompt, greedy, `max_tokens`
-new tokens and no stop; the time to first token is to the first SSE event carrying text,
-tokens/s is the streamed chunks over the time from the first to the last (each server
-sends one chunk per token; `usage`, when sent, is checked against the count). The best of
+new tokens and no stop; the time to first token is to the first SSE event carrying a
+token, tokens/s is the tokens after it over the time from the first to the last event
+(an event's `token_ids` when the server sends them, as ours does; else one per text chunk,
+as llama.cpp's server sends one chunk per token). The best of
 `--repeats` (after one warm-up) is reported, as one JSON object.
 
 usage: python -m experiments.benchmarks.stream_client --base_url=http://127.0.0.1:8000/v1 [--model=NAME]
@@ -67,7 +68,7 @@ def wait_ready(base_url: str, proc=None) -> str:
 
 
 def stream_once(base_url: str, model: str, max_tokens: int) -> dict:
-  """One streamed completion: seconds to the first text chunk, chunks, seconds to the last."""
+  """One streamed completion: seconds to the first token, tokens, seconds to the last."""
   base = urllib.parse.urlparse(base_url)
   body = {
     "model": model,
@@ -79,7 +80,7 @@ def stream_once(base_url: str, model: str, max_tokens: int) -> dict:
   conn = http.client.HTTPConnection(base.hostname, base.port, timeout=REQUEST_TIMEOUT_S)
   start = time.perf_counter()
   first = last = None
-  chunks, usage = 0, None
+  tokens, usage = 0, None
   try:
     conn.request(
       "POST", base.path + "/completions", json.dumps(body), {"Content-Type": "application/json"}
@@ -96,26 +97,29 @@ def stream_once(base_url: str, model: str, max_tokens: int) -> dict:
         break
       event = json.loads(data)
       usage = event.get("usage") or usage
-      if any(c.get("text") for c in event.get("choices", [])):
-        now = time.perf_counter()
-        first = now if first is None else first
-        last, chunks = now, chunks + 1
+      for choice in event.get("choices", []):
+        ids = choice.get("token_ids")  # ours (as vLLM): the event's tokens; else one per chunk
+        count = len(ids) if ids is not None else int(bool(choice.get("text")))
+        if count:
+          now = time.perf_counter()
+          first = now if first is None else first
+          last, tokens = now, tokens + count
   finally:
     conn.close()
   if first is None:
-    raise RuntimeError("the stream carried no text")
-  return {"ttft_s": first - start, "chunks": chunks, "stream_s": last - first, "usage": usage}
+    raise RuntimeError("the stream carried no tokens")
+  return {"ttft_s": first - start, "tokens": tokens, "stream_s": last - first, "usage": usage}
 
 
 def measure(base_url: str, model: str, max_tokens: int, repeats: int) -> dict:
   stream_once(base_url, model, max_tokens)  # warm-up (compilation, caches)
   runs = [stream_once(base_url, model, max_tokens) for _ in range(repeats)]
   best_ttft = min(r["ttft_s"] for r in runs)
-  rates = [(r["chunks"] - 1) / r["stream_s"] for r in runs if r["chunks"] > 1 and r["stream_s"]]
+  rates = [(r["tokens"] - 1) / r["stream_s"] for r in runs if r["tokens"] > 1 and r["stream_s"]]
   return {
     "ttft_s_best": round(best_ttft, 4),
     "tokens_per_s_best": round(max(rates), 2) if rates else None,
-    "chunks": [r["chunks"] for r in runs],
+    "tokens": [r["tokens"] for r in runs],
     "usage_completion_tokens": [(r["usage"] or {}).get("completion_tokens") for r in runs],
   }
 
