@@ -90,3 +90,20 @@ def test_check_counts_syncs_where_only_the_trainer_moved():
   assert m == {"sync/stale_syncs": 0.0}
   with pytest.raises(weight_sync.SyncError, match="step 3: the policy weights on the sampler"):
     weight_sync.check(reset, t2, t1, s1, "step 3")
+
+
+def test_a_lora_factor_moving_while_its_partner_is_zero_is_no_change():
+  """Weight decay moves a LoRA `a` while `b` is still all zero (no non-zero advantage yet):
+  the merged weights do not move, so neither does the trainer's fingerprint (a hard task's
+  first iterations are not a stale sampler). Per layer: layer 0's `a` moving while its `b`
+  is zero is no change even when layer 1's `b` is live; a live layer's `a` moving is one.
+  Mutations caught: `_merged_effect` returning the tree as it is (the first assertion);
+  liveness taken over the whole stack instead of per layer (the third)."""
+  key_a, key_b = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(key_a, (2, 4, 3))
+  zero = jnp.zeros((2, 3, 5))
+  prints = lambda a, b: weight_sync.fingerprint({"layers": {"q": {"a": a, "b": b}}})
+  assert np.array_equal(prints(a, zero), prints(a * 0.9, zero))
+  b = zero.at[1].set(jax.random.normal(key_b, (3, 5)))
+  assert not np.array_equal(prints(a, b), prints(a.at[1].multiply(0.9), b))
+  assert np.array_equal(prints(a, b), prints(a.at[0].multiply(0.9), b))

@@ -5,7 +5,8 @@ copy never refreshed after a sync).
 At every weight sync the RL loop takes three fingerprints (`fingerprint`: per leaf integer
 sums of the weights' bit patterns; one small program, no host copy of the weights):
 
-  trainer  the policy part of the train state (adapters under LoRA), as the trainer holds it
+  trainer  the policy part of the train state (adapters under LoRA, each pair reduced to
+           what its merged delta depends on: `_merged_effect`), as the trainer holds it
   copy     the same part as it reached the sampler's devices (own rollout devices), else
            None (the sampler reads the trainer's arrays)
   sampler  the weights the sampler reads (LoRA merged, int8 when sampling in int8)
@@ -68,9 +69,25 @@ def _leaf_sums(x, block: int):
   return total + sums(jnp.int32(whole * block), rest) if rest else total
 
 
+def _merged_effect(tree):
+  """`tree` with each LoRA pair ({"a": [L, in, r], "b": [L, r, out]}) reduced to what its
+  merged delta a @ b depends on: a layer's `a` zeroed where its `b` is all zero, and the
+  other way round. AdamW's weight decay moves `a` while `b` is still 0 (before any
+  advantage is non-zero: a hard task's first iterations), which moves no merged weight;
+  without this the check would stop such a run as a stale sampler."""
+  if not isinstance(tree, dict):
+    return tree
+  pair = set(tree) == {"a", "b"} and all(getattr(x, "ndim", 0) == 3 for x in tree.values())
+  if pair:
+    a, b = tree["a"], tree["b"]
+    live = lambda x: jnp.any(x != 0, axis=tuple(range(1, x.ndim)), keepdims=True)
+    return {"a": jnp.where(live(b), a, 0), "b": jnp.where(live(a), b, 0)}
+  return {k: _merged_effect(v) for k, v in tree.items()}
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _fingerprint(tree, blocks: tuple[int, ...]):
-  leaves = jax.tree.leaves(tree)
+  leaves = jax.tree.leaves(_merged_effect(tree))
   if not leaves:
     return jnp.zeros((0, 2), jnp.uint32)
   return jnp.stack([_leaf_sums(x, b) for x, b in zip(leaves, blocks, strict=True)])

@@ -839,6 +839,14 @@ MUTATIONS = [
     why="held-out reasoning-gym items compared by answer: repeats of a question kept",
   ),
   dict(
+    name="sync_lora_partner_zero_counted",
+    path="rlpost/train/weight_sync.py",
+    old="  leaves = jax.tree.leaves(_merged_effect(tree))\n",
+    new="  leaves = jax.tree.leaves(tree)\n",
+    tests=["tests/test_weight_sync.py"],
+    why="a LoRA run whose first advantages are all zero stopped as a stale sampler",
+  ),
+  dict(
     name="eval_gsm8k_raw_question_key",
     path="rlpost/recipes/eval.py",
     old="  key = lambda p: prompt_dataset.normalized_question(p.question)\n",
