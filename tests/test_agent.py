@@ -92,6 +92,19 @@ def test_a_split_episode_adds_a_mirror_group_with_the_same_advantages():
   assert m["agent/reward"] == 0.5
 
 
+def test_mirror_groups_are_padded_to_a_multiple_of_the_batch():
+  """2 tasks x G=2, one episode split: 4 rows, a mirror group of 2, then a blank group, so
+  the 8 rows split into the micro-batches that divide B*G = 4 (a real-model agent run
+  stopped on 12 rows with micro_batch_size=8). The padding trains nothing. Mutation
+  caught: the padding loop removed (6 rows)."""
+  early, late = _segment([5], ([31, 32], [])), _segment([5, 9], ([33], []))
+  plain = [_segment([5], ([40 + k], [])) for k in range(3)]
+  played = [_episode(1.0, early, late)] + [_episode(0.0, p) for p in plain]
+  out = agent_env.rollout_of(played, [0, 1], 2, TOKENIZER, 1)
+  assert out.batch.tokens.shape[0] == 8
+  assert out.batch.loss_mask[4].sum() == 2 and not out.batch.loss_mask[5:].any()
+
+
 def test_failed_episodes_are_zero_weight_rows_and_counted():
   """A failed episode keeps its row with no loss tokens and reward 0; one that made no
   request is a blank. Mutation caught: agent_env_failed_rows_train."""

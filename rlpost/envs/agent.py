@@ -20,7 +20,8 @@ trained on its own sampled tokens with the episode's reward. Row k of the first 
 episode k's last segment; earlier segments follow in whole groups of G that mirror
 their task's group: row g of such a group is episode g's earlier segment, or a row with
 no loss tokens, and every row carries its episode's reward, so a group-relative
-advantage (GRPO, RLOO, Dr. GRPO) of an earlier segment is its episode's.
+advantage (GRPO, RLOO, Dr. GRPO) of an earlier segment is its episode's. Blank groups
+(no loss tokens) then pad the rows to a multiple of B*G, which the micro-batches divide.
 
 Failed episodes (the agent raised, hung past `timeout_s`, or returned a non-finite
 reward) keep their rows with loss_mask 0 and reward 0 (still in their group's baseline)
@@ -187,6 +188,10 @@ def _rows(played: list, G: int, blank: sessions.Segment) -> list[_Row]:
         else _Row(blank, k, True, 0.0)
         for k in group
       ]
+  # Whole blank groups (task 0's) until the rows are a multiple of B*G: the train step's
+  # micro-batches divide B*G (checked when the run starts), not B*G plus a mirror group.
+  while len(rows) % len(played):
+    rows += [_Row(blank, k, True, 0.0) for k in range(G)]
   return rows
 
 

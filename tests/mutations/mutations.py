@@ -847,6 +847,14 @@ MUTATIONS = [
     why="a LoRA run whose first advantages are all zero stopped as a stale sampler",
   ),
   dict(
+    name="agent_env_rows_not_padded",
+    path="rlpost/envs/agent.py",
+    old="  while len(rows) % len(played):\n",
+    new="  while False:\n",
+    tests=["tests/test_agent.py"],
+    why="a split agent episode's mirror group leaves rows the micro-batches do not divide",
+  ),
+  dict(
     name="eval_gsm8k_raw_question_key",
     path="rlpost/recipes/eval.py",
     old="  key = lambda p: prompt_dataset.normalized_question(p.question)\n",
