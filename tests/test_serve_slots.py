@@ -158,7 +158,7 @@ def _body(max_tokens: int) -> bytes:
 @pytest.mark.slow
 def test_the_stream_arrives_as_it_is_decoded(one_slot):
   """With 200 tokens to decode (chunks of 4), the first content event arrives in the first
-  third of the stream's time, not with the rest. Mutation caught: the scheduler sending no
+  half of the stream's time (a third, unloaded), not with the rest. Mutation caught: the scheduler sending no
   token updates (`_send_tokens`'s `if ... gen.stream:` -> `if False:`: the text comes when
   the row ends)."""
   for _ in range(2):  # compiles the shapes the stream meets (the pool's sizes settle)
@@ -166,7 +166,7 @@ def test_the_stream_arrives_as_it_is_decoded(one_slot):
   events = _sse(one_slot.address, _body(200))
   content = [t for t, e in events if b'"token_ids": [' in e and b'"token_ids": []' not in e]
   assert events[-1][1] == b"[DONE]" and len(content) >= 3
-  assert content[0] < events[-1][0] / 3
+  assert content[0] < events[-1][0] / 2  # all at once (the mutation): content[0] ~ the end
 
 
 @pytest.mark.slow

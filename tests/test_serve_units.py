@@ -350,7 +350,7 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
   """Every (rows admitted together, prefill width) bucket up to the limits at every column
   count: a fresh admission, a chunk of that many rows, a session's continuation. Mutations
   caught: `powers` stopping below its upper bound (`while lo < hi`); admission_rows
-  rounding to powers of two (`4 **` -> `2 **`: more programs)."""
+  rounding to powers of four (8 live rows decoded as 16: twice a real model's unembedding)."""
   seen = []
   lanes = [pool_lib.Lane(cached=(2,) * 40) for _ in range(8)]
   pool = types.SimpleNamespace(columns=256, slots=None, write_index=0, lanes=lanes)
@@ -364,10 +364,18 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
     seen.append((len(placed), width, "continued" if placed[0][2] else "fresh"))
 
   monkeypatch.setattr(pool_lib, "_admit_device", admit)
-  assert pool_lib.warm_up(ENGINE, 8, 40) == 6
-  pairs = [(r, w) for w in (32, 64) for r in (1, 4, 8)]
+  assert pool_lib.warm_up(ENGINE, 8, 40) == 8
+  pairs = [(r, w) for w in (32, 64) for r in (1, 2, 4, 8)]
   assert seen == [x for r, w in pairs for x in ((r, w, "fresh"), "step", (r, w, "continued"))]
-  assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 5, 17, 40)] == [1, 4, 16, 32, 32]
+  assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 3, 5, 8, 17, 40)] == [
+    1,
+    2,
+    4,
+    8,
+    8,
+    32,
+    32,
+  ]
 
 
 def test_a_burst_stays_one_batch():
