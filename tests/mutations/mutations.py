@@ -815,6 +815,14 @@ MUTATIONS = [
     why="an interrupted evaluation leaving half an outcome file",
   ),
   dict(
+    name="dense4_backward_drops_dx",
+    path="rlpost/models/quant4.py",
+    old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
+    new="  dx = 0 * merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
+    tests=["tests/test_qlora.py"],
+    why="QLoRA RL updates losing the gradient through the 4-bit base's matmuls",
+  ),
+  dict(
     name="eval_chunks_ignore_the_policy",
     path="rlpost/recipes/eval_progress.py",
     old='    if kept["seeds"] == list(seeds) and kept["fingerprint"] == digest:\n',
