@@ -218,3 +218,14 @@ def test_qlora_dpo_learns_as_the_float_base(tmp_path, monkeypatch):
   assert falls["dpo", 4][1] == falls["dpo", 32][1], falls
   assert len(reference_inputs) == 2 * 4  # a reference pass per DPO step, none for SimPO
   assert isinstance(reference_inputs[-1]["layers"]["q"], quant4.Packed4)
+
+
+def test_qlora_embedding_follows_the_trainer_matmul_dtype():
+  """base_bits=4 keeps the frozen embedding in bfloat16 where the trainer's matmuls are
+  bfloat16 (`common.qlora_embed_dtype`), as loaded (float32) where they are float32.
+  Mutation caught: `qlora_embed_dtype` always giving model.dtype."""
+  for compute, dtype in (("bfloat16", jax.numpy.bfloat16), ("float32", np.float32)):
+    cfg = _config(4)
+    cfg.train.compute_dtype = compute
+    _, params, _ = common.load_model(cfg)
+    assert params["embed"].dtype == dtype and isinstance(params["layers"]["q"], quant4.Packed4)

@@ -823,6 +823,22 @@ MUTATIONS = [
     why="QLoRA RL updates losing the gradient through the 4-bit base's matmuls",
   ),
   dict(
+    name="frozen_base_embedding_as_loaded",
+    path="rlpost/models/quant4.py",
+    old="      out[name] = out[name].astype(embed_dtype)\n",
+    new="      out[name] = out[name]\n",
+    tests=["tests/test_quant4.py"],
+    why="QLoRA's frozen embedding kept in float32 where bfloat16 is all the trainer reads",
+  ),
+  dict(
+    name="qlora_embed_dtype_ignores_compute",
+    path="rlpost/recipes/common.py",
+    old='  return "bfloat16" if compute_dtype(cfg, "") == "bfloat16" else cfg.model.dtype\n',
+    new="  return cfg.model.dtype\n",
+    tests=["tests/test_qlora.py"],
+    why="a bfloat16-matmul QLoRA run holding a float32 embedding (0.31 GiB more on Gemma 3)",
+  ),
+  dict(
     name="eval_chunks_ignore_the_policy",
     path="rlpost/recipes/eval_progress.py",
     old='    if kept["seeds"] == list(seeds) and kept["fingerprint"] == digest:\n',
