@@ -287,3 +287,26 @@ def test_lora_gradients_through_a_four_bit_base_equal_the_dequantised_ones():
   np.testing.assert_array_equal(
     quant4.dequantize(merged["up"]), quant4.dequantize(quant4.quantize_nf4(exact["up"]))
   )
+
+
+def test_frozen_base_keeps_the_embedding_in_the_trainer_matmul_dtype():
+  """`frozen_base(params, "bfloat16")`: layer matrices NF4, embedding and untied output
+  bfloat16, norms as they were; the bfloat16 output projection's logprobs are the same
+  bits from it as from the float32 embedding (`ops.logprobs` rounds it to bfloat16
+  anyway: the product the trainer reads is unchanged).
+  Mutation caught: `frozen_base` leaving the embedding as loaded."""
+  from rlpost.ops import logprobs  # pylint: disable=g-import-not-at-top
+
+  params = _tiny64_params()
+  params = {**params, "output": params["embed"] * 0.5}
+  base = quant4.frozen_base(params, "bfloat16")
+  assert all(isinstance(base["layers"][n], quant4.Packed4) for n in decoder.MATRICES)
+  assert base["embed"].dtype == base["output"].dtype == jnp.bfloat16
+  assert base["final_norm"].dtype == params["final_norm"].dtype
+  np.testing.assert_array_equal(base["embed"], params["embed"].astype(jnp.bfloat16))
+  hidden = jax.random.normal(jax.random.key(2), (2, 5, TINY64.embed_dim))
+  targets = jax.random.randint(jax.random.key(3), (2, 5), 0, TINY64.vocab_size)
+  mask = jnp.ones((2, 5), bool)
+  logp = lambda e: logprobs.token_logprobs(hidden, e, targets, mask, compute_dtype="bfloat16")
+  np.testing.assert_array_equal(logp(base["embed"]), logp(params["embed"]))
+  assert quant4.frozen_base(params)["embed"].dtype == jnp.float32

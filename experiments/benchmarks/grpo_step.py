@@ -6,11 +6,17 @@ computed every iteration), full-parameter and LoRA. Each mode runs in its own
 subprocess so peak RSS is per mode. Prints ONE JSON object.
 
   python -m experiments.benchmarks.grpo_step [--dtype=bfloat16] [--compute_dtype=bfloat16]
-      [--remat=full] [--modes=full,lora,qlora]
+      [--remat=full] [--modes=full,lora,qlora] [--memory_report]
 
-Mode "qlora": LoRA over a frozen NF4 base (`model.base_bits=4`, `quant4.quantize_layers`
-of the loaded weights), the sampler reading the adapters merged into it, NF4 again
-(`sampling.weights=int4`, TIS cap 2), whatever --sampler_weights says.
+Mode "qlora": LoRA over a frozen NF4 base (`model.base_bits=4`, `quant4.frozen_base` of
+the loaded weights: NF4 layers, the embedding in bfloat16 where the trainer's matmuls
+are), the sampler reading the adapters merged into it, NF4 again (`sampling.weights=int4`,
+TIS cap 2), whatever --sampler_weights says.
+
+peak_rss_gib is the process's; setup_peak_rss_gib (loading: with random weights the
+initialisation's temporaries, ~3.2 GiB for Gemma 3 270M in float32, set it), then
+first_iteration_peak_rss_gib (compiling) and steady_peak_rss_gib (the later iterations)
+split it, the peak reset between them (`_reset_peak_rss`).
 """
 
 import dataclasses
@@ -35,6 +41,7 @@ from rlpost.data.gsm8k import Problem
 from rlpost.models import loading
 from rlpost.models import policy
 from rlpost.models import quant4
+from rlpost.recipes import common
 from rlpost.recipes import rl
 from rlpost.recipes import rollout as rollout_lib
 from rlpost.rl import objectives
@@ -60,7 +67,9 @@ _SAMPLER = flags.DEFINE_enum(
   "What the sampler reads (int8 / int4: a copy per weight sync, TIS cap 2; int8's dots "
   "calibrated).",
 )
-_MODES = flags.DEFINE_list("modes", ["full", "lora"], "Modes to run, each in its own process.")
+_MODES = flags.DEFINE_list(
+  "modes", ["full", "lora", "qlora"], "Modes to run, each in its own process."
+)
 _MODEL_PATH = flags.DEFINE_string(
   "model_path",
   "",
@@ -124,7 +133,8 @@ def _run_mode(mode: str) -> dict:
   m = cfg.model
   loaded = loading.load_model(m.preset, m.weights, m.path, m.dtype, cfg.seed)
   if m.base_bits == 4:  # as `recipes.common.load_model` does
-    loaded = (loaded[0], quant4.quantize_layers(loaded[1]), loaded[2])
+    embed_dtype = common.qlora_embed_dtype(cfg)
+    loaded = (loaded[0], quant4.frozen_base(loaded[1], embed_dtype), loaded[2])
   jax.block_until_ready(loaded[1])
   pieces = rl.build(cfg, loaded)  # calibrates "auto" paths: nothing else may run meanwhile
   if _FREE_LOADED.value:  # as `rl.run`, which keeps no reference to the loaded params
@@ -139,11 +149,16 @@ def _run_mode(mode: str) -> dict:
   pieces = rl.with_task(pieces, task, "plain")
   sampling = dataclasses.replace(pieces.sampling, stop_ids=())  # every token sampled
   pieces = pieces._replace(sampling=sampling)
+  setup_peak, first_peak = memory_probe.status_gib("VmHWM"), None
+  _reset_peak_rss()
   state, cursor, times = pieces.state, Cursor(0), []
   for index in range(_ITERATIONS.value):
     start = time.perf_counter()
     state, cursor, metrics = rl.iteration(pieces, state, cursor, index)
     jax.block_until_ready(state)
+    if index == 0:  # compilation and the first iteration: their peak, then reset
+      first_peak = memory_probe.status_gib("VmHWM")
+      _reset_peak_rss()
     times.append(
       {
         "total_s": time.perf_counter() - start,
@@ -154,7 +169,8 @@ def _run_mode(mode: str) -> dict:
       }
     )
   steady = times[1:]
-  peak_rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+  steady_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  peak_rss = round(max(setup_peak, first_peak, steady_peak), 2)
   return {
     "mode": mode,
     "param_dtype": _DTYPE.value,
@@ -163,6 +179,7 @@ def _run_mode(mode: str) -> dict:
     "remat": cfg.train.remat,
     "sampler_weights": cfg.sampling.weights,
     "base_bits": m.base_bits,
+    "frozen_embed_dtype": str(pieces.learner.frozen["embed"].dtype) if cfg.lora.enabled else None,
     "free_loaded": _FREE_LOADED.value,
     "reward_model": _REWARD_MODEL.value,
     "steady_reward_model_s_median": round(
@@ -175,11 +192,22 @@ def _run_mode(mode: str) -> dict:
     "steady_train_s_median": round(float(np.median([t["train_s"] for t in steady])), 2),
     "completion_tokens_per_iteration": times[-1]["completion_tokens"],
     "peak_rss_gib": peak_rss,
+    "setup_peak_rss_gib": round(setup_peak, 2),
+    "first_iteration_peak_rss_gib": round(first_peak, 2),
+    "steady_peak_rss_gib": round(steady_peak, 2),
     "rss_check": rss_budget.check(_budget_key(mode), peak_rss),
     "peak_device_gib": device_memory.peak_device_gib(),
     "backend": jax.default_backend(),
     **({"memory": probe.report()} if probe else {}),
   }
+
+
+def _reset_peak_rss() -> None:
+  """Sets the process's peak RSS (VmHWM, getrusage's ru_maxrss) to its RSS now (Linux:
+  `clear_refs` 5), so the steady iterations' peak is measured apart from loading and
+  compilation; the heap those left and malloc kept still counts."""
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
 
 
 def _budget_key(mode: str) -> str | None:

@@ -315,6 +315,22 @@ def quantize_layers(params, double: bool = False):
   return {**params, "layers": layers}
 
 
+def frozen_base(params, embed_dtype: str = "float32"):
+  """QLoRA's frozen base (`model.base_bits=4`): the layer matrices NF4 (`quantize_layers`),
+  the embedding (and an untied output projection) cast to `embed_dtype`.
+
+  With the trainer's matmuls in bfloat16 the output projection reads the embedding's
+  bfloat16 rounding anyway (`ops.logprobs`), so keeping it in "bfloat16" leaves that
+  product unchanged, halves its bytes (Gemma 3 270M: [262144, 640], 0.625 -> 0.31 GiB)
+  and changes only the input rows: mean |dlogprob| 0.004 nats per token on the shared
+  Gemma 3 fixture prompts, against 0.46 between NF4 and the float32 layers."""
+  out = quantize_layers(params)
+  for name in ("embed", "output"):
+    if name in out:
+      out[name] = out[name].astype(embed_dtype)
+  return out
+
+
 def sampling_parts(params, requantize: bool = True):
   """(unembed, {name: Packed4}): what `for_sampling` adds, alone, so a program making it
   outputs no copy of the weights it keeps (embedding, norms, float matrices)."""

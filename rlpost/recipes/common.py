@@ -313,8 +313,15 @@ def load_model(cfg):
   if getattr(m, "init_from", ""):
     params = weights_from_run(m.init_from, params, cfg)
   if getattr(m, "base_bits", 32) == 4:  # QLoRA: the frozen base NF4 (rebuilt on resume)
-    params = quant4.quantize_layers(params)
+    params = quant4.frozen_base(params, qlora_embed_dtype(cfg))
   return config, params, tokenizer
+
+
+def qlora_embed_dtype(cfg) -> str:
+  """The dtype a QLoRA run keeps its frozen embedding in (`quant4.frozen_base`): bfloat16
+  where the trainer's matmuls are bfloat16 (train.compute_dtype, "auto" resolved), else
+  model.dtype."""
+  return "bfloat16" if compute_dtype(cfg, "") == "bfloat16" else cfg.model.dtype
 
 
 def check_base_bits(base_bits: int, lora_enabled: bool) -> None:
