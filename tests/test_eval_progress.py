@@ -40,12 +40,14 @@ def _counting(monkeypatch, fail_at=None):
   return calls
 
 
+@pytest.mark.slow
 def test_an_interrupted_evaluation_plays_only_its_unfinished_chunks(pieces, tmp_path, monkeypatch):
   """8 held-out seeds in chunks of 2: interrupted in the third chunk, the evaluation played
   again plays chunks 3 and 4 only, and its metrics and per-item outcomes equal an
   uninterrupted one's; the kept chunks are gone afterwards. After the policy changes, no
   chunk is reused. Mutations caught: `load` ignoring the fingerprint (the changed policy
-  reuses chunks); `evaluate` keeping nothing (`keep = False`: 4 chunks played again)."""
+  reuses chunks); `evaluate` keeping nothing (`keep = False`: 4 chunks played again).
+  Over 3 s: six tiny greedy evaluations."""
   p, whole, cut = pieces, str(tmp_path / "whole"), str(tmp_path / "cut")
   with rl._pool(p.config) as pool:
     want = rl.evaluate(p, pool, p.state, whole, 0)

@@ -450,12 +450,14 @@ _CLI_REFUSALS = [
 ]
 
 
+@pytest.mark.slow
 def test_cli_refusals_are_one_line_with_status_2(tmp_path):
   """Each of `_CLI_REFUSALS`: status 2 and its line, no traceback, no checkpoint written.
 
   Mutations caught: `cli._parse_flags` catching only AttributeError/KeyError (as before)
   ends the flag cases in a traceback (three, nested, for the variant) and status 1;
-  `cli.run` without its UsageError handler ends the config, data and workdir cases so."""
+  `cli.run` without its UsageError handler ends the config, data and workdir cases so.
+  Over 3 s: one process start (twelve forked mains), where twelve starts took ~25 s."""
   from conftest import run_clis  # pylint: disable=g-import-not-at-top
 
   cases = []
