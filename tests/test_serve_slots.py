@@ -6,44 +6,22 @@ import socket
 import time
 import types
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
 
-from rlpost import sampling
 from rlpost.models import loading
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import pool as pool_lib
 from rlpost.serve import scheduler
 from rlpost.serve import server
+from test_serve import _sampler as _alone  # the library's sampler on one prompt alone
 
 
 @pytest.fixture(scope="module")
 def tiny():
   config, params, tok = loading.load_model("tiny", "random")
   return engine_lib.Engine(params, config, tok, "tiny", 512, 256)
-
-
-def _alone(engine, prompt, budget, temperature, seed):
-  """(ids, logprobs) of `sampling.sample` on `prompt` alone, as choice 0 of `seed`."""
-  tok = engine.tokenizer
-  config = sampling.SamplingConfig(
-    temperature=temperature, stop_ids=(tok.eos_id, tok.end_of_turn_id), max_new_tokens=budget
-  )
-  tokens, lengths = sampling.pad_prompts([list(prompt)], config)
-  out = sampling.sample(
-    engine.params,
-    tokens,
-    lengths,
-    jax.random.key(0),
-    row_ids=jnp.asarray([engine_lib.row_id(seed, 0)], jnp.int32),
-    model_config=engine.model_config,
-    config=config,
-  )
-  n = int(out.lengths[0])
-  return out.tokens[0, :n].tolist(), np.asarray(out.logprobs[0, :n])
 
 
 def _job(prompt, budget, seed, session=None):

@@ -35,12 +35,7 @@ def wait(future, connection, timeout_s: float):
       return None
     if time.monotonic() > deadline:
       abandon(future)
-      raise request_bodies.ApiError(
-        504,
-        f"no result within {timeout_s} s (request_timeout_s)",
-        code="timeout",
-        kind="server_error",
-      )
+      raise _timed_out(timeout_s)
 
 
 def updates(ticket, n: int, connection, timeout_s: float):
@@ -59,12 +54,7 @@ def updates(ticket, n: int, connection, timeout_s: float):
         raise ticket.exception()  # pylint: disable=raising-bad-type
       if time.monotonic() > deadline:
         abandon(ticket)
-        raise request_bodies.ApiError(
-          504,
-          f"no result within {timeout_s} s (request_timeout_s)",
-          code="timeout",
-          kind="server_error",
-        )
+        raise _timed_out(timeout_s)
       continue
     done += update[0] == "done"
     yield update
@@ -76,3 +66,10 @@ def abandon(future) -> None:
   gone = getattr(future, "gone", None)
   if gone is not None:
     gone.set()
+
+
+def _timed_out(timeout_s: float) -> request_bodies.ApiError:
+  """The 504 of a request that waited past `request_timeout_s`."""
+  return request_bodies.ApiError(
+    504, f"no result within {timeout_s} s (request_timeout_s)", code="timeout", kind="server_error"
+  )
