@@ -43,7 +43,7 @@ import numpy as np
 from experiments.benchmarks import device_memory
 from rlpost import sampling
 from rlpost.models import decoder, families
-from rlpost.models import quant, quant4
+from rlpost.models import q4_native, quant, quant4
 from rlpost.models.weights import gguf
 from rlpost.train import compute_paths
 
@@ -60,6 +60,12 @@ _WEIGHTS = flags.DEFINE_enum(
 )
 _INT4 = flags.DEFINE_enum(
   "int4", "nf4", ["nf4", "gguf"], "With --weights=int4: NF4, or the packaged GGUF's Q4 blocks."
+)
+_INT4_MATMUL = flags.DEFINE_enum(
+  "int4_matmul",
+  "xla",
+  ["xla", "native"],
+  "With --weights=int4: XLA's dequantise-then-dot, or the native kernel (`q4_native`).",
 )
 _INT8_PATHS = flags.DEFINE_string(
   "int8_paths", "auto", "With --weights=int8: auto (calibrated) or LAYOUT:ROWS, e.g. io:8."
@@ -200,6 +206,8 @@ def main(argv):
   # beside the probes and skew them.
   int8_paths = compute_paths.int8_paths(_INT8_PATHS.value)[0] if _WEIGHTS.value == "int8" else None
   params, sampled = _sampler_weights(config, dtype, int8_paths)
+  if _WEIGHTS.value == "int4" and _INT4_MATMUL.value == "native":
+    sampled = jax.jit(q4_native.for_decode)(sampled)
   load_before = open("/proc/loadavg").read().split()[:3]
   ceiling_s = _ceiling(params, config, _BATCH.value, _REPEATS.value)
   batched = _decode(sampled, config, _BATCH.value, _PROMPT.value, _NEW.value, _REPEATS.value)
@@ -235,6 +243,7 @@ def main(argv):
         "sampler_weights": _WEIGHTS.value,
         "int8_paths": None if int8_paths is None else dataclasses.asdict(int8_paths),
         "int4": _INT4.value if _WEIGHTS.value == "int4" else None,
+        "int4_matmul": _INT4_MATMUL.value if _WEIGHTS.value == "int4" else None,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],

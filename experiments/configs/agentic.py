@@ -107,6 +107,7 @@ def base(
       "prompt_bucket": 16,
       "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
       "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
+      "int4_matmul": "auto",  # int4 decode steps: auto (native where it builds) | native | xla
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -90,6 +90,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       # each weight sync ("int8": faster rollouts; needs algo.tis_cap)
       "weights": "model",
       "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
+      "int4_matmul": "auto",  # int4 decode steps: auto (native where it builds) | native | xla
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -83,6 +83,7 @@ def get_config(variant: str = "gemma3_270m") -> ml_collections.ConfigDict:
       "prompt_bucket": 16 if tiny else 64,
       "weights": "model",  # model | int8 (an int8 copy per weight sync; needs algo.tis_cap)
       "int8_paths": "auto",  # int8 dots: auto (calibrated per machine) | LAYOUT:ROWS, e.g. io:8
+      "int4_matmul": "auto",  # int4 decode steps: auto (native where it builds) | native | xla
     }
   )
   c.train = ml_collections.ConfigDict(

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from rlpost.models import architecture, quant, quant4
+from rlpost.models import architecture, q4_native, quant, quant4
 from rlpost.models import attention as attention_lib
 from rlpost.models import lora as lora_lib
 
@@ -202,12 +202,14 @@ def _dense(x: jax.Array, w: jax.Array, compute_dtype=None) -> jax.Array:
   """x @ w with float32 output; inputs cast to `compute_dtype`, or to the weight dtype.
 
   An int8 `w` (the sampler's, `rlpost.models.quant`) runs int8 x int8; a 4-bit one
-  (`rlpost.models.quant4`) dequantises inside its matmul.
+  (`rlpost.models.quant4`) dequantises inside its matmul (`q4_native`: in registers).
   """
   if isinstance(w, quant.Int8Weight):
     return quant.dense(x, w)
   if isinstance(w, quant4.Packed4):
     return quant4.dense4(x, w)
+  if isinstance(w, q4_native.NativeQ4):
+    return q4_native.dense(x, w)
   if compute_dtype is None or jnp.dtype(compute_dtype) == w.dtype == x.dtype:
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
   return _mixed_dense(x, w, jnp.dtype(compute_dtype))
@@ -379,6 +381,7 @@ _concatenate_floats = functools.partial(jnp.concatenate, axis=-1)
 _CONCATENATE = {
   quant.Int8Weight: quant.concatenate_outputs,
   quant4.Packed4: quant4.concatenate_outputs,
+  q4_native.NativeQ4: q4_native.concatenate_outputs,
 }
 
 

@@ -16,6 +16,7 @@ from rlpost.text import tool_formats
 from rlpost.text import tool_syntax
 
 SAMPLER_WEIGHTS = ("model", "int8", "int4")  # `sampling.weights`: what the sampler reads
+INT4_MATMULS = ("auto", "native", "xla")  # `sampling.int4_matmul`: how int4 decode steps multiply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,13 +24,16 @@ class SamplingBlock:
   """The `sampling` block of an RL run: `temperature` (finite, >= 0; training needs > 0,
   checked by the recipe, which knows why), `max_new_tokens` (a prompt dataset's cap;
   None: an environment's turns set it), `prompt_bucket` (>= 1 token), `weights` (one of
-  SAMPLER_WEIGHTS), `int8_paths` ("auto" or LAYOUT:ROWS)."""
+  SAMPLER_WEIGHTS), `int8_paths` ("auto" or LAYOUT:ROWS), `int4_matmul` (one of
+  INT4_MATMULS: with int4 weights, the decode steps' matmuls in `q4_native`'s kernel or
+  XLA's dequantise-then-dot; "auto": native where its library builds)."""
 
   temperature: float = 1.0
   max_new_tokens: int | None = None
   prompt_bucket: int = 64
   weights: str = "model"
   int8_paths: str = "auto"
+  int4_matmul: str = "auto"
 
   def __post_init__(self):
     if not math.isfinite(self.temperature):  # the sampler refuses it, after the model loads
@@ -41,6 +45,7 @@ class SamplingBlock:
     if self.max_new_tokens is not None and self.max_new_tokens < 1:
       common.field_error(SamplingBlock, "max_new_tokens", self.max_new_tokens, "must be >= 1 token")
     common.check_one_of(SamplingBlock, "weights", self.weights, SAMPLER_WEIGHTS)
+    common.check_one_of(SamplingBlock, "int4_matmul", self.int4_matmul, INT4_MATMULS)
     if self.int8_paths != "auto":  # a typo fails even before it is used
       quant.parse_paths(self.int8_paths)
 

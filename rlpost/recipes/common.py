@@ -22,6 +22,7 @@ from rlpost.models import loading
 from rlpost.models import lora as lora_lib
 from rlpost.models import policy
 from rlpost.models import quant
+from rlpost.models import q4_native
 from rlpost.models import quant4
 from rlpost.supervised import reward_model as reward_model_lib
 from rlpost.train import checkpoint
@@ -222,6 +223,26 @@ def with_int8_paths(cfg, workdir: str):
   resolved = copy.deepcopy(cfg)
   resolved.sampling.int8_paths = quant.paths_text(quant.Int8Paths(layout, rows))
   absl_logging.info("sampling.int8_paths=auto -> %s (%s)", resolved.sampling.int8_paths, why)
+  return resolved
+
+
+def with_int4_matmul(cfg, workdir: str):
+  """A copy of `cfg` with `sampling.int4_matmul="auto"` replaced by "native" or "xla"
+  (`q4_native.resolve`; on resume, the run's config.json), logged; only when the sampler
+  reads 4-bit weights. The two round differently, so a resumed run keeps its choice and
+  every process takes process 0's."""
+  s = cfg.get("sampling", {})
+  if s.get("weights") != "int4" or s.get("int4_matmul", "auto") != "auto":
+    return cfg
+  recorded = compute_paths.recorded_setting(workdir, "sampling", "int4_matmul")
+  if recorded in ("native", "xla"):
+    choice, why = recorded, "recorded in the run's config.json (resumed run)"
+  else:
+    choice, why = q4_native.resolve("auto")
+  choice = ("xla", "native")[shares.from_first_process(int(choice == "native"))]
+  resolved = copy.deepcopy(cfg)
+  resolved.sampling.int4_matmul = choice
+  absl_logging.info("sampling.int4_matmul=auto -> %s (%s)", choice, why)
   return resolved
 
 

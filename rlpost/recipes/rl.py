@@ -251,7 +251,7 @@ def run(cfg, workdir: str, stop_after: int | None = None, loaded=None, learner: 
   """
   cfg = common.with_compute_dtype(rl_config.migrated(cfg), workdir)
   check_config(cfg, learner)  # a bad config fails before the int8 calibration (seconds)
-  cfg = common.with_int8_paths(cfg, workdir)
+  cfg = common.with_int4_matmul(common.with_int8_paths(cfg, workdir), workdir)
   config_json = json.loads(cfg.to_json_best_effort())  # what the run records: config.json
   c = check_config(cfg, learner)  # below here nothing reads the ConfigDict
   p = build(c, loaded)

@@ -17,6 +17,7 @@ from rlpost.envs import multiturn
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.models import quant4
+from rlpost.models import q4_native
 from rlpost.recipes import common
 from rlpost.train import compute_paths
 from rlpost.train import loop as loop_lib
@@ -118,12 +119,14 @@ class Sampler(NamedTuple):
   (the LoRA base, else None) placed there once; `int8`: None, or the sampler reads an
   int8 copy of the policy made at each weight sync, its dots formed as these
   `quant.Int8Paths` say (`sampling.int8_paths`); `int4`: the sampler reads a 4-bit copy
-  made at each sync (`quant4.for_sampling`: the LoRA-merged layers NF4)."""
+  made at each sync (`quant4.for_sampling`: the LoRA-merged layers NF4), multiplied in
+  `q4_native`'s kernel when `int4_native` (`sampling.int4_matmul`)."""
 
   mesh: Any
   frozen: Any
   int8: quant.Int8Paths | None = None
   int4: bool = False
+  int4_native: bool = False
 
 
 def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
@@ -136,9 +139,10 @@ def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
     int8, why = compute_paths.int8_paths(c.sampling.int8_paths)
     absl_logging.info("sampling.weights=int8: dots %s (%s)", int8, why)
   int4 = c.sampling.weights == "int4"
+  native = int4 and q4_native.resolve(c.sampling.int4_matmul)[0] == "native"
   if mesh is None or base is None:
-    return Sampler(mesh, base, int8, int4)
-  return Sampler(mesh, sharding.sync(base, mesh), int8, int4)
+    return Sampler(mesh, base, int8, int4, native)
+  return Sampler(mesh, sharding.sync(base, mesh), int8, int4, native)
 
 
 def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, prints=False):
@@ -154,7 +158,7 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, pri
   ((params, key), fingerprints).
   """
   if sampler.int4:
-    finish = _four_bit_for_sampling
+    finish = functools.partial(_four_bit_for_sampling, native=sampler.int4_native)
   elif sampler.int8 is None:
     finish = lambda params: params
   else:
@@ -196,9 +200,17 @@ def _quantized_for_sampling(params, paths):
 _int4_parts = jax.jit(quant4.sampling_parts)
 
 
-def _four_bit_for_sampling(params):
-  """`quant4.for_sampling(params)`, its new parts made by one program (as `_quantized_for_sampling`)."""
-  unembed, packed = _int4_parts(params)
+@jax.jit
+def _native_int4_parts(params):
+  """`quant4.sampling_parts(params)` with the layers laid out for `q4_native`."""
+  unembed, packed = quant4.sampling_parts(params)
+  return unembed, q4_native.for_decode({"layers": packed})["layers"]
+
+
+def _four_bit_for_sampling(params, native: bool):
+  """`quant4.for_sampling(params)`, its new parts made by one program (as
+  `_quantized_for_sampling`); `native`: the layers laid out for `q4_native`."""
+  unembed, packed = (_native_int4_parts if native else _int4_parts)(params)
   return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
 

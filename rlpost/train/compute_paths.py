@@ -260,7 +260,7 @@ def resolve_for_run(
   the run's config.json when it is being resumed, else `resolver()`."""
   if setting != "auto":
     return setting, "set in the config"
-  recorded = _recorded(workdir, "train", "compute_dtype")
+  recorded = recorded_setting(workdir, "train", "compute_dtype")
   if recorded in CHOICES:
     return recorded, f"recorded in {os.path.join(workdir, 'config.json')} (resumed run)"
   return resolver()
@@ -271,14 +271,14 @@ def int8_paths_for_run(setting: str, workdir: str, resolver=None):
   as given; "auto" as recorded in the run's config.json when it is being resumed, else
   `resolver()` (default `resolve_int8`, this machine's calibration)."""
   if setting == "auto":
-    recorded = _recorded(workdir, "sampling", "int8_paths")
+    recorded = recorded_setting(workdir, "sampling", "int8_paths")
     if isinstance(recorded, str) and recorded != "auto":
       where = os.path.join(workdir, "config.json")
       return quant.parse_paths(recorded), f"recorded in {where} (resumed run)"
   return int8_paths(setting, resolver or resolve_int8)
 
 
-def _recorded(workdir: str, block: str, field: str):
+def recorded_setting(workdir: str, block: str, field: str):
   """`block.field` in the run's config.json (None when there is none)."""
   path = os.path.join(workdir, "config.json") if workdir else ""
   if not path or not os.path.exists(path):

@@ -815,6 +815,22 @@ MUTATIONS = [
     why="an interrupted evaluation leaving half an outcome file",
   ),
   dict(
+    name="native_q4_high_nibbles_read_the_low_group_scale",
+    path="rlpost/models/q4_native.cc",
+    old="      const int64_t g_lo = i_lo / kGroup, g_hi = i_hi / kGroup;\n",
+    new="      const int64_t g_lo = i_lo / kGroup, g_hi = i_lo / kGroup;\n",
+    tests=["tests/test_q4_native.py"],
+    why="the native 4-bit matmul scaling a Q4_K / NF4 run's high nibbles by the low half's scale",
+  ),
+  dict(
+    name="native_q4_0_offset_off_by_one",
+    path="rlpost/models/q4_native.py",
+    old='    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -8.0 * scale\n',
+    new='    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -7.0 * scale\n',
+    tests=["tests/test_q4_native.py"],
+    why="Q4_0 codes centred on 7 instead of 8 in the kernel's layout",
+  ),
+  dict(
     name="dense4_backward_drops_dx",
     path="rlpost/models/quant4.py",
     old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",

@@ -1,0 +1,237 @@
+"""A native CPU matmul over 4-bit weights as stored: the decode steps' `dense4` path.
+
+XLA:CPU emits a dot as a library call that fuses no producer, so `quant4.dense4` writes
+each dequantised half of W [O, I / 2] to a float32 buffer before the dot reads it: at
+decode sizes (a few rows of x) that writing, not the 4-bit reads, sets the speed, and a
+multiply-and-reduce formulation ran slower still. `q4_native.cc` is an XLA FFI handler
+that reads the codes, looks each up, dequantises and multiplies into the rows of x in
+registers (AVX-512, AVX2 or plain C++: compiled at first use with `-march=native`), its
+outputs split over the calling thread and XLA's intra-op pool.
+
+`NativeQ4` is a `quant4.Packed4` laid out for it: the same codes, with one float32
+scale and shift per 32 inputs and a 16-entry table (NF4's levels or the codes
+themselves), so w = table[code] * scale + shift in one rounding, the value `quant4.halves`
+gives. `matmul(x, w)` is x [N, I] @ W -> [N, O] float32.
+
+The library is built once per source, compiler and machine into
+`~/.cache/rlpost/q4_native/` (RLPOST_CACHE_DIR moves it); `available()` says whether it
+built, and why not (no compiler, an unsupported backend).
+"""
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import os
+import pathlib
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlpost.models import quant4
+
+TARGET = "rlpost_q4_matmul"
+GROUP = 32  # inputs per scale and shift
+CHUNK = 64  # outputs per task handed to a thread
+MAX_ROWS = 16  # `dense` calls the library up to this many rows
+_SOURCE = pathlib.Path(__file__).with_suffix(".cc")
+_IDENTITY = np.arange(16, dtype=np.float32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class NativeQ4:
+  """W [I, O] for `matmul`: codes uint8 [O, I / 2] (quant4's nibble order, `half`
+  inputs a nibble run), scale and shift float32 [O, I / 32], table float32 [16] (NF4's
+  levels for `fmt` "nf4", else the codes 0..15); `fmt`: the Packed4 format it came from
+  ("nf4" for both NF4 formats)."""
+
+  codes: jax.Array
+  scale: jax.Array
+  shift: jax.Array
+  table: jax.Array
+  half: int = dataclasses.field(metadata={"static": True})
+  fmt: str = dataclasses.field(metadata={"static": True})
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    O, half_I = self.codes.shape
+    return (2 * half_I, O)
+
+
+def _per_group(a: jax.Array, inputs_per_value: int) -> jax.Array:
+  """Values per `inputs_per_value` inputs [O, n] -> per 32 inputs [O, I / 32] float32."""
+  return jnp.repeat(a.astype(jnp.float32), inputs_per_value // GROUP, axis=-1)
+
+
+def from_packed(w: quant4.Packed4) -> NativeQ4:
+  """`w` ([..., O, I / 2] codes: a matrix or a stack of them) as `matmul` reads it; every
+  format of `quant4.FORMATS` (ValueError when 32 does not divide the inputs)."""
+  if not supports(w):
+    raise ValueError(f"q4_native.from_packed: inputs {w.shape[-2]} are not a multiple of {GROUP}")
+  w = quant4.undouble(w)
+  h, s = quant4.half(w), w.scales
+  table = lambda t: jnp.broadcast_to(jnp.asarray(t), (*w.codes.shape[:-2], 16))
+  if w.fmt == "nf4":
+    scale = _per_group(s["absmax"], 2 * h)
+    return NativeQ4(w.codes, scale, jnp.zeros_like(scale), table(quant4.NF4_LEVELS), h, "nf4")
+  if w.fmt == "q4_k":  # sc, m per 32 inputs; d, dmin per 256
+    scale = _per_group(s["d"], 256) * s["sc"].astype(jnp.float32)
+    shift = -(_per_group(s["dmin"], 256) * s["m"].astype(jnp.float32))
+  else:  # q4_0, q4_1: d (and m) per 32 inputs
+    scale = _per_group(s["d"], 32)
+    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -8.0 * scale
+  return NativeQ4(w.codes, scale, shift, table(_IDENTITY), h, w.fmt)
+
+
+def concatenate_outputs(parts: list[NativeQ4]) -> NativeQ4:
+  """Matrices with the same inputs side by side: [I, O1], [I, O2] -> [I, O1 + O2]."""
+  if len({(p.fmt, p.half, p.codes.shape[-1]) for p in parts}) != 1:
+    raise ValueError("q4_native.concatenate_outputs: the matrices differ in format or inputs")
+  cat = lambda *a: jnp.concatenate(a, axis=-2)
+  return NativeQ4(
+    cat(*[p.codes for p in parts]),
+    cat(*[p.scale for p in parts]),
+    cat(*[p.shift for p in parts]),
+    parts[0].table,
+    parts[0].half,
+    parts[0].fmt,
+  )
+
+
+def supports(w: quant4.Packed4) -> bool:
+  """Whether `from_packed` takes `w`: inputs in whole groups of 32."""
+  return (2 * w.codes.shape[-1]) % GROUP == 0
+
+
+def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
+  """The float32 values under the low and the high nibbles, each [..., O, I / 2], as
+  `quant4.halves` gives them (XLA: a select tree over the table, one rounding)."""
+  per_input = lambda a: quant4.split_inputs(jnp.repeat(a, GROUP, axis=-1), w.half)
+  scales, shifts = per_input(w.scale), per_input(w.shift)
+  out = []
+  for code, scale, shift in zip((w.codes & 15, w.codes >> 4), scales, shifts):
+    values = [w.table[..., i][..., None, None] for i in range(16)]
+    for bit in range(4):
+      on = ((code >> bit) & 1) == 1
+      values = [jnp.where(on, values[2 * j + 1], values[2 * j]) for j in range(len(values) // 2)]
+    out.append(values[0] * scale + shift)
+  return tuple(out)
+
+
+def matmul(x_NxI: jax.Array, w: NativeQ4) -> jax.Array:
+  """x [N, I] @ W [I, O] -> [N, O] float32 through the native library (CPU)."""
+  ok, why = available()
+  if not ok:
+    raise RuntimeError(f"q4_native.matmul: {why}")
+  N, O = x_NxI.shape[0], w.codes.shape[0]
+  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((N, O), jnp.float32))
+  return call(
+    x_NxI.astype(jnp.float32),
+    w.codes,
+    w.scale,
+    w.shift,
+    w.table,
+    half=np.int64(w.half),
+    chunk=np.int64(CHUNK),
+  )
+
+
+def dense(x: jax.Array, w: NativeQ4) -> jax.Array:
+  """x [..., I] @ W [I, O] -> [..., O] float32: `matmul` for up to MAX_ROWS rows (the
+  decode steps), else XLA's dot over `halves` (a prefill: a library matmul wins there)."""
+  lead, I = x.shape[:-1], x.shape[-1]
+  x = x.reshape(-1, I).astype(jnp.float32)
+  if x.shape[0] <= MAX_ROWS:
+    y = matmul(x, w)
+  else:
+    x_lo, x_hi = quant4.split_inputs(x, w.half)
+    w_lo, w_hi = halves(w)
+    dot = lambda a, b: jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())))
+    y = dot(x_lo, w_lo) + dot(x_hi, w_hi)
+  return y.reshape(*lead, w.codes.shape[-2])
+
+
+def for_decode(params):
+  """`params` with every Packed4 layer matrix (stack) as a NativeQ4: the sampler's 4-bit
+  copy (`quant4.for_sampling`) laid out for `dense`."""
+  layers = {
+    k: from_packed(w) if isinstance(w, quant4.Packed4) else w for k, w in params["layers"].items()
+  }
+  return {**params, "layers": layers}
+
+
+def _cache_dir() -> pathlib.Path:
+  root = os.environ.get("RLPOST_CACHE_DIR", "~/.cache/rlpost")
+  return pathlib.Path(os.path.expanduser(root)) / "q4_native"
+
+
+def _compile_command(out: str) -> list[str]:
+  return [
+    os.environ.get("CXX", "g++"),
+    "-O3",
+    "-march=native",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-I",
+    jax.ffi.include_dir(),
+    str(_SOURCE),
+    "-o",
+    out,
+  ]
+
+
+def _library_path() -> pathlib.Path:
+  """Where this source, compiler, jaxlib and CPU's build lives (built when missing; an
+  atomic rename, so concurrent processes never read half a file)."""
+  cpu = pathlib.Path("/proc/cpuinfo")
+  flags = (
+    next((l for l in cpu.read_text().splitlines() if l.startswith("flags")), "")
+    if cpu.exists()
+    else ""
+  )
+  compiler = subprocess.run(
+    [os.environ.get("CXX", "g++"), "--version"], capture_output=True, text=True, check=True
+  ).stdout
+  key = hashlib.sha256(
+    "\0".join([_SOURCE.read_text(), compiler, jax.__version__, flags]).encode()
+  ).hexdigest()[:16]
+  path = _cache_dir() / f"q4_native-{key}.so"
+  if not path.exists():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+      built = os.path.join(tmp, path.name)
+      done = subprocess.run(_compile_command(built), capture_output=True, text=True)
+      if done.returncode:
+        raise RuntimeError(f"building {_SOURCE.name} failed: {done.stderr.strip()[-400:]}")
+      os.replace(built, path)
+  return path
+
+
+def resolve(setting: str) -> tuple[str, str]:
+  """`sampling.int4_matmul` as ("native" | "xla", why): "auto" is native where the
+  library builds; "native" where it does not is a ValueError naming the fix."""
+  ok, why = available()
+  if setting == "xla" or (setting == "auto" and not ok):
+    return "xla", "set in the config" if setting == "xla" else f"native unavailable: {why}"
+  if not ok:
+    raise ValueError(f"sampling.int4_matmul=native: {why}; or set sampling.int4_matmul=xla")
+  return "native", f"library {why}" if setting == "auto" else "set in the config"
+
+
+@functools.cache
+def available() -> tuple[bool, str]:
+  """(True, the library's path) once built and registered; (False, why) otherwise."""
+  if jax.default_backend() != "cpu":
+    return False, f"the native 4-bit matmul is for CPU; the backend is {jax.default_backend()}"
+  try:
+    path = _library_path()
+    library = ctypes.cdll.LoadLibrary(str(path))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.RlpostQ4Matmul), platform="cpu")
+  except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+    return False, f"{e} (a C++ compiler: `apt install g++`, or set CXX)"
+  return True, str(path)
