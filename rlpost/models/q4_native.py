@@ -122,13 +122,14 @@ def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
   return tuple(out)
 
 
-def matmul(x_NxI: jax.Array, w: NativeQ4) -> jax.Array:
-  """x [N, I] @ W [I, O] -> [N, O] float32 through the native library (CPU)."""
-  ok, why = available()
+def matmul(x_NxI: jax.Array, w: NativeQ4, march: str = "native") -> jax.Array:
+  """x [N, I] @ W [I, O] -> [N, O] float32 through the native library (CPU) built for
+  `march` (the compiler's -march: "native", or e.g. "x86-64-v3" for AVX2 alone)."""
+  ok, why = available(march)
   if not ok:
     raise RuntimeError(f"q4_native.matmul: {why}")
   N, O = x_NxI.shape[0], w.codes.shape[0]
-  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((N, O), jnp.float32))
+  call = jax.ffi.ffi_call(_target(march), jax.ShapeDtypeStruct((N, O), jnp.float32))
   return call(
     x_NxI.astype(jnp.float32),
     w.codes,
@@ -169,11 +170,15 @@ def _cache_dir() -> pathlib.Path:
   return pathlib.Path(os.path.expanduser(root)) / "q4_native"
 
 
-def _compile_command(out: str) -> list[str]:
+def _target(march: str) -> str:
+  return TARGET if march == "native" else f"{TARGET}_{march.replace('-', '_')}"
+
+
+def _compile_command(out: str, march: str) -> list[str]:
   return [
     os.environ.get("CXX", "g++"),
     "-O3",
-    "-march=native",
+    f"-march={march}",
     "-std=c++17",
     "-shared",
     "-fPIC",
@@ -185,9 +190,9 @@ def _compile_command(out: str) -> list[str]:
   ]
 
 
-def _library_path() -> pathlib.Path:
-  """Where this source, compiler, jaxlib and CPU's build lives (built when missing; an
-  atomic rename, so concurrent processes never read half a file)."""
+def _library_path(march: str) -> pathlib.Path:
+  """Where this source, compiler, jaxlib, CPU and -march's build lives (built when
+  missing; an atomic rename, so concurrent processes never read half a file)."""
   cpu = pathlib.Path("/proc/cpuinfo")
   flags = (
     next((l for l in cpu.read_text().splitlines() if l.startswith("flags")), "")
@@ -198,14 +203,14 @@ def _library_path() -> pathlib.Path:
     [os.environ.get("CXX", "g++"), "--version"], capture_output=True, text=True, check=True
   ).stdout
   key = hashlib.sha256(
-    "\0".join([_SOURCE.read_text(), compiler, jax.__version__, flags]).encode()
+    "\0".join([_SOURCE.read_text(), compiler, jax.__version__, flags, march]).encode()
   ).hexdigest()[:16]
   path = _cache_dir() / f"q4_native-{key}.so"
   if not path.exists():
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
       built = os.path.join(tmp, path.name)
-      done = subprocess.run(_compile_command(built), capture_output=True, text=True)
+      done = subprocess.run(_compile_command(built, march), capture_output=True, text=True)
       if done.returncode:
         raise RuntimeError(f"building {_SOURCE.name} failed: {done.stderr.strip()[-400:]}")
       os.replace(built, path)
@@ -224,14 +229,16 @@ def resolve(setting: str) -> tuple[str, str]:
 
 
 @functools.cache
-def available() -> tuple[bool, str]:
-  """(True, the library's path) once built and registered; (False, why) otherwise."""
+def available(march: str = "native") -> tuple[bool, str]:
+  """(True, the library's path) once built for `march` and registered; (False, why)
+  otherwise."""
   if jax.default_backend() != "cpu":
     return False, f"the native 4-bit matmul is for CPU; the backend is {jax.default_backend()}"
   try:
-    path = _library_path()
+    path = _library_path(march)
     library = ctypes.cdll.LoadLibrary(str(path))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.RlpostQ4Matmul), platform="cpu")
+    handler = jax.ffi.pycapsule(library.RlpostQ4Matmul)
+    jax.ffi.register_ffi_target(_target(march), handler, platform="cpu")
   except (OSError, RuntimeError, subprocess.SubprocessError) as e:
     return False, f"{e} (a C++ compiler: `apt install g++`, or set CXX)"
   return True, str(path)

@@ -831,6 +831,14 @@ MUTATIONS = [
     why="Q4_0 codes centred on 7 instead of 8 in the kernel's layout",
   ),
   dict(
+    name="native_q4_avx2_table_half_from_the_wrong_bit",
+    path="rlpost/models/q4_native.cc",
+    old="  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // bit 3 -> sign\n",
+    new="  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 29));  // bit 3 -> sign\n",
+    tests=["tests/test_q4_native.py"],
+    why="the AVX2 kernel (AMD Zen 3) looking codes 8-15 up in the table's lower half",
+  ),
+  dict(
     name="dense4_backward_drops_dx",
     path="rlpost/models/quant4.py",
     old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
