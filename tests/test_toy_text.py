@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from optional_packages import require
 
 from rlpost import errors
-from rlpost.envs import protocol
+from rlpost.envs import held_out, protocol
 from rlpost.envs import table as env_table
 from rlpost.envs import toy_text
 
@@ -62,8 +62,10 @@ def test_a_step_is_gymnasiums_step(case, seed, actions):
 
 def test_random_maps_are_gymnasiums_and_the_view_marks_the_agent():
   """random_map_size=5: seed s plays gymnasium's generate_random_map(5, p, s), the view
-  shows the map with P on the agent's cell. Mutation caught: the view's `divmod(s, ncol)`
-  as `divmod(s, nrow)` on a 5x4 map would misplace P (checked on a non-square map)."""
+  shows the map with P on the agent's cell; held-out maps are none of 200 training seeds'
+  and distinct. Mutation caught: the view's `divmod(s, ncol)` as `divmod(s, nrow)` on a
+  5x4 map would misplace P (checked on a non-square map); no `content_key` (held-out by
+  seed: overlap unknown)."""
   gym = require("gymnasium")
   generate = gym.envs.toy_text.frozen_lake.generate_random_map
   config = toy_text.GymConfig(random_map_size=5, random_map_p=0.7)
@@ -75,6 +77,10 @@ def test_random_maps_are_gymnasiums_and_the_view_marks_the_agent():
   if not step.done:
     r, c = divmod(step.state.obs, 5)
     assert step.observation.splitlines()[r][c] == "P"
+  held = held_out.choose(tasks, range(200), 1_000_000, 30)
+  trained = {tuple(generate(5, 0.7, s)) for s in range(200)}
+  maps = {tuple(generate(5, 0.7, s)) for s in held.seeds}
+  assert (held.overlap, held.distinct) == (0, 30) and len(maps) == 30 and not maps & trained
   wide = ("SFFH", "FFFF", "HFFF", "FFFF", "FFFG")
   env = toy_text.make_env(
     toy_text.GymConfig(kwargs=json.dumps({"desc": list(wide), "is_slippery": False}))

@@ -179,7 +179,11 @@ def make_env(config: GymConfig) -> protocol.Env:
 
 
 def build(config: GymConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
-  """Seeds are gymnasium's reset seeds; a random-map run's task is the seed's map."""
+  """Seeds are gymnasium's reset seeds; a random-map run's task is the seed's map, which is
+  also what an episode is about (`content_key`: held-out maps are none a training seed
+  draws). The fixed-map envs (Taxi, CliffWalking, Blackjack, one FrozenLake map) have no
+  content to hold out beyond their start states: their evaluation is by seed, its overlap
+  reported as unknown."""
   del run
   env = make_env(config)
   if not config.random_map_size:
@@ -189,4 +193,4 @@ def build(config: GymConfig, run: protocol.RunInfo) -> protocol.EnvTasks:
   maps = lambda seeds: [
     tuple(generate(config.random_map_size, config.random_map_p, int(s))) for s in seeds
   ]
-  return protocol.EnvTasks(env, maps, maps)
+  return protocol.EnvTasks(env, maps, maps, content_key=lambda task, seed: task)
