@@ -112,6 +112,30 @@ def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
   del kept
 
 
+def test_memory_probe_splits_the_resident_set_and_records_compiled_programs():
+  """A mark's split adds up to VmRSS (anonymous + file-backed + shared pages); a program
+  compiled while the probe watches is listed with XLA's temporaries, which exceed the 4 MiB
+  its softmax over a [1024, 1024] float32 input must hold.
+
+  Mutation caught: the compile wrapper recording nothing (`self._programs.append` dropped)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import memory_probe  # pylint: disable=g-import-not-at-top
+
+  probe = memory_probe.Probe(interval_s=0.01, programs=True)
+  probe.mark("start", trim=True)
+  with probe.phase("compute"):
+    jax.jit(lambda x: jax.nn.softmax(x * 3.0 + 1.0, axis=0) @ x)(jnp.ones((1024, 1024)))
+  report = probe.report()
+  mark = report["marks"]["start"]
+  parts = mark["RssAnon"] + mark["RssFile"] + mark.get("RssShmem", 0.0)
+  assert abs(mark["VmRSS"] - parts) < 0.01, mark
+  assert "after_malloc_trim" in mark
+  ours = [p for p in report["programs"]["largest_temp"] if p["phase"] == "compute"]
+  assert ours and ours[0]["temp"] >= 0.0039, report["programs"]  # 4 MiB in GiB, 4 decimals
+
+
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():
   """The workload the multiturn report's token counts below assume: exactly `turns` turns,
   a prompt of `prompt_len - 1` bytes (plus BOS) and `observed - 1` bytes after each turn
