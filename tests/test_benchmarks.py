@@ -71,15 +71,15 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
   grpo_step = import_main("experiments.benchmarks.grpo_step")
 
   over = rss_budget.EXPECTED["lora"] + 1.0
-  line = json.dumps({"peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
+  line = json.dumps({"iteration_peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
   fake = lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
   monkeypatch.setattr(grpo_step.subprocess, "run", fake)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   with flagsaver.flagsaver(modes=["lora"]):
-    with pytest.raises(SystemExit, match=f"grpo_step lora: peak_rss_gib={over}"):
+    with pytest.raises(SystemExit, match=f"grpo_step lora: iteration_peak_rss_gib={over}"):
       grpo_step.main([])
-    assert json.loads(capsys.readouterr().out)["lora"]["peak_rss_gib"] == over
+    assert json.loads(capsys.readouterr().out)["lora"]["iteration_peak_rss_gib"] == over
     with flagsaver.flagsaver(check_rss=False):
       grpo_step.main([])
 

@@ -19,6 +19,7 @@ its `memory_analysis()` (XLA's temporaries, arguments, outputs, generated code).
 
 import collections
 import contextlib
+import gc
 import threading
 import time
 
@@ -126,14 +127,21 @@ class Probe:
         self._peak = (rss, where)
       time.sleep(interval_s)
 
-  def mark(self, name: str, trim: bool = False):
+  def mark(self, name: str, trim: bool = False, clear: bool = False):
     """Records the resident set's split and the live arrays now under `name`; `trim`:
     then asks glibc to return freed heap (`malloc_trim`) and records the split again, so
-    the difference is what the allocator held freed."""
+    the difference is what the allocator held freed; `clear` (last, it costs recompiling):
+    then drops JAX's compiled programs (`jax.clear_caches`, gc, trim) and records it again,
+    so that difference is what the compiled programs held."""
     self._marks[name] = {**rss_split(), "live": live_arrays()}
     if trim:
       host_memory.release_freed_memory()
       self._marks[name]["after_malloc_trim"] = rss_split()
+    if clear:
+      jax.clear_caches()
+      gc.collect()
+      host_memory.release_freed_memory()
+      self._marks[name]["after_clear_caches"] = rss_split()
 
   @contextlib.contextmanager
   def phase(self, name: str):
