@@ -16,7 +16,8 @@ TIS cap 2), whatever --sampler_weights says.
 peak_rss_gib is the process's; setup_peak_rss_gib (loading: with random weights the
 initialisation's temporaries, ~3.2 GiB for Gemma 3 270M in float32, set it), then
 first_iteration_peak_rss_gib (compiling) and steady_peak_rss_gib (the later iterations)
-split it, the peak reset between them (`_reset_peak_rss`).
+split it, the peak reset between them (`_reset_peak_rss`); iteration_peak_rss_gib, the
+larger of the last two, is what `rss_budget` checks.
 """
 
 import contextlib
