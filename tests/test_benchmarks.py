@@ -71,15 +71,15 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
   grpo_step = import_main("experiments.benchmarks.grpo_step")
 
   over = rss_budget.EXPECTED["lora"] + 1.0
-  line = json.dumps({"peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
+  line = json.dumps({"iteration_peak_rss_gib": over, "rss_check": rss_budget.check("lora", over)})
   fake = lambda args, **kw: subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
   monkeypatch.setattr(grpo_step.subprocess, "run", fake)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   with flagsaver.flagsaver(modes=["lora"]):
-    with pytest.raises(SystemExit, match=f"grpo_step lora: peak_rss_gib={over}"):
+    with pytest.raises(SystemExit, match=f"grpo_step lora: iteration_peak_rss_gib={over}"):
       grpo_step.main([])
-    assert json.loads(capsys.readouterr().out)["lora"]["peak_rss_gib"] == over
+    assert json.loads(capsys.readouterr().out)["lora"]["iteration_peak_rss_gib"] == over
     with flagsaver.flagsaver(check_rss=False):
       grpo_step.main([])
 
@@ -110,6 +110,30 @@ def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
   assert report["peak"]["phase"] == "big"
   assert phases["big"]["live_at_end"]["gib_by_dtype"]["float32"] >= 0.001, phases["big"]
   del kept
+
+
+def test_memory_probe_splits_the_resident_set_and_records_compiled_programs():
+  """A mark's split adds up to VmRSS (anonymous + file-backed + shared pages); a program
+  compiled while the probe watches is listed with XLA's temporaries, which exceed the 4 MiB
+  its softmax over a [1024, 1024] float32 input must hold.
+
+  Mutation caught: the compile wrapper recording nothing (`self._programs.append` dropped)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from experiments.benchmarks import memory_probe  # pylint: disable=g-import-not-at-top
+
+  probe = memory_probe.Probe(interval_s=0.01, programs=True)
+  probe.mark("start", trim=True)
+  with probe.phase("compute"):
+    jax.jit(lambda x: jax.nn.softmax(x * 3.0 + 1.0, axis=0) @ x)(jnp.ones((1024, 1024)))
+  report = probe.report()
+  mark = report["marks"]["start"]
+  parts = mark["RssAnon"] + mark["RssFile"] + mark.get("RssShmem", 0.0)
+  assert abs(mark["VmRSS"] - parts) < 0.01, mark
+  assert "after_malloc_trim" in mark
+  ours = [p for p in report["programs"]["largest_temp"] if p["phase"] == "compute"]
+  assert ours and ours[0]["temp"] >= 0.0039, report["programs"]  # 4 MiB in GiB, 4 decimals
 
 
 def test_the_multiturn_benchmark_env_gives_fixed_turns_and_observation_lengths():

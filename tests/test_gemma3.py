@@ -10,6 +10,7 @@ import pytest
 
 from rlpost.models import decoder
 from rlpost.models import families
+from rlpost.models import quant
 from rlpost.ops.masks import causal_attention_mask
 
 CONFIG = families.get_config("tiny")
@@ -152,6 +153,51 @@ def test_hidden_path_gives_logits_through_tied_embedding():
   chex.assert_trees_all_close(
     hidden @ params["embed"].T, _full_forward(params, tokens), atol=1e-4, rtol=1e-5
   )
+
+
+def test_embed_rows_read_a_16_bit_tables_int8_copy_and_a_float32_table_itself():
+  """With the sampler's int8 copy ("unembed", one scale a row) beside a bfloat16 table the
+  rows are the copy's, dequantised as NumPy does (int8 value * float32 scale); beside a
+  float32 table, or an untied model's, they are the table's own, bit for bit.
+
+  Mutation caught: `embed_rows` reading the table whatever sits beside it (its condition
+  `if True:`), and reading the copy for a float32 table (the dtype test dropped)."""
+  table = (jax.random.normal(jax.random.key(3), (40, 16)) * 0.3).astype(jnp.bfloat16)
+  tokens = jnp.array([[0, 39, 7], [7, 7, 12]])
+  copy = quant.quantize_rows(table)
+  rows = decoder.embed_rows({"embed": table, "unembed": copy}, tokens)
+  q, scale = np.asarray(copy.q)[np.asarray(tokens)], np.asarray(copy.scale)[np.asarray(tokens)]
+  np.testing.assert_array_equal(np.asarray(rows), q.astype(np.float32) * scale[..., None])
+  assert not np.array_equal(np.asarray(rows), np.asarray(table[tokens], np.float32))
+  wide = table.astype(jnp.float32)
+  for params in (
+    {"embed": wide, "unembed": quant.quantize_rows(wide)},
+    {"embed": table, "output": table, "unembed": copy},
+  ):
+    own = np.asarray(params["embed"][tokens], np.float32)
+    np.testing.assert_array_equal(np.asarray(decoder.embed_rows(params, tokens)), own)
+
+
+def test_decode_loop_reading_a_bfloat16_tables_int8_copy_widens_no_table():
+  """XLA:CPU gathers no bfloat16, so gathering a bfloat16 table's rows in a while loop
+  widens the whole table to float32 and hoists that out of the loop; read through the int8
+  copy, the loop's temporaries stay far below one float32 table (compiled, not run).
+
+  Mutation caught: `embed_rows` reading the table whatever sits beside it (`if True:`)."""
+  V, D = 8192, 256
+  table = jax.ShapeDtypeStruct((V, D), jnp.bfloat16)
+  copy = jax.eval_shape(quant.quantize_rows, table)
+
+  def loop(table, copy, tokens_B):
+    def body(carry):
+      t, acc = carry
+      rows = decoder.embed_rows({"embed": table, "unembed": copy}, (tokens_B + t)[:, None])
+      return t + 1, acc + rows.sum((0, 1))
+
+    return jax.lax.while_loop(lambda c: c[0] < 4, body, (0, jnp.zeros(D)))[1]
+
+  compiled = jax.jit(loop).lower(table, copy, jnp.arange(8)).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < V * D * 4 // 8
 
 
 def test_layer_pattern_and_presets():

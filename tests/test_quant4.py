@@ -310,3 +310,28 @@ def test_frozen_base_keeps_the_embedding_in_the_trainer_matmul_dtype():
   logp = lambda e: logprobs.token_logprobs(hidden, e, targets, mask, compute_dtype="bfloat16")
   np.testing.assert_array_equal(logp(base["embed"]), logp(params["embed"]))
   assert quant4.frozen_base(params)["embed"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_requantized_stack_equals_the_whole_stack_formula_one_matrix_at_a_time(double):
+  """Merging a delta into a stacked 4-bit base [L, I, O] gives NF4 of the whole stack's
+  dequantised values plus the delta (the formula it replaces: the same codes, the scales
+  within float rounding, double-quantised ones within one second-level step), while its
+  compiled temporaries stay below that stack's float32 bytes (compiled, not run).
+
+  Mutation caught: `requantized` quantising the whole stack at once (the `lax.map`
+  replaced by `one((w, delta_IxO))`): the temporaries test fails."""
+  L, I, O = 12, 256, 512
+  keys = jax.random.split(jax.random.key(5), 2)
+  w = quant4.quantize_nf4(jax.random.normal(keys[0], (L, I, O)), double)
+  delta = 0.05 * jax.random.normal(keys[1], (L, I, O))
+  got = jax.jit(quant4.requantized)(w, delta)
+  want = quant4.quantize_nf4(quant4.dequantize(w) + delta, double)
+  assert got.fmt == want.fmt
+  np.testing.assert_array_equal(got.codes, want.codes)
+  # a matrix's mean of its scales sums in another order than the stack's (1 ulp apart),
+  # which can move a double-quantised scale by one second-level step
+  step = float(jnp.max(want.scales["scale2"])) if double else 0.0
+  np.testing.assert_allclose(quant4.absmax(got), quant4.absmax(want), rtol=1e-6, atol=1.01 * step)
+  compiled = jax.jit(quant4.requantized).lower(w, delta).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < L * I * O * 4 // 2

@@ -10,26 +10,52 @@ returned to the system).
   probe.report()   # {"phases": {name: {...}}, "peak": {...}}
 
 Phases nest: the innermost one open when a sample is taken gets it. Phase names are
-plain strings; a phase entered several times keeps its maximum.
+plain strings; a phase entered several times keeps its maximum, with the resident set
+split as at that maximum (RssAnon: heap and XLA buffers; RssFile: mapped files' pages,
+e.g. a GGUF read through mmap). `mark(name)` records the split and the live arrays at
+one moment; `Probe(programs=True)` also records each program compiled from then on and
+its `memory_analysis()` (XLA's temporaries, arguments, outputs, generated code).
 """
 
 import collections
 import contextlib
+import gc
 import threading
 import time
 
 import jax
 
+from rlpost.train import host_memory
+
 _GIB = 2**30
+
+
+_SPLIT = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+
+
+def _status() -> dict:
+  """`/proc/self/status`'s size fields (kB) in GiB."""
+  out = {}
+  with open("/proc/self/status") as f:
+    for line in f:
+      name, _, rest = line.partition(":")
+      if rest.strip().endswith("kB"):
+        out[name] = int(rest.split()[0]) * 1024 / _GIB
+  return out
 
 
 def status_gib(field: str) -> float:
   """A `/proc/self/status` size field (VmRSS: resident now, VmHWM: its peak), in GiB."""
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) * 1024 / _GIB
-  raise KeyError(f"{field} is not in /proc/self/status (Linux only)")
+  value = _status().get(field)
+  if value is None:
+    raise KeyError(f"{field} is not in /proc/self/status (Linux only)")
+  return value
+
+
+def rss_split() -> dict:
+  """The resident set now, GiB: VmRSS = RssAnon + RssFile + RssShmem."""
+  status = _status()
+  return {k: round(status[k], 3) for k in _SPLIT if k in status}
 
 
 def live_arrays(top: int = 4) -> dict:
@@ -48,25 +74,74 @@ def live_arrays(top: int = 4) -> dict:
   }
 
 
-class Probe:
-  """Samples VmRSS every `interval_s` on a daemon thread from creation until `stop`."""
+def program_stats(executable) -> dict | None:
+  """A compiled program's `memory_analysis()` sizes, GiB (None where the backend has none)."""
+  try:
+    stats = executable.get_compiled_memory_stats()
+  except Exception:  # pylint: disable=broad-except  # unsupported backends raise their own
+    return None
+  fields = ("temp", "argument", "output", "alias", "generated_code")
+  return {f: round(getattr(stats, f"{f}_size_in_bytes") / _GIB, 4) for f in fields}
 
-  def __init__(self, interval_s: float = 0.005):
+
+class Probe:
+  """Samples VmRSS every `interval_s` on a daemon thread from creation until `stop`;
+  `programs`: records every program compiled (or read from the compilation cache) from
+  then on with its memory sizes (`program_stats`), by wrapping JAX's compile entry."""
+
+  def __init__(self, interval_s: float = 0.005, programs: bool = False):
     self._stack = ["outside"]
-    self._max = collections.defaultdict(float)  # phase -> max VmRSS (GiB)
+    self._max = collections.defaultdict(lambda: {"VmRSS": 0.0})  # phase -> split at max
     self._live = {}  # phase -> live arrays at its last exit
+    self._marks = {}  # name -> split and live arrays
+    self._programs = []
     self._peak = (0.0, "outside")
+    if programs:
+      self._watch_compiles()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._sample, args=(interval_s,), daemon=True)
     self._thread.start()
 
+  def _watch_compiles(self):
+    from jax._src import compiler  # pylint: disable=g-import-not-at-top  # no public hook
+
+    compile_fn = compiler.compile_or_get_cached
+
+    def recorded(backend, computation, *args, **kwargs):
+      executable = compile_fn(backend, computation, *args, **kwargs)
+      name = str(computation.operation.attributes["sym_name"]).strip('"')
+      self._programs.append(
+        {"name": name, "phase": self._stack[-1], **(program_stats(executable) or {})}
+      )
+      return executable
+
+    compiler.compile_or_get_cached = recorded
+
   def _sample(self, interval_s: float):
     while not self._stop.is_set():
-      rss, where = status_gib("VmRSS"), self._stack[-1]
-      self._max[where] = max(self._max[where], rss)
+      split, where = rss_split(), self._stack[-1]
+      rss = split["VmRSS"]
+      if rss > self._max[where]["VmRSS"]:
+        self._max[where] = split
       if rss > self._peak[0]:
         self._peak = (rss, where)
       time.sleep(interval_s)
+
+  def mark(self, name: str, trim: bool = False, clear: bool = False):
+    """Records the resident set's split and the live arrays now under `name`; `trim`:
+    then asks glibc to return freed heap (`malloc_trim`) and records the split again, so
+    the difference is what the allocator held freed; `clear` (last, it costs recompiling):
+    then drops JAX's compiled programs (`jax.clear_caches`, gc, trim) and records it again,
+    so that difference is what the compiled programs held."""
+    self._marks[name] = {**rss_split(), "live": live_arrays()}
+    if trim:
+      host_memory.release_freed_memory()
+      self._marks[name]["after_malloc_trim"] = rss_split()
+    if clear:
+      jax.clear_caches()
+      gc.collect()
+      host_memory.release_freed_memory()
+      self._marks[name]["after_clear_caches"] = rss_split()
 
   @contextlib.contextmanager
   def phase(self, name: str):
@@ -94,12 +169,23 @@ class Probe:
     self._stop.set()
     self._thread.join()
     phases = {
-      name: {"max_rss_gib": round(self._max[name], 3), "live_at_end": self._live.get(name)}
+      name: {
+        "max_rss_gib": round(self._max[name]["VmRSS"], 3),
+        "split_at_max": self._max[name],
+        "live_at_end": self._live.get(name),
+      }
       for name in self._max
     }
     rss, where = self._peak
+    largest = sorted(self._programs, key=lambda p: p.get("temp", 0), reverse=True)
     return {
       "phases": phases,
+      "marks": self._marks,
+      "programs": {
+        "count": len(self._programs),
+        "generated_code_gib": round(sum(p.get("generated_code", 0) for p in self._programs), 3),
+        "largest_temp": largest[:8],
+      },
       "peak": {
         "rss_gib": round(rss, 3),
         "phase": where,
