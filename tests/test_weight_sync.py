@@ -107,3 +107,20 @@ def test_a_lora_factor_moving_while_its_partner_is_zero_is_no_change():
   b = zero.at[1].set(jax.random.normal(key_b, (3, 5)))
   assert not np.array_equal(prints(a, b), prints(a.at[1].multiply(0.9), b))
   assert np.array_equal(prints(a, b), prints(a.at[0].multiply(0.9), b))
+
+
+def test_a_bfloat16_leaf_has_its_float32_widenings_fingerprint_without_a_float32_copy():
+  """A bfloat16 leaf (QLoRA's frozen embedding) fingerprints as its exact float32 widening
+  (NaN, -0 and infinities included, blocked or whole), and the blocked program's
+  temporaries stay under a float32 copy of it. Mutation caught: `_as_bit_source` returning
+  the bfloat16 leaf itself (XLA:CPU widens it to float32 before the block loop)."""
+  x = jax.random.normal(jax.random.key(0), (3000, 7)).astype(jnp.bfloat16)
+  x = x.at[0, 0].set(jnp.nan).at[0, 1].set(-0.0).at[0, 2].set(jnp.inf)
+  for block in (1024, 0):
+    np.testing.assert_array_equal(
+      weight_sync.fingerprint({"e": x}, block),
+      weight_sync.fingerprint({"e": x.astype(jnp.float32)}, block),
+    )
+  big = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+  program = weight_sync._fingerprint.lower({"e": big}, (1 << 16,)).compile()
+  assert program.memory_analysis().temp_size_in_bytes < 4096 * 1024 * 4 * 0.75

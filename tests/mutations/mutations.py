@@ -839,6 +839,14 @@ MUTATIONS = [
     why="the AVX2 kernel (AMD Zen 3) looking codes 8-15 up in the table's lower half",
   ),
   dict(
+    name="fingerprint_widens_a_bfloat16_leaf",
+    path="rlpost/train/weight_sync.py",
+    old="  return jax.lax.bitcast_convert_type(flat, jnp.uint16) if x.dtype == jnp.bfloat16 else flat\n",
+    new="  return flat\n",
+    tests=["tests/test_weight_sync.py"],
+    why="every weight sync of a QLoRA run holding a float32 copy of the bfloat16 embedding",
+  ),
+  dict(
     name="embed_rows_widen_the_bfloat16_table",
     path="rlpost/models/decoder.py",
     old='  if int8 is None or "output" in params or table.dtype == jnp.float32:\n',
