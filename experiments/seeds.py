@@ -15,8 +15,12 @@ prints JSON, then a Markdown table: per evaluation step, the mean of `--metric` 
 seeds and items and its 95% interval (`experiments.intervals`: seeds, then items,
 resampled; a fixed bootstrap seed, so the same files give the same report); with a
 second DIR, the paired difference (first minus second) on the items both evaluated
-(same item id and content key), its interval and a sign-flip p-value. Curves with
-their bands go to `--png` (default DIR/seeds_report.png).
+(same item id and content key), its interval and a sign-flip p-value. Where the
+outcome lines carry the reference answers (reasoning-gym, GSM8K, prompt datasets), each
+step also gets the best constant answer's success rate on its items (`constant`): a
+policy that says the most frequent answer to everything scores that much, so a score
+near it is no sign of solving the task. Curves with their bands go to `--png` (default
+DIR/seeds_report.png).
 """
 
 import copy
@@ -146,6 +150,27 @@ def load(root: str, metric: str) -> dict:
   return found
 
 
+def answers(root: str) -> dict:
+  """{step: {(item, key): reference answer}} from root's outcome lines that carry one."""
+  found = {}
+  for name in sorted(os.listdir(root)):
+    if _SEED_DIR.fullmatch(name):
+      for step, lines in item_outcomes.read(os.path.join(root, name)).items():
+        known = {(x["item"], x["key"]): x["answer"] for x in lines if "answer" in x}
+        found.setdefault(step, {}).update(known)
+  return found
+
+
+def constant_baseline(items: list, answers_of: dict) -> dict | None:
+  """The most frequent reference answer among `items` and its share of them: the success
+  rate of answering it to everything (None unless every item's answer is known)."""
+  if not items or any(k not in answers_of for k in items):
+    return None
+  values = [answers_of[k].strip() for k in items]
+  best = max(sorted(set(values)), key=values.count)
+  return {"answer": best, "mean": values.count(best) / len(values)}
+
+
 def tables(runs: list[dict]) -> tuple[list, list[list[np.ndarray]]]:
   """(the items every seed of every run evaluated, sorted; per run its outcome table:
   one [items] array per seed)."""
@@ -159,6 +184,7 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
   loaded = [load(r, metric) for r in roots]
   out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
   for index, (root, found) in enumerate(zip(roots, loaded)):
+    known = answers(root)
     for step, run in found.items():
       items, (table,) = tables([run])
       point = intervals.mean_interval(table, draws=draws) if items else {"items": 0}
@@ -166,6 +192,7 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
       distinct = None if None in keys else len(keys)  # content keys: distinct items
       where = {"run": index, "dir": root, "step": step, "seed_ids": sorted(run)}
       where["distinct"] = distinct
+      where["constant"] = constant_baseline(items, known.get(step, {}))
       out["points"].append({**where, **point})
   if len(roots) == 2:
     for step in sorted(set(loaded[0]) & set(loaded[1])):
@@ -178,13 +205,18 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
 
 def markdown(rep: dict) -> str:
   """The report as Markdown tables."""
+  constant = lambda c: "-" if not c else f"{c['mean']:.3f} ({c['answer'][:20]!r})"
   rows = [
     f"| {p['dir']} | {p['step']} | {p.get('seeds', 0)} | {p['items']} ({p['distinct']}) | "
     + (f"{p['mean']:.3f} | [{p['lo']:.3f}, {p['hi']:.3f}] |" if "mean" in p else "- | - |")
+    + f" {constant(p.get('constant'))} |"
     for p in rep["points"]
   ]
-  head = f"| dir | step | seeds | items (distinct) | mean {rep['metric']} | 95% interval |"
-  text = [head, "|---" * 6 + "|"]
+  head = (
+    f"| dir | step | seeds | items (distinct) | mean {rep['metric']} | 95% interval "
+    "| best constant answer |"
+  )
+  text = [head, "|---" * 7 + "|"]
   text += rows
   if rep["comparison"]:
     text += ["", "| step | items | difference (first - second) | 95% interval | p |"]

@@ -711,7 +711,9 @@ def test_a_prompt_files_chat_prompt_is_its_text_alone_in_a_user_turn(tmp_path):
   env, kind = single_turn.make_env(task, "chat")
   state, observation = env.reset(task.problems[0], 0)
   assert (kind, observation, env.system) == ("chat", "Name a prime.", None)
-  assert env.step(state, "7 or 77").reward == 3.0  # digit_count of the answer "7"
+  step = env.step(state, "7 or 77")
+  assert step.reward == 3.0  # digit_count of the answer "7"
+  assert step.info["answer"] == "7"  # the outcome files' reference answer (seeds report)
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,7 @@ def test_gsm8k_evaluation_skips_training_questions_and_repeats():
     (1, False, 0.0),
   ]
   assert lines[0]["key"] == held_out.key_digest("what is 2+2?")
+  assert lines[0]["answer"] == lines[1]["answer"] == "4"  # the seeds report's constant answer
 
 
 def test_gsm8k_test_split_shares_no_question_with_train():

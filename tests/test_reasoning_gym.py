@@ -57,6 +57,7 @@ def test_the_cue_format_scores_the_replys_first_line():
   assert right.reward == package.score_answer(gold, package[5]) == 1.0 and right.info["success"]
   empty = tasks.env.step(state, "  \n")
   assert empty.reward == 0.0 and empty.info["invalid_action"]
+  assert right.info["answer"] == empty.info["answer"] == str(gold)  # the outcome files' answer
   with pytest.raises(ValueError, match="answer_format='xml'"):
     rg_env.ReasoningGymConfig(answer_format="xml")
 

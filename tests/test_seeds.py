@@ -3,6 +3,7 @@
 
 import json
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -36,6 +37,31 @@ def test_outcome_files_are_replaced_whole_never_appended_or_left_half(tmp_path, 
   monkeypatch.undo()
   assert item_outcomes.read(str(tmp_path)) == {3: [line(7)]}
   assert [p.name for p in (tmp_path / "eval").iterdir()] == ["step_3.jsonl"]
+
+
+def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_path):
+  """Outcome lines with reference answers ("1", "1", "2", " 3") on the items both seeds
+  evaluated: the constant baseline is "1" on half of them, in the JSON and the table;
+  files without answers give none. Mutation caught: `constant_baseline` counting the
+  first answer instead of the most frequent one."""
+  answers = {10: "2", 11: "1", 12: "1", 13: " 3"}
+  for seed in (0, 1):
+    lines = [item_outcomes.item(k, "d", 0.0, seed == k % 2, 1, "1", a) for k, a in answers.items()]
+    item_outcomes.write(str(tmp_path / f"seed_{seed}"), 0, lines)
+  (point,) = seeds.report([str(tmp_path)], "success", 200)["points"]
+  assert point["constant"] == {"answer": "1", "mean": 0.5}
+  assert "| 0.500 ('1') |" in seeds.markdown(
+    {"metric": "success", "points": [point], "comparison": []}
+  )
+  episode = types.SimpleNamespace(
+    seed=4, reward=1.0, infos=[{"success": True, "answer": 7}], texts=["7"]
+  )
+  assert item_outcomes.episode_items([episode], ["k"])[0]["answer"] == "7"
+  for seed in (0, 1):  # files of a run whose environment has no reference answers
+    item_outcomes.write(
+      str(tmp_path / f"seed_{seed}"), 0, [item_outcomes.item(10, "d", 0, 0, 1, "")]
+    )
+  assert seeds.report([str(tmp_path)], "success", 200)["points"][0]["constant"] is None
 
 
 def test_child_argv_runs_one_seed_and_parallel_names_failures(tmp_path, monkeypatch):

@@ -197,7 +197,11 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
     reward, answered = score(config, datasets, state, text)
     new = state._replace(attempts=state.attempts + 1)
     done = reward >= 1.0 or new.attempts > config.retries
-    info = {"success": reward >= 1.0, "invalid_action": not answered}
+    info = {
+      "success": reward >= 1.0,
+      "invalid_action": not answered,
+      "answer": str(state.item["answer"]),
+    }
     if config.answer_format == "cue":
       feedback = "" if done else CUE_RETRY
     else:

@@ -38,7 +38,7 @@ def make_env(task: tasks.Task, template: str, tokenizer=None) -> tuple[protocol.
 
 def score(task: tasks.Task, prompt: str, completion: str, truth: str) -> tuple[float, dict]:
   """(sum of the task's rewards, info: its accuracy flags, each reward function's value
-  `reward/<name>` and its error count `reward/<name>/errors`).
+  `reward/<name>` and its error count `reward/<name>/errors`, and `answer`: `truth`).
 
   The sum is taken in float32, in the reward functions' order, as the single-turn
   batch's rewards always were."""
@@ -46,4 +46,5 @@ def score(task: tasks.Task, prompt: str, completion: str, truth: str) -> tuple[f
   info = {name: fn(completion, truth) for name, fn in task.accuracy_fns.items()}
   info.update({f"reward/{name}": float(v[0]) for name, v in per_fn.items()})
   info.update({f"reward/{name}/errors": n for name, n in errors.items()})
+  info["answer"] = truth
   return float(sum(v[0] for v in per_fn.values())), info

@@ -160,12 +160,13 @@ def problem_items(
   problems, greedy: list[str], ids: list[int], correct=gsm8k_rewards.is_correct
 ) -> list[dict]:
   """The outcome lines (`item_outcomes`) of greedy completions: success and reward 1 when
-  the answer is correct, the content key the normalised question's digest."""
+  the answer is correct, the content key the normalised question's digest, the reference
+  answer."""
   lines = []
   for problem, completion, i in zip(problems, greedy, ids, strict=True):
     right = correct(completion, problem.final)
     key = held_out_lib.key_digest(prompt_dataset.normalized_question(problem.question))
-    lines.append(item_outcomes.item(i, key, float(right), right, 1, completion))
+    lines.append(item_outcomes.item(i, key, float(right), right, 1, completion, problem.final))
   return lines
 
 

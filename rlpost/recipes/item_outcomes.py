@@ -3,8 +3,10 @@
 A line is {"item": the held-out seed (a dataset: the problem's index in its split),
 "key": the content key's digest (`held_out.key_digest`, null when the environment names
 none), "reward", "success", "turns", "completion": the model's text, its first
-COMPLETION_CHARS characters (turns joined by newlines)}. What an interval or a paired
-comparison between runs is computed from (`experiments.seeds report`).
+COMPLETION_CHARS characters (turns joined by newlines), and "answer": the reference
+answer, where the environment has one (its last step's info["answer"]: reasoning-gym,
+GSM8K and the prompt datasets)}. What an interval, a paired comparison between runs and
+the best constant answer's score are computed from (`experiments.seeds report`).
 
 Each file is written whole to a temporary name and renamed over the old one: an
 interruption never leaves half a file, and an evaluation played again after a resume
@@ -27,9 +29,11 @@ def path(workdir: str, step: int) -> str:
   return os.path.join(workdir, EVAL_DIR, f"step_{step}.jsonl")
 
 
-def item(item_id: int, key: str | None, reward, success, turns: int, completion: str) -> dict:
-  """One line of an outcome file (module docstring)."""
-  return {
+def item(
+  item_id: int, key: str | None, reward, success, turns: int, completion: str, answer=None
+) -> dict:
+  """One line of an outcome file (module docstring); "answer" only when given."""
+  line = {
     "item": int(item_id),
     "key": key,
     "reward": float(reward),
@@ -37,6 +41,7 @@ def item(item_id: int, key: str | None, reward, success, turns: int, completion:
     "turns": int(turns),
     "completion": completion[:COMPLETION_CHARS],
   }
+  return line if answer is None else {**line, "answer": str(answer)[:COMPLETION_CHARS]}
 
 
 def episode_items(episodes, keys) -> list[dict]:
@@ -52,6 +57,7 @@ def episode_items(episodes, keys) -> list[dict]:
       bool(e.infos and e.infos[-1].get("success")),
       len(e.infos),
       "\n".join(e.texts),
+      e.infos[-1].get("answer") if e.infos else None,
     )
     for e, key in zip(episodes, keys)
   ]

@@ -839,6 +839,14 @@ MUTATIONS = [
     why="the AVX2 kernel (AMD Zen 3) looking codes 8-15 up in the table's lower half",
   ),
   dict(
+    name="constant_baseline_first_answer",
+    path="experiments/seeds.py",
+    old="  best = max(sorted(set(values)), key=values.count)\n",
+    new="  best = values[0]\n",
+    tests=["tests/test_seeds.py"],
+    why="the report's constant-answer floor taken from the first item, not the most frequent answer",
+  ),
+  dict(
     name="fingerprint_widens_a_bfloat16_leaf",
     path="rlpost/train/weight_sync.py",
     old="  return jax.lax.bitcast_convert_type(flat, jnp.uint16) if x.dtype == jnp.bfloat16 else flat\n",
