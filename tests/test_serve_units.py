@@ -355,6 +355,7 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
   lanes = [pool_lib.Lane(cached=(2,) * 40) for _ in range(8)]
   pool = types.SimpleNamespace(columns=256, slots=None, write_index=0, lanes=lanes)
   monkeypatch.setattr(pool_lib, "new_pool", lambda *a: pool)
+  monkeypatch.setattr(pool_lib.engine_lib, "for_decoding", lambda engine: engine)
   monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step") or [])
   monkeypatch.setattr(pool_lib, "release", lambda *a, **k: None)
   monkeypatch.setattr(pool_lib, "live", lambda *a: [])

@@ -218,20 +218,21 @@ def step(engine, pool: Pool, steps: int) -> list[int]:
   the lanes whose rows ended (stop id or budget) in it."""
   if pool.write_index + steps > pool.columns:
     _compact(pool, steps)
-  before, rows = pool.write_index, live(pool)
-  spare = [i for i in range(len(pool.lanes)) if i not in rows]
-  rows_B = rows + spare[: admission_rows(len(rows), len(pool.lanes)) - len(rows)]
+  before, rows, R = pool.write_index, live(pool), len(pool.lanes)
+  B = admission_rows(len(rows), R)
+  spare = [i for i in range(R) if i not in rows]
+  rows_B = None if B == R else np.asarray(rows + spare[: B - len(rows)], np.int32)
   pool.slots, *out = slots_lib.step_chunk(
     engine.params,
     pool.slots,
-    np.asarray(rows_B, np.int32),
+    rows_B,
     model_config=engine.model_config,
     config=pool.config,
     steps=steps,
   )
   tokens, logprobs, count, done = jax.device_get(out)
   ended = []
-  for b, i in enumerate(rows):
+  for b, i in zip(rows if B == R else range(len(rows)), rows):  # live rows lead rows_B
     lane = pool.lanes[i]
     new = int(count[b]) - len(lane.ids)
     if new > 0:
@@ -263,7 +264,9 @@ def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, 
   """Compiles the programs a pool of `max_rows` slots runs at one setting for prompts of
   up to `max_prompt` tokens and `engine.max_tokens` new ones: at every column count on
   the way, for every (rows, prefill width) bucket an admission, a chunk of `steps` and a
-  session's continuation, and the compactions to the other counts. Returns the number of admission shapes."""
+  session's continuation, and the compactions to the other counts (with the params in
+  the decode layout, as the scheduler runs them). Returns the number of admission shapes."""
+  engine = engine_lib.for_decoding(engine)
   rows = engine_lib.bucket(max_rows, 1)
   width = engine_lib.bucket(max_prompt, engine_lib.MIN_PROMPT_BUCKET)
   # the most a compaction asks: the longest history, an admission's width, HEADROOM

@@ -157,6 +157,10 @@ class _Request:
 
 
 def _loop(engine, config, inbox, stopping, stats) -> None:
+  try:  # once, while the first requests arrive (`engine_lib.for_decoding`)
+    decoding = engine_lib.for_decoding(engine)
+  except Exception:  # noqa: BLE001  (tried again at the first turn, whose requests get its error)
+    decoding = None
   pools, waiting = {}, []
   while not stopping.is_set():
     live = sum(len(pool_lib.live(p)) for p in pools.values())
@@ -170,33 +174,34 @@ def _loop(engine, config, inbox, stopping, stats) -> None:
           pool_lib.Job(gen.prompt_ids, gen.max_tokens, row, session if i == 0 else None, request, i)
         )
     try:
-      waiting = _turn(engine, config, pools, waiting, stats)
+      decoding = decoding or engine_lib.for_decoding(engine)
+      waiting = _turn(engine, decoding, config, pools, waiting, stats)
     except Exception as e:  # noqa: BLE001  (a bug answers 500s; the loop goes on)
       _fail_all(pools, waiting, e)
       pools, waiting = {}, []
 
 
-def _turn(engine, config, pools: dict, waiting: list, stats: dict) -> list:
-  """Drops abandoned jobs, admits waiting ones, runs one chunk per pool; returns the
-  jobs still waiting."""
+def _turn(engine, decoding, config, pools: dict, waiting: list, stats: dict) -> list:
+  """Drops abandoned jobs, admits waiting ones, runs one chunk per pool (with `decoding`,
+  the engine in the decode layout); returns the jobs still waiting."""
   waiting = [j for j in waiting if not _gone(j.owner)]
   for settings in {j.owner.settings for j in waiting}:
     if settings not in pools:
       _make_room(pools)
       rows = engine_lib.bucket(config.max_batch, 1)
-      pools[settings] = pool_lib.new_pool(engine, *settings, rows, stats)
+      pools[settings] = pool_lib.new_pool(decoding, *settings, rows, stats)
   left = []
   for settings, pool in pools.items():
     mine = [j for j in waiting if j.owner.settings == settings]
     if mine:
-      left += pool_lib.admit(engine, pool, mine)
+      left += pool_lib.admit(decoding, pool, mine)
       _send_tokens(pool, [i for i in pool_lib.live(pool) if pool.lanes[i].job in mine])
   for pool in pools.values():
     gone = [i for i in pool_lib.live(pool) if _gone(pool.lanes[i].job.owner)]
     stats["cancelled"] += len(gone)
     pool_lib.release(pool, gone, cancel=True)
     if pool_lib.live(pool):
-      ended = pool_lib.step(engine, pool, config.chunk_steps)
+      ended = pool_lib.step(decoding, pool, config.chunk_steps)
       _deliver(engine, pool, ended)
   return sorted(left, key=waiting.index)
 

@@ -815,6 +815,22 @@ MUTATIONS = [
     why="an interrupted evaluation leaving half an outcome file",
   ),
   dict(
+    name="serve_layers_laid_out_every_call",
+    path="rlpost/serve/engine.py",
+    old="  if isinstance(layers, (list, tuple)):\n    return engine\n",
+    new="  if True:\n    return engine\n",
+    tests=["tests/test_serve_slots.py"],
+    why="every slot admission and chunk copying the layer weights again (0.13-0.25 s, Gemma)",
+  ),
+  dict(
+    name="serve_in_place_chunk_rows_misread",
+    path="rlpost/serve/pool.py",
+    old="  for b, i in zip(rows if B == R else range(len(rows)), rows):  # live rows lead rows_B\n",
+    new="  for b, i in zip(range(len(rows)), rows):  # live rows lead rows_B\n",
+    tests=["tests/test_serve_slots.py"],
+    why="a chunk over every slot (decoded in place) handing a lane another slot's tokens",
+  ),
+  dict(
     name="dense4_backward_drops_dx",
     path="rlpost/models/quant4.py",
     old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
