@@ -8,6 +8,7 @@ import json
 import queue
 import socket
 import threading
+import time
 import types
 
 import pytest
@@ -288,7 +289,8 @@ def test_abandoned_requests_are_not_decoded():
   dropped.cancel()
   inbox.put((_gen(), dropped))
   inbox.put((_gen(), kept))
-  batch = scheduler._collect(inbox, scheduler.BatchConfig(batch_window_ms=1), threading.Event())
+  config, awaited = scheduler.BatchConfig(batch_window_ms=1), scheduler.Awaited()
+  batch = scheduler._collect(inbox, config, threading.Event(), awaited)
   assert [f for _, f in batch] == [kept]
 
 
@@ -382,7 +384,7 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
 def test_a_burst_stays_one_batch():
   """Requests arriving 100 ms apart join one batch under a 250 ms gap although they
   spread over 300 ms; a lone request waits one gap. Mutation caught: the gap measured
-  from the first request (`close = first + ...` for `last + ...`)."""
+  from the first request (`now >= first + window` for `last + window`)."""
   inbox, stopping = queue.Queue(), threading.Event()
   config = scheduler.BatchConfig(max_batch=8, batch_window_ms=250, max_wait_ms=5000)
 
@@ -393,9 +395,35 @@ def test_a_burst_stays_one_batch():
 
   feeder = threading.Thread(target=feed)
   feeder.start()
-  batch = scheduler._collect(inbox, config, stopping)
+  batch = scheduler._collect(inbox, config, stopping, scheduler.Awaited())
   feeder.join()
   assert len(batch) == 4
+
+
+def test_a_batch_waits_for_the_episodes_it_awaits():
+  """Three episodes announced (`expect`): their first requests come 150 ms apart, far past
+  the 20 ms gap, and still make one batch; the third episode ends without a request
+  (`forget`), which closes the batch long before max_wait_ms. Mutation caught: `_more`
+  closing at the gap whatever is awaited (`and not awaited.sessions` dropped)."""
+  inbox, stopping = queue.Queue(), threading.Event()
+  config = scheduler.BatchConfig(max_batch=8, batch_window_ms=20, max_wait_ms=5000)
+  served = types.SimpleNamespace(inbox=inbox, awaited=scheduler.Awaited())
+  scheduler.expect(served, ["a", "b", "c"])
+
+  def episodes():
+    scheduler.submit(served, _gen(), "a")
+    stopping.wait(0.15)
+    scheduler.submit(served, _gen(), "b")
+    stopping.wait(0.15)
+    scheduler.forget(served, "c")
+
+  feeder = threading.Thread(target=episodes)
+  start = time.monotonic()
+  feeder.start()
+  batch = scheduler._collect(inbox, config, stopping, served.awaited)
+  feeder.join()
+  assert [f.session for _, f in batch] == ["a", "b"]
+  assert time.monotonic() - start < 2.0 and not served.awaited.sessions
 
 
 def _qwen():

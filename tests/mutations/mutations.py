@@ -831,6 +831,14 @@ MUTATIONS = [
     why="a chunk over every slot (decoded in place) handing a lane another slot's tokens",
   ),
   dict(
+    name="serve_batch_ignores_awaited_episodes",
+    path="rlpost/serve/scheduler.py",
+    old="    if now >= cap or (now >= last + window and not awaited.sessions):\n",
+    new="    if now >= cap or (now >= last + window):\n",
+    tests=["tests/test_serve_units.py"],
+    why="agents started together split over admissions (new shapes compiled mid-run)",
+  ),
+  dict(
     name="dense4_backward_drops_dx",
     path="rlpost/models/quant4.py",
     old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
