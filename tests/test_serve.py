@@ -350,7 +350,7 @@ def _agent(client, task):
   if task["kind"] == "raise":
     raise RuntimeError("boom")
   if task["kind"] == "hang":
-    time.sleep(4)
+    time.sleep(9)
   return float("nan") if task["kind"] == "nan" else total
 
 
@@ -367,7 +367,7 @@ def test_agents_play_episodes_and_failures_stay_their_own(served):
   else 1.0` -> `weight = 1.0`."""
   prompt = served.tok.encode("Go")
   tasks = [{"kind": k, "prompt": prompt} for k in ("ok", "raise", "hang", "nan", "ok")]
-  config = agents.AgentConfig("unused:run", timeout_s=2.0, threads=8)
+  config = agents.AgentConfig("unused:run", timeout_s=6.0, threads=8)  # compiles fit in it
   episodes = agents.play(served.endpoint, _agent, tasks, config)
   ok, raised, hung, nan, ok2 = episodes
   for e in (ok, ok2):

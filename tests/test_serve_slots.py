@@ -99,9 +99,10 @@ def test_a_session_continues_from_its_slot(tiny, temperature):
 def test_slots_decode_from_layers_laid_out_once(tiny, monkeypatch):
   """With every layer big enough to unroll (`UNROLL_MIN_LAYER_BYTES` 0), the scheduler's
   engine (`for_decoding`) holds the layers unstacked, the slot programs lay nothing out
-  again (no `unstack_layers` while they trace), and rows joining mid-decode still equal
-  the sampler alone. Mutation caught: `for_decoding` returning the engine as given (every
-  admission and chunk copies the layers again: Gemma 3 270M's 0.13-0.25 s a call)."""
+  again (no `unstack_layers` while they trace), and three rows admitted at once (prefills
+  of 2 + 1 rows, `pool._parts`) and one joining later still equal the sampler alone.
+  Mutation caught: `for_decoding` returning the engine as given (every admission and chunk
+  copies the layers again: Gemma 3 270M's 0.13-0.25 s a call)."""
   monkeypatch.setattr(decoder, "UNROLL_MIN_LAYER_BYTES", 0)
   engine_lib._decoding_layers.clear_cache()  # traced at the default threshold elsewhere
   decoding = engine_lib.for_decoding(tiny)
@@ -110,9 +111,10 @@ def test_slots_decode_from_layers_laid_out_once(tiny, monkeypatch):
   unstack = decoder.unstack_layers
   monkeypatch.setattr(decoder, "unstack_layers", lambda p: laid_out.append(1) or unstack(p))
   tok = tiny.tokenizer
-  jobs = [_job(tok.encode(w), 12, s) for s, w in enumerate(("Laid out", "once", "x y z"))]
-  pool = pool_lib.new_pool(decoding, 0.0, 1.0, 2, pool_lib.new_stats(), 64)
-  out = _run(decoding, pool, {0: jobs[:1], 1: jobs[1:]})
+  words = ("Laid out", "once", "x y z", "and later")
+  jobs = [_job(tok.encode(w), 12, s) for s, w in enumerate(words)]
+  pool = pool_lib.new_pool(decoding, 0.0, 1.0, 4, pool_lib.new_stats(), 64)
+  out = _run(decoding, pool, {0: jobs[:3], 1: jobs[3:]})
   engine_lib._decoding_layers.clear_cache()
   assert not laid_out
   for seed, job in enumerate(jobs):

@@ -400,6 +400,24 @@ def test_a_burst_stays_one_batch():
   assert len(batch) == 4
 
 
+def test_an_admission_prefills_powers_of_two_rows_not_padding(monkeypatch):
+  """Five fresh jobs and three of sessions whose lanes keep their history, admitted at once
+  into eight slots: prefills of 4 + 1 fresh rows and 2 + 1 continued ones, never 5 rows
+  padded to 8 (copies of one row, prefilled for nothing). Mutation caught: `_parts`
+  returning `[placed]` (`n = len(placed) - done`)."""
+  lanes = [pool_lib.Lane(cached=(1, 2, 3), session=f"s{i}") for i in range(3)]
+  pool = types.SimpleNamespace(lanes=lanes + [pool_lib.Lane() for _ in range(5)])
+  pool.write_index, pool.columns = 8, 256
+  calls = []
+  monkeypatch.setattr(
+    pool_lib, "_admit_device", lambda e, p, placed, w, end: calls.append((len(placed), w, end))
+  )
+  jobs = [pool_lib.Job((1, 2, 3, 4), 4, 0, f"s{i}", None) for i in range(3)]
+  jobs += [pool_lib.Job((5, 6), 4, 0, None, None) for _ in range(5)]
+  assert pool_lib.admit(ENGINE, pool, jobs) == []
+  assert calls == [(4, 32, 32), (1, 32, 32), (2, 32, 32), (1, 32, 32)]
+
+
 def test_a_batch_waits_for_the_episodes_it_awaits():
   """Three episodes announced (`expect`): their first requests come 150 ms apart, far past
   the 20 ms gap, and still make one batch; the third episode ends without a request

@@ -29,8 +29,8 @@ KEEP_IDLE_S = 60.0  # a session's kept slot unused this long is dropped at a com
 
 
 def admission_rows(n: int, rows: int) -> int:
-  """Rows an admission or a chunk of n rows runs with: a power of two, at most the pool's
-  rows. (Powers of four compiled fewer programs but ran 8 live rows as 16: a real model's
+  """Rows a chunk of n live rows runs with: a power of two, at most the pool's rows (an
+  admission's parts are powers of two too: `_parts`). (Powers of four compiled fewer programs but ran 8 live rows as 16: a real model's
   step is mostly its unembedding, whose cost grows with the rows, and an agent
   iteration's 8 episodes decoded at 2x an `Env` rollout's cost, Gemma 3 270M.)"""
   return min(1 << (max(n, 1) - 1).bit_length(), rows)
@@ -141,9 +141,20 @@ def admit(engine, pool: Pool, jobs: list[Job]) -> list[Job]:
     _compact(pool, widths[1] + 1, floor=widths[0] + 1)
   end = _end(pool, groups[1], widths)
   for group, width in zip(groups, widths):
-    if group:
-      _admit_device(engine, pool, group, width, end)
+    for part in _parts(group):
+      _admit_device(engine, pool, part, width, end)
   return jobs_left
+
+
+def _parts(placed: list) -> list[list]:
+  """`placed` in runs of a power of two rows, largest first (20 rows: 16 + 4): a prefill
+  costs what its rows do, and 20 rows padded to 32 prefilled 12 copies of one."""
+  parts, done = [], 0
+  while done < len(placed):
+    n = 1 << (len(placed) - done).bit_length() - 1
+    parts.append(placed[done : done + n])
+    done += n
+  return parts
 
 
 def _width(group: list) -> int:
@@ -162,12 +173,12 @@ def _end(pool: Pool, continued: list, widths: list) -> int:
 
 
 def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> None:
-  rows = placed + [placed[0]] * (admission_rows(len(placed), len(pool.lanes)) - len(placed))
-  tokens = np.full((len(rows), width), pool.config.pad_id, np.int32)
-  for r, (job, _, keep) in enumerate(rows):
+  """One prefill of `placed` ((job, lane, kept) rows: a power of two, `_parts`)."""
+  tokens = np.full((len(placed), width), pool.config.pad_id, np.int32)
+  for r, (job, _, keep) in enumerate(placed):
     new = job.prompt[keep:]
     tokens[r, width - len(new) :] = new
-  column = lambda f: np.asarray([f(job, i, keep) for job, i, keep in rows], np.int32)
+  column = lambda f: np.asarray([f(job, i, keep) for job, i, keep in placed], np.int32)
   pool.slots, token0, logp0 = slots_lib.admit(
     engine.params,
     pool.slots,

@@ -839,6 +839,14 @@ MUTATIONS = [
     why="agents started together split over admissions (new shapes compiled mid-run)",
   ),
   dict(
+    name="serve_admission_padded_to_a_bucket",
+    path="rlpost/serve/pool.py",
+    old="    n = 1 << (len(placed) - done).bit_length() - 1\n",
+    new="    n = len(placed) - done\n",
+    tests=["tests/test_serve_units.py"],
+    why="20 rows admitted together prefilled as 32 (12 copies of one row)",
+  ),
+  dict(
     name="dense4_backward_drops_dx",
     path="rlpost/models/quant4.py",
     old="  dx = merge_inputs(dot(g_NxO, w_lo), dot(g_NxO, w_hi), half(w))\n",
