@@ -25,6 +25,17 @@ Measured (session of issue 68 parts 3-4, Intel Xeon, 2 cores shared, load 4-5, G
     the openai client's parsing, starting and stopping the server: ~0.2 s) against one
     25 ms sampler call; it is that fixed cost, not a per-token one, that the real model hides.
 
+Measured again (issue 68's perf session, Intel Xeon model 167, 2 cores shared with
+another engineer and a niced training run, load 6-8; medians of iterations 3-6):
+  --model=gemma3_270m, before (the layer copy in every slot call, the first turn split by
+    the 20 ms gap): rollout 1.41x the Env's (per sampled token 1.47x), one iteration
+    39-43 s (new shapes compiled mid-run: 4 + 4 rows admitted apart).
+  after (layers laid out once per server, first wave awaited, in-place chunks): 1.22x and
+    1.12x in two runs (per sampled token 1.35x, 1.18x); no mid-run compile.
+  What is left per iteration: the endpoint's fixed costs (server start, HTTP and JSON per
+  request, the chat template, one admission and 3 chunks of 8 steps against one sampler
+  call); the noise of a loaded machine is as large (Env rollouts of one run: 6.6-8.1 s).
+
 Prints ONE JSON object: the CPU model, load average, per side the seconds of each
 iteration (rollout, train), the median over the iterations after `--skip` (compiles),
 sampled tokens per iteration, and agent/env ratios.
