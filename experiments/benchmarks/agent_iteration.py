@@ -26,15 +26,17 @@ Measured (session of issue 68 parts 3-4, Intel Xeon, 2 cores shared, load 4-5, G
     25 ms sampler call; it is that fixed cost, not a per-token one, that the real model hides.
 
 Measured again (issue 68's perf session, Intel Xeon model 167, 2 cores shared with
-another engineer and a niced training run, load 6-8; medians of iterations 3-6):
-  --model=gemma3_270m, before (the layer copy in every slot call, the first turn split by
-    the 20 ms gap): rollout 1.41x the Env's (per sampled token 1.47x), one iteration
-    39-43 s (new shapes compiled mid-run: 4 + 4 rows admitted apart).
-  after (layers laid out once per server, first wave awaited, in-place chunks): 1.22x and
-    1.12x in two runs (per sampled token 1.35x, 1.18x); no mid-run compile.
-  What is left per iteration: the endpoint's fixed costs (server start, HTTP and JSON per
-  request, the chat template, one admission and 3 chunks of 8 steps against one sampler
-  call); the noise of a loaded machine is as large (Env rollouts of one run: 6.6-8.1 s).
+another engineer and a niced training run; runs alternating with the code before;
+medians of iterations 3-6), --model=gemma3_270m:
+  before: rollout 1.41x the Env's (load 6-7) and 1.48x (load 4-6: 6.68 s vs 4.53 s; one
+    iteration 21 s, new shapes compiled mid-run when 4 + 4 rows were admitted apart).
+  after (layers laid out once per server, the first wave awaited, in-place chunks): 1.22x
+    and 1.12x at load 6-8, 1.38x at load 2-6 (6.27 s vs 4.55 s): goal <= 1.3x not met on
+    the quieter pair; no mid-run compile. Where the agent's 6.3 s go (load ~5): the first
+    admission ~0.45 s after the rollout starts (server start, the layout copy, HTTP, chat
+    template), a prefill of 8 rows 0.9 s, 3 chunks of 8 steps 4.4 s (~185 ms a step), the
+    replies' JSON and the server's stop ~0.1-0.3 s; the Env does prefill and 24 steps in
+    one sampler call of 4.55 s.
 
 Prints ONE JSON object: the CPU model, load average, per side the seconds of each
 iteration (rollout, train), the median over the iterations after `--skip` (compiles),
