@@ -373,7 +373,9 @@ def test_agents_play_episodes_and_failures_stay_their_own(served):
   for e in (ok, ok2):
     assert (e.error, e.weight, e.prefix_breaks, len(e.segments)) == (None, 1.0, 0, 1)
     assert e.reward == sum(e.segments[0].loss_mask) > 0
-  assert ok.segments == ok2.segments  # greedy: the same tokens, each in its own session
+  (a,), (b,) = ok.segments, ok2.segments  # greedy: the same tokens, each in its own session
+  assert (a.tokens, a.loss_mask) == (b.tokens, b.loss_mask)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)  # prefills of 4 and 1 rows
   assert "RuntimeError: boom" in raised.error and "timed out" in hung.error
   assert "finite" in nan.error
   assert [e.weight for e in (raised, hung, nan)] == [0.0, 0.0, 0.0]

@@ -367,8 +367,8 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
     seen.append((len(placed), width, "continued" if placed[0][2] else "fresh"))
 
   monkeypatch.setattr(pool_lib, "_admit_device", admit)
-  assert pool_lib.warm_up(ENGINE, 8, 40) == 8
-  pairs = [(r, w) for w in (32, 64) for r in (1, 2, 4, 8)]
+  assert pool_lib.warm_up(ENGINE, 8, 40) == 16  # 40 + 16 new + 64 + 1 + 16: 128, 256 columns
+  pairs = [(r, w) for w in (32, 64) for _ in (128, 256) for r in (1, 2, 4, 8)]
   assert seen == [x for r, w in pairs for x in ((r, w, "fresh"), "step", (r, w, "continued"))]
   assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 3, 5, 8, 17, 40)] == [
     1,
