@@ -29,7 +29,8 @@ engineer and a niced training run; `--preset=tiny --passes=2`, runs alternating 
 code before it): at load 4, the endpoint 2564 tokens/s against the sampler's 2369, 1.08x
 (before 1464, 0.63x); at load 7-9, 2786 and 2343 tokens/s (before 1231 and 1146) while the
 sampler's own time ranged 1.59-4.18 s over the four runs: against its fastest run (2383
-tokens/s) 0.98-1.17x. Goal >= 0.8x.
+tokens/s) 0.98-1.17x. With pools from 128 columns, load 3-4: 2424 and 2735 tokens/s
+against 2290 and 2329, 1.06x and 1.17x (p50 0.30-0.34 s, p95 0.49-0.51 s). Goal >= 0.8x.
 """
 
 import concurrent.futures
