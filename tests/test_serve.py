@@ -350,7 +350,7 @@ def _agent(client, task):
   if task["kind"] == "raise":
     raise RuntimeError("boom")
   if task["kind"] == "hang":
-    time.sleep(4)
+    time.sleep(9)
   return float("nan") if task["kind"] == "nan" else total
 
 
@@ -367,13 +367,15 @@ def test_agents_play_episodes_and_failures_stay_their_own(served):
   else 1.0` -> `weight = 1.0`."""
   prompt = served.tok.encode("Go")
   tasks = [{"kind": k, "prompt": prompt} for k in ("ok", "raise", "hang", "nan", "ok")]
-  config = agents.AgentConfig("unused:run", timeout_s=2.0, threads=8)
+  config = agents.AgentConfig("unused:run", timeout_s=6.0, threads=8)  # compiles fit in it
   episodes = agents.play(served.endpoint, _agent, tasks, config)
   ok, raised, hung, nan, ok2 = episodes
   for e in (ok, ok2):
     assert (e.error, e.weight, e.prefix_breaks, len(e.segments)) == (None, 1.0, 0, 1)
     assert e.reward == sum(e.segments[0].loss_mask) > 0
-  assert ok.segments == ok2.segments  # greedy: the same tokens, each in its own session
+  (a,), (b,) = ok.segments, ok2.segments  # greedy: the same tokens, each in its own session
+  assert (a.tokens, a.loss_mask) == (b.tokens, b.loss_mask)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)  # prefills of 4 and 1 rows
   assert "RuntimeError: boom" in raised.error and "timed out" in hung.error
   assert "finite" in nan.error
   assert [e.weight for e in (raised, hung, nan)] == [0.0, 0.0, 0.0]

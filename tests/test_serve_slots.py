@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from rlpost.models import decoder
 from rlpost.models import loading
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import pool as pool_lib
@@ -51,7 +52,8 @@ def test_rows_joining_mid_decode_equal_the_sampler_alone(tiny, temperature):
   slot and takes a freed one; the cache is compacted on the way): each row's tokens and
   logprobs equal the sampler's on its prompt alone. Mutations caught: a row's key counter
   the shared write index instead of its own count (sampled); an admitted row attending the
-  previous occupant's columns (`kept` not cut to keep_A)."""
+  previous occupant's columns (`kept` not cut to keep_A); a chunk over every slot (decoded
+  in place) read as if its rows were the live ones first (`zip(range(len(rows)), rows)`)."""
   tok = tiny.tokenizer
   words = ("Hello there", "A", "Some longer prompt text here, friend", "xyz", "Q")
   budgets = (24, 16, 30, 20, 10)
@@ -91,6 +93,32 @@ def test_a_session_continues_from_its_slot(tiny, temperature):
   assert prefilled == [len(tok.encode("Hi there")), 1 + len(more), len(more)]
   assert pool.stats["cache_hits"] == 2
   assert pool.stats["cache_misses"] == 1
+
+
+@pytest.mark.slow
+def test_slots_decode_from_layers_laid_out_once(tiny, monkeypatch):
+  """With every layer big enough to unroll (`UNROLL_MIN_LAYER_BYTES` 0), the scheduler's
+  engine (`for_decoding`) holds the layers unstacked, the slot programs lay nothing out
+  again (no `unstack_layers` while they trace), and three rows admitted at once (prefills
+  of 2 + 1 rows, `pool._parts`) and one joining later still equal the sampler alone.
+  Mutation caught: `for_decoding` returning the engine as given (every admission and chunk
+  copies the layers again: Gemma 3 270M's 0.13-0.25 s a call)."""
+  monkeypatch.setattr(decoder, "UNROLL_MIN_LAYER_BYTES", 0)
+  engine_lib._decoding_layers.clear_cache()  # traced at the default threshold elsewhere
+  decoding = engine_lib.for_decoding(tiny)
+  assert isinstance(decoding.params["layers"], tuple)
+  laid_out = []
+  unstack = decoder.unstack_layers
+  monkeypatch.setattr(decoder, "unstack_layers", lambda p: laid_out.append(1) or unstack(p))
+  tok = tiny.tokenizer
+  words = ("Laid out", "once", "x y z", "and later")
+  jobs = [_job(tok.encode(w), 12, s) for s, w in enumerate(words)]
+  pool = pool_lib.new_pool(decoding, 0.0, 1.0, 4, pool_lib.new_stats(), 64)
+  out = _run(decoding, pool, {0: jobs[:3], 1: jobs[3:]})
+  engine_lib._decoding_layers.clear_cache()
+  assert not laid_out
+  for seed, job in enumerate(jobs):
+    assert out[id(job)][0] == _alone(tiny, job.prompt, job.budget, 0.0, seed)[0], seed
 
 
 @pytest.fixture(scope="module")

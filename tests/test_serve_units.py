@@ -8,6 +8,7 @@ import json
 import queue
 import socket
 import threading
+import time
 import types
 
 import pytest
@@ -288,7 +289,8 @@ def test_abandoned_requests_are_not_decoded():
   dropped.cancel()
   inbox.put((_gen(), dropped))
   inbox.put((_gen(), kept))
-  batch = scheduler._collect(inbox, scheduler.BatchConfig(batch_window_ms=1), threading.Event())
+  config, awaited = scheduler.BatchConfig(batch_window_ms=1), scheduler.Awaited()
+  batch = scheduler._collect(inbox, config, threading.Event(), awaited)
   assert [f for _, f in batch] == [kept]
 
 
@@ -355,6 +357,7 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
   lanes = [pool_lib.Lane(cached=(2,) * 40) for _ in range(8)]
   pool = types.SimpleNamespace(columns=256, slots=None, write_index=0, lanes=lanes)
   monkeypatch.setattr(pool_lib, "new_pool", lambda *a: pool)
+  monkeypatch.setattr(pool_lib.engine_lib, "for_decoding", lambda engine: engine)
   monkeypatch.setattr(pool_lib, "step", lambda *a: seen.append("step") or [])
   monkeypatch.setattr(pool_lib, "release", lambda *a, **k: None)
   monkeypatch.setattr(pool_lib, "live", lambda *a: [])
@@ -364,8 +367,8 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
     seen.append((len(placed), width, "continued" if placed[0][2] else "fresh"))
 
   monkeypatch.setattr(pool_lib, "_admit_device", admit)
-  assert pool_lib.warm_up(ENGINE, 8, 40) == 8
-  pairs = [(r, w) for w in (32, 64) for r in (1, 2, 4, 8)]
+  assert pool_lib.warm_up(ENGINE, 8, 40) == 16  # 40 + 16 new + 64 + 1 + 16: 128, 256 columns
+  pairs = [(r, w) for w in (32, 64) for _ in (128, 256) for r in (1, 2, 4, 8)]
   assert seen == [x for r, w in pairs for x in ((r, w, "fresh"), "step", (r, w, "continued"))]
   assert [pool_lib.admission_rows(n, 32) for n in (1, 2, 3, 5, 8, 17, 40)] == [
     1,
@@ -381,7 +384,7 @@ def test_warm_up_compiles_every_bucket(monkeypatch):
 def test_a_burst_stays_one_batch():
   """Requests arriving 100 ms apart join one batch under a 250 ms gap although they
   spread over 300 ms; a lone request waits one gap. Mutation caught: the gap measured
-  from the first request (`close = first + ...` for `last + ...`)."""
+  from the first request (`now >= first + window` for `last + window`)."""
   inbox, stopping = queue.Queue(), threading.Event()
   config = scheduler.BatchConfig(max_batch=8, batch_window_ms=250, max_wait_ms=5000)
 
@@ -392,9 +395,53 @@ def test_a_burst_stays_one_batch():
 
   feeder = threading.Thread(target=feed)
   feeder.start()
-  batch = scheduler._collect(inbox, config, stopping)
+  batch = scheduler._collect(inbox, config, stopping, scheduler.Awaited())
   feeder.join()
   assert len(batch) == 4
+
+
+def test_an_admission_prefills_powers_of_two_rows_not_padding(monkeypatch):
+  """Five fresh jobs and three of sessions whose lanes keep their history, admitted at once
+  into eight slots: prefills of 4 + 1 fresh rows and 2 + 1 continued ones, never 5 rows
+  padded to 8 (copies of one row, prefilled for nothing). Mutation caught: `_parts`
+  returning `[placed]` (`n = len(placed) - done`)."""
+  lanes = [pool_lib.Lane(cached=(1, 2, 3), session=f"s{i}") for i in range(3)]
+  pool = types.SimpleNamespace(lanes=lanes + [pool_lib.Lane() for _ in range(5)])
+  pool.write_index, pool.columns = 8, 256
+  calls = []
+  monkeypatch.setattr(
+    pool_lib, "_admit_device", lambda e, p, placed, w, end: calls.append((len(placed), w, end))
+  )
+  jobs = [pool_lib.Job((1, 2, 3, 4), 4, 0, f"s{i}", None) for i in range(3)]
+  jobs += [pool_lib.Job((5, 6), 4, 0, None, None) for _ in range(5)]
+  assert pool_lib.admit(ENGINE, pool, jobs) == []
+  assert calls == [(4, 32, 32), (1, 32, 32), (2, 32, 32), (1, 32, 32)]
+
+
+def test_a_batch_waits_for_the_episodes_it_awaits():
+  """Three episodes announced (`expect`): their first requests come 150 ms apart, far past
+  the 20 ms gap, and still make one batch; the third episode ends without a request
+  (`forget`), which closes the batch long before max_wait_ms. Mutation caught: `_more`
+  closing at the gap whatever is awaited (`and not awaited.sessions` dropped)."""
+  inbox, stopping = queue.Queue(), threading.Event()
+  config = scheduler.BatchConfig(max_batch=8, batch_window_ms=20, max_wait_ms=5000)
+  served = types.SimpleNamespace(inbox=inbox, awaited=scheduler.Awaited())
+  scheduler.expect(served, ["a", "b", "c"])
+
+  def episodes():
+    scheduler.submit(served, _gen(), "a")
+    stopping.wait(0.15)
+    scheduler.submit(served, _gen(), "b")
+    stopping.wait(0.15)
+    scheduler.forget(served, "c")
+
+  feeder = threading.Thread(target=episodes)
+  start = time.monotonic()
+  feeder.start()
+  batch = scheduler._collect(inbox, config, stopping, served.awaited)
+  feeder.join()
+  assert [f.session for _, f in batch] == ["a", "b"]
+  assert time.monotonic() - start < 2.0 and not served.awaited.sessions
 
 
 def _qwen():

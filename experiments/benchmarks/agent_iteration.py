@@ -25,6 +25,21 @@ Measured (session of issue 68 parts 3-4, Intel Xeon, 2 cores shared, load 4-5, G
     the openai client's parsing, starting and stopping the server: ~0.2 s) against one
     25 ms sampler call; it is that fixed cost, not a per-token one, that the real model hides.
 
+Measured again (issue 68's perf session, Intel Xeon model 167, 2 cores shared with
+another engineer and a niced training run; runs alternating with the code before;
+medians of iterations 3-6), --model=gemma3_270m:
+  before: rollout 1.41x the Env's (load 6-7) and 1.48x (load 4-6: 6.68 s vs 4.53 s; one
+    iteration 21 s, new shapes compiled mid-run when 4 + 4 rows were admitted apart).
+  after (layers laid out once per server, the first wave awaited, in-place chunks, pools
+    from 256 columns): 1.22x and 1.12x at load 6-8, 1.38x at load 2-6 (6.27 s vs 4.55 s).
+    Where that 6.3 s went (load ~5): the first admission ~0.45 s after the rollout starts
+    (server start, the layout copy, HTTP, chat template), a prefill of 8 rows 0.9 s, 3
+    chunks of 8 steps 4.4 s (~185 ms a step: each reads all 256 cache columns of its
+    rows), the replies' JSON and the server's stop ~0.1-0.3 s; the Env does prefill and
+    24 steps in one sampler call of 4.55 s.
+  and pools from 128 columns: 1.19x (5.59 s vs 4.71 s, load 3-4) and 1.16x (5.44 s vs
+    4.70 s, per sampled token 1.19x, load 3-4): goal <= 1.3x met; no mid-run compile.
+
 Prints ONE JSON object: the CPU model, load average, per side the seconds of each
 iteration (rollout, train), the median over the iterations after `--skip` (compiles),
 sampled tokens per iteration, and agent/env ratios.

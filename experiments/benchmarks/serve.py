@@ -23,6 +23,14 @@ after a warm-up. Prints ONE JSON object:
       --nowarm_up --passes=2       # Gemma 3 270M: compiles only what the workload meets
 
 The clients run in this process (threads sharing the GIL with the server).
+
+Measured (issue 68's perf session, Intel Xeon model 167, 2 cores shared with another
+engineer and a niced training run; `--preset=tiny --passes=2`, runs alternating with the
+code before it): at load 4, the endpoint 2564 tokens/s against the sampler's 2369, 1.08x
+(before 1464, 0.63x); at load 7-9, 2786 and 2343 tokens/s (before 1231 and 1146) while the
+sampler's own time ranged 1.59-4.18 s over the four runs: against its fastest run (2383
+tokens/s) 0.98-1.17x. With pools from 128 columns, load 3-4: 2424 and 2735 tokens/s
+against 2290 and 2329, 1.06x and 1.17x (p50 0.30-0.34 s, p95 0.49-0.51 s). Goal >= 0.8x.
 """
 
 import concurrent.futures
@@ -91,17 +99,23 @@ def _agent(client, index: int, turns: int, max_tokens: int) -> list[dict]:
 
 
 def _workload(endpoint, run: int) -> tuple[float, list[dict]]:
+  """The agents' conversations, timed from their first request. Their clients are made
+  before the clock (one `openai.OpenAI`, `with_options` per session URL, as
+  `agents.play` does): a client costs 20-40 ms of CPU to make, which 32 agents made at
+  once spent in the timed run (the first turn's requests then arrived over 0.4 s)."""
+
   def url(i):
     return endpoint.session_url(f"r{run}-a{i}") if _SESSIONS.value else endpoint.url
 
-  def play(i):
-    client = openai.OpenAI(base_url=url(i), api_key="-", max_retries=0, timeout=600)
-    return _agent(client, i, _TURNS.value, _MAX_TOKENS.value)
-
-  start = time.perf_counter()
+  shared = openai.OpenAI(base_url=endpoint.url, api_key="-", max_retries=0, timeout=600)
+  clients = [shared.with_options(base_url=url(i)) for i in range(_CLIENTS.value)]
   with concurrent.futures.ThreadPoolExecutor(_CLIENTS.value) as pool:
+    start = time.perf_counter()
+    play = lambda i: _agent(clients[i], i, _TURNS.value, _MAX_TOKENS.value)
     runs = list(pool.map(play, range(_CLIENTS.value)))
-  return time.perf_counter() - start, [r for run in runs for r in run]
+    seconds = time.perf_counter() - start
+  shared.close()
+  return seconds, [r for run in runs for r in run]
 
 
 def _batched(engine, prompts: list, tokens: int, temperature: float):

@@ -1,11 +1,13 @@
 """An OpenAI-compatible endpoint serving the policy (issue 68).
 
-engine.py          Engine (model, tokenizer, limits), row ids, buckets, top-k alternatives
+engine.py          Engine (model, tokenizer, limits), its decode layout made once, row
+                   ids, buckets, top-k alternatives
 slots.py           the device side of continuous batching: row slots over one KV cache;
                    admit (prefill into slots), step_chunk (k decode steps), compact
 pool.py            a sampler setting's slots on the host: which request each decodes,
                    sessions' kept slots (a next turn prefills only its new tokens), warm_up
-scheduler.py       the one thread that owns the model: admits, decodes by chunks, finishes
+scheduler.py       the one thread that owns the model: admits, decodes by chunks, finishes;
+                   awaits the first requests of agents started together (expect)
 scoring.py         top-k logprobs of sampled tokens by one teacher-forced forward
 chat.py            the two seams: messages -> prompt ids, completion text -> tool_calls
 request_bodies.py  request JSON -> Generation (checked; ApiError names the field)

@@ -8,7 +8,9 @@ requests meet in the scheduler's batches) and returns, per episode, the reward a
 session's trainable segments (`sessions.segments`). An agent that raises, runs past
 `timeout_s` or returns a reward that is not a finite number ends its episode with a named
 error and weight 0; the others go on. (A timed-out agent's thread cannot be stopped: its
-session is closed, so its later requests are answered but not recorded.)
+session is closed, so its later requests are answered but not recorded.) The scheduler
+awaits every episode's first request (`scheduler.expect`): a batch being collected waits
+for them (up to its max_wait_ms), so the first turns, started together, decode together.
 
 The `openai` package is needed here (the `dev` extra has it).
 """
@@ -24,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from rlpost.serve import scheduler
 from rlpost.serve import sessions
 
 
@@ -79,10 +82,13 @@ def _run_one(endpoint, agent: Callable, task, session: str, shared) -> float:
   import openai  # pylint: disable=g-import-not-at-top  # only agent episodes need it
 
   url, key = endpoint.session_url(session), endpoint.api_key or "-"
-  if inspect.iscoroutinefunction(agent):
-    client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
-    return asyncio.run(agent(client, task))
-  return agent(shared.with_options(base_url=url), task)
+  try:
+    if inspect.iscoroutinefunction(agent):
+      client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+      return asyncio.run(agent(client, task))
+    return agent(shared.with_options(base_url=url), task)
+  finally:
+    scheduler.forget(endpoint.scheduler, session)  # an episode that never asked
 
 
 def _shared_client(endpoint, agent: Callable):
@@ -114,6 +120,7 @@ def play(endpoint, agent: Callable, tasks: list, config: AgentConfig) -> list[Ep
   names = [f"{run}-{i}" for i in range(len(tasks))]
   pool = concurrent.futures.ThreadPoolExecutor(config.threads, thread_name_prefix="agent")
   shared = _shared_client(endpoint, agent)
+  scheduler.expect(endpoint.scheduler, names[: config.threads])  # the first wave starts together
   try:
     futures = [pool.submit(_run_one, endpoint, agent, t, s, shared) for t, s in zip(tasks, names)]
     waves = -(-len(tasks) // config.threads)

@@ -23,14 +23,18 @@ import numpy as np
 from rlpost.serve import engine as engine_lib
 from rlpost.serve import slots as slots_lib
 
-MIN_COLUMNS = 256  # a pool's columns: a power of two from here (few programs to compile)
+# A pool's columns: a power of two from here (few programs to compile). Every step reads
+# every column of its rows' cache: from 256, Gemma 3 270M's agent episodes (64 + 24
+# tokens) decoded 8 rows at ~185 ms a step, from 128 the iteration's rollout took 1.19x
+# the Env's instead of 1.38x (issue 68's perf session).
+MIN_COLUMNS = 128
 HEADROOM = 16  # columns a compaction leaves free beyond what is asked
 KEEP_IDLE_S = 60.0  # a session's kept slot unused this long is dropped at a compaction
 
 
 def admission_rows(n: int, rows: int) -> int:
-  """Rows an admission or a chunk of n rows runs with: a power of two, at most the pool's
-  rows. (Powers of four compiled fewer programs but ran 8 live rows as 16: a real model's
+  """Rows a chunk of n live rows runs with: a power of two, at most the pool's rows (an
+  admission's parts are powers of two too: `_parts`). (Powers of four compiled fewer programs but ran 8 live rows as 16: a real model's
   step is mostly its unembedding, whose cost grows with the rows, and an agent
   iteration's 8 episodes decoded at 2x an `Env` rollout's cost, Gemma 3 270M.)"""
   return min(1 << (max(n, 1) - 1).bit_length(), rows)
@@ -141,9 +145,20 @@ def admit(engine, pool: Pool, jobs: list[Job]) -> list[Job]:
     _compact(pool, widths[1] + 1, floor=widths[0] + 1)
   end = _end(pool, groups[1], widths)
   for group, width in zip(groups, widths):
-    if group:
-      _admit_device(engine, pool, group, width, end)
+    for part in _parts(group):
+      _admit_device(engine, pool, part, width, end)
   return jobs_left
+
+
+def _parts(placed: list) -> list[list]:
+  """`placed` in runs of a power of two rows, largest first (20 rows: 16 + 4): a prefill
+  costs what its rows do, and 20 rows padded to 32 prefilled 12 copies of one."""
+  parts, done = [], 0
+  while done < len(placed):
+    n = 1 << (len(placed) - done).bit_length() - 1
+    parts.append(placed[done : done + n])
+    done += n
+  return parts
 
 
 def _width(group: list) -> int:
@@ -162,12 +177,12 @@ def _end(pool: Pool, continued: list, widths: list) -> int:
 
 
 def _admit_device(engine, pool: Pool, placed: list, width: int, end: int) -> None:
-  rows = placed + [placed[0]] * (admission_rows(len(placed), len(pool.lanes)) - len(placed))
-  tokens = np.full((len(rows), width), pool.config.pad_id, np.int32)
-  for r, (job, _, keep) in enumerate(rows):
+  """One prefill of `placed` ((job, lane, kept) rows: a power of two, `_parts`)."""
+  tokens = np.full((len(placed), width), pool.config.pad_id, np.int32)
+  for r, (job, _, keep) in enumerate(placed):
     new = job.prompt[keep:]
     tokens[r, width - len(new) :] = new
-  column = lambda f: np.asarray([f(job, i, keep) for job, i, keep in rows], np.int32)
+  column = lambda f: np.asarray([f(job, i, keep) for job, i, keep in placed], np.int32)
   pool.slots, token0, logp0 = slots_lib.admit(
     engine.params,
     pool.slots,
@@ -218,20 +233,21 @@ def step(engine, pool: Pool, steps: int) -> list[int]:
   the lanes whose rows ended (stop id or budget) in it."""
   if pool.write_index + steps > pool.columns:
     _compact(pool, steps)
-  before, rows = pool.write_index, live(pool)
-  spare = [i for i in range(len(pool.lanes)) if i not in rows]
-  rows_B = rows + spare[: admission_rows(len(rows), len(pool.lanes)) - len(rows)]
+  before, rows, R = pool.write_index, live(pool), len(pool.lanes)
+  B = admission_rows(len(rows), R)
+  spare = [i for i in range(R) if i not in rows]
+  rows_B = None if B == R else np.asarray(rows + spare[: B - len(rows)], np.int32)
   pool.slots, *out = slots_lib.step_chunk(
     engine.params,
     pool.slots,
-    np.asarray(rows_B, np.int32),
+    rows_B,
     model_config=engine.model_config,
     config=pool.config,
     steps=steps,
   )
   tokens, logprobs, count, done = jax.device_get(out)
   ended = []
-  for b, i in enumerate(rows):
+  for b, i in zip(rows if B == R else range(len(rows)), rows):  # live rows lead rows_B
     lane = pool.lanes[i]
     new = int(count[b]) - len(lane.ids)
     if new > 0:
@@ -263,7 +279,9 @@ def warm_up(engine, max_rows: int, max_prompt: int, temperature=0.0, top_p=1.0, 
   """Compiles the programs a pool of `max_rows` slots runs at one setting for prompts of
   up to `max_prompt` tokens and `engine.max_tokens` new ones: at every column count on
   the way, for every (rows, prefill width) bucket an admission, a chunk of `steps` and a
-  session's continuation, and the compactions to the other counts. Returns the number of admission shapes."""
+  session's continuation, and the compactions to the other counts (with the params in
+  the decode layout, as the scheduler runs them). Returns the number of admission shapes."""
+  engine = engine_lib.for_decoding(engine)
   rows = engine_lib.bucket(max_rows, 1)
   width = engine_lib.bucket(max_prompt, engine_lib.MIN_PROMPT_BUCKET)
   # the most a compaction asks: the longest history, an admission's width, HEADROOM

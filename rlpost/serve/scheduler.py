@@ -67,24 +67,55 @@ class Ticket(concurrent.futures.Future):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Awaited:
+  """The sessions whose first request a batch waits for (`expect`; `lock` guards them)."""
+
+  sessions: set = dataclasses.field(default_factory=set)
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Scheduler:
-  """A running scheduler: its inbox, its thread, the event that stops it, and its
-  counters (`stats`: chunks, admissions, prefilled_tokens, cache_hits, cache_misses,
-  max_live rows, cancelled rows, compactions)."""
+  """A running scheduler: its inbox, its thread, the event that stops it, its counters
+  (`stats`: chunks, admissions, prefilled_tokens, cache_hits, cache_misses, max_live
+  rows, cancelled rows, compactions) and the sessions it awaits (`expect`)."""
 
   inbox: queue.Queue
   thread: threading.Thread
   stopping: threading.Event
   stats: dict
+  awaited: Awaited
 
 
 def start(engine, config: BatchConfig) -> Scheduler:
-  inbox, stopping, stats = queue.Queue(), threading.Event(), pool_lib.new_stats()
+  inbox, stopping, stats, awaited = (
+    queue.Queue(),
+    threading.Event(),
+    pool_lib.new_stats(),
+    Awaited(),
+  )
   thread = threading.Thread(
-    target=_loop, args=(engine, config, inbox, stopping, stats), name="rlpost-serve", daemon=True
+    target=_loop,
+    args=(engine, config, inbox, stopping, stats, awaited),
+    name="rlpost-serve",
+    daemon=True,
   )
   thread.start()
-  return Scheduler(inbox, thread, stopping, stats)
+  return Scheduler(inbox, thread, stopping, stats, awaited)
+
+
+def expect(scheduler: Scheduler, sessions) -> None:
+  """Announces episodes about to start: until each of `sessions` has sent its first request
+  (or is `forget`-ten), a batch being collected waits for it (at most max_wait_ms), so
+  agents started together are admitted together however their requests are spaced."""
+  with scheduler.awaited.lock:
+    scheduler.awaited.sessions.update(sessions)
+
+
+def forget(scheduler: Scheduler, session: str) -> None:
+  """`session` is no longer awaited (its first request came, or its episode ended)."""
+  with scheduler.awaited.lock:
+    scheduler.awaited.sessions.discard(session)
 
 
 def stop(scheduler: Scheduler) -> None:
@@ -96,10 +127,12 @@ def submit(scheduler: Scheduler, gen, session: str | None = None) -> Ticket:
   """Queues request `gen` (request_bodies.Generation); see `Ticket`."""
   ticket = Ticket(session)
   scheduler.inbox.put((gen, ticket))
+  if session is not None:
+    forget(scheduler, session)  # after the put: a batch never closes between the two
   return ticket
 
 
-def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event) -> list:
+def _collect(inbox: queue.Queue, config: BatchConfig, stopping, awaited: Awaited) -> list:
   """The next group of (gen, future) when nothing decodes: the first waiting request, then
   more (`_more`). Cancelled futures are dropped."""
   while not stopping.is_set():
@@ -110,24 +143,29 @@ def _collect(inbox: queue.Queue, config: BatchConfig, stopping: threading.Event)
       continue
   else:
     return []
-  return _running(_more(inbox, config, batch))
+  return _running(_more(inbox, config, batch, awaited))
 
 
-def _more(inbox: queue.Queue, config: BatchConfig, batch: list) -> list:
-  """`batch` and the requests that follow it until none has arrived for batch_window_ms,
-  max_wait_ms have passed, or max_batch rows wait."""
+def _more(inbox: queue.Queue, config: BatchConfig, batch: list, awaited: Awaited) -> list:
+  """`batch` and the requests that follow it until none has arrived for batch_window_ms
+  and no awaited session's first request is missing, max_wait_ms have passed, or
+  max_batch rows wait."""
   first = last = time.monotonic()
+  window, cap = config.batch_window_ms / 1000, first + config.max_wait_ms / 1000
   while sum(g.n for g, _ in batch) < config.max_batch:
-    close = min(last + config.batch_window_ms / 1000, first + config.max_wait_ms / 1000)
-    try:
-      batch.append(inbox.get(timeout=max(0.0, close - time.monotonic())))
-    except queue.Empty:
+    now = time.monotonic()
+    if now >= cap or (now >= last + window and not awaited.sessions):
       break
+    wait = last + window - now if now < last + window else max(window, 0.005)  # awaited: poll
+    try:
+      batch.append(inbox.get(timeout=min(wait, cap - now)))
+    except queue.Empty:
+      continue
     last = time.monotonic()
   return batch
 
 
-def _drain(inbox: queue.Queue, config: BatchConfig, live: int) -> list:
+def _drain(inbox: queue.Queue, config: BatchConfig, live: int, awaited: Awaited) -> list:
   """What arrived while rows decode; when fewer than half the slots decode, the requests
   that follow it too (`_more`: agents whose turns end together join together, not one
   chunk apart)."""
@@ -138,7 +176,7 @@ def _drain(inbox: queue.Queue, config: BatchConfig, live: int) -> list:
     except queue.Empty:
       break
   if out and live < config.max_batch // 2:
-    out = _more(inbox, config, out)
+    out = _more(inbox, config, out, awaited)
   return _running(out)
 
 
@@ -156,11 +194,18 @@ class _Request:
   choices: list
 
 
-def _loop(engine, config, inbox, stopping, stats) -> None:
+def _loop(engine, config, inbox, stopping, stats, awaited) -> None:
+  try:  # once, while the first requests arrive (`engine_lib.for_decoding`)
+    decoding = engine_lib.for_decoding(engine)
+  except Exception:  # noqa: BLE001  (tried again at the first turn, whose requests get its error)
+    decoding = None
   pools, waiting = {}, []
   while not stopping.is_set():
     live = sum(len(pool_lib.live(p)) for p in pools.values())
-    arrived = _drain(inbox, config, live) if waiting or live else _collect(inbox, config, stopping)
+    if waiting or live:
+      arrived = _drain(inbox, config, live, awaited)
+    else:
+      arrived = _collect(inbox, config, stopping, awaited)
     for gen, ticket in arrived:
       request = _Request(gen, ticket, _settings(engine, gen), [None] * gen.n)
       session = ticket.session
@@ -170,33 +215,34 @@ def _loop(engine, config, inbox, stopping, stats) -> None:
           pool_lib.Job(gen.prompt_ids, gen.max_tokens, row, session if i == 0 else None, request, i)
         )
     try:
-      waiting = _turn(engine, config, pools, waiting, stats)
+      decoding = decoding or engine_lib.for_decoding(engine)
+      waiting = _turn(engine, decoding, config, pools, waiting, stats)
     except Exception as e:  # noqa: BLE001  (a bug answers 500s; the loop goes on)
       _fail_all(pools, waiting, e)
       pools, waiting = {}, []
 
 
-def _turn(engine, config, pools: dict, waiting: list, stats: dict) -> list:
-  """Drops abandoned jobs, admits waiting ones, runs one chunk per pool; returns the
-  jobs still waiting."""
+def _turn(engine, decoding, config, pools: dict, waiting: list, stats: dict) -> list:
+  """Drops abandoned jobs, admits waiting ones, runs one chunk per pool (with `decoding`,
+  the engine in the decode layout); returns the jobs still waiting."""
   waiting = [j for j in waiting if not _gone(j.owner)]
   for settings in {j.owner.settings for j in waiting}:
     if settings not in pools:
       _make_room(pools)
       rows = engine_lib.bucket(config.max_batch, 1)
-      pools[settings] = pool_lib.new_pool(engine, *settings, rows, stats)
+      pools[settings] = pool_lib.new_pool(decoding, *settings, rows, stats)
   left = []
   for settings, pool in pools.items():
     mine = [j for j in waiting if j.owner.settings == settings]
     if mine:
-      left += pool_lib.admit(engine, pool, mine)
+      left += pool_lib.admit(decoding, pool, mine)
       _send_tokens(pool, [i for i in pool_lib.live(pool) if pool.lanes[i].job in mine])
   for pool in pools.values():
     gone = [i for i in pool_lib.live(pool) if _gone(pool.lanes[i].job.owner)]
     stats["cancelled"] += len(gone)
     pool_lib.release(pool, gone, cancel=True)
     if pool_lib.live(pool):
-      ended = pool_lib.step(engine, pool, config.chunk_steps)
+      ended = pool_lib.step(decoding, pool, config.chunk_steps)
       _deliver(engine, pool, ended)
   return sorted(left, key=waiting.index)
 

@@ -14,7 +14,8 @@ its random identity and whether it is done.
                    history its slot keeps) into chosen slots, ending at a new write index;
                    samples each row's token 0
   step_chunk(...)  `steps` decode steps of the live rows (gathered into a bucket of B
-                   rows, decoded in one jitted while loop, written back)
+                   rows, decoded in one jitted while loop, written back; a bucket of
+                   every row is decoded in place)
   compact(...)     packs each row's history to the left and resizes S (stable order)
 
 Column order within a row is its token order; the host (`pool.py`) keeps each row's
@@ -74,13 +75,17 @@ def _step_keys(row_id_B, count_B):
 def step_chunk(
   params, slots: Slots, rows_B, *, model_config, config: sampling.SamplingConfig, steps: int
 ):
-  """Up to `steps` decode steps of the slots `rows_B` ([B] int32, distinct; B <= R: the
+  """Up to `steps` decode steps of the slots `rows_B` ([B] int32, distinct; B < R: the
   live rows and done ones to fill a bucket), fewer when all of them are done. Only these
-  rows are computed (gathered, decoded, written back).
+  rows are computed (gathered, decoded, written back). rows_B None: every slot, decoded
+  in place (B = R, row b is slot b: no copy of the cache out and back).
 
   Returns (slots, tokens [B, steps] int32, logprobs [B, steps] float32, count [B] int32,
   done [B] bool); a row's tokens of this chunk are its first `count_after - count_before`."""
   params = decoder.decode_layout(params)
+  if rows_B is None:
+    slots, tokens, logprobs = _decode(params, slots, model_config, config, steps)
+    return slots, tokens, logprobs, slots.count, slots.done
   c = slots.cache
   sub = Slots(
     cache={
