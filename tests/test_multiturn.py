@@ -589,7 +589,9 @@ def test_a_first_observation_above_max_prompt_tokens_fails_naming_its_seed(monke
     raise Sampled
 
   monkeypatch.setattr(multiturn.continuation, "start", sampler)
-  monkeypatch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
+  monkeypatch.setattr(
+    multiturn.decoder, "decode_layout_once", lambda params: params
+  )  # no model here
   sc = _sampling_config(5)
   run = lambda cap: multiturn.rollout(
     None,
@@ -871,7 +873,7 @@ def _patch_sampler(patch, emit):
   patch.setattr(multiturn.continuation, "start", first)
   patch.setattr(multiturn.continuation, "extend", later)
   patch.setattr(multiturn.continuation, "take_rows", take)
-  patch.setattr(multiturn, "_decode_layout", lambda params: params)  # no model here
+  patch.setattr(multiturn.decoder, "decode_layout_once", lambda params: params)  # no model here
 
 
 def reprefilling(width: int):

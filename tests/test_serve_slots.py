@@ -104,7 +104,7 @@ def test_slots_decode_from_layers_laid_out_once(tiny, monkeypatch):
   Mutation caught: `for_decoding` returning the engine as given (every admission and chunk
   copies the layers again: Gemma 3 270M's 0.13-0.25 s a call)."""
   monkeypatch.setattr(decoder, "UNROLL_MIN_LAYER_BYTES", 0)
-  engine_lib._decoding_layers.clear_cache()  # traced at the default threshold elsewhere
+  decoder._decoding_layers.clear_cache()  # traced at the default threshold elsewhere
   decoding = engine_lib.for_decoding(tiny)
   assert isinstance(decoding.params["layers"], tuple)
   laid_out = []
@@ -115,7 +115,7 @@ def test_slots_decode_from_layers_laid_out_once(tiny, monkeypatch):
   jobs = [_job(tok.encode(w), 12, s) for s, w in enumerate(words)]
   pool = pool_lib.new_pool(decoding, 0.0, 1.0, 4, pool_lib.new_stats(), 64)
   out = _run(decoding, pool, {0: jobs[:3], 1: jobs[3:]})
-  engine_lib._decoding_layers.clear_cache()
+  decoder._decoding_layers.clear_cache()
   assert not laid_out
   for seed, job in enumerate(jobs):
     assert out[id(job)][0] == _alone(tiny, job.prompt, job.budget, 0.0, seed)[0], seed

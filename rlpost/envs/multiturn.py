@@ -294,17 +294,6 @@ def step_rows(
   return list(pool.map(functools.partial(checked_step, env), states, texts, where))
 
 
-@jax.jit
-def _decoding_layers(layers):
-  return decoder.decode_layout({"layers": layers})["layers"]
-
-
-def _decode_layout(params):
-  """`decoder.decode_layout(params)`, the layers laid out by one program: the embedding is
-  passed through outside it (a program's output is a copy: 0.25 s for Gemma 3 270M's)."""
-  return {**params, "layers": _decoding_layers(params["layers"])}
-
-
 class _Turns(NamedTuple):
   """The sampler's state between turns: `cont` holds the KV cache of the rows `rows`
   (global row indices, in the cache's row order; padding rows repeat one)."""
@@ -536,7 +525,7 @@ def _make_calls(
   padded_prompt = -(-longest // sc.prompt_bucket) * sc.prompt_bucket
   fixed_size = padded_prompt + T + chunk + 1 + sc.max_new_tokens if turns.fixed_shapes else None
   if not one_call:  # once: each call would copy the layers again (one call lays them out itself)
-    params = _decode_layout(params)
+    params = decoder.decode_layout_once(params)
   ids = [first_row + r for r in range(N)]
   return _Calls(params, model_config, sc, turns, ids, G, longest, chunk, fixed_size, one_call)
 

@@ -377,6 +377,20 @@ def decode_layout(params: Params) -> Params:
   return unstack_layers(params) if layer_bytes >= UNROLL_MIN_LAYER_BYTES else params
 
 
+@jax.jit
+def _decoding_layers(layers):
+  return decode_layout({"layers": layers})["layers"]
+
+
+def decode_layout_once(params: Params) -> Params:
+  """`decode_layout(params)` with the layers laid out by one program and the embedding
+  passed through outside it (a program's output is a copy: 0.25 s for Gemma 3 270M's);
+  params already laid out are returned as they are."""
+  if isinstance(params["layers"], (list, tuple)):
+    return params
+  return {**params, "layers": _decoding_layers(params["layers"])}
+
+
 _concatenate_floats = functools.partial(jnp.concatenate, axis=-1)
 _CONCATENATE = {
   quant.Int8Weight: quant.concatenate_outputs,

@@ -11,7 +11,6 @@ a few programs, not one per request mix.
 import dataclasses
 import zlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -60,11 +59,6 @@ class RowOutput:
   stopped: bool
 
 
-@jax.jit
-def _decoding_layers(layers):
-  return decoder.decode_layout({"layers": layers})["layers"]
-
-
 def for_decoding(engine: Engine) -> Engine:
   """`engine` with its params in the sampler's decode layout (`decoder.decode_layout`),
   laid out once: the slot programs (`slots.admit`, `slots.step_chunk`) run one call per
@@ -72,10 +66,7 @@ def for_decoding(engine: Engine) -> Engine:
   to 0.25 s a call). The embedding passes through outside the program (no copy); the
   layers are a second copy while the engine serves. Scoring (`top_alternatives`) keeps
   the stacked `engine`."""
-  layers = engine.params["layers"]
-  if isinstance(layers, (list, tuple)):
-    return engine
-  return dataclasses.replace(engine, params={**engine.params, "layers": _decoding_layers(layers)})
+  return dataclasses.replace(engine, params=decoder.decode_layout_once(engine.params))
 
 
 def row_id(seed: int, index: int) -> int:

@@ -889,8 +889,8 @@ MUTATIONS = [
   dict(
     name="serve_layers_laid_out_every_call",
     path="rlpost/serve/engine.py",
-    old="  if isinstance(layers, (list, tuple)):\n    return engine\n",
-    new="  if True:\n    return engine\n",
+    old="  return dataclasses.replace(engine, params=decoder.decode_layout_once(engine.params))\n",
+    new="  return engine\n",
     tests=["tests/test_serve_slots.py"],
     why="every slot admission and chunk copying the layer weights again (0.13-0.25 s, Gemma)",
   ),
