@@ -1,9 +1,9 @@
 """A native CPU matmul over 4-bit weights as stored: the decode steps' `dense4` path.
 
 XLA:CPU emits a dot as a library call that fuses no producer, so `quant4.dense4` writes
-each dequantised half of W [O, I / 2] to a float32 buffer before the dot reads it: at
-decode sizes (a few rows of x) that writing, not the 4-bit reads, sets the speed, and a
-multiply-and-reduce formulation ran slower still. `q4_native.cc` is an XLA FFI handler
+each dequantised half of W [O, I / 2] to a float32 buffer before the dot reads it, and in
+the sampler's decode loop it hoists that dequantisation out of the loop: a float32 copy of
+the layers, read every step (a multiply-and-reduce formulation ran slower still). `q4_native.cc` is an XLA FFI handler
 that reads the codes, looks each up, dequantises and multiplies into the rows of x in
 registers (AVX-512, AVX2 or plain C++: compiled at first use with `-march=native`), its
 outputs split over the calling thread and XLA's intra-op pool.
@@ -13,9 +13,10 @@ scale and shift per 32 inputs and a 16-entry table (NF4's levels or the codes
 themselves), so w = table[code] * scale + shift in one rounding, the value `quant4.halves`
 gives. `matmul(x, w)` is x [N, I] @ W -> [N, O] float32.
 
-The library is built once per source, compiler and machine into
+The library is built once per source, compiler, jaxlib, CPU and `-march` into
 `~/.cache/rlpost/q4_native/` (RLPOST_CACHE_DIR moves it); `available()` says whether it
-built, and why not (no compiler, an unsupported backend).
+built, and why not (no compiler, an unsupported backend). Bound by its instructions, not
+bytes, at batch 1 (BUILD.md): float32 activations, one multiply-add per weight and row.
 """
 
 import ctypes
