@@ -46,14 +46,12 @@ _IDENTITY = np.arange(16, dtype=np.float32)
 @dataclasses.dataclass
 class NativeQ4:
   """W [I, O] for `matmul`: codes uint8 [O, I / 2] (quant4's nibble order, `half`
-  inputs a nibble run), scale and shift float32 [O, I / 32], table float32 [16] (NF4's
-  levels for `fmt` "nf4", else the codes 0..15); `fmt`: the Packed4 format it came from
-  ("nf4" for both NF4 formats)."""
+  inputs a nibble run), scale and shift float32 [O, I / 32]; `fmt`: the Packed4 format it
+  came from ("nf4" for both NF4 formats), which names its 16-entry table (`table`)."""
 
   codes: jax.Array
   scale: jax.Array
   shift: jax.Array
-  table: jax.Array
   half: int = dataclasses.field(metadata={"static": True})
   fmt: str = dataclasses.field(metadata={"static": True})
 
@@ -61,6 +59,11 @@ class NativeQ4:
   def shape(self) -> tuple[int, int]:
     O, half_I = self.codes.shape
     return (2 * half_I, O)
+
+
+def table(fmt: str) -> np.ndarray:
+  """The 16 values a code stands for before scaling: NF4's levels, else the code itself."""
+  return quant4.NF4_LEVELS if fmt == "nf4" else _IDENTITY
 
 
 def _per_group(a: jax.Array, inputs_per_value: int) -> jax.Array:
@@ -75,17 +78,16 @@ def from_packed(w: quant4.Packed4) -> NativeQ4:
     raise ValueError(f"q4_native.from_packed: inputs {w.shape[-2]} are not a multiple of {GROUP}")
   w = quant4.undouble(w)
   h, s = quant4.half(w), w.scales
-  table = lambda t: jnp.broadcast_to(jnp.asarray(t), (*w.codes.shape[:-2], 16))
   if w.fmt == "nf4":
     scale = _per_group(s["absmax"], 2 * h)
-    return NativeQ4(w.codes, scale, jnp.zeros_like(scale), table(quant4.NF4_LEVELS), h, "nf4")
+    return NativeQ4(w.codes, scale, jnp.zeros_like(scale), h, "nf4")
   if w.fmt == "q4_k":  # sc, m per 32 inputs; d, dmin per 256
     scale = _per_group(s["d"], 256) * s["sc"].astype(jnp.float32)
     shift = -(_per_group(s["dmin"], 256) * s["m"].astype(jnp.float32))
   else:  # q4_0, q4_1: d (and m) per 32 inputs
     scale = _per_group(s["d"], 32)
     shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -8.0 * scale
-  return NativeQ4(w.codes, scale, shift, table(_IDENTITY), h, w.fmt)
+  return NativeQ4(w.codes, scale, shift, h, w.fmt)
 
 
 def concatenate_outputs(parts: list[NativeQ4]) -> NativeQ4:
@@ -97,7 +99,6 @@ def concatenate_outputs(parts: list[NativeQ4]) -> NativeQ4:
     cat(*[p.codes for p in parts]),
     cat(*[p.scale for p in parts]),
     cat(*[p.shift for p in parts]),
-    parts[0].table,
     parts[0].half,
     parts[0].fmt,
   )
@@ -115,7 +116,7 @@ def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
   scales, shifts = per_input(w.scale), per_input(w.shift)
   out = []
   for code, scale, shift in zip((w.codes & 15, w.codes >> 4), scales, shifts):
-    values = [w.table[..., i][..., None, None] for i in range(16)]
+    values = [jnp.float32(v) for v in table(w.fmt)]
     for bit in range(4):
       on = ((code >> bit) & 1) == 1
       values = [jnp.where(on, values[2 * j + 1], values[2 * j]) for j in range(len(values) // 2)]
@@ -136,7 +137,7 @@ def matmul(x_NxI: jax.Array, w: NativeQ4, march: str = "native") -> jax.Array:
     w.codes,
     w.scale,
     w.shift,
-    w.table,
+    jnp.asarray(table(w.fmt)),
     half=np.int64(w.half),
     chunk=np.int64(CHUNK),
   )
