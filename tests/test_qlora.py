@@ -161,6 +161,9 @@ def test_qlora_rl_follows_the_float_base_run(recipe, tmp_path, monkeypatch):
   overrides = {
     "lora.enabled": True,
     "sampling.weights": "int4",
+    # XLA's exact dequantised dots: the native kernel's int8 activations round the two
+    # runs' sampler copies apart (a step function), which TIS then carries into B
+    "sampling.int4_matmul": "xla",
     "algo.tis_cap": 2.0,
     "train.steps": RL_STEPS,
     "checkpoint.every": RL_STEPS,

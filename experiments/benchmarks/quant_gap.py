@@ -6,7 +6,10 @@ max |logprob - float32 logprob| of the float32 reference engine's top-1 token, a
 top-1 agreement with our float32 forward. Copies: "model" (float32, against the
 fixtures' HF logprobs too), "int8" (`quant.quantize_for_sampling`, io:8 dots), "nf4"
 (`quant4.for_sampling`: NF4 layers, int8 output rows), "gguf4" (the file's Q4 blocks
-kept, `load_gguf(packed=True)`, int8 output rows). Prints one JSON object.
+kept, `load_gguf(packed=True)`, int8 output rows); "nf4_native" and "gguf4_native": those
+two laid out for `q4_native` (`for_decode`: the GGUF's other blocks as int8 rows) with
+every row through its kernels, activations rounded to int8 per 32 inputs: what the
+sampler's decode steps compute. Prints one JSON object.
 
   python -m experiments.benchmarks.quant_gap [--shared=../shared]
 """
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost.models import decoder, families, quant, quant4
+from rlpost.models import decoder, families, q4_native, quant, quant4
 from rlpost.models.weights import gguf
 
 _SHARED = flags.DEFINE_string("shared", "../shared", "The shared reference data folder.")
@@ -79,6 +82,10 @@ def main(argv):
     "nf4": jax.jit(quant4.for_sampling)(params),
     "gguf4": jax.jit(quant4.for_sampling, static_argnums=1)(packed, False),
   }
+  if q4_native.available()[0]:
+    q4_native.MAX_ROWS = 1 << 30  # every row through the kernels, as a decode step's
+    for name in ("nf4", "gguf4"):
+      copies[f"{name}_native"] = jax.jit(q4_native.for_decode)(copies[name])
   ref = [p["hf_top_logprobs"] for p in prompts]
   out = {"benchmark": "quant_gap", "positions": int(sum(len(r) for r in ref))}
   base = None

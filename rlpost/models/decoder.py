@@ -210,6 +210,8 @@ def _dense(x: jax.Array, w: jax.Array, compute_dtype=None) -> jax.Array:
     return quant4.dense4(x, w)
   if isinstance(w, q4_native.NativeQ4):
     return q4_native.dense(x, w)
+  if isinstance(w, q4_native.NativeRows):
+    return q4_native.rows_dense(x, w)
   if compute_dtype is None or jnp.dtype(compute_dtype) == w.dtype == x.dtype:
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
   return _mixed_dense(x, w, jnp.dtype(compute_dtype))
@@ -396,6 +398,7 @@ _CONCATENATE = {
   quant.Int8Weight: quant.concatenate_outputs,
   quant4.Packed4: quant4.concatenate_outputs,
   q4_native.NativeQ4: q4_native.concatenate_outputs,
+  q4_native.NativeRows: q4_native.concatenate_rows,
 }
 
 
@@ -642,7 +645,7 @@ def logits_from_hidden(params: Params, hidden_BxTxD: jax.Array) -> jax.Array:
   if "unembed" in params:
     lead = hidden_BxTxD.shape[:-1]
     flat = hidden_BxTxD.reshape(-1, hidden_BxTxD.shape[-1])
-    return quant.vocab_major(params["unembed"], flat).T.reshape(*lead, -1)
+    return vocab_major_logits(params, flat).T.reshape(*lead, -1)
   embed = output_matrix(params)
   return jnp.einsum(
     "...d,vd->...v", hidden_BxTxD.astype(embed.dtype), embed, preferred_element_type=jnp.float32
@@ -655,8 +658,11 @@ def vocab_major_logits(params: Params, hidden_BxD: jax.Array) -> jax.Array:
   `embed @ h.T` streams the [V, D] embedding in its stored layout; on XLA:CPU it
   is ~1.6x faster than `h @ embed.T` at decode batch sizes.
   """
-  if "unembed" in params:  # the sampler's int8 copy (rlpost.models.quant)
-    return quant.vocab_major(params["unembed"], hidden_BxD)
+  unembed = params.get("unembed")  # the sampler's int8 copy (rlpost.models.quant)
+  if isinstance(unembed, q4_native.NativeRows):
+    return q4_native.logits(hidden_BxD, unembed)
+  if unembed is not None:
+    return quant.vocab_major(unembed, hidden_BxD)
   embed = output_matrix(params)
   return jnp.einsum(
     "vd,bd->vb", embed, hidden_BxD.astype(embed.dtype), preferred_element_type=jnp.float32

@@ -1,23 +1,33 @@
-// y [N, O] = x [N, I] @ W [I, O] for a 4-bit W read as it is stored (rlpost.models.q4_native).
+// y [N, O] = x [N, I] @ W [I, O] for a 4-bit W read as it is stored (rlpost.models.q4_native),
+// and (`RowsMatmul`) for an int8 W [O, I] with one scale an output row (the sampler's output
+// projection).
 //
 // W is output-major: codes uint8 [O, I / 2], two 4-bit codes a byte; within each run of
 // 2 * half inputs, byte j holds input j (low nibble) and input j + half (high nibble).
-// Every weight is lut[code] * scale[g] + shift[g] for its group g of 32 consecutive
-// inputs (scale, shift float32 [O, I / 32]; lut float32 [16]). Each 16 codes are widened,
-// looked up, dequantised with one fused multiply-add and multiplied into every row of x,
-// in registers: no dequantised matrix is written. Outputs are split into chunks that the
-// calling thread and XLA's intra-op thread pool take from a shared counter.
+// Every weight is v[code] * scale[g] + shift[g] for its group g of 32 consecutive inputs
+// (scale, shift float32 [O, I / 32]); v is the code itself, or (NF4) a signed 8-bit table
+// (int8 [16]) whose values the scale carries the rest of.
 //
-// Built at first use with the machine's own instruction set (-march=native): AVX-512,
-// AVX2 or plain C++, whichever the compiler enables.
+// The rows of x are quantised to int8 per group of 32 inputs (d = max |x| / 127,
+// q = round(x / d), as llama.cpp's Q8 activations), so each group's sum over the codes is
+// an integer dot product (VNNI vpdpbusd, or maddubs + madd), scaled once per group:
+//   y[r, o] = sum_g scale[o, g] d[r, g] sum_{i in g} v[code_i] q[r, i] + shift[o, g] d[r, g] sum_{i in g} q[r, i].
+// No dequantised matrix is written. Outputs are split into chunks that the calling thread
+// and XLA's intra-op thread pool take from a shared counter.
+//
+// Built at first use with the machine's own instruction set (-march=native): AVX-512
+// (BW; VNNI where present), AVX2 or plain C++, whichever the compiler enables.
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -28,142 +38,320 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kGroup = 32;
+constexpr int64_t kGroupBytes = kGroup / 2;  // code bytes a group spans, on average
 
-struct Problem {
-  const float* x;          // [N, I]
-  const uint8_t* codes;    // [O, I / 2]
-  const float* scale;      // [O, I / 32]
-  const float* shift;      // [O, I / 32]
-  const float* lut;        // [16]
-  float* y;                // [N, O]
-  int64_t n, in, out, half;
+// x's rows as int8, per group their scale d and d * (sum of the group's q) ([N, groups]);
+// `lo` and `hi`: the q under every code byte's low and high nibble ([N, bytes]), or (half
+// 0: one byte a weight) `lo` the q in input order. Zero-padded to whole chunks.
+struct Activations {
+  std::vector<int8_t> lo, hi;
+  std::vector<float> d, dsum;
+  int64_t bytes, groups;  // padded row lengths
 };
 
-// Sums over the inputs [0, I) of output o for rows [r0, r0 + R) into acc[0..R): two
-// accumulators a row (low and high nibbles), so consecutive multiply-adds do not wait
-// on each other; R is a compile-time constant, so they stay in registers.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int64_t kLanes = 16;
-inline Vec Zero() { return _mm512_setzero_ps(); }
-inline Vec Load(const float* x) { return _mm512_loadu_ps(x); }
-inline Vec Broadcast(float a) { return _mm512_set1_ps(a); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float Sum(Vec v) { return _mm512_reduce_add_ps(v); }
-struct Table {
-  __m512 lut;
-  explicit Table(const float* t) : lut(_mm512_loadu_ps(t)) {}
-};
-// The 16 codes at `c` looked up: (low nibbles' values, high nibbles' values).
-inline void Lookup(const Table& t, const uint8_t* c, Vec* lo, Vec* hi) {
-  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-  *lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), t.lut);
-  *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t.lut);
+Activations Quantize(const float* x, int64_t n, int64_t in, int64_t half, int64_t chunk_bytes) {
+  Activations a;
+  const int64_t g_real = in / kGroup, real_bytes = half ? in / 2 : in;
+  a.bytes = (real_bytes + chunk_bytes - 1) / chunk_bytes * chunk_bytes;
+  a.groups = a.bytes * g_real / real_bytes;
+  a.lo.assign(n * a.bytes, 0), a.hi.assign(half ? n * a.bytes : 0, 0);
+  a.d.assign(n * a.groups, 0.0f), a.dsum.assign(n * a.groups, 0.0f);
+  std::vector<int8_t> q(in);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * in;
+    for (int64_t g = 0; g < g_real; ++g) {
+      float amax = 0.0f;
+      for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) amax = std::max(amax, std::fabs(xr[i]));
+      const float d = amax / 127.0f;
+      int32_t sum = 0;
+      for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) {
+        q[i] = d == 0.0f ? 0 : static_cast<int8_t>(std::nearbyint(xr[i] / d));
+        sum += q[i];
+      }
+      a.d[r * a.groups + g] = d;
+      a.dsum[r * a.groups + g] = d * static_cast<float>(sum);
+    }
+    if (!half) {
+      std::memcpy(a.lo.data() + r * a.bytes, q.data(), in);
+      continue;
+    }
+    for (int64_t j = 0; j < in / 2; ++j) {
+      const int64_t i_lo = j / half * 2 * half + j % half;
+      a.lo[r * a.bytes + j] = q[i_lo];
+      a.hi[r * a.bytes + j] = q[i_lo + half];
+    }
+  }
+  return a;
 }
+
+// half 16 or 32: codes [O, I / 2] with a scale and shift per group; half 0 (`rows`): int8
+// weights [O, I] with one scale an output row, no shift.
+struct Problem {
+  const uint8_t* codes;  // [O, I / 2], or int8 [O, I]
+  const float* scale;    // [O, I / 32], or [O]
+  const float* shift;    // [O, I / 32], or null
+  const int8_t* table;   // [16]
+  const Activations* act;
+  float* y;  // [N, O]
+  int64_t n, in, out, half;
+  bool signed_table;
+};
+
+#if defined(__AVX512BW__)
+constexpr int64_t kChunk = 64;  // code bytes a step
+using VecI = __m512i;
+inline VecI LoadCodes(const uint8_t* c, int64_t bytes) {
+  return bytes == kChunk ? _mm512_loadu_si512(c) : _mm512_maskz_loadu_epi8(~0ULL >> (64 - bytes), c);
+}
+inline VecI LoadActs(const int8_t* a) { return _mm512_loadu_si512(a); }
+inline void Nibbles(VecI w, VecI* lo, VecI* hi) {
+  const VecI m = _mm512_set1_epi8(15);
+  *lo = _mm512_and_si512(w, m);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+}
+inline VecI Lookup(VecI table, VecI idx) { return _mm512_shuffle_epi8(table, idx); }
+inline VecI Table(const int8_t* t) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+// acc + the sums of 4 consecutive products u[k] s[k] (u unsigned, s signed) a lane.
+inline VecI Dot(VecI acc, VecI u, VecI s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  const VecI pairs = _mm512_maddubs_epi16(u, s);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+}
+// acc + the same sums for signed w: |w| times s with w's sign.
+inline VecI DotSigned(VecI acc, VecI w, VecI s) {
+  const VecI flipped = _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s);
+  return Dot(acc, _mm512_abs_epi8(w), flipped);
+}
+using VecF = __m512;
+inline VecF ZeroF() { return _mm512_setzero_ps(); }
+inline float SumF(VecF v) { return _mm512_reduce_add_ps(v); }
+// Per-group factors of a chunk (4 groups) spread over the lanes, each lane covering 4
+// code bytes: byte b's group is b / 16 for half 16; for half 32, byte b is in run b / 32,
+// whose low nibbles are group 2 (b / 32) and high ones the next.
+// Rows (half 0): a chunk is 64 inputs, 2 groups, byte b's group b / 32.
+struct Spread {
+  __m512i lo, hi;
+  explicit Spread(int64_t half)
+      : lo(half == 16   ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+           : half == 32 ? _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0)
+                        : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)),
+        hi(half == 32 ? _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1) : lo) {}
+};
+inline __m128 LoadGroups(const float* f, int64_t groups) {
+  return groups == 4 ? _mm_loadu_ps(f) : _mm_maskz_loadu_ps((1 << groups) - 1, f);
+}
+inline VecF Lanes(__m512i idx, __m128 g) {
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(g));
+}
+inline VecF FmaI(VecI i, VecF f, VecF acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), f, acc); }
+inline VecI ZeroI() { return _mm512_setzero_si512(); }
 #elif defined(__AVX2__)
-using Vec = __m256;
-constexpr int64_t kLanes = 8;
-inline Vec Zero() { return _mm256_setzero_ps(); }
-inline Vec Load(const float* x) { return _mm256_loadu_ps(x); }
-inline Vec Broadcast(float a) { return _mm256_set1_ps(a); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float Sum(Vec v) {
+constexpr int64_t kChunk = 32;
+using VecI = __m256i;
+inline VecI LoadCodes(const uint8_t* c, int64_t bytes) {
+  return bytes == kChunk ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c))
+                         : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+}
+inline VecI LoadActs(const int8_t* a) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)); }
+inline void Nibbles(VecI w, VecI* lo, VecI* hi) {
+  const VecI m = _mm256_set1_epi8(15);
+  *lo = _mm256_and_si256(w, m);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
+}
+inline VecI Lookup(VecI table, VecI idx) { return _mm256_shuffle_epi8(table, idx); }
+inline VecI Table(const int8_t* t) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+}
+inline VecI Dot(VecI acc, VecI u, VecI s) {
+  const VecI pairs = _mm256_maddubs_epi16(u, s);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline VecI DotSigned(VecI acc, VecI w, VecI s) {
+  return Dot(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(s, w));
+}
+using VecF = __m256;
+inline VecF ZeroF() { return _mm256_setzero_ps(); }
+inline float SumF(VecF v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-struct Table {
-  __m256 lo, hi;
-  explicit Table(const float* t) : lo(_mm256_loadu_ps(t)), hi(_mm256_loadu_ps(t + 8)) {}
+// A chunk holds 2 groups: half 16, byte b's group is b / 16; half 32, one run (low, high);
+// rows (half 0): one group.
+struct Spread {
+  __m256i lo, hi;
+  explicit Spread(int64_t half)
+      : lo(half == 16 ? _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0) : _mm256_setzero_si256()),
+        hi(half == 32 ? _mm256_set1_epi32(1) : lo) {}
 };
-inline Vec Pick(const Table& t, __m256i idx) {
-  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // bit 3 -> sign
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, idx),
-                          _mm256_permutevar8x32_ps(t.hi, idx), upper);
+inline __m128 LoadGroups(const float* f, int64_t groups) {
+  return groups == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_load_ss(f);
 }
-inline void Lookup(const Table& t, const uint8_t* c, Vec* lo, Vec* hi) {
-  int64_t word;
-  std::memcpy(&word, c, 8);
-  const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(word));
-  *lo = Pick(t, _mm256_and_si256(v, _mm256_set1_epi32(15)));
-  *hi = Pick(t, _mm256_srli_epi32(v, 4));
+inline VecF Lanes(__m256i idx, __m128 g) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(g), idx);
+}
+inline VecF FmaI(VecI i, VecF f, VecF acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), f, acc); }
+inline VecI ZeroI() { return _mm256_setzero_si256(); }
+#endif
+
+#if defined(__AVX512BW__) || defined(__AVX2__)
+constexpr int64_t kChunkGroups = kChunk / kGroupBytes;
+
+// y[r0 .. r0 + R, o] for one output o; R a compile-time constant, so the accumulators stay
+// in registers; HALF 16 puts a chunk's low and high nibbles in the same groups (one sum).
+template <int R, int HALF, bool SIGNED>
+void OutputDot(const Problem& p, const Spread& spread, VecI table, int64_t o, int64_t r0) {
+  const Activations& a = *p.act;
+  const int64_t bytes = p.in / 2, groups = p.in / kGroup;
+  const uint8_t* codes = p.codes + o * bytes;
+  const float* scale = p.scale + o * groups;
+  VecF acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = ZeroF();
+  for (int64_t c = 0; c < bytes; c += kChunk) {
+    const int64_t nb = std::min(kChunk, bytes - c), g0 = c / kGroupBytes;
+    VecI w_lo, w_hi;
+    Nibbles(LoadCodes(codes + c, nb), &w_lo, &w_hi);
+    if (SIGNED) w_lo = Lookup(table, w_lo), w_hi = Lookup(table, w_hi);
+    const __m128 sw = LoadGroups(scale + g0, nb / kGroupBytes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const VecI x_lo = LoadActs(a.lo.data() + row * a.bytes + c);
+      const VecI x_hi = LoadActs(a.hi.data() + row * a.bytes + c);
+      const __m128 f = _mm_mul_ps(sw, LoadGroups(a.d.data() + row * a.groups + g0, kChunkGroups));
+      VecI s_lo = SIGNED ? DotSigned(ZeroI(), w_lo, x_lo) : Dot(ZeroI(), w_lo, x_lo);
+      if (HALF == 16) {
+        s_lo = SIGNED ? DotSigned(s_lo, w_hi, x_hi) : Dot(s_lo, w_hi, x_hi);
+        acc[r] = FmaI(s_lo, Lanes(spread.lo, f), acc[r]);
+      } else {
+        const VecI s_hi = SIGNED ? DotSigned(ZeroI(), w_hi, x_hi) : Dot(ZeroI(), w_hi, x_hi);
+        acc[r] = FmaI(s_lo, Lanes(spread.lo, f), acc[r]);
+        acc[r] = FmaI(s_hi, Lanes(spread.hi, f), acc[r]);
+      }
+    }
+  }
+  const float* shift = p.shift + o * groups;
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const float* dsum = a.dsum.data() + (r0 + r) * a.groups;
+    float s = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) s += shift[g] * dsum[g];
+    p.y[(r0 + r) * p.out + o] = SumF(acc[r]) + s;
+  }
+}
+
+template <int R, int HALF, bool SIGNED>
+void BlockAs(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  const Spread spread(HALF);
+  const VecI table = Table(p.table);
+  for (int64_t o = o0; o < o1; ++o) OutputDot<R, HALF, SIGNED>(p, spread, table, o, r0);
+}
+
+// Rows: y[r, o] = scale[o] sum_g d[r, g] sum_{i in g} w[o, i] q[r, i].
+template <int R>
+void RowsBlock(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  const Activations& a = *p.act;
+  const Spread spread(0);
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* w = p.codes + o * p.in;
+    VecF acc[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r] = ZeroF();
+    for (int64_t c = 0; c < p.in; c += kChunk) {
+      const VecI wv = LoadCodes(w + c, std::min(kChunk, p.in - c));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        const VecI s = DotSigned(ZeroI(), wv, LoadActs(a.lo.data() + row * a.bytes + c));
+        const __m128 d = LoadGroups(a.d.data() + row * a.groups + c / kGroup, kChunk / kGroup);
+        acc[r] = FmaI(s, Lanes(spread.lo, d), acc[r]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) p.y[(r0 + r) * p.out + o] = p.scale[o] * SumF(acc[r]);
+  }
 }
 #else
-struct Vec {
-  float v;
-};
-constexpr int64_t kLanes = 1;
-inline Vec Zero() { return Vec{0.0f}; }
-inline Vec Load(const float* x) { return Vec{*x}; }
-inline Vec Broadcast(float a) { return Vec{a}; }
-inline Vec Fma(Vec a, Vec b, Vec c) { return Vec{a.v * b.v + c.v}; }
-inline float Sum(Vec v) { return v.v; }
-struct Table {
-  const float* t;
-  explicit Table(const float* t_) : t(t_) {}
-};
-inline void Lookup(const Table& t, const uint8_t* c, Vec* lo, Vec* hi) {
-  *lo = Vec{t.t[*c & 15]};
-  *hi = Vec{t.t[*c >> 4]};
+// The plain C++ loop: per group, the integer sum of code values times q.
+template <int R, int HALF, bool SIGNED>
+void BlockAs(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  const Activations& a = *p.act;
+  const int64_t bytes = p.in / 2, groups = p.in / kGroup;
+  std::vector<int32_t> sums(groups);
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* codes = p.codes + o * bytes;
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      std::fill(sums.begin(), sums.end(), 0);
+      for (int64_t j = 0; j < bytes; ++j) {
+        const int64_t i_lo = j / HALF * 2 * HALF + j % HALF;
+        const int32_t v_lo = SIGNED ? p.table[codes[j] & 15] : codes[j] & 15;
+        const int32_t v_hi = SIGNED ? p.table[codes[j] >> 4] : codes[j] >> 4;
+        sums[i_lo / kGroup] += v_lo * a.lo[row * a.bytes + j];
+        sums[(i_lo + HALF) / kGroup] += v_hi * a.hi[row * a.bytes + j];
+      }
+      float y = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float d = a.d[row * a.groups + g], dsum = a.dsum[row * a.groups + g];
+        y += static_cast<float>(sums[g]) * (p.scale[o * groups + g] * d) + p.shift[o * groups + g] * dsum;
+      }
+      p.y[row * p.out + o] = y;
+    }
+  }
+}
+
+template <int R>
+void RowsBlock(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  const Activations& a = *p.act;
+  const int8_t* weights = reinterpret_cast<const int8_t*>(p.codes);
+  for (int64_t o = o0; o < o1; ++o) {
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      float y = 0.0f;
+      for (int64_t g = 0; g < p.in / kGroup; ++g) {
+        int32_t sum = 0;
+        for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) {
+          sum += weights[o * p.in + i] * a.lo[row * a.bytes + i];
+        }
+        y += static_cast<float>(sum) * a.d[row * a.groups + g];
+      }
+      p.y[row * p.out + o] = p.scale[o] * y;
+    }
+  }
 }
 #endif
 
 template <int R>
-void OutputDot(const Problem& p, const Table& table, int64_t o, int64_t r0, float* acc) {
-  const uint8_t* codes = p.codes + o * (p.in / 2);
-  const float* scale = p.scale + o * (p.in / kGroup);
-  const float* shift = p.shift + o * (p.in / kGroup);
-  const float* x[R];
-  Vec sum_lo[R], sum_hi[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    x[r] = p.x + (r0 + r) * p.in;
-    sum_lo[r] = sum_hi[r] = Zero();
-  }
-  const int64_t run = 2 * p.half;
-  for (int64_t base = 0; base < p.in; base += run) {
-    for (int64_t b = 0; b < p.half; b += kLanes) {
-      Vec w_lo, w_hi;
-      Lookup(table, codes + base / 2 + b, &w_lo, &w_hi);
-      const int64_t i_lo = base + b, i_hi = base + p.half + b;
-      const int64_t g_lo = i_lo / kGroup, g_hi = i_hi / kGroup;
-      w_lo = Fma(w_lo, Broadcast(scale[g_lo]), Broadcast(shift[g_lo]));
-      w_hi = Fma(w_hi, Broadcast(scale[g_hi]), Broadcast(shift[g_hi]));
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        sum_lo[r] = Fma(w_lo, Load(x[r] + i_lo), sum_lo[r]);
-        sum_hi[r] = Fma(w_hi, Load(x[r] + i_hi), sum_hi[r]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = Sum(sum_lo[r]) + Sum(sum_hi[r]);
-}
-
-// Outputs [o0, o1) of rows [r0, r0 + R).
-template <int R>
-void Block(const Problem& p, const Table& table, int64_t o0, int64_t o1, int64_t r0) {
-  float acc[R];
-  for (int64_t o = o0; o < o1; ++o) {
-    OutputDot<R>(p, table, o, r0, acc);
-    for (int r = 0; r < R; ++r) p.y[(r0 + r) * p.out + o] = acc[r];
+void Block(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  if (p.half == 0) {
+    RowsBlock<R>(p, o0, o1, r0);
+  } else if (p.half == 16) {
+    p.signed_table ? BlockAs<R, 16, true>(p, o0, o1, r0) : BlockAs<R, 16, false>(p, o0, o1, r0);
+  } else {
+    p.signed_table ? BlockAs<R, 32, true>(p, o0, o1, r0) : BlockAs<R, 32, false>(p, o0, o1, r0);
   }
 }
 
 // Outputs [o0, o1) for every row of x, in blocks of 8, 4, 2 and 1 rows.
 void OutputRange(const Problem& p, int64_t o0, int64_t o1) {
-  const Table table(p.lut);
   int64_t r0 = 0;
-  for (; r0 + 8 <= p.n; r0 += 8) Block<8>(p, table, o0, o1, r0);
-  if (r0 + 4 <= p.n) Block<4>(p, table, o0, o1, r0), r0 += 4;
-  if (r0 + 2 <= p.n) Block<2>(p, table, o0, o1, r0), r0 += 2;
-  if (r0 < p.n) Block<1>(p, table, o0, o1, r0);
+  for (; r0 + 8 <= p.n; r0 += 8) Block<8>(p, o0, o1, r0);
+  if (r0 + 4 <= p.n) Block<4>(p, o0, o1, r0), r0 += 4;
+  if (r0 + 2 <= p.n) Block<2>(p, o0, o1, r0), r0 += 2;
+  if (r0 < p.n) Block<1>(p, o0, o1, r0);
 }
 
 // Chunks of outputs handed out by a shared counter; `done` counts finished chunks.
 struct Shared {
   Problem p;
+  Activations act;
   int64_t chunk, chunks;
   std::atomic<int64_t> next{0}, done{0};
 };
@@ -176,13 +364,31 @@ void Drain(Shared& s) {
   }
 }
 
+#if defined(__AVX512BW__) || defined(__AVX2__)
+constexpr int64_t kPad = kChunk;
+#else
+constexpr int64_t kPad = 1;
+#endif
+
+// Computes `shared`'s outputs on this thread and `pool`'s, returning when all are done.
+void Run(ffi::ThreadPool& pool, std::shared_ptr<Shared> shared, int64_t chunk) {
+  shared->chunk = chunk;
+  shared->chunks = (shared->p.out + chunk - 1) / chunk;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { Drain(*shared); });
+  Drain(*shared);
+  while (shared->done.load(std::memory_order_acquire) < shared->chunks) {
+    std::this_thread::yield();
+  }
+}
+
 ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> codes,
                     ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> shift,
-                    ffi::Buffer<ffi::F32> lut, int64_t half, int64_t chunk,
+                    ffi::Buffer<ffi::S8> table, int64_t half, int64_t chunk, bool signed_table,
                     ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), cd = codes.dimensions();
-  if (xd.size() != 2 || cd.size() != 2 || lut.element_count() != 16) {
-    return ffi::Error::InvalidArgument("q4_matmul: x [N, I], codes [O, I / 2], lut [16]");
+  if (xd.size() != 2 || cd.size() != 2 || table.element_count() != 16) {
+    return ffi::Error::InvalidArgument("q4_matmul: x [N, I], codes [O, I / 2], table [16]");
   }
   const int64_t n = xd[0], in = xd[1], out = cd[0];
   if (cd[1] * 2 != in || in % kGroup != 0 || (half != 16 && half != 32) ||
@@ -191,17 +397,27 @@ ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     return ffi::Error::InvalidArgument("q4_matmul: inconsistent shapes or half");
   }
   auto shared = std::make_shared<Shared>();
-  shared->p = Problem{x.typed_data(), codes.typed_data(), scale.typed_data(),
-                      shift.typed_data(), lut.typed_data(), y->typed_data(),
-                      n, in, out, half};
-  shared->chunk = chunk;
-  shared->chunks = (out + chunk - 1) / chunk;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), shared->chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { Drain(*shared); });
-  Drain(*shared);
-  while (shared->done.load(std::memory_order_acquire) < shared->chunks) {
-    std::this_thread::yield();
+  shared->act = Quantize(x.typed_data(), n, in, half, kPad);
+  shared->p = Problem{codes.typed_data(), scale.typed_data(), shift.typed_data(),
+                      table.typed_data(), &shared->act, y->typed_data(), n, in, out, half,
+                      signed_table};
+  Run(pool, shared, chunk);
+  return ffi::Error::Success();
+}
+
+ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> w,
+                      ffi::Buffer<ffi::F32> scale, int64_t chunk, ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[1] % kGroup != 0 ||
+      scale.element_count() != wd[0] || chunk < 1) {
+    return ffi::Error::InvalidArgument("rows_matmul: x [N, I], w [O, I], scale [O], 32 | I");
   }
+  const int64_t n = xd[0], in = xd[1], out = wd[0];
+  auto shared = std::make_shared<Shared>();
+  shared->act = Quantize(x.typed_data(), n, in, 0, kPad);
+  shared->p = Problem{reinterpret_cast<const uint8_t*>(w.typed_data()), scale.typed_data(),
+                      nullptr, nullptr, &shared->act, y->typed_data(), n, in, out, 0, true};
+  Run(pool, shared, chunk);
   return ffi::Error::Success();
 }
 
@@ -214,7 +430,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RlpostQ4Matmul, Q4Matmul,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
                                   .Attr<int64_t>("half")
+                                  .Attr<int64_t>("chunk")
+                                  .Attr<bool>("signed_table")
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RlpostRowsMatmul, RowsMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("chunk")
                                   .Ret<ffi::Buffer<ffi::F32>>());

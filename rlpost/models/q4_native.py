@@ -9,14 +9,17 @@ registers (AVX-512, AVX2 or plain C++: compiled at first use with `-march=native
 outputs split over the calling thread and XLA's intra-op pool.
 
 `NativeQ4` is a `quant4.Packed4` laid out for it: the same codes, with one float32
-scale and shift per 32 inputs and a 16-entry table (NF4's levels or the codes
-themselves), so w = table[code] * scale + shift in one rounding, the value `quant4.halves`
-gives. `matmul(x, w)` is x [N, I] @ W -> [N, O] float32.
+scale and shift per 32 inputs and a 16-entry table, so w = table[code] * scale + shift in
+one rounding: the code itself for the GGUF formats (the value `quant4.halves` gives);
+for NF4 its levels rounded to int8 (round(127 level), the scale absmax / 127: within
+0.4% of the absmax of quant4's NF4 value). `matmul(x, w)` is x [N, I] @ W -> [N, O]
+float32 with x's rows rounded to int8 per 32 inputs (scale max |x| / 127, as llama.cpp's
+Q8 activations), so every group's sum is an integer dot product (AVX-512 VNNI, or
+AVX2 / AVX-512 maddubs): a sampler-side rounding, corrected like int8 rollouts' by TIS.
 
 The library is built once per source, compiler, jaxlib, CPU and `-march` into
 `~/.cache/rlpost/q4_native/` (RLPOST_CACHE_DIR moves it); `available()` says whether it
-built, and why not (no compiler, an unsupported backend). Bound by its instructions, not
-bytes, at batch 1 (BUILD.md): float32 activations, one multiply-add per weight and row.
+built, and why not (no compiler, an unsupported backend).
 """
 
 import ctypes
@@ -32,14 +35,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlpost.models import quant4
+from rlpost.models import quant, quant4
 
 TARGET = "rlpost_q4_matmul"
+ROWS_TARGET = "rlpost_rows_matmul"
 GROUP = 32  # inputs per scale and shift
 CHUNK = 64  # outputs per task handed to a thread
 MAX_ROWS = 16  # `dense` calls the library up to this many rows
 _SOURCE = pathlib.Path(__file__).with_suffix(".cc")
-_IDENTITY = np.arange(16, dtype=np.float32)
+_IDENTITY = np.arange(16, dtype=np.int8)
+NF4_INT8 = np.round(quant4.NF4_LEVELS * 127).astype(np.int8)  # NF4's levels in 127ths
 
 
 @jax.tree_util.register_dataclass
@@ -61,9 +66,23 @@ class NativeQ4:
     return (2 * half_I, O)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class NativeRows:
+  """An int8 matrix with one scale an output row, for `rows_matmul`: q int8 [..., O, I],
+  scale float32 [..., O]. The sampler's output projection (`quant.quantize_rows`; V rows
+  of D inputs, the fields `decoder.embed_rows` gathers the input rows from), and in the
+  4-bit copy the layer matrices a GGUF stores in neither 4-bit format (Gemma 3 270M's
+  Q5_0 / Q6_K / Q8_0: `for_decode`)."""
+
+  q: jax.Array
+  scale: jax.Array
+
+
 def table(fmt: str) -> np.ndarray:
-  """The 16 values a code stands for before scaling: NF4's levels, else the code itself."""
-  return quant4.NF4_LEVELS if fmt == "nf4" else _IDENTITY
+  """The 16 values (int8) a code stands for before scaling: NF4's levels in 127ths, else
+  the code itself."""
+  return NF4_INT8 if fmt == "nf4" else _IDENTITY
 
 
 def _per_group(a: jax.Array, inputs_per_value: int) -> jax.Array:
@@ -79,7 +98,7 @@ def from_packed(w: quant4.Packed4) -> NativeQ4:
   w = quant4.undouble(w)
   h, s = quant4.half(w), w.scales
   if w.fmt == "nf4":
-    scale = _per_group(s["absmax"], 2 * h)
+    scale = _per_group(s["absmax"], 2 * h) / 127.0
     return NativeQ4(w.codes, scale, jnp.zeros_like(scale), h, "nf4")
   if w.fmt == "q4_k":  # sc, m per 32 inputs; d, dmin per 256
     scale = _per_group(s["d"], 256) * s["sc"].astype(jnp.float32)
@@ -110,13 +129,13 @@ def supports(w: quant4.Packed4) -> bool:
 
 
 def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
-  """The float32 values under the low and the high nibbles, each [..., O, I / 2], as
-  `quant4.halves` gives them (XLA: a select tree over the table, one rounding)."""
+  """The float32 values under the low and the high nibbles, each [..., O, I / 2] (XLA: a
+  select tree over the table, one rounding): `quant4.halves`' for the GGUF formats."""
   per_input = lambda a: quant4.split_inputs(jnp.repeat(a, GROUP, axis=-1), w.half)
   scales, shifts = per_input(w.scale), per_input(w.shift)
   out = []
   for code, scale, shift in zip((w.codes & 15, w.codes >> 4), scales, shifts):
-    values = [jnp.float32(v) for v in table(w.fmt)]
+    values = [jnp.float32(v) for v in table(w.fmt).astype(np.float32)]
     for bit in range(4):
       on = ((code >> bit) & 1) == 1
       values = [jnp.where(on, values[2 * j + 1], values[2 * j]) for j in range(len(values) // 2)]
@@ -126,7 +145,8 @@ def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
 
 def matmul(x_NxI: jax.Array, w: NativeQ4, march: str = "native") -> jax.Array:
   """x [N, I] @ W [I, O] -> [N, O] float32 through the native library (CPU) built for
-  `march` (the compiler's -march: "native", or e.g. "x86-64-v3" for AVX2 alone)."""
+  `march` (the compiler's -march: "native", or e.g. "x86-64-v3" for AVX2 alone), x's
+  rows rounded to int8 per 32 inputs (module docstring)."""
   ok, why = available(march)
   if not ok:
     raise RuntimeError(f"q4_native.matmul: {why}")
@@ -140,7 +160,57 @@ def matmul(x_NxI: jax.Array, w: NativeQ4, march: str = "native") -> jax.Array:
     jnp.asarray(table(w.fmt)),
     half=np.int64(w.half),
     chunk=np.int64(CHUNK),
+    signed_table=w.fmt == "nf4",
   )
+
+
+def rows_matmul(x_NxD: jax.Array, w: NativeRows, march: str = "native") -> jax.Array:
+  """x [N, D] @ W.T -> [N, V] float32 for W [V, D] int8 with one scale a row, x's rows
+  rounded to int8 per 32 inputs as in `matmul`."""
+  ok, why = available(march)
+  if not ok:
+    raise RuntimeError(f"q4_native.rows_matmul: {why}")
+  N, V = x_NxD.shape[0], w.q.shape[0]
+  call = jax.ffi.ffi_call(_target(march, ROWS_TARGET), jax.ShapeDtypeStruct((N, V), jnp.float32))
+  return call(x_NxD.astype(jnp.float32), w.q, w.scale, chunk=np.int64(4 * CHUNK))
+
+
+def rows_dense(x: jax.Array, w: NativeRows) -> jax.Array:
+  """x [..., I] @ W [I, O] -> [..., O] float32 for the int8 layer matrix W.T = `w`:
+  `rows_matmul` for up to MAX_ROWS rows, else XLA's float32 dot (a prefill)."""
+  lead, I = x.shape[:-1], x.shape[-1]
+  x = x.reshape(-1, I).astype(jnp.float32)
+  if x.shape[0] <= MAX_ROWS:
+    y = rows_matmul(x, w)
+  else:
+    y = jnp.einsum("ni,oi->no", x, w.q.astype(jnp.float32)) * w.scale[None, :]
+  return y.reshape(*lead, w.q.shape[-2])
+
+
+def rows_from_dense(w_IxO: jax.Array) -> NativeRows:
+  """A float layer matrix (stack) [..., I, O] as NativeRows: int8 per output row, scale
+  max |row| / 127 (1 for an all-zero row)."""
+  w_OxI = jnp.swapaxes(w_IxO, -1, -2).astype(jnp.float32)
+  absmax = jnp.max(jnp.abs(w_OxI), axis=-1)
+  scale = jnp.where(absmax > 0, absmax / 127.0, 1.0)
+  q = jnp.clip(jnp.round(w_OxI / scale[..., None]), -127, 127).astype(jnp.int8)
+  return NativeRows(q, scale)
+
+
+def concatenate_rows(parts: list[NativeRows]) -> NativeRows:
+  """Matrices with the same inputs side by side: [I, O1], [I, O2] -> [I, O1 + O2]."""
+  return NativeRows(
+    jnp.concatenate([p.q for p in parts], axis=-2),
+    jnp.concatenate([p.scale for p in parts], axis=-1),
+  )
+
+
+def logits(x_BxD: jax.Array, w: NativeRows) -> jax.Array:
+  """The output projection's logits [V, B] float32: `rows_matmul` for up to MAX_ROWS
+  rows, else `quant.vocab_major` (XLA's int8 dot)."""
+  if x_BxD.shape[0] <= MAX_ROWS:
+    return rows_matmul(x_BxD, w).T
+  return quant.vocab_major(quant.Int8Weight(w.q, w.scale, "rows"), x_BxD)
 
 
 def dense(x: jax.Array, w: NativeQ4) -> jax.Array:
@@ -158,13 +228,34 @@ def dense(x: jax.Array, w: NativeQ4) -> jax.Array:
   return y.reshape(*lead, w.codes.shape[-2])
 
 
+def _layer_for_decode(w):
+  if isinstance(w, quant4.Packed4):
+    return from_packed(w)
+  if w.ndim == 3 and (w.shape[-2] % GROUP == 0):  # a float matrix stack [L, I, O]
+    return rows_from_dense(w)
+  return w
+
+
 def for_decode(params):
-  """`params` with every Packed4 layer matrix (stack) as a NativeQ4: the sampler's 4-bit
-  copy (`quant4.for_sampling`) laid out for `dense`."""
-  layers = {
-    k: from_packed(w) if isinstance(w, quant4.Packed4) else w for k, w in params["layers"].items()
-  }
-  return {**params, "layers": layers}
+  """`params` laid out for the native kernels: every Packed4 layer matrix (stack) a
+  NativeQ4, every float one [L, I, O] (a GGUF's 5-, 6- and 8-bit blocks) int8 NativeRows,
+  and the int8 output projection ("unembed", if any) NativeRows: the sampler's 4-bit copy
+  (`quant4.for_sampling`) laid out for `dense`, `rows_dense` and `logits`."""
+  layers = {k: _layer_for_decode(w) for k, w in params["layers"].items()}
+  out = {**params, "layers": layers}
+  if "unembed" in params:
+    out["unembed"] = rows_for_decode(params["unembed"])
+  return out
+
+
+def rows_for_decode(w) -> NativeRows:
+  """`quant.quantize_rows`' [V, D] int8 copy as NativeRows (ValueError when 32 does not
+  divide D)."""
+  if w.q.shape[-1] % GROUP:
+    raise ValueError(
+      f"q4_native.rows_for_decode: inputs {w.q.shape[-1]} are not a multiple of {GROUP}"
+    )
+  return NativeRows(w.q, w.scale)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -172,8 +263,8 @@ def _cache_dir() -> pathlib.Path:
   return pathlib.Path(os.path.expanduser(root)) / "q4_native"
 
 
-def _target(march: str) -> str:
-  return TARGET if march == "native" else f"{TARGET}_{march.replace('-', '_')}"
+def _target(march: str, target: str = TARGET) -> str:
+  return target if march == "native" else f"{target}_{march.replace('-', '_')}"
 
 
 def _compile_command(out: str, march: str) -> list[str]:
@@ -239,8 +330,11 @@ def available(march: str = "native") -> tuple[bool, str]:
   try:
     path = _library_path(march)
     library = ctypes.cdll.LoadLibrary(str(path))
-    handler = jax.ffi.pycapsule(library.RlpostQ4Matmul)
-    jax.ffi.register_ffi_target(_target(march), handler, platform="cpu")
+    for target, symbol in (
+      (TARGET, library.RlpostQ4Matmul),
+      (ROWS_TARGET, library.RlpostRowsMatmul),
+    ):
+      jax.ffi.register_ffi_target(_target(march, target), jax.ffi.pycapsule(symbol), platform="cpu")
   except (OSError, RuntimeError, subprocess.SubprocessError) as e:
     return False, f"{e} (a C++ compiler: `apt install g++`, or set CXX)"
   return True, str(path)

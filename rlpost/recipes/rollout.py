@@ -202,14 +202,15 @@ _int4_parts = jax.jit(quant4.sampling_parts)
 
 @jax.jit
 def _native_int4_parts(params):
-  """`quant4.sampling_parts(params)` with the layers laid out for `q4_native`."""
+  """`quant4.sampling_parts(params)` with the output projection and the layers laid out
+  for `q4_native`."""
   unembed, packed = quant4.sampling_parts(params)
-  return unembed, q4_native.for_decode({"layers": packed})["layers"]
+  return q4_native.rows_for_decode(unembed), q4_native.for_decode({"layers": packed})["layers"]
 
 
 def _four_bit_for_sampling(params, native: bool):
   """`quant4.for_sampling(params)`, its new parts made by one program (as
-  `_quantized_for_sampling`); `native`: the layers laid out for `q4_native`."""
+  `_quantized_for_sampling`); `native`: laid out for `q4_native`."""
   unembed, packed = (_native_int4_parts if native else _int4_parts)(params)
   return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
