@@ -5,8 +5,8 @@
 // W is output-major: codes uint8 [O, I / 2], two 4-bit codes a byte; within each run of
 // 2 * half inputs, byte j holds input j (low nibble) and input j + half (high nibble).
 // Every weight is v[code] * scale[g] + shift[g] for its group g of 32 consecutive inputs
-// (scale, shift float32 [O, I / 32]); v is the code itself, or (NF4) a signed 8-bit table
-// (int8 [16]) whose values the scale carries the rest of.
+// (scale, shift [O, I / 32], float16 or float32); v is the code itself, or (NF4) a signed
+// 8-bit table (int8 [16]) whose values the scale carries the rest of.
 //
 // The rows of x are quantised to int8 per group of 32 inputs (d = max |x| / 127,
 // q = round(x / d), as llama.cpp's Q8 activations), so each group's sum over the codes is
@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512BW__) || defined(__AVX2__)
+#if defined(__AVX512BW__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -88,14 +88,30 @@ Activations Quantize(const float* x, int64_t n, int64_t in, int64_t half, int64_
 // weights [O, I] with one scale an output row, no shift.
 struct Problem {
   const uint8_t* codes;  // [O, I / 2], or int8 [O, I]
-  const float* scale;    // [O, I / 32], or [O]
-  const float* shift;    // [O, I / 32], or null
+  const void* scale;     // [O, I / 32] float16 or float32 (`half_scales`), or float32 [O]
+  const void* shift;     // [O, I / 32] as the scale, or null
   const int8_t* table;   // [16]
   const Activations* act;
   float* y;  // [N, O]
   int64_t n, in, out, half;
-  bool signed_table;
+  bool signed_table, half_scales;
 };
+
+// An IEEE half's value (F16C where the build has it).
+inline float HalfToFloat(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const int exponent = (h >> 10) & 31, mantissa = h & 1023;
+  const float v = exponent == 0    ? std::ldexp(static_cast<float>(mantissa), -24)
+                  : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                   : std::ldexp(static_cast<float>(mantissa | 1024), exponent - 25);
+  return h & 0x8000 ? -v : v;
+#endif
+}
+inline float ToFloat(float f) { return f; }
+inline float ToFloat(uint16_t h) { return HalfToFloat(h); }
+inline float RowScale(const Problem& p, int64_t o) { return static_cast<const float*>(p.scale)[o]; }
 
 #if defined(__AVX512BW__)
 constexpr int64_t kChunk = 64;  // code bytes a step
@@ -145,6 +161,9 @@ struct Spread {
 inline __m128 LoadGroups(const float* f, int64_t groups) {
   return groups == 4 ? _mm_loadu_ps(f) : _mm_maskz_loadu_ps((1 << groups) - 1, f);
 }
+inline __m128 LoadGroups(const uint16_t* h, int64_t groups) {
+  return _mm_cvtph_ps(_mm_maskz_loadu_epi16((1 << groups) - 1, h));
+}
 inline VecF Lanes(__m512i idx, __m128 g) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(g));
 }
@@ -193,6 +212,11 @@ struct Spread {
 inline __m128 LoadGroups(const float* f, int64_t groups) {
   return groups == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_load_ss(f);
 }
+inline __m128 LoadGroups(const uint16_t* h, int64_t groups) {
+  uint32_t bits = h[0];
+  if (groups == 2) bits |= static_cast<uint32_t>(h[1]) << 16;
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+}
 inline VecF Lanes(__m256i idx, __m128 g) {
   return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(g), idx);
 }
@@ -202,20 +226,22 @@ inline VecI ZeroI() { return _mm256_setzero_si256(); }
 
 #if defined(__AVX512BW__) || defined(__AVX2__)
 constexpr int64_t kChunkGroups = kChunk / kGroupBytes;
+constexpr int64_t kAhead = 4;  // outputs ahead to prefetch
 
 // y[r0 .. r0 + R, o] for one output o; R a compile-time constant, so the accumulators stay
 // in registers; HALF 16 puts a chunk's low and high nibbles in the same groups (one sum).
-template <int R, int HALF, bool SIGNED>
+template <int R, int HALF, bool SIGNED, typename S>
 void OutputDot(const Problem& p, const Spread& spread, VecI table, int64_t o, int64_t r0) {
   const Activations& a = *p.act;
   const int64_t bytes = p.in / 2, groups = p.in / kGroup;
   const uint8_t* codes = p.codes + o * bytes;
-  const float* scale = p.scale + o * groups;
+  const S* scale = static_cast<const S*>(p.scale) + o * groups;
   VecF acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = ZeroF();
   for (int64_t c = 0; c < bytes; c += kChunk) {
     const int64_t nb = std::min(kChunk, bytes - c), g0 = c / kGroupBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(codes + kAhead * bytes + c), _MM_HINT_T0);
     VecI w_lo, w_hi;
     Nibbles(LoadCodes(codes + c, nb), &w_lo, &w_hi);
     if (SIGNED) w_lo = Lookup(table, w_lo), w_hi = Lookup(table, w_hi);
@@ -237,21 +263,23 @@ void OutputDot(const Problem& p, const Spread& spread, VecI table, int64_t o, in
       }
     }
   }
-  const float* shift = p.shift + o * groups;
+  _mm_prefetch(reinterpret_cast<const char*>(scale + kAhead * groups), _MM_HINT_T0);
+  const S* shift = static_cast<const S*>(p.shift) + o * groups;
+  _mm_prefetch(reinterpret_cast<const char*>(shift + kAhead * groups), _MM_HINT_T0);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const float* dsum = a.dsum.data() + (r0 + r) * a.groups;
     float s = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) s += shift[g] * dsum[g];
+    for (int64_t g = 0; g < groups; ++g) s += ToFloat(shift[g]) * dsum[g];
     p.y[(r0 + r) * p.out + o] = SumF(acc[r]) + s;
   }
 }
 
-template <int R, int HALF, bool SIGNED>
+template <int R, int HALF, bool SIGNED, typename S>
 void BlockAs(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
   const Spread spread(HALF);
   const VecI table = Table(p.table);
-  for (int64_t o = o0; o < o1; ++o) OutputDot<R, HALF, SIGNED>(p, spread, table, o, r0);
+  for (int64_t o = o0; o < o1; ++o) OutputDot<R, HALF, SIGNED, S>(p, spread, table, o, r0);
 }
 
 // Rows: y[r, o] = scale[o] sum_g d[r, g] sum_{i in g} w[o, i] q[r, i].
@@ -265,6 +293,7 @@ void RowsBlock(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[r] = ZeroF();
     for (int64_t c = 0; c < p.in; c += kChunk) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kAhead * p.in + c), _MM_HINT_T0);
       const VecI wv = LoadCodes(w + c, std::min(kChunk, p.in - c));
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
@@ -275,15 +304,17 @@ void RowsBlock(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
       }
     }
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) p.y[(r0 + r) * p.out + o] = p.scale[o] * SumF(acc[r]);
+    for (int r = 0; r < R; ++r) p.y[(r0 + r) * p.out + o] = RowScale(p, o) * SumF(acc[r]);
   }
 }
 #else
 // The plain C++ loop: per group, the integer sum of code values times q.
-template <int R, int HALF, bool SIGNED>
+template <int R, int HALF, bool SIGNED, typename S>
 void BlockAs(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
   const Activations& a = *p.act;
   const int64_t bytes = p.in / 2, groups = p.in / kGroup;
+  const S* scale = static_cast<const S*>(p.scale);
+  const S* shift = static_cast<const S*>(p.shift);
   std::vector<int32_t> sums(groups);
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* codes = p.codes + o * bytes;
@@ -300,7 +331,8 @@ void BlockAs(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
       float y = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
         const float d = a.d[row * a.groups + g], dsum = a.dsum[row * a.groups + g];
-        y += static_cast<float>(sums[g]) * (p.scale[o * groups + g] * d) + p.shift[o * groups + g] * dsum;
+        y += static_cast<float>(sums[g]) * (ToFloat(scale[o * groups + g]) * d) +
+             ToFloat(shift[o * groups + g]) * dsum;
       }
       p.y[row * p.out + o] = y;
     }
@@ -322,20 +354,29 @@ void RowsBlock(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
         }
         y += static_cast<float>(sum) * a.d[row * a.groups + g];
       }
-      p.y[row * p.out + o] = p.scale[o] * y;
+      p.y[row * p.out + o] = RowScale(p, o) * y;
     }
   }
 }
 #endif
 
+template <int R, typename S>
+void BlockHalf(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
+  if (p.half == 16) {
+    p.signed_table ? BlockAs<R, 16, true, S>(p, o0, o1, r0) : BlockAs<R, 16, false, S>(p, o0, o1, r0);
+  } else {
+    p.signed_table ? BlockAs<R, 32, true, S>(p, o0, o1, r0) : BlockAs<R, 32, false, S>(p, o0, o1, r0);
+  }
+}
+
 template <int R>
 void Block(const Problem& p, int64_t o0, int64_t o1, int64_t r0) {
   if (p.half == 0) {
     RowsBlock<R>(p, o0, o1, r0);
-  } else if (p.half == 16) {
-    p.signed_table ? BlockAs<R, 16, true>(p, o0, o1, r0) : BlockAs<R, 16, false>(p, o0, o1, r0);
+  } else if (p.half_scales) {
+    BlockHalf<R, uint16_t>(p, o0, o1, r0);
   } else {
-    p.signed_table ? BlockAs<R, 32, true>(p, o0, o1, r0) : BlockAs<R, 32, false>(p, o0, o1, r0);
+    BlockHalf<R, float>(p, o0, o1, r0);
   }
 }
 
@@ -383,7 +424,7 @@ void Run(ffi::ThreadPool& pool, std::shared_ptr<Shared> shared, int64_t chunk) {
 }
 
 ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> codes,
-                    ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> shift,
+                    ffi::AnyBuffer scale, ffi::AnyBuffer shift,
                     ffi::Buffer<ffi::S8> table, int64_t half, int64_t chunk, bool signed_table,
                     ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), cd = codes.dimensions();
@@ -391,6 +432,10 @@ ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     return ffi::Error::InvalidArgument("q4_matmul: x [N, I], codes [O, I / 2], table [16]");
   }
   const int64_t n = xd[0], in = xd[1], out = cd[0];
+  const ffi::DataType type = scale.element_type();
+  if ((type != ffi::DataType::F16 && type != ffi::DataType::F32) || shift.element_type() != type) {
+    return ffi::Error::InvalidArgument("q4_matmul: scale and shift both float16 or float32");
+  }
   if (cd[1] * 2 != in || in % kGroup != 0 || (half != 16 && half != 32) ||
       in % (2 * half) != 0 || scale.element_count() != out * (in / kGroup) ||
       shift.element_count() != out * (in / kGroup) || chunk < 1) {
@@ -398,9 +443,9 @@ ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   }
   auto shared = std::make_shared<Shared>();
   shared->act = Quantize(x.typed_data(), n, in, half, kPad);
-  shared->p = Problem{codes.typed_data(), scale.typed_data(), shift.typed_data(),
+  shared->p = Problem{codes.typed_data(), scale.untyped_data(), shift.untyped_data(),
                       table.typed_data(), &shared->act, y->typed_data(), n, in, out, half,
-                      signed_table};
+                      signed_table, type == ffi::DataType::F16};
   Run(pool, shared, chunk);
   return ffi::Error::Success();
 }
@@ -416,7 +461,7 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   auto shared = std::make_shared<Shared>();
   shared->act = Quantize(x.typed_data(), n, in, 0, kPad);
   shared->p = Problem{reinterpret_cast<const uint8_t*>(w.typed_data()), scale.typed_data(),
-                      nullptr, nullptr, &shared->act, y->typed_data(), n, in, out, 0, true};
+                      nullptr, nullptr, &shared->act, y->typed_data(), n, in, out, 0, true, false};
   Run(pool, shared, chunk);
   return ffi::Error::Success();
 }
@@ -428,8 +473,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RlpostQ4Matmul, Q4Matmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Attr<int64_t>("half")
                                   .Attr<int64_t>("chunk")

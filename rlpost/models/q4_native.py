@@ -51,8 +51,10 @@ NF4_INT8 = np.round(quant4.NF4_LEVELS * 127).astype(np.int8)  # NF4's levels in 
 @dataclasses.dataclass
 class NativeQ4:
   """W [I, O] for `matmul`: codes uint8 [O, I / 2] (quant4's nibble order, `half`
-  inputs a nibble run), scale and shift float32 [O, I / 32]; `fmt`: the Packed4 format it
-  came from ("nf4" for both NF4 formats), which names its 16-entry table (`table`)."""
+  inputs a nibble run), scale and shift [O, I / 32]: float16 for Q4_0 / Q4_1 (their
+  stored values) and NF4 (absmax / 127 rounded), float32 for Q4_K (d * sc exactly);
+  `fmt`: the Packed4 format it came from ("nf4" for both NF4 formats), which names its
+  16-entry table (`table`)."""
 
   codes: jax.Array
   scale: jax.Array
@@ -97,15 +99,16 @@ def from_packed(w: quant4.Packed4) -> NativeQ4:
     raise ValueError(f"q4_native.from_packed: inputs {w.shape[-2]} are not a multiple of {GROUP}")
   w = quant4.undouble(w)
   h, s = quant4.half(w), w.scales
-  if w.fmt == "nf4":
-    scale = _per_group(s["absmax"], 2 * h) / 127.0
+  if w.fmt == "nf4":  # absmax / 127 rounded to float16
+    scale = (_per_group(s["absmax"], 2 * h) / 127.0).astype(jnp.float16)
     return NativeQ4(w.codes, scale, jnp.zeros_like(scale), h, "nf4")
-  if w.fmt == "q4_k":  # sc, m per 32 inputs; d, dmin per 256
+  if w.fmt == "q4_k":  # sc, m per 32 inputs; d, dmin per 256: float32 holds d * sc exactly
     scale = _per_group(s["d"], 256) * s["sc"].astype(jnp.float32)
     shift = -(_per_group(s["dmin"], 256) * s["m"].astype(jnp.float32))
-  else:  # q4_0, q4_1: d (and m) per 32 inputs
-    scale = _per_group(s["d"], 32)
-    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -8.0 * scale
+    return NativeQ4(w.codes, scale, shift, h, w.fmt)
+  # q4_0, q4_1: d (and m) float16 per 32 inputs, as stored (-8 d is exact too)
+  scale = _per_group(s["d"], 32).astype(jnp.float16)
+  shift = _per_group(s["m"], 32).astype(jnp.float16) if w.fmt == "q4_1" else -8.0 * scale
   return NativeQ4(w.codes, scale, shift, h, w.fmt)
 
 
@@ -131,7 +134,9 @@ def supports(w: quant4.Packed4) -> bool:
 def halves(w: NativeQ4) -> tuple[jax.Array, jax.Array]:
   """The float32 values under the low and the high nibbles, each [..., O, I / 2] (XLA: a
   select tree over the table, one rounding): `quant4.halves`' for the GGUF formats."""
-  per_input = lambda a: quant4.split_inputs(jnp.repeat(a, GROUP, axis=-1), w.half)
+  per_input = lambda a: quant4.split_inputs(
+    jnp.repeat(a.astype(jnp.float32), GROUP, axis=-1), w.half
+  )
   scales, shifts = per_input(w.scale), per_input(w.shift)
   out = []
   for code, scale, shift in zip((w.codes & 15, w.codes >> 4), scales, shifts):
