@@ -3,19 +3,21 @@
 XLA:CPU emits a dot as a library call that fuses no producer, so `quant4.dense4` writes
 each dequantised half of W [O, I / 2] to a float32 buffer before the dot reads it, and in
 the sampler's decode loop it hoists that dequantisation out of the loop: a float32 copy of
-the layers, read every step (a multiply-and-reduce formulation ran slower still). `q4_native.cc` is an XLA FFI handler
-that reads the codes, looks each up, dequantises and multiplies into the rows of x in
-registers (AVX-512, AVX2 or plain C++: compiled at first use with `-march=native`), its
-outputs split over the calling thread and XLA's intra-op pool.
+the layers, read every step (a multiply-and-reduce formulation ran slower still).
+`q4_native.cc` holds XLA FFI handlers that read the codes as stored and multiply them
+into the rows of x in registers (AVX-512, AVX2 or plain C++: compiled at first use with
+`-march=native`), their outputs split over the calling thread and XLA's intra-op pool.
 
-`NativeQ4` is a `quant4.Packed4` laid out for it: the same codes, with one float32
-scale and shift per 32 inputs and a 16-entry table, so w = table[code] * scale + shift in
-one rounding: the code itself for the GGUF formats (the value `quant4.halves` gives);
+`NativeQ4` is a `quant4.Packed4` laid out for it: the same codes, with one scale and
+shift per 32 inputs and a 16-entry table, so w = table[code] * scale + shift in one
+rounding: the code itself for the GGUF formats (the value `quant4.halves` gives);
 for NF4 its levels rounded to int8 (round(127 level), the scale absmax / 127: within
 0.4% of the absmax of quant4's NF4 value). `matmul(x, w)` is x [N, I] @ W -> [N, O]
 float32 with x's rows rounded to int8 per 32 inputs (scale max |x| / 127, as llama.cpp's
 Q8 activations), so every group's sum is an integer dot product (AVX-512 VNNI, or
 AVX2 / AVX-512 maddubs): a sampler-side rounding, corrected like int8 rollouts' by TIS.
+`NativeRows` (int8, one scale an output row) is the output projection's and, in a GGUF's
+4-bit copy, the other layers' layout, multiplied the same way by `rows_matmul`.
 
 The library is built once per source, compiler, jaxlib, CPU and `-march` into
 `~/.cache/rlpost/q4_native/` (RLPOST_CACHE_DIR moves it); `available()` says whether it
