@@ -841,8 +841,8 @@ MUTATIONS = [
   dict(
     name="native_q4_0_offset_off_by_one",
     path="rlpost/models/q4_native.py",
-    old='    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -8.0 * scale\n',
-    new='    shift = _per_group(s["m"], 32) if w.fmt == "q4_1" else -7.0 * scale\n',
+    old='  shift = _per_group(s["m"], 32).astype(jnp.float16) if w.fmt == "q4_1" else -8.0 * scale\n',
+    new='  shift = _per_group(s["m"], 32).astype(jnp.float16) if w.fmt == "q4_1" else -7.0 * scale\n',
     tests=["tests/test_q4_native.py"],
     why="Q4_0 codes centred on 7 instead of 8 in the kernel's layout",
   ),
