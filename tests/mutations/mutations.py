@@ -839,6 +839,14 @@ MUTATIONS = [
     why="a frozen output projection's int8 rows made again at every weight sync",
   ),
   dict(
+    name="probe_entered_outermost",
+    path="experiments/benchmarks/memory_probe.py",
+    old="      split, where, entered = rss_split(), self._stack[-1], self._entered[-1]\n",
+    new="      split, where, entered = rss_split(), self._stack[-1], self._entered[0]\n",
+    tests=["tests/test_benchmarks.py"],
+    why="a phase's maximum compared with the VmRSS of another phase's entry",
+  ),
+  dict(
     name="native_q4_high_nibbles_read_the_low_group_scale",
     path="rlpost/models/q4_native.cc",
     old="      const int64_t g_lo = i_lo / kGroup, g_hi = i_hi / kGroup;\n",
