@@ -726,8 +726,8 @@ MUTATIONS = [
   dict(
     name="memory_probe_outermost_phase",
     path="experiments/benchmarks/memory_probe.py",
-    old="      split, where = rss_split(), self._stack[-1]\n",
-    new="      split, where = rss_split(), self._stack[0]\n",
+    old="      split, where, entered = rss_split(), self._stack[-1], self._entered[-1]\n",
+    new="      split, where, entered = rss_split(), self._stack[0], self._entered[-1]\n",
     tests=["tests/test_benchmarks.py"],
     why="a benchmark's peak RSS reported in the wrong phase",
   ),
@@ -841,8 +841,8 @@ MUTATIONS = [
   dict(
     name="probe_entered_outermost",
     path="experiments/benchmarks/memory_probe.py",
-    old="      split, where, entered = rss_split(), self._stack[-1], self._entered[-1]\n",
-    new="      split, where, entered = rss_split(), self._stack[-1], self._entered[0]\n",
+    old='    self._entered.append(status_gib("VmRSS"))\n',
+    new="    self._entered.append(0.0)\n",
     tests=["tests/test_benchmarks.py"],
     why="a phase's maximum compared with the VmRSS of another phase's entry",
   ),
