@@ -230,24 +230,26 @@ def vocab_major(w: Int8Weight, h_BxD: jax.Array) -> jax.Array:
 def quantize_for_sampling(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
   """The sampler's int8 copy of a Gemma params pytree (see the module docstring), its
   dots formed as `paths` says."""
-  output = params["output"] if "output" in params else params["embed"]
-  unembed = quantize_rows(output, paths.activations_left_max_rows)
-  return {
-    **params,
-    "unembed": unembed,
-    "layers": {**params["layers"], **int8_layers(params, group, paths)},
-  }
+  return with_int8_parts(params, int8_parts(params, group, paths))
 
 
-def int8_layers(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
-  """{name: Int8Weight} of the layer matrices: what `quantize_for_sampling` adds besides
-  "unembed", alone, so a program making it outputs no copy of the weights it keeps (the
-  embedding, the norms) and a frozen output projection's rows can be made once."""
-  return {
+def with_int8_parts(params, parts):
+  """`params` with `int8_parts`'s (unembed, quantized layer matrices) put in."""
+  unembed, quantized = parts
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **quantized}}
+
+
+def int8_parts(params, group: int = GROUP, paths: Int8Paths = Int8Paths()):
+  """(unembed, {name: Int8Weight} of the layer matrices): what `quantize_for_sampling`
+  adds, alone, so a program making it outputs no copy of the weights it keeps (the
+  embedding, the norms)."""
+  quantized = {
     name: quantize_blocks(w, group, paths.layer_layout)
     for name, w in params["layers"].items()
     if w.ndim == 3
   }
+  output = params["output"] if "output" in params else params["embed"]
+  return quantize_rows(output, paths.activations_left_max_rows), quantized
 
 
 def float_view(params):

@@ -339,12 +339,13 @@ def frozen_base(params, embed_dtype: str = "float32"):
   return out
 
 
-def sampling_layers(params, requantize: bool = True):
-  """{name: Packed4}: the layer matrices `for_sampling` makes, alone, so a program making
-  them outputs no copy of the weights it keeps (embedding, norms, float matrices) and a
-  frozen output projection's int8 rows can be made once."""
+def sampling_parts(params, requantize: bool = True):
+  """(unembed, {name: Packed4}): what `for_sampling` adds, alone, so a program making it
+  outputs no copy of the weights it keeps (embedding, norms, float matrices)."""
   layers = quantize_layers(params)["layers"] if requantize else params["layers"]
-  return {k: w for k, w in layers.items() if isinstance(w, Packed4)}
+  output = params["output"] if "output" in params else params["embed"]
+  packed = {k: w for k, w in layers.items() if isinstance(w, Packed4)}
+  return quant.quantize_rows(output), packed
 
 
 def for_sampling(params, requantize: bool = True):
@@ -353,13 +354,8 @@ def for_sampling(params, requantize: bool = True):
   and the output projection as `quant.quantize_rows`'s int8 copy under "unembed" (in
   float32 it would be most of a small model's bytes per token: Gemma 3 270M's [262144,
   640])."""
-  output = params["output"] if "output" in params else params["embed"]
-  packed = sampling_layers(params, requantize)
-  return {
-    **params,
-    "unembed": quant.quantize_rows(output),
-    "layers": {**params["layers"], **packed},
-  }
+  unembed, packed = sampling_parts(params, requantize)
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
 
 def dequantized(params):

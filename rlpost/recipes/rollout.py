@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 from rlpost.envs import multiturn
-from rlpost.models import decoder
 from rlpost.models import policy
 from rlpost.models import quant
 from rlpost.models import quant4
@@ -121,16 +120,13 @@ class Sampler(NamedTuple):
   int8 copy of the policy made at each weight sync, its dots formed as these
   `quant.Int8Paths` say (`sampling.int8_paths`); `int4`: the sampler reads a 4-bit copy
   made at each sync (`quant4.for_sampling`: the LoRA-merged layers NF4), multiplied in
-  `q4_native`'s kernel when `int4_native` (`sampling.int4_matmul`); `unembed`: the int8
-  output rows of a frozen output projection (LoRA) for those copies, made once and reused
-  by every sync (None: made at each sync)."""
+  `q4_native`'s kernel when `int4_native` (`sampling.int4_matmul`)."""
 
   mesh: Any
   frozen: Any
   int8: quant.Int8Paths | None = None
   int4: bool = False
   int4_native: bool = False
-  unembed: Any = None
 
 
 def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
@@ -144,15 +140,9 @@ def make_sampler(c, frozen, forward: policy.ForwardConfig) -> Sampler:
     absl_logging.info("sampling.weights=int8: dots %s (%s)", int8, why)
   int4 = c.sampling.weights == "int4"
   native = int4 and q4_native.resolve(c.sampling.int4_matmul)[0] == "native"
-  if mesh is not None and base is not None:
-    base = sharding.sync(base, mesh)
-  # the rows are made of the frozen copy the sampler reads: not where each process samples
-  # from a local copy of the trainer's (several processes, shared devices)
-  own_copy = mesh is not None or jax.process_count() == 1
-  unembed = None
-  if base is not None and own_copy and (int8 or int4):
-    unembed = _output_rows(base, int8)
-  return Sampler(mesh, base, int8, int4, native, unembed)
+  if mesh is None or base is None:
+    return Sampler(mesh, base, int8, int4, native)
+  return Sampler(mesh, sharding.sync(base, mesh), int8, int4, native)
 
 
 def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, prints=False):
@@ -168,13 +158,11 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, pri
   ((params, key), fingerprints).
   """
   if sampler.int4:
-    finish = functools.partial(
-      _four_bit_for_sampling, native=sampler.int4_native, unembed=sampler.unembed
-    )
+    finish = functools.partial(_four_bit_for_sampling, native=sampler.int4_native)
   elif sampler.int8 is None:
     finish = lambda params: params
   else:
-    finish = functools.partial(_quantized_for_sampling, paths=sampler.int8, unembed=sampler.unembed)
+    finish = functools.partial(_quantized_for_sampling, paths=sampler.int8)
   if sampler.mesh is None:
     params = policy.sampling_params(trainable, sampler.frozen, forward)
     if jax.process_count() == 1:
@@ -200,43 +188,30 @@ def sampler_weights(sampler: Sampler, trainable, forward, key, trainer_mesh, pri
   return weights, (*fingerprints, weight_sync.fingerprint(weights[0]))
 
 
-_rows = jax.jit(quant.quantize_rows, static_argnums=1)
+_int8_parts = jax.jit(quant.int8_parts, static_argnames=("group", "paths"))
 
 
-def _output_rows(params, int8: quant.Int8Paths | None):
-  """The int8 output rows ("unembed") of `params`' output projection that the sampler's
-  int8 copy (`int8`: its paths) or 4-bit copy (None: `quant4.for_sampling`'s) reads."""
-  rows = (int8 or quant.Int8Paths()).activations_left_max_rows
-  return _rows(decoder.output_matrix(params), rows)
+def _quantized_for_sampling(params, paths):
+  """`quant.quantize_for_sampling(params, paths=paths)`: one program makes the int8 parts,
+  the weights kept are passed through (a program's output would be a copy)."""
+  return quant.with_int8_parts(params, _int8_parts(params, paths=paths))
 
 
-_int8_layers = jax.jit(quant.int8_layers, static_argnames=("group", "paths"))
-
-
-def _quantized_for_sampling(params, paths, unembed=None):
-  """`quant.quantize_for_sampling(params, paths=paths)`: one program makes the int8 layer
-  matrices, another the output rows unless `unembed` holds them; the weights kept are
-  passed through (a program's output would be a copy)."""
-  layers = _int8_layers(params, paths=paths)
-  unembed = _output_rows(params, paths) if unembed is None else unembed
-  return {**params, "unembed": unembed, "layers": {**params["layers"], **layers}}
-
-
-_int4_layers = jax.jit(quant4.sampling_layers)
+_int4_parts = jax.jit(quant4.sampling_parts)
 
 
 @jax.jit
-def _native_int4_layers(params):
-  """`quant4.sampling_layers(params)` laid out for `q4_native`."""
-  return q4_native.for_decode({"layers": quant4.sampling_layers(params)})["layers"]
+def _native_int4_parts(params):
+  """`quant4.sampling_parts(params)` with the layers laid out for `q4_native`."""
+  unembed, packed = quant4.sampling_parts(params)
+  return unembed, q4_native.for_decode({"layers": packed})["layers"]
 
 
-def _four_bit_for_sampling(params, native: bool, unembed=None):
-  """`quant4.for_sampling(params)` (as `_quantized_for_sampling`); `native`: the layers
-  laid out for `q4_native`."""
-  layers = (_native_int4_layers if native else _int4_layers)(params)
-  unembed = _output_rows(params, None) if unembed is None else unembed
-  return {**params, "unembed": unembed, "layers": {**params["layers"], **layers}}
+def _four_bit_for_sampling(params, native: bool):
+  """`quant4.for_sampling(params)`, its new parts made by one program (as
+  `_quantized_for_sampling`); `native`: the layers laid out for `q4_native`."""
+  unembed, packed = (_native_int4_parts if native else _int4_parts)(params)
+  return {**params, "unembed": unembed, "layers": {**params["layers"], **packed}}
 
 
 def loop_step(p, produce, train, max_staleness: int | None, steps: int):

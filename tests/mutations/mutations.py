@@ -831,14 +831,6 @@ MUTATIONS = [
     why="a float32 copy of a bfloat16 output projection at every weight sync (0.63 GiB)",
   ),
   dict(
-    name="sampler_rows_remade_each_sync",
-    path="rlpost/recipes/rollout.py",
-    old="    unembed = _output_rows(base, int8)\n",
-    new="    unembed = None\n",
-    tests=["tests/test_rollout.py"],
-    why="a frozen output projection's int8 rows made again at every weight sync",
-  ),
-  dict(
     name="probe_entered_outermost",
     path="experiments/benchmarks/memory_probe.py",
     old='    self._entered.append(status_gib("VmRSS"))\n',
