@@ -20,8 +20,8 @@ commit, saying why; BUILD.md's "How to benchmark" quotes this table.
 # same runs (0.77-0.79x; load 6-8); where the rest is: BUILD.md "How to benchmark".
 # qloramem2 (the sync's int8 rows without a float32 copy of the embedding): qlora 2.70 /
 # 2.61 beside LoRA's 3.40 / 3.34 (first iterations; steady 2.40 / 2.33 against 3.12 /
-# 3.10, 2.54 before; load 4-5): the first iteration's spread, not growth (2.67 at the
-# commit before, measured in the same session).
+# 3.10; load 3-5). The commit before, in the same session: qlora 2.67 / 2.63 (steady
+# 2.54 / 2.49), LoRA 3.37 / 3.37: the first iteration's spread, not growth.
 EXPECTED = {
   "full": 7.44,
   "lora": 3.40,
