@@ -86,9 +86,11 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
 
 def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
   """256 MiB touched inside a phase show in that phase's maximum, not outside's (freed
-  before the report); the arrays alive at the phase's end are counted.
+  before the report), and its maximum less the VmRSS it was entered at is at least that
+  (`entered_at`); the arrays alive at the phase's end are counted.
 
-  Mutation caught: samples attributed to the outermost phase (`self._stack[0]`)."""
+  Mutation caught: samples attributed to the outermost phase (`self._stack[0]`); the
+  entry VmRSS of the outermost phase recorded (`probe_entered_outermost`)."""
   import time  # pylint: disable=g-import-not-at-top
 
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -98,6 +100,7 @@ def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
 
   probe = memory_probe.Probe(interval_s=0.002)
   time.sleep(0.05)
+  before = memory_probe.status_gib("VmRSS")
   with probe.phase("big"):
     block = np.ones(2**28 // 8)  # 256 MiB, every page written
     kept = jnp.zeros((512, 512))  # 1 MiB, alive when the phase ends
@@ -108,6 +111,9 @@ def test_memory_probe_attributes_resident_bytes_to_the_open_phase():
   phases = report["phases"]
   assert phases["big"]["max_rss_gib"] > phases["outside"]["max_rss_gib"] + 0.2, phases
   assert report["peak"]["phase"] == "big"
+  big = phases["big"]
+  assert abs(big["split_at_max"]["entered_at"] - before) < 0.05, (before, big)
+  assert big["max_rss_gib"] - big["split_at_max"]["entered_at"] > 0.2, big
   assert phases["big"]["live_at_end"]["gib_by_dtype"]["float32"] >= 0.001, phases["big"]
   del kept
 

@@ -82,8 +82,8 @@ _MEMORY = flags.DEFINE_bool(
   "memory_report",
   False,
   "Also report where the peak RSS is reached: VmRSS sampled per phase (weight sync, "
-  "fingerprints, rollout, reference logprobs, train step) and the live arrays at each "
-  "phase's end (`memory_probe`).",
+  "fingerprints, rollout, reference logprobs, train step), the VmRSS each phase's "
+  "maximum was entered at, and the live arrays at each phase's end (`memory_probe`).",
 )
 _FREE_LOADED = flags.DEFINE_bool(
   "free_loaded",

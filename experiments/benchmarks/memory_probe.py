@@ -91,6 +91,7 @@ class Probe:
 
   def __init__(self, interval_s: float = 0.005, programs: bool = False):
     self._stack = ["outside"]
+    self._entered = [0.0]  # VmRSS when each open phase was entered
     self._max = collections.defaultdict(lambda: {"VmRSS": 0.0})  # phase -> split at max
     self._live = {}  # phase -> live arrays at its last exit
     self._marks = {}  # name -> split and live arrays
@@ -119,10 +120,10 @@ class Probe:
 
   def _sample(self, interval_s: float):
     while not self._stop.is_set():
-      split, where = rss_split(), self._stack[-1]
+      split, where, entered = rss_split(), self._stack[-1], self._entered[-1]
       rss = split["VmRSS"]
       if rss > self._max[where]["VmRSS"]:
-        self._max[where] = split
+        self._max[where] = {**split, "entered_at": round(entered, 3)}
       if rss > self._peak[0]:
         self._peak = (rss, where)
       time.sleep(interval_s)
@@ -145,12 +146,16 @@ class Probe:
 
   @contextlib.contextmanager
   def phase(self, name: str):
-    """Samples taken inside are `name`'s; its live arrays are recorded when it ends."""
+    """Samples taken inside are `name`'s; its live arrays are recorded when it ends, and
+    with its maximum the VmRSS it was entered at (`entered_at`: the maximum less it is
+    what the phase itself added)."""
+    self._entered.append(status_gib("VmRSS"))
     self._stack.append(name)
     try:
       yield
     finally:
       self._stack.pop()
+      self._entered.pop()
       self._live[name] = live_arrays()
 
   def wrap(self, name: str, fn):
