@@ -437,8 +437,8 @@ ffi::Error Q4Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     return ffi::Error::InvalidArgument("q4_matmul: scale and shift both float16 or float32");
   }
   if (cd[1] * 2 != in || in % kGroup != 0 || (half != 16 && half != 32) ||
-      in % (2 * half) != 0 || scale.element_count() != out * (in / kGroup) ||
-      shift.element_count() != out * (in / kGroup) || chunk < 1) {
+      in % (2 * half) != 0 || static_cast<int64_t>(scale.element_count()) != out * (in / kGroup) ||
+      static_cast<int64_t>(shift.element_count()) != out * (in / kGroup) || chunk < 1) {
     return ffi::Error::InvalidArgument("q4_matmul: inconsistent shapes or half");
   }
   auto shared = std::make_shared<Shared>();
@@ -454,7 +454,7 @@ ffi::Error RowsMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
                       ffi::Buffer<ffi::F32> scale, int64_t chunk, ffi::ResultBuffer<ffi::F32> y) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[1] % kGroup != 0 ||
-      scale.element_count() != wd[0] || chunk < 1) {
+      static_cast<int64_t>(scale.element_count()) != wd[0] || chunk < 1) {
     return ffi::Error::InvalidArgument("rows_matmul: x [N, I], w [O, I], scale [O], 32 | I");
   }
   const int64_t n = xd[0], in = xd[1], out = wd[0];
