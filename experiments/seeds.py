@@ -3,6 +3,7 @@ r"""One config over several seeds, and a report with intervals from their per-it
   python -m experiments.seeds run --config=experiments/configs/agentic.py:frozenlake_gemma3 \
       --seeds=0,1,2 --workdir_root=/tmp/fl_grpo [--parallel=3] [--config.train.steps=30 ...]
   python -m experiments.seeds report /tmp/fl_grpo [/tmp/fl_ppo] [--metric=success]
+  python -m experiments.seeds keep /tmp/fl_grpo frozenlake_grpo
 
 `run` trains the config once per seed (`config.seed=K`) in DIR/seed_K, one after another,
 or with `--parallel=N` as N processes at a time (each writing DIR/seed_K.log). A seed
@@ -21,12 +22,18 @@ step also gets the best constant answer's success rate on its items (`constant`)
 policy that says the most frequent answer to everything scores that much, so a score
 near it is no sign of solving the task. Curves with their bands go to `--png` (default
 DIR/seeds_report.png).
+
+`keep DIR NAME` copies what a cited number is recounted from into the code tree,
+experiments/results/outcomes/NAME (`OUTCOMES_ROOT`): every seed_K/eval/step_N.jsonl and
+seed_K/config.json, nothing else (no checkpoints, no transcripts). `report` reads that
+folder as it reads DIR, so the number survives the machine its run was on.
 """
 
 import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -49,7 +56,11 @@ _PNG = flags.DEFINE_string("png", "", "report: curves (default FIRST_DIR/seeds_r
 _DRAWS = flags.DEFINE_integer("draws", intervals.DRAWS, "report: bootstrap replicates.")
 
 _SEED_DIR = re.compile(r"seed_(\d+)")
-USAGE = "usage: python -m experiments.seeds run --config=... | report DIR [DIR2]"
+OUTCOMES_ROOT = os.path.join(os.path.dirname(__file__), "results", "outcomes")
+_KEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+USAGE = (
+  "usage: python -m experiments.seeds run --config=... | report DIR [DIR2] | keep DIR NAME"
+)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -229,6 +240,29 @@ def markdown(rep: dict) -> str:
   return "\n".join(text)
 
 
+def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
+  """Copies root/seed_K/{eval/step_N.jsonl, config.json} to outcomes_root/name/ (the same
+  layout; an earlier copy of the same file is replaced); returns the copied paths."""
+  if not _KEEP_NAME.fullmatch(name):
+    raise errors.FlagError(f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)")
+  load(root, "success")  # the same checks as report: a workdir root with outcome files
+  copied = []
+  for seed_dir in sorted(os.listdir(root)):
+    if not _SEED_DIR.fullmatch(seed_dir):
+      continue
+    src = os.path.join(root, seed_dir)
+    steps = item_outcomes.read(src)
+    names = [os.path.relpath(item_outcomes.path(src, step), src) for step in steps]
+    if os.path.exists(os.path.join(src, "config.json")):
+      names.append("config.json")
+    for rel in names:
+      dst = os.path.join(outcomes_root, name, seed_dir, rel)
+      os.makedirs(os.path.dirname(dst), exist_ok=True)
+      shutil.copyfile(os.path.join(src, rel), dst)
+      copied.append(dst)
+  return copied
+
+
 def plot(rep: dict, path: str) -> str:
   """Each dir's mean per step with its 95% band, to `path` (PNG)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -268,6 +302,9 @@ def main(argv):
     rep["png"] = plot(rep, _PNG.value or os.path.join(rest[0], "seeds_report.png"))
     print(json.dumps(rep, indent=1))
     print(markdown(rep))
+  elif command == "keep" and len(rest) == 2:
+    copied = keep(*rest)
+    print(json.dumps({"kept": len(copied), "to": os.path.join(OUTCOMES_ROOT, rest[1])}))
   else:
     raise errors.FlagError(f"{' '.join(argv[1:]) or '(no command)'}: {USAGE}")
 

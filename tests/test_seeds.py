@@ -64,6 +64,35 @@ def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_pa
   assert seeds.report([str(tmp_path)], "success", 200)["points"][0]["constant"] is None
 
 
+def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
+  """`keep` copies every seed's eval/step_N.jsonl and config.json (no checkpoints, no
+  temporary files, no other seed-less folder) into outcomes/NAME, and the report of the
+  kept folder equals the report of the run's. Mutation caught: `keep` copying only the
+  last evaluation step of each seed."""
+  run = tmp_path / "run"
+  for seed in (0, 2):
+    for step in (0, 20):
+      lines = [item_outcomes.item(k, f"d{k}", k % 3, (k + seed + step) % 2, 1, "a", str(k)) for k in range(6)]
+      item_outcomes.write(str(run / f"seed_{seed}"), step, lines)
+    (run / f"seed_{seed}" / "config.json").write_text('{"seed": %d}' % seed)
+    (run / f"seed_{seed}" / "checkpoints").mkdir()
+    (run / f"seed_{seed}" / "checkpoints" / "big").write_bytes(b"0" * 100)
+  (run / "seed_0" / "eval" / "step_40.jsonl.tmp123").write_text("half")
+  (run / "other").mkdir()
+  copied = seeds.keep(str(run), "demo_1", str(tmp_path / "outcomes"))
+  kept = tmp_path / "outcomes" / "demo_1"
+  assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
+    f"seed_{s}/{f}" for s in (0, 2) for f in ("config.json", "eval/step_0.jsonl", "eval/step_20.jsonl")
+  )
+  assert len(copied) == 6
+  strip = lambda rep: [{k: v for k, v in p.items() if k != "dir"} for p in rep["points"]]
+  assert strip(seeds.report([str(kept)], "success", 100)) == strip(seeds.report([str(run)], "success", 100))
+  with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
+    seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
+  with pytest.raises(seeds.errors.FlagError, match="no such directory"):
+    seeds.keep(str(tmp_path / "absent"), "x", str(tmp_path / "outcomes"))
+
+
 def test_child_argv_runs_one_seed_and_parallel_names_failures(tmp_path, monkeypatch):
   argv = ["seeds.py", "run", "--config=c.py:x", "--seeds", "0,1", "--parallel=2", "--config.a=1"]
   assert seeds.child_argv(argv, 1)[1:] == [

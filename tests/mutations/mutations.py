@@ -815,6 +815,14 @@ MUTATIONS = [
     why="an interrupted evaluation leaving half an outcome file",
   ),
   dict(
+    name="kept_outcomes_only_the_last_step",
+    path="experiments/seeds.py",
+    old="    names = [os.path.relpath(item_outcomes.path(src, step), src) for step in steps]\n",
+    new="    names = [os.path.relpath(item_outcomes.path(src, step), src) for step in steps][-1:]\n",
+    tests=["tests/test_seeds.py"],
+    why="a kept run losing every evaluation point but its last",
+  ),
+  dict(
     name="quant_rows_scale_from_bfloat16",
     path="rlpost/models/quant.py",
     old="  scale = _absmax_scale(w_VxD, axis=-1)\n",
