@@ -138,6 +138,16 @@ inline VecI Dot(VecI acc, VecI u, VecI s) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 }
+// Dot(Dot(0, u1, s1), u2, s2) for codes u below 16: the two 16-bit pair sums (each at most
+// 2 * 15 * 128) add without overflow before one widening.
+inline VecI DotPair(VecI u1, VecI s1, VecI u2, VecI s2) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, s1), u2, s2);
+#else
+  const VecI pairs = _mm512_add_epi16(_mm512_maddubs_epi16(u1, s1), _mm512_maddubs_epi16(u2, s2));
+  return _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+#endif
+}
 // acc + the same sums for signed w: |w| times s with w's sign.
 inline VecI DotSigned(VecI acc, VecI w, VecI s) {
   const VecI flipped = _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s);
@@ -190,6 +200,10 @@ inline VecI Dot(VecI acc, VecI u, VecI s) {
   const VecI pairs = _mm256_maddubs_epi16(u, s);
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
+inline VecI DotPair(VecI u1, VecI s1, VecI u2, VecI s2) {
+  const VecI pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
 inline VecI DotSigned(VecI acc, VecI w, VecI s) {
   return Dot(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(s, w));
 }
@@ -228,6 +242,23 @@ inline VecI ZeroI() { return _mm256_setzero_si256(); }
 constexpr int64_t kChunkGroups = kChunk / kGroupBytes;
 constexpr int64_t kAhead = 4;  // outputs ahead to prefetch
 
+// sum_g shift[g] dsum[g], 8 groups a step (F16C widens float16 shifts), then the rest.
+inline __m256 Load8(const float* f) { return _mm256_loadu_ps(f); }
+inline __m256 Load8(const uint16_t* h) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+template <typename S>
+inline float ShiftDot(const S* shift, const float* dsum, int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(Load8(shift + g), _mm256_loadu_ps(dsum + g), acc);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+  for (; g < groups; ++g) s += ToFloat(shift[g]) * dsum[g];
+  return s;
+}
+
 // y[r0 .. r0 + R, o] for one output o; R a compile-time constant, so the accumulators stay
 // in registers; HALF 16 puts a chunk's low and high nibbles in the same groups (one sum).
 template <int R, int HALF, bool SIGNED, typename S>
@@ -252,9 +283,13 @@ void OutputDot(const Problem& p, const Spread& spread, VecI table, int64_t o, in
       const VecI x_lo = LoadActs(a.lo.data() + row * a.bytes + c);
       const VecI x_hi = LoadActs(a.hi.data() + row * a.bytes + c);
       const __m128 f = _mm_mul_ps(sw, LoadGroups(a.d.data() + row * a.groups + g0, kChunkGroups));
+      if (HALF == 16 && !SIGNED) {
+        acc[r] = FmaI(DotPair(w_lo, x_lo, w_hi, x_hi), Lanes(spread.lo, f), acc[r]);
+        continue;
+      }
       VecI s_lo = SIGNED ? DotSigned(ZeroI(), w_lo, x_lo) : Dot(ZeroI(), w_lo, x_lo);
       if (HALF == 16) {
-        s_lo = SIGNED ? DotSigned(s_lo, w_hi, x_hi) : Dot(s_lo, w_hi, x_hi);
+        s_lo = DotSigned(s_lo, w_hi, x_hi);
         acc[r] = FmaI(s_lo, Lanes(spread.lo, f), acc[r]);
       } else {
         const VecI s_hi = SIGNED ? DotSigned(ZeroI(), w_hi, x_hi) : Dot(ZeroI(), w_hi, x_hi);
@@ -268,9 +303,7 @@ void OutputDot(const Problem& p, const Spread& spread, VecI table, int64_t o, in
   _mm_prefetch(reinterpret_cast<const char*>(shift + kAhead * groups), _MM_HINT_T0);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    const float* dsum = a.dsum.data() + (r0 + r) * a.groups;
-    float s = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) s += ToFloat(shift[g]) * dsum[g];
+    const float s = ShiftDot(shift, a.dsum.data() + (r0 + r) * a.groups, groups);
     p.y[(r0 + r) * p.out + o] = SumF(acc[r]) + s;
   }
 }

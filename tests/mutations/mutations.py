@@ -887,6 +887,22 @@ MUTATIONS = [
     why="the AVX2 kernel (AMD Zen 3) scaling a Q4_K / NF4 run's high nibbles by the low half's factor",
   ),
   dict(
+    name="native_q4_avx2_pair_drops_the_high_nibbles",
+    path="rlpost/models/q4_native.cc",
+    old="  const VecI pairs = _mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2));\n",
+    new="  const VecI pairs = _mm256_maddubs_epi16(u1, s1);\n",
+    tests=["tests/test_q4_native.py"],
+    why="the AVX2 kernel's Q4_0 / Q4_1 sum leaving out each chunk's high nibbles",
+  ),
+  dict(
+    name="native_shift_sum_skips_the_vector_groups",
+    path="rlpost/models/q4_native.cc",
+    old="  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(Load8(shift + g), _mm256_loadu_ps(dsum + g), acc);\n",
+    new="  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(Load8(shift + g), _mm256_loadu_ps(dsum), acc);\n",
+    tests=["tests/test_q4_native.py"],
+    why="each group's shift (Q4_1's min, Q4_0's -8 d) multiplied by the first 8 groups' activation sums",
+  ),
+  dict(
     name="constant_baseline_first_answer",
     path="experiments/seeds.py",
     old="  best = max(sorted(set(values)), key=values.count)\n",
