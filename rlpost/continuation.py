@@ -41,7 +41,7 @@ class Continuation:
   """What a later turn needs to go on from a sample without prefilling its history again.
 
   cache: the KV cache after the last decode step (`decoder.init_cache`: k, v
-    [L, rows, S, K, hd], pos [rows, S], index []).
+    [L, rows, K, S, hd], pos [rows, S], index []).
   valid_BxS: bool [rows, S], the history slots a later token may attend (prompt,
     observations, the tokens kept of earlier turns; not the last call's tokens).
   gen_start: [] int32, the slot of the last call's first sampled token.
@@ -176,8 +176,8 @@ def _right_aligned(cache, valid_BxS, size: int):
   # Past `index` the roll wraps around to history slots again: not history there.
   valid = jnp.take_along_axis(valid_BxS, perm, axis=1) & (jnp.arange(size)[None, :] < index)
   cache = {
-    "k": jnp.take_along_axis(cache["k"], perm[None, :, :, None, None], axis=2),
-    "v": jnp.take_along_axis(cache["v"], perm[None, :, :, None, None], axis=2),
+    "k": jnp.take_along_axis(cache["k"], perm[None, :, None, :, None], axis=decoder.SLOT_AXIS),
+    "v": jnp.take_along_axis(cache["v"], perm[None, :, None, :, None], axis=decoder.SLOT_AXIS),
     "pos": jnp.take_along_axis(cache["pos"], perm, axis=1),
     "index": index,
   }

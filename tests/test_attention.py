@@ -21,6 +21,11 @@ def per_head_reference(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, num_kv_heads
   return jnp.stack(outs, axis=2).reshape(B, T, N * H)
 
 
+def kv_major(k_BxSxKxH, v_BxSxKxH):
+  """[B, S, K, H] -> [B, K, S, H], the layout `attention` takes (the cache's)."""
+  return k_BxSxKxH.transpose(0, 2, 1, 3), v_BxSxKxH.transpose(0, 2, 1, 3)
+
+
 @pytest.mark.parametrize(
   "B, T, S, N, K, H",
   [
@@ -40,10 +45,11 @@ def test_attention_and_its_gradients_match_the_per_head_reference(B, T, S, N, K,
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v, mask, K) * w)
 
-  got = attention.attention(q, k, v, mask, K)
+  got = attention.attention(q, *kv_major(k, v), mask, K)
   assert got.shape == (B, T, N * H) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, per_head_reference(q, k, v, mask, K), atol=2e-6)
-  grads = jax.grad(loss(attention.attention), argnums=(0, 1, 2))(q, k, v)
+  kv_major_attention = lambda q, k, v, m, K: attention.attention(q, *kv_major(k, v), m, K)
+  grads = jax.grad(loss(kv_major_attention), argnums=(0, 1, 2))(q, k, v)
   expected = jax.grad(loss(per_head_reference), argnums=(0, 1, 2))(q, k, v)
   for name, g, e in zip("qkv", grads, expected):
     np.testing.assert_allclose(g, e, atol=1e-5, err_msg=f"d{name}")
@@ -54,7 +60,7 @@ def test_bfloat16_inputs_are_computed_in_float32():
   q = jnp.asarray(rng.normal(size=(1, 3, 2, 4)), jnp.bfloat16)
   k, v = (jnp.asarray(rng.normal(size=(1, 3, 1, 4)), jnp.bfloat16) for _ in range(2))
   mask = jnp.tril(jnp.ones((3, 3), bool))[None]
-  got = attention.attention(q, k, v, mask, 1)
+  got = attention.attention(q, *kv_major(k, v), mask, 1)
   as_f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, per_head_reference(*as_f32, mask, 1), atol=2e-6)

@@ -151,8 +151,9 @@ RL_STEPS = 3
 def test_qlora_rl_follows_the_float_base_run(recipe, tmp_path, monkeypatch):
   """GRPO (beta > 0: a KL reference) and PPO (a LoRA critic over the same base), 3 tiny
   iterations with int4 rollouts: the QLoRA run and the LoRA run over a float32 base of the
-  same values sample the same rewards and reach the same losses and adapters within float
-  rounding (dense4 against a float matmul); the QLoRA learner's reference and frozen base
+  same values sample the same rewards and reach the same losses (the first iteration's
+  within float rounding, later ones within 10%: see below) and adapters (dense4 against
+  a float matmul); the QLoRA learner's reference and frozen base
   are the 4-bit base itself (no float copy); both save the same arrays (adapters and
   optimizer state only).
   Mutation caught: `dense4`'s backward pass returning a zero dx (the adapters below the
@@ -181,10 +182,19 @@ def test_qlora_rl_follows_the_float_base_run(recipe, tmp_path, monkeypatch):
   (m4, t4, saved4), (m32, t32, saved32) = runs[4], runs[32]
   assert [r["reward/mean"] for r in m4] == [r["reward/mean"] for r in m32]
   for key in ("loss", "kl"):  # GRPO's losses ~1e-3: an absolute tolerance too
-    np.testing.assert_allclose([r[key] for r in m4], [r[key] for r in m32], rtol=1e-2, atol=1e-4)
+    # The first iteration's rollouts are the same tokens (B starts at 0: both sampler
+    # copies quantise the same values); after an update each run requantises its own
+    # merged weights, float rounding apart, and a code that flips can part one sampled
+    # token (a step function: PPO's third loss 4% apart on AMD Zen 3, equal rewards).
+    first, later = (lambda m: m[0][key]), (lambda m: [r[key] for r in m[1:]])
+    np.testing.assert_allclose(first(m4), first(m32), rtol=1e-2, atol=1e-4)
+    np.testing.assert_allclose(later(m4), later(m32), rtol=1e-1, atol=1e-4)
   gaps = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), t4, t32))
   moved = [float(np.max(np.abs(ab["b"]))) for ab in t4["policy"]["layers"].values()]
-  assert max(gaps) < 0.1 * min(moved), (gaps, moved)  # each B moved by Adam steps ~lr 3e-2
+  # each B moved by Adam steps ~lr 3e-2; a parted token moves some B's apart by a fraction
+  # of a step (0.25 of the least-moved B's path in PPO on AMD Zen 3), while an adapter
+  # that gets no gradient does not move at all
+  assert max(gaps) < 0.5 * min(moved), (gaps, moved)
   qlora = learners[0]
   for tree in (qlora.frozen, qlora.ref_params) if recipe == "grpo" else (qlora.frozen,):
     assert all(isinstance(tree["layers"][n], quant4.Packed4) for n in ("q", "down"))

@@ -24,9 +24,10 @@ from the output projection. Attention is grouped-query with rotate-half RoPE.
 concatenated) that `forward` with a cache unrolls: the sampler's decode layout for
 layers large enough to pay for it (`decode_layout`).
 
-The KV cache is one dict of a few large arrays (see `init_cache`); new keys and values
-are written at slot `cache["index"]` for every row, so rows use left padding and
-per-row positions.
+The KV cache is one dict of a few large arrays (see `init_cache`), keys and values
+KV-head-major ([L, B, K, S, H]: what a decode step's attention matmuls read in place);
+new keys and values are written at slot `cache["index"]` for every row, so rows use left
+padding and per-row positions.
 """
 
 import functools
@@ -112,14 +113,17 @@ def init_params(key: jax.Array, config: Config, dtype=jnp.float32) -> Params:
   return params
 
 
+SLOT_AXIS = 3  # the slot axis of the cache's "k" and "v" [L, B, K, S, H]
+
+
 def init_cache(config: Config, batch: int, size: int, dtype=jnp.float32) -> Cache:
   """Empty KV cache for `batch` rows and `size` slots.
 
-  Returns {"k", "v": [L, batch, size, K, hd] dtype, "pos": [batch, size] int32
-  (position of the key in each slot, -1 when empty), "index": [] int32 (next
-  slot to write)}.
+  Returns {"k", "v": [L, batch, K, size, hd] dtype (slots on axis `SLOT_AXIS`), "pos":
+  [batch, size] int32 (position of the key in each slot, -1 when empty), "index": []
+  int32 (next slot to write)}.
   """
-  shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch, config.num_kv_heads, size, config.head_dim)
   return {
     "k": jnp.zeros(shape, dtype),
     "v": jnp.zeros(shape, dtype),
@@ -320,8 +324,8 @@ def _block(
     q, k = norm(q, "q_norm"), norm(k, "k_norm")
   cos, sin = _pick(is_global, ropes)
   q = apply_rope(q, cos, sin) * c.query_scale
-  k = apply_rope(k, cos, sin)
-  k_all, v_all, carry_out = keys_fn(k, v)
+  k = apply_rope(k, cos, sin).transpose(0, 2, 1, 3)  # [B, K, T, H], the cache's layout
+  k_all, v_all, carry_out = keys_fn(k, v.transpose(0, 2, 1, 3))
   mask = _pick(is_global, masks)
   attn = attention_lib.attention(q, k_all, v_all, mask, c.num_kv_heads)
   out = lambda x, name, size: checkpoint_name(proj(x, (name,), (size,))[0], "proj_out")
@@ -342,15 +346,16 @@ def _gated(activation: str, gate, up, compute_dtype):
   raise ValueError(f"Config.activation={activation!r}: use one of {architecture.ACTIVATIONS}")
 
 
-def _cache_writer(ck_LxBxSxKxH, cv_LxBxSxKxH, layer, index):
-  """keys_fn for `_block`: writes this layer's new k/v at slot `index`, returns all of its keys."""
+def _cache_writer(ck_LxBxKxSxH, cv_LxBxKxSxH, layer, index):
+  """keys_fn for `_block`: writes this layer's new k/v [B, K, T, H] at slot `index`,
+  returns all of its keys and values [B, K, S, H]."""
 
   def keys_fn(k, v):
     nk = jax.lax.dynamic_update_slice(
-      ck_LxBxSxKxH, k[None].astype(ck_LxBxSxKxH.dtype), (layer, 0, index, 0, 0)
+      ck_LxBxKxSxH, k[None].astype(ck_LxBxKxSxH.dtype), (layer, 0, 0, index, 0)
     )
     nv = jax.lax.dynamic_update_slice(
-      cv_LxBxSxKxH, v[None].astype(cv_LxBxSxKxH.dtype), (layer, 0, index, 0, 0)
+      cv_LxBxKxSxH, v[None].astype(cv_LxBxKxSxH.dtype), (layer, 0, 0, index, 0)
     )
     return nk[layer], nv[layer], (nk, nv)
 
@@ -533,9 +538,9 @@ def _check_forward_args(T: int, cache, remat, shared_prefix: int = 0) -> None:
     raise ValueError(
       f"shared_prefix={shared_prefix}: must be in [0, {T}) slots, and 0 with a cache"
     )
-  if cache is not None and T > cache["k"].shape[2]:
+  if cache is not None and T > cache["k"].shape[SLOT_AXIS]:
     raise ValueError(
-      f"{T} tokens do not fit in a KV cache of {cache['k'].shape[2]} slots; "
+      f"{T} tokens do not fit in a KV cache of {cache['k'].shape[SLOT_AXIS]} slots; "
       "allocate a larger cache with init_cache(..., size=...)"
     )
 
@@ -568,7 +573,9 @@ def _shared_prefix_layers(x, layers, lora_layers, is_global_L, block, remat, gat
   front of their own. Masks and RoPE tables are sliced to match. Returns x [B, T, D]
   with row 0's prefix in every row (a broadcast: its gradient sums over rows)."""
   B = x.shape[0]
-  front = lambda a, b: jnp.concatenate([jnp.broadcast_to(a, (B, *a.shape[1:])), b], axis=1)
+  front = lambda a, b, axis=1: jnp.concatenate(
+    [jnp.broadcast_to(a, (B, *a.shape[1:])), b], axis=axis
+  )
   prefix_block = _sliced_block(block, lambda a: a[:1, :K], lambda m: m[:1, :K, :K])
   rest_block = _sliced_block(block, lambda a: a[:, K:], lambda m: m[:, K:, :])
 
@@ -578,7 +585,7 @@ def _shared_prefix_layers(x, layers, lora_layers, is_global_L, block, remat, gat
     if gather is not None:
       layer, lora = gather((layer, lora))
     x_p, kv_p = prefix_block(x_p, layer, lora, glob, lambda k, v: (k, v, (k, v)))
-    keys = lambda k, v: (front(kv_p[0], k), front(kv_p[1], v), None)
+    keys = lambda k, v: (front(kv_p[0], k, 2), front(kv_p[1], v, 2), None)  # [B, K, S, H]
     x_r, _ = rest_block(x_r, layer, lora, glob, keys)
     return (x_p, x_r), None
 

@@ -1,6 +1,6 @@
 """The device side of continuous batching: a fixed set of row slots over one KV cache.
 
-A pool holds R row slots (R a power of two) and one KV cache `[L, R, S, K, hd]`
+A pool holds R row slots (R a power of two) and one KV cache `[L, R, K, S, hd]`
 (`decoder.init_cache`). Every decode step writes column `w = cache["index"]` of every
 row (the write index is shared); what a row attends is its own `valid` mask `[R, S]`
 and its positions are its own (`next_pos`), so rows of different lengths, admitted at
@@ -35,7 +35,7 @@ from rlpost.models import decoder, quant
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Slots:
-  """cache: k, v [L, R, S, K, hd], pos [R, S] int32, index [] int32 (w, shared);
+  """cache: k, v [L, R, K, S, hd], pos [R, S] int32, index [] int32 (w, shared);
   valid [R, S] bool; next_pos, token, count, budget, row_id [R] int32; done [R] bool."""
 
   cache: dict
@@ -228,7 +228,7 @@ def _prefill_fresh(params, cache, rows_A, tokens_AxM, lengths_A, keep_A, kept, e
   del keep_A, kept
   M = tokens_AxM.shape[1]
   logits, block = sampling.prefill(params, tokens_AxM, lengths_A, model_config=config, cache_size=M)
-  at = (0, 0, end - M, 0, 0)
+  at = (0, 0, 0, end - M, 0)  # [L, rows, K, slots, H]
   return logits, {
     "k": jax.lax.dynamic_update_slice(cache["k"][:, rows_A], block["k"], at),
     "v": jax.lax.dynamic_update_slice(cache["v"][:, rows_A], block["v"], at),
@@ -272,10 +272,10 @@ def compact(slots: Slots, *, size: int) -> Slots:
     grow = size - S
     valid = jnp.pad(valid, ((0, 0), (0, grow)))
     pos = jnp.pad(pos, ((0, 0), (0, grow)), constant_values=-1)
-    k = jnp.pad(k, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0), (0, 0)))
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, grow), (0, 0)))
   order = jnp.argsort(~valid, axis=1, stable=True)[:, :size]  # [R, size]
-  take = lambda x: jnp.take_along_axis(x, order[None, :, :, None, None], axis=2)
+  take = lambda x: jnp.take_along_axis(x, order[None, :, None, :, None], axis=decoder.SLOT_AXIS)
   valid = jnp.take_along_axis(valid, order, axis=1)
   cache = {
     "k": take(k),
