@@ -58,9 +58,7 @@ _DRAWS = flags.DEFINE_integer("draws", intervals.DRAWS, "report: bootstrap repli
 _SEED_DIR = re.compile(r"seed_(\d+)")
 OUTCOMES_ROOT = os.path.join(os.path.dirname(__file__), "results", "outcomes")
 _KEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-USAGE = (
-  "usage: python -m experiments.seeds run --config=... | report DIR [DIR2] | keep DIR NAME"
-)
+USAGE = "usage: python -m experiments.seeds run --config=... | report DIR [DIR2] | keep DIR NAME"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -244,7 +242,9 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
   """Copies root/seed_K/{eval/step_N.jsonl, config.json} to outcomes_root/name/ (the same
   layout; an earlier copy of the same file is replaced); returns the copied paths."""
   if not _KEEP_NAME.fullmatch(name):
-    raise errors.FlagError(f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)")
+    raise errors.FlagError(
+      f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)"
+    )
   load(root, "success")  # the same checks as report: a workdir root with outcome files
   copied = []
   for seed_dir in sorted(os.listdir(root)):

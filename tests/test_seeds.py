@@ -72,7 +72,10 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   run = tmp_path / "run"
   for seed in (0, 2):
     for step in (0, 20):
-      lines = [item_outcomes.item(k, f"d{k}", k % 3, (k + seed + step) % 2, 1, "a", str(k)) for k in range(6)]
+      lines = [
+        item_outcomes.item(k, f"d{k}", k % 3, (k + seed + step) % 2, 1, "a", str(k))
+        for k in range(6)
+      ]
       item_outcomes.write(str(run / f"seed_{seed}"), step, lines)
     (run / f"seed_{seed}" / "config.json").write_text('{"seed": %d}' % seed)
     (run / f"seed_{seed}" / "checkpoints").mkdir()
@@ -82,11 +85,15 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   copied = seeds.keep(str(run), "demo_1", str(tmp_path / "outcomes"))
   kept = tmp_path / "outcomes" / "demo_1"
   assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
-    f"seed_{s}/{f}" for s in (0, 2) for f in ("config.json", "eval/step_0.jsonl", "eval/step_20.jsonl")
+    f"seed_{s}/{f}"
+    for s in (0, 2)
+    for f in ("config.json", "eval/step_0.jsonl", "eval/step_20.jsonl")
   )
   assert len(copied) == 6
   strip = lambda rep: [{k: v for k, v in p.items() if k != "dir"} for p in rep["points"]]
-  assert strip(seeds.report([str(kept)], "success", 100)) == strip(seeds.report([str(run)], "success", 100))
+  assert strip(seeds.report([str(kept)], "success", 100)) == strip(
+    seeds.report([str(run)], "success", 100)
+  )
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
   with pytest.raises(seeds.errors.FlagError, match="no such directory"):
