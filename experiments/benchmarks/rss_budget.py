@@ -31,12 +31,15 @@ EXPECTED = {
 TOLERANCE_GIB = 0.15  # run-to-run spread seen: 0.04-0.06 GiB
 
 
-def key(mode: str, sampler_weights: str, defaults: bool) -> str | None:
+def key(mode: str, sampler_weights: str, defaults: bool, preset: str = "gemma3_270m") -> str | None:
   """The `EXPECTED` key of a run: `mode`, plus "_int8" when the sampler reads int8
-  weights; None when the workload is not the default one (`defaults` False)."""
+  weights, after "PRESET_" when the architecture is not Gemma 3 270M's (the figures'
+  one: such keys have no figure and are reported "unchecked"); None when the workload is
+  not the default one (`defaults` False)."""
   if not defaults:
     return None
-  return mode if sampler_weights == "model" else f"{mode}_{sampler_weights}"
+  name = mode if sampler_weights == "model" else f"{mode}_{sampler_weights}"
+  return name if preset == "gemma3_270m" else f"{preset}_{name}"
 
 
 def check(name: str | None, peak_rss_gib: float) -> dict:

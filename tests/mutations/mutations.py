@@ -814,6 +814,31 @@ MUTATIONS = [
     tests=["tests/test_seeds.py"],
     why="an interrupted evaluation leaving half an outcome file",
   ),
+  # --- issue 70: the GRPO benchmark on Gemma 3 1B
+  dict(
+    name="rss_budget_key_without_preset",
+    path="experiments/benchmarks/rss_budget.py",
+    old='  return name if preset == "gemma3_270m" else f"{preset}_{name}"\n',
+    new="  return name\n",
+    tests=["tests/test_benchmarks.py"],
+    why="a Gemma 3 1B run's peak RSS checked against the 270M figures",
+  ),
+  dict(
+    name="grpo_step_preset_not_forwarded",
+    path="experiments/benchmarks/grpo_step.py",
+    old="          _PRESET,\n",
+    new="",
+    tests=["tests/test_benchmarks.py"],
+    why="--preset=gemma3_1b measuring the 270M in each mode's process",
+  ),
+  dict(
+    name="grpo_step_budget_key_without_preset",
+    path="experiments/benchmarks/grpo_step.py",
+    old="  return rss_budget.key(mode, _SAMPLER.value, defaults, _PRESET.value)\n",
+    new="  return rss_budget.key(mode, _SAMPLER.value, defaults)\n",
+    tests=["tests/test_benchmarks.py"],
+    why="a Gemma 3 1B run's peak RSS checked against the 270M figures",
+  ),
   dict(
     name="quant_rows_scale_from_bfloat16",
     path="rlpost/models/quant.py",
