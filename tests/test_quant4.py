@@ -335,3 +335,34 @@ def test_requantized_stack_equals_the_whole_stack_formula_one_matrix_at_a_time(d
   np.testing.assert_allclose(quant4.absmax(got), quant4.absmax(want), rtol=1e-6, atol=1.01 * step)
   compiled = jax.jit(quant4.requantized).lower(w, delta).compile()
   assert compiled.memory_analysis().temp_size_in_bytes < L * I * O * 4 // 2
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_lora_merge_into_a_4bit_stack_makes_each_layers_product_apart(double):
+  """`lora.merged_weights` over a stacked 4-bit base [L, I, O]: NF4 of its dequantised
+  values plus scale * A @ B (`quant4.requantized` of the whole stack's product: the same
+  codes, the scales within rounding), while the merge program's temporaries stay below
+  half that stack's float32 bytes: the [L, I, O] product is never whole (compiled, not
+  run).
+
+  Mutation caught: `lora_requantized` given the stack's whole product
+  (`lora_requantized_whole_product`); `merged_weights` computing it before the 4-bit
+  merge (`lora_merge_whole_delta`)."""
+  L, I, O, R = 12, 256, 512, 8
+  keys = jax.random.split(jax.random.key(6), 3)
+  w = quant4.quantize_nf4(jax.random.normal(keys[0], (L, I, O)), double)
+  ab = {
+    "a": 0.3 * jax.random.normal(keys[1], (L, I, R)),
+    "b": 0.3 * jax.random.normal(keys[2], (L, R, O)),
+  }
+  cfg = lora.LoraConfig(rank=R, alpha=16.0)
+  merge = jax.jit(lambda w, ab: lora.merged_weights({"up": w}, {"layers": {"up": ab}}, cfg))
+  got = merge(w, ab)["up"]
+  delta = cfg.scale * jnp.einsum("lir,lro->lio", ab["a"], ab["b"])
+  want = jax.jit(quant4.requantized)(w, delta)
+  assert got.fmt == want.fmt
+  np.testing.assert_array_equal(got.codes, want.codes)
+  step = float(jnp.max(want.scales["scale2"])) if double else 0.0
+  np.testing.assert_allclose(quant4.absmax(got), quant4.absmax(want), rtol=1e-6, atol=1.01 * step)
+  compiled = merge.lower(w, ab).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < L * I * O * 4 // 2

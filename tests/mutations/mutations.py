@@ -840,6 +840,22 @@ MUTATIONS = [
     why="a Gemma 3 1B run's peak RSS checked against the 270M figures",
   ),
   dict(
+    name="lora_requantized_whole_product",
+    path="rlpost/models/quant4.py",
+    old="  return _per_matrix(w, (a_IxR, b_RxO), product)\n",
+    new="  return requantized(w, product(a_IxR, b_RxO))\n",
+    tests=["tests/test_quant4.py"],
+    why="a QLoRA weight sync holding a float32 [L, I, O] LoRA product per matrix stack",
+  ),
+  dict(
+    name="lora_merge_whole_delta",
+    path="rlpost/models/lora.py",
+    old='      out[name] = quant4.lora_requantized(w, ab["a"], ab["b"], config.scale)\n',
+    new='      out[name] = quant4.requantized(w, config.scale * jnp.einsum("lir,lro->lio", ab["a"], ab["b"]))\n',
+    tests=["tests/test_quant4.py"],
+    why="a QLoRA weight sync holding a float32 [L, I, O] LoRA product per matrix stack",
+  ),
+  dict(
     name="quant_rows_scale_from_bfloat16",
     path="rlpost/models/quant.py",
     old="  scale = _absmax_scale(w_VxD, axis=-1)\n",
