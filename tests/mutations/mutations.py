@@ -856,6 +856,14 @@ MUTATIONS = [
     why="a QLoRA weight sync holding a float32 [L, I, O] LoRA product per matrix stack",
   ),
   dict(
+    name="native_prefill_untied",
+    path="rlpost/models/q4_native.py",
+    old="    w_lo, w_hi = (h + after(x) for h in halves(w))\n",
+    new="    w_lo, w_hi = halves(w)\n",
+    tests=["tests/test_quant4.py"],
+    why="the sampler's prefill dequantising every 4-bit layer before the first runs",
+  ),
+  dict(
     name="quant_rows_scale_from_bfloat16",
     path="rlpost/models/quant.py",
     old="  scale = _absmax_scale(w_VxD, axis=-1)\n",
