@@ -22,6 +22,11 @@ commit, saying why; BUILD.md's "How to benchmark" quotes this table.
 # 2.61 beside LoRA's 3.40 / 3.34 (first iterations; steady 2.40 / 2.33 against 3.12 /
 # 3.10; load 3-5). The commit before, in the same session: qlora 2.67 / 2.63 (steady
 # 2.54 / 2.49), LoRA 3.37 / 3.37: the first iteration's spread, not growth.
+# qlora1b (the sync's LoRA product and the sampler's prefill one layer at a time; figures
+# unchanged): on an AMD EPYC Zen 3 qlora 2.95 both at dbac311 and after, LoRA 3.08: that
+# CPU's `train.compute_dtype=auto` is float32, so QLoRA's frozen embedding is float32
+# there and it reads "grown" against these Xeon (bfloat16) figures. Gemma 3 1B
+# (`--preset=gemma3_1b`, keys "gemma3_1b_MODE", unchecked): BUILD.md "How to benchmark".
 EXPECTED = {
   "full": 7.44,
   "lora": 3.40,
