@@ -47,15 +47,25 @@ def test_rss_budget_flags_a_peak_past_its_expected_figure_and_tolerance():
 
 
 def test_rss_budget_keys_and_issue_65_bounds():
-  """A run's key is its mode, plus "_int8" for int8 rollouts, None off the default
-  workload; the expected figures keep issue 65's bounds: LoRA <= 3.6 GiB and int8
-  rollouts at most 0.4 GiB above it."""
+  """A run's key is its mode, plus "_int8" for int8 rollouts, after the preset's name off
+  Gemma 3 270M (no expected figure), None off the default workload; the expected figures
+  keep issue 65's bounds: LoRA <= 3.6 GiB and int8 rollouts at most 0.4 GiB above it.
+
+  Mutation caught: the preset left out of the key (`rss_budget_key_without_preset`)."""
   from experiments.benchmarks import rss_budget  # pylint: disable=g-import-not-at-top
 
   assert rss_budget.key("lora", "model", True) == "lora"
   assert rss_budget.key("lora", "int8", True) == "lora_int8"
   assert rss_budget.key("lora", "int8", False) is None
   expected = rss_budget.EXPECTED
+  for mode in ("full", "lora", "qlora"):  # another architecture: never the 270M figures
+    for sampler in ("model", "int8"):
+      name = rss_budget.key(mode, sampler, True, "gemma3_1b")
+      assert name.startswith("gemma3_1b_") and name not in expected, name
+      assert rss_budget.check(name, 99.0)["verdict"] == "unchecked"
+      assert rss_budget.key(mode, sampler, True, "gemma3_270m") == rss_budget.key(
+        mode, sampler, True
+      )
   assert expected["lora"] <= 3.6
   assert expected["lora_int8"] <= expected["lora"] + 0.4
 
@@ -82,6 +92,42 @@ def test_grpo_step_exits_naming_a_mode_whose_peak_grew(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["lora"]["iteration_peak_rss_gib"] == over
     with flagsaver.flagsaver(check_rss=False):
       grpo_step.main([])
+
+
+def test_grpo_step_preset_reaches_each_mode_and_its_key(monkeypatch, capsys):
+  """--preset=gemma3_1b is passed to each mode's process and named in the JSON, and the
+  mode's budget key carries it (unchecked: no 1B figure), so a 1B peak far above the 270M
+  figures exits 0; the mode's process is faked.
+
+  Mutation caught: --preset not forwarded to the modes' processes
+  (`grpo_step_preset_not_forwarded`); the key built without it
+  (`grpo_step_budget_key_without_preset`)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+
+  grpo_step = import_main("experiments.benchmarks.grpo_step")
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  calls = []
+
+  def fake(args, **kw):
+    del kw
+    calls.append(args)
+    mode = next(a.split("=", 1)[1] for a in args if a.startswith("--mode="))
+    preset = [a.split("=", 1)[1] for a in args if a.startswith("--preset=")]
+    with flagsaver.flagsaver(preset=preset[-1] if preset else "gemma3_270m"):
+      check = grpo_step.rss_budget.check(grpo_step._budget_key(mode), 99.0)
+    line = json.dumps({"iteration_peak_rss_gib": 99.0, "rss_check": check})
+    return subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
+
+  monkeypatch.setattr(grpo_step.subprocess, "run", fake)
+  with flagsaver.flagsaver(modes=["lora", "qlora"], preset="gemma3_1b", check_rss=True):
+    grpo_step.main([])  # no SystemExit: nothing compared to the 270M figures
+  out = json.loads(capsys.readouterr().out)
+  assert out["preset"] == "gemma3_1b" and len(calls) == 2
+  for args, mode in zip(calls, ("lora", "qlora")):
+    assert "--preset=gemma3_1b" in args, args
+    assert out[mode]["rss_check"] == {"key": f"gemma3_1b_{mode}", "verdict": "unchecked"}
 
 
 def test_memory_probe_attributes_resident_bytes_to_the_open_phase():

@@ -289,6 +289,41 @@ def test_lora_gradients_through_a_four_bit_base_equal_the_dequantised_ones():
   )
 
 
+def test_native_prefill_dequantises_one_layer_at_a_time():
+  """A prefill (more than MAX_ROWS rows) through a chain of unrolled NativeQ4 layers, as
+  the sampler's decode layout runs it: each layer's float32 halves are made once its
+  input exists, so the program's temporaries stay below three layers' halves (before:
+  every layer's at once); the product is `dense`'s halves dot either way, and the tie
+  (`q4_native.after`) is 0 for any input, NaN and inf included (compiled, small).
+
+  Mutation caught: the halves made without the tie to x (`native_prefill_untied`)."""
+  from rlpost.models import q4_native  # pylint: disable=g-import-not-at-top
+
+  L, D, N = 8, 256, 64
+  keys = jax.random.split(jax.random.key(8), L + 1)
+  ws = [q4_native.from_packed(quant4.quantize_nf4(jax.random.normal(k, (D, D)))) for k in keys[1:]]
+  x = jax.random.normal(keys[0], (N, D))
+
+  def chain(x, ws):
+    for w in ws:
+      x = jnp.tanh(q4_native.dense(x, w))
+    return x
+
+  assert N > q4_native.MAX_ROWS
+  compiled = jax.jit(chain).lower(x, ws).compile()
+  halves_bytes = D * D * 4  # one layer's two [D, D / 2] float32 halves
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < 3 * halves_bytes, (temp, halves_bytes)
+  want = x
+  for w in ws:
+    lo, hi = q4_native.halves(w)
+    x_lo, x_hi = quant4.split_inputs(want, w.half)
+    want = jnp.tanh(x_lo @ lo.T + x_hi @ hi.T)
+  np.testing.assert_allclose(compiled(x, ws), want, rtol=1e-5, atol=1e-5)
+  for v in (0.5, np.nan, np.inf, -np.inf):
+    assert float(q4_native.after(jnp.full((2, 3), v, jnp.float32))) == 0.0
+
+
 def test_frozen_base_keeps_the_embedding_in_the_trainer_matmul_dtype():
   """`frozen_base(params, "bfloat16")`: layer matrices NF4, embedding and untied output
   bfloat16, norms as they were; the bfloat16 output projection's logprobs are the same
@@ -334,4 +369,35 @@ def test_requantized_stack_equals_the_whole_stack_formula_one_matrix_at_a_time(d
   step = float(jnp.max(want.scales["scale2"])) if double else 0.0
   np.testing.assert_allclose(quant4.absmax(got), quant4.absmax(want), rtol=1e-6, atol=1.01 * step)
   compiled = jax.jit(quant4.requantized).lower(w, delta).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < L * I * O * 4 // 2
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_lora_merge_into_a_4bit_stack_makes_each_layers_product_apart(double):
+  """`lora.merged_weights` over a stacked 4-bit base [L, I, O]: NF4 of its dequantised
+  values plus scale * A @ B (`quant4.requantized` of the whole stack's product: the same
+  codes, the scales within rounding), while the merge program's temporaries stay below
+  half that stack's float32 bytes: the [L, I, O] product is never whole (compiled, not
+  run).
+
+  Mutation caught: `lora_requantized` given the stack's whole product
+  (`lora_requantized_whole_product`); `merged_weights` computing it before the 4-bit
+  merge (`lora_merge_whole_delta`)."""
+  L, I, O, R = 12, 256, 512, 8
+  keys = jax.random.split(jax.random.key(6), 3)
+  w = quant4.quantize_nf4(jax.random.normal(keys[0], (L, I, O)), double)
+  ab = {
+    "a": 0.3 * jax.random.normal(keys[1], (L, I, R)),
+    "b": 0.3 * jax.random.normal(keys[2], (L, R, O)),
+  }
+  cfg = lora.LoraConfig(rank=R, alpha=16.0)
+  merge = jax.jit(lambda w, ab: lora.merged_weights({"up": w}, {"layers": {"up": ab}}, cfg))
+  got = merge(w, ab)["up"]
+  delta = cfg.scale * jnp.einsum("lir,lro->lio", ab["a"], ab["b"])
+  want = jax.jit(quant4.requantized)(w, delta)
+  assert got.fmt == want.fmt
+  np.testing.assert_array_equal(got.codes, want.codes)
+  step = float(jnp.max(want.scales["scale2"])) if double else 0.0
+  np.testing.assert_allclose(quant4.absmax(got), quant4.absmax(want), rtol=1e-6, atol=1.01 * step)
+  compiled = merge.lower(w, ab).compile()
   assert compiled.memory_analysis().temp_size_in_bytes < L * I * O * 4 // 2

@@ -70,14 +70,14 @@ def merged_weights(weights: dict, adapters, config: LoraConfig) -> dict:
   """{name: W + scale * A @ B} for the adapted stacks `weights` ({name: [L, in, out]}, the
   keys of adapters["layers"]) in their dtypes: `merge` without the weights it keeps, so
   a program computing it outputs (copies) only the merged ones. A 4-bit (`quant4.Packed4`)
-  weight comes out NF4 again (`quant4.requantized`)."""
+  weight comes out NF4 again, A @ B made one layer at a time (`quant4.lora_requantized`)."""
   out = {}
   for name, ab in adapters["layers"].items():
     w = weights[name]
-    delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
     if isinstance(w, quant4.Packed4):  # a 4-bit base (QLoRA): merged, then NF4 again
-      out[name] = quant4.requantized(w, config.scale * delta)
+      out[name] = quant4.lora_requantized(w, ab["a"], ab["b"], config.scale)
       continue
+    delta = jnp.einsum("lir,lro->lio", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
     out[name] = (w.astype(jnp.float32) + config.scale * delta).astype(w.dtype)
   return out
 

@@ -298,12 +298,28 @@ def requantized(w: Packed4, delta_IxO: jax.Array) -> Packed4:
   leading axes): done on a whole stack [L, I, O] at once, its float32 values and
   `quantize_nf4`'s temporaries were live together (1.09 GiB merging Gemma 3 270M's
   adapters). Each matrix's result is the one the whole stack gets (its scales are its own)."""
+  return _per_matrix(w, (delta_IxO,), lambda d: d)
+
+
+def lora_requantized(w: Packed4, a_IxR: jax.Array, b_RxO: jax.Array, scale: float) -> Packed4:
+  """`requantized(w, scale * a @ b)` with the product made inside the per-matrix loop:
+  w [..., I, O] 4-bit, a [..., I, R], b [..., R, O] (any float dtype; the product in
+  float32). Given whole, a stack's delta is one float32 [L, I, O] operand of the loop,
+  live for the whole merge (Gemma 3 1B's gate, up and down: 0.77 GiB each); here it is
+  one matrix's [I, O] at a time."""
+  product = lambda a, b: scale * jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
+  return _per_matrix(w, (a_IxR, b_RxO), product)
+
+
+def _per_matrix(w: Packed4, operands: tuple, delta_of) -> Packed4:
+  """NF4 of dequantize(w) + delta_of(*operands) [I, O] for each matrix of w's leading
+  axes (`lax.map`; operands share them), in w's NF4 block (`requantized`)."""
   block = 2 * half(w) if w.fmt in ("nf4", "nf4_dq") else nf4_block(w.shape[-2])
-  one = lambda pair: quantize_nf4(dequantize(pair[0]) + pair[1], w.fmt == "nf4_dq", block)
+  one = lambda t: quantize_nf4(dequantize(t[0]) + delta_of(*t[1:]), w.fmt == "nf4_dq", block)
   lead = w.codes.shape[:-2]
   if not lead:
-    return one((w, delta_IxO))
-  flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[len(lead) :]), (w, delta_IxO))
+    return one((w, *operands))
+  flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[len(lead) :]), (w, *operands))
   return jax.tree.map(lambda a: a.reshape(*lead, *a.shape[1:]), jax.lax.map(one, flat))
 
 
