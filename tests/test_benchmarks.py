@@ -57,6 +57,7 @@ def test_rss_budget_keys_and_issue_65_bounds():
   assert rss_budget.key("lora", "model", True) == "lora"
   assert rss_budget.key("lora", "int8", True) == "lora_int8"
   assert rss_budget.key("lora", "int8", False) is None
+  assert rss_budget.key("qlora", "model", True, compute_dtype="float32") is None  # Zen 3's auto
   expected = rss_budget.EXPECTED
   for mode in ("full", "lora", "qlora"):  # another architecture: never the 270M figures
     for sampler in ("model", "int8"):

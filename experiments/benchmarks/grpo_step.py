@@ -195,6 +195,7 @@ def _run_mode(mode: str) -> dict:
     "preset": _PRESET.value,
     "param_dtype": _DTYPE.value,
     "compute_dtype": cfg.train.compute_dtype,
+    "compute_dtype_resolved": common.compute_dtype(cfg, ""),
     "logprob_chunk": cfg.train.logprob_chunk,
     "remat": cfg.train.remat,
     "sampler_weights": cfg.sampling.weights,
@@ -216,7 +217,7 @@ def _run_mode(mode: str) -> dict:
     "setup_peak_rss_gib": round(setup_peak, 2),
     "first_iteration_peak_rss_gib": round(first_peak, 2),
     "steady_peak_rss_gib": round(steady_peak, 2),
-    "rss_check": rss_budget.check(_budget_key(mode), iteration_peak),
+    "rss_check": rss_budget.check(_budget_key(mode, common.compute_dtype(cfg, "")), iteration_peak),
     "peak_device_gib": device_memory.peak_device_gib(),
     "backend": jax.default_backend(),
     **({"memory": probe.report()} if probe else {}),
@@ -231,12 +232,13 @@ def _reset_peak_rss() -> None:
     f.write("5")
 
 
-def _budget_key(mode: str) -> str | None:
-  """`rss_budget`'s key for this run: None off XLA:CPU or off the default workload; the
+def _budget_key(mode: str, compute_dtype: str) -> str | None:
+  """`rss_budget`'s key for this run (`compute_dtype`: the trainer's, "auto" resolved):
+  None off XLA:CPU, off the default workload or off the figures' compute dtype; the
   preset's name leads it off Gemma 3 270M (no expected figure: unchecked)."""
   defaults = jax.default_backend() == "cpu" and _DTYPE.value == "float32"
   defaults &= not (_COMPUTE.value or _CHUNK.value or _REMAT.value or _REWARD_MODEL.value)
-  return rss_budget.key(mode, _SAMPLER.value, defaults, _PRESET.value)
+  return rss_budget.key(mode, _SAMPLER.value, defaults, _PRESET.value, compute_dtype)
 
 
 def _probed() -> memory_probe.Probe:

@@ -872,6 +872,14 @@ MUTATIONS = [
     why="a kept run losing every evaluation point but its last",
   ),
   dict(
+    name="rss_budget_ignores_the_compute_dtype",
+    path="experiments/benchmarks/rss_budget.py",
+    old="  if not defaults or compute_dtype != RECORDED_COMPUTE_DTYPE:\n",
+    new="  if not defaults:\n",
+    tests=["tests/test_benchmarks.py"],
+    why="a CPU whose auto compute dtype is float32 checked against the bfloat16 figures (a false 'grown')",
+  ),
+  dict(
     name="quant_rows_scale_from_bfloat16",
     path="rlpost/models/quant.py",
     old="  scale = _absmax_scale(w_VxD, axis=-1)\n",
