@@ -117,7 +117,8 @@ def test_grpo_step_preset_reaches_each_mode_and_its_key(monkeypatch, capsys):
     mode = next(a.split("=", 1)[1] for a in args if a.startswith("--mode="))
     preset = [a.split("=", 1)[1] for a in args if a.startswith("--preset=")]
     with flagsaver.flagsaver(preset=preset[-1] if preset else "gemma3_270m"):
-      check = grpo_step.rss_budget.check(grpo_step._budget_key(mode), 99.0)
+      key = grpo_step._budget_key(mode, grpo_step.rss_budget.RECORDED_COMPUTE_DTYPE)
+      check = grpo_step.rss_budget.check(key, 99.0)
     line = json.dumps({"iteration_peak_rss_gib": 99.0, "rss_check": check})
     return subprocess.CompletedProcess(args, 0, stdout=line + "\n", stderr="")
 

@@ -834,8 +834,8 @@ MUTATIONS = [
   dict(
     name="grpo_step_budget_key_without_preset",
     path="experiments/benchmarks/grpo_step.py",
-    old="  return rss_budget.key(mode, _SAMPLER.value, defaults, _PRESET.value)\n",
-    new="  return rss_budget.key(mode, _SAMPLER.value, defaults)\n",
+    old="  return rss_budget.key(mode, _SAMPLER.value, defaults, _PRESET.value, compute_dtype)\n",
+    new="  return rss_budget.key(mode, _SAMPLER.value, defaults, compute_dtype=compute_dtype)\n",
     tests=["tests/test_benchmarks.py"],
     why="a Gemma 3 1B run's peak RSS checked against the 270M figures",
   ),
