@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlpost.models import attention
+from rlpost.models import attention, q4_native
 
 
 def per_head_reference(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, num_kv_heads):
@@ -64,3 +64,63 @@ def test_bfloat16_inputs_are_computed_in_float32():
   as_f32 = [x.astype(jnp.float32) for x in (q, k, v)]
   assert got.dtype == jnp.float32
   np.testing.assert_allclose(got, per_head_reference(*as_f32, mask, 1), atol=2e-6)
+
+
+native = pytest.mark.skipif(
+  not q4_native.available()[0], reason=f"no native library: {q4_native.available()[1]}"
+)
+
+
+@native
+@pytest.mark.parametrize(
+  "B, S, N, K, H, dtype",
+  [
+    (2, 9, 4, 1, 8, jnp.float32),  # Gemma 3 270M's grouping
+    (1, 40, 9, 3, 64, jnp.float32),  # SmolLM2-135M's: 3 query heads per KV head
+    (3, 11, 6, 3, 20, jnp.bfloat16),  # a bfloat16 cache; H not a multiple of 8
+    (4, 256, 8, 4, 64, jnp.float32),  # enough work to hand the pairs to the thread pool
+  ],
+)
+def test_native_decode_step_matches_the_per_head_reference(B, S, N, K, H, dtype):
+  """The native kernel reads layer l of a [L, B, K, S, H] cache stack in place and equals
+  the reference on that layer (float32 rounding), masked slots skipped, a row with no
+  allowed slot averaged over all of them; the layer as a traced index gives the same.
+  Mutations caught: every query head reading the first KV head; the newest slot left
+  out; a row with no allowed slot summing the values."""
+  rng = np.random.default_rng(B * 100 + S + H)
+  L, layer = 3, 1
+  q = jnp.asarray(rng.normal(size=(B, 1, N, H)), jnp.float32)
+  cache_k, cache_v = (jnp.asarray(rng.normal(size=(L, B, K, S, H)), dtype) for _ in range(2))
+  mask = jnp.asarray(rng.random((B, 1, S)) < 0.5).at[0].set(False)  # a row with no slot
+  mask = mask.at[-1].set(True)  # and one with every slot
+  got = attention.attention(
+    q, attention.CacheLayer(cache_k, layer), attention.CacheLayer(cache_v, layer), mask, K
+  )
+  k, v = (c[layer].astype(jnp.float32).transpose(0, 2, 1, 3) for c in (cache_k, cache_v))
+  assert got.shape == (B, 1, N * H) and got.dtype == jnp.float32
+  np.testing.assert_allclose(got, per_head_reference(q, k, v, mask, K), atol=3e-6)
+  traced = jax.jit(
+    lambda l: attention.decode_native(
+      q, attention.CacheLayer(cache_k, l), attention.CacheLayer(cache_v, l), mask
+    )
+  )(jnp.int32(layer))
+  np.testing.assert_array_equal(traced, got)
+
+
+@native
+def test_native_layers_prefill_from_the_cache_layer_and_refuse_a_bad_layer():
+  """Prompt rows (T > 1) of the native path slice the cache layer and take XLA's form;
+  a layer outside the stack is the kernel's named error."""
+  rng = np.random.default_rng(5)
+  q = jnp.asarray(rng.normal(size=(1, 3, 2, 8)), jnp.float32)
+  cache = jnp.asarray(rng.normal(size=(2, 1, 1, 4, 8)), jnp.float32)
+  mask = jnp.tril(jnp.ones((3, 4), bool), 1)[None]
+  got = attention.attention(
+    q, attention.CacheLayer(cache, 1), attention.CacheLayer(cache * 2, 1), mask, 1
+  )
+  want = attention.attention(q, cache[1], cache[1] * 2, mask, 1)
+  np.testing.assert_array_equal(got, want)
+  with pytest.raises(Exception, match="layer out of range"):
+    attention.decode_native(
+      q[:, :1], attention.CacheLayer(cache, 2), attention.CacheLayer(cache, 2), mask[:, :1]
+    ).block_until_ready()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlpost import sampling
-from rlpost.models import decoder, q4_native, quant4
+from rlpost.models import attention, decoder, q4_native, quant4
 from rlpost.recipes import blocks, common
 from tests import test_quant4
 
@@ -218,10 +218,12 @@ def _xla_rows_matmul(x_NxD, w, march="native"):
 @pytest.mark.slow
 def test_sampler_reads_the_native_layout_through_the_kernels(monkeypatch):
   """The sampler over `for_decode`'s layout (q/k/v and gate/up fused, int8 output rows,
-  steps of up to 16 rows in the kernels) samples what it samples with the kernels'
-  arithmetic written in XLA (within float rounding), and the greedy tokens of the Packed4
-  copy (logprobs within int8 activations' rounding). Mutation caught: `for_decode`
-  leaving the output projection as quant's int8 copy (per-token activations)."""
+  steps of up to 16 rows in the kernels, attention in the library) samples what it
+  samples with the kernels' arithmetic and attention written in XLA (within float
+  rounding), and the greedy tokens of the Packed4 copy (logprobs within int8
+  activations' rounding). Mutations caught: `for_decode` leaving the output projection
+  as quant's int8 copy (per-token activations); the native layout's decode steps not
+  reading the cache through the library."""
   q = quant4.for_sampling(test_quant4._tiny64_params(1))
   native = q4_native.for_decode(q)
   fused = decoder.unstack_layers(native)["layers"][0]
@@ -232,11 +234,17 @@ def test_sampler_reads_the_native_layout_through_the_kernels(monkeypatch):
   run = lambda p: sampling.sample(
     p, tokens, jnp.array([8, 5]), jax.random.key(0), model_config=test_quant4.TINY64, config=sc
   )
+  traced = []
+  kernel = attention.decode_native
+  monkeypatch.setattr(attention, "decode_native", lambda *a: traced.append(1) or kernel(*a))
   a, b = run(native), run(q)
+  assert traced, "the native layout's decode steps compute attention in the library"
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=0.05)
   monkeypatch.setattr(q4_native, "matmul", _xla_matmul)
   monkeypatch.setattr(q4_native, "rows_matmul", _xla_rows_matmul)
+  monkeypatch.setattr(decoder, "_native_layers", lambda layers: False)  # XLA's attention
+  jax.clear_caches()  # retrace: the patched functions are read at trace time
   c = run(native)
   np.testing.assert_array_equal(a.tokens, c.tokens)
   np.testing.assert_allclose(a.logprobs, c.logprobs, atol=2e-5)

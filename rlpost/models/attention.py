@@ -17,19 +17,37 @@ copied every layer's keys and values into this layout at every step (1.7 ms of a
 SmolLM2-135M step on AMD Zen 3, 192 slots; the copies grow with the context).
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+from rlpost.models import q4_native  # builds the native library (decode_native's kernel)
 
 # Scores outside the mask: the most negative bfloat16-representable float32 (finite, so a
 # row with no allowed key gets uniform weights instead of NaN, as the einsum form does).
 MASKED = -2.3819763e38
 
 
+class CacheLayer(NamedTuple):
+  """One layer of a KV cache stack, left in place: `cache` [L, B, K, S, H] (float32 or
+  bfloat16) and `layer` (an int32 scalar, or a Python int). `attention` reads a decode
+  step's keys and values from it with the native kernel (`decode_native`) and slices it
+  otherwise."""
+
+  cache: jax.Array
+  layer: jax.Array | int
+
+
 def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS, num_kv_heads: int):
   """softmax(q k^T masked) v for N query heads over `num_kv_heads` K key/value heads
   (query head n reads KV head n // (N // K)). q, k, v any float dtype; computed in float32.
-  Returns [B, T, N * H] float32."""
+  k and v may be `CacheLayer`s (the native decode path). Returns [B, T, N * H] float32."""
   B, T, N, H = q_BxTxNxH.shape
+  if isinstance(k_BxKxSxH, CacheLayer):
+    if T == 1:
+      return decode_native(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS)
+    k_BxKxSxH, v_BxKxSxH = (c.cache[c.layer] for c in (k_BxKxSxH, v_BxKxSxH))
   K = num_kv_heads
   q = q_BxTxNxH.astype(jnp.float32).reshape(B, T, K, N // K, H)
   k, v = (x.astype(jnp.float32) for x in (k_BxKxSxH, v_BxKxSxH))
@@ -40,6 +58,27 @@ def attention(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS, num_kv_heads: int):
     return out.reshape(B, T, N * H)
   out = _grouped(q.transpose(0, 2, 3, 1, 4), k, v, mask_BxTxS)
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N * H)
+
+
+def decode_native(q_BxTxNxH, k: CacheLayer, v: CacheLayer, mask_BxTxS):
+  """`attention` for one decode step (T = 1), computed by the native library's kernel
+  (`decode_attention.cc`) from the cache layer where it lies: masked slots are skipped,
+  each KV head's keys and values are read once for its G query heads. The key and value
+  layer must be the same. Returns [B, 1, N * H] float32. RuntimeError where the library
+  does not build (`q4_native.available`)."""
+  ok, why = q4_native.available()
+  if not ok:
+    raise RuntimeError(f"attention.decode_native: {why}")
+  B, _, N, H = q_BxTxNxH.shape
+  call = jax.ffi.ffi_call(q4_native.ATTENTION_TARGET, jax.ShapeDtypeStruct((B, N, H), jnp.float32))
+  out = call(
+    q_BxTxNxH[:, 0].astype(jnp.float32),
+    k.cache,
+    v.cache,
+    mask_BxTxS[:, 0],
+    jnp.asarray(k.layer, jnp.int32),
+  )
+  return out.reshape(B, 1, N * H)
 
 
 @jax.custom_vjp

@@ -346,9 +346,10 @@ def _gated(activation: str, gate, up, compute_dtype):
   raise ValueError(f"Config.activation={activation!r}: use one of {architecture.ACTIVATIONS}")
 
 
-def _cache_writer(ck_LxBxKxSxH, cv_LxBxKxSxH, layer, index):
+def _cache_writer(ck_LxBxKxSxH, cv_LxBxKxSxH, layer, index, in_place: bool = False):
   """keys_fn for `_block`: writes this layer's new k/v [B, K, T, H] at slot `index`,
-  returns all of its keys and values [B, K, S, H]."""
+  returns all of its keys and values [B, K, S, H], or (`in_place`) the updated stacks as
+  `attention.CacheLayer`s, which a decode step's native attention reads without a copy."""
 
   def keys_fn(k, v):
     nk = jax.lax.dynamic_update_slice(
@@ -357,9 +358,19 @@ def _cache_writer(ck_LxBxKxSxH, cv_LxBxKxSxH, layer, index):
     nv = jax.lax.dynamic_update_slice(
       cv_LxBxKxSxH, v[None].astype(cv_LxBxKxSxH.dtype), (layer, 0, 0, index, 0)
     )
+    if in_place:
+      return attention_lib.CacheLayer(nk, layer), attention_lib.CacheLayer(nv, layer), (nk, nv)
     return nk[layer], nv[layer], (nk, nv)
 
   return keys_fn
+
+
+def _native_layers(layers) -> bool:
+  """Whether the decode layers hold the native library's weights (`q4_native.for_decode`):
+  their decode steps then compute attention in the library too."""
+  native = (q4_native.NativeQ4, q4_native.NativeRows)
+  leaves = jax.tree.leaves(layers, is_leaf=lambda w: isinstance(w, native))
+  return any(isinstance(w, native) for w in leaves)
 
 
 _FUSED = (("q", "k", "v"), ("gate", "up"))
@@ -608,16 +619,18 @@ def _cached_layers(x, layers, lora_layers, is_global_L, cache, block, config: Co
   cache, each writing its keys and values at slot `cache["index"]`: a tuple of
   per-layer dicts is unrolled, stacks are scanned. Returns (x, k, v)."""
   idx, ck, cv = cache["index"], cache["k"], cache["v"]
+  native = _native_layers(layers)
   if isinstance(layers, (list, tuple)):  # unrolled: see unstack_layers
     for l, layer in enumerate(layers):
       lora = None if lora_layers is None else jax.tree.map(lambda a, l=l: a[l], lora_layers)
-      x, (ck, cv) = block(x, layer, lora, config.global_layers[l], _cache_writer(ck, cv, l, idx))
+      writer = _cache_writer(ck, cv, l, idx, native)
+      x, (ck, cv) = block(x, layer, lora, config.global_layers[l], writer)
     return x, ck, cv
 
   def body(carry, inputs):
     x, ck, cv = carry
     layer, lora, glob, l = inputs
-    x, (ck, cv) = block(x, layer, lora, glob, _cache_writer(ck, cv, l, idx))
+    x, (ck, cv) = block(x, layer, lora, glob, _cache_writer(ck, cv, l, idx, native))
     return (x, ck, cv), None
 
   steps = (layers, lora_layers, is_global_L, jnp.arange(config.num_layers))

@@ -44,7 +44,11 @@ ROWS_TARGET = "rlpost_rows_matmul"
 GROUP = 32  # inputs per scale and shift
 CHUNK = 64  # outputs per task handed to a thread
 MAX_ROWS = 16  # `dense` calls the library up to this many rows
-_SOURCE = pathlib.Path(__file__).with_suffix(".cc")
+ATTENTION_TARGET = "rlpost_decode_attention"
+# the library's sources: the 4-bit and int8 matmuls, and the decode steps' attention
+_SOURCES = tuple(
+  pathlib.Path(__file__).with_name(n) for n in ("q4_native.cc", "decode_attention.cc")
+)
 _IDENTITY = np.arange(16, dtype=np.int8)
 NF4_INT8 = np.round(quant4.NF4_LEVELS * 127).astype(np.int8)  # NF4's levels in 127ths
 
@@ -296,7 +300,7 @@ def _compile_command(out: str, march: str) -> list[str]:
     "-fPIC",
     "-I",
     jax.ffi.include_dir(),
-    str(_SOURCE),
+    *map(str, _SOURCES),
     "-o",
     out,
   ]
@@ -315,7 +319,9 @@ def _library_path(march: str) -> pathlib.Path:
     [os.environ.get("CXX", "g++"), "--version"], capture_output=True, text=True, check=True
   ).stdout
   key = hashlib.sha256(
-    "\0".join([_SOURCE.read_text(), compiler, jax.__version__, flags, march]).encode()
+    "\0".join(
+      [*(s.read_text() for s in _SOURCES), compiler, jax.__version__, flags, march]
+    ).encode()
   ).hexdigest()[:16]
   path = _cache_dir() / f"q4_native-{key}.so"
   if not path.exists():
@@ -324,7 +330,7 @@ def _library_path(march: str) -> pathlib.Path:
       built = os.path.join(tmp, path.name)
       done = subprocess.run(_compile_command(built, march), capture_output=True, text=True)
       if done.returncode:
-        raise RuntimeError(f"building {_SOURCE.name} failed: {done.stderr.strip()[-400:]}")
+        raise RuntimeError(f"building {_SOURCES[0].stem} failed: {done.stderr.strip()[-400:]}")
       os.replace(built, path)
   return path
 
@@ -352,6 +358,7 @@ def available(march: str = "native") -> tuple[bool, str]:
     for target, symbol in (
       (TARGET, library.RlpostQ4Matmul),
       (ROWS_TARGET, library.RlpostRowsMatmul),
+      (ATTENTION_TARGET, library.RlpostDecodeAttention),
     ):
       jax.ffi.register_ffi_target(_target(march, target), jax.ffi.pycapsule(symbol), platform="cpu")
   except (OSError, RuntimeError, subprocess.SubprocessError) as e:

@@ -814,6 +814,39 @@ MUTATIONS = [
     tests=["tests/test_seeds.py"],
     why="an interrupted evaluation leaving half an outcome file",
   ),
+  # --- issue 70: the decode steps' attention in the native library
+  dict(
+    name="native_attention_kv_head_ignores_the_grouping",
+    path="rlpost/models/decode_attention.cc",
+    old="    Pair<float>(p, i / p.kv, i % p.kv);\n",
+    new="    Pair<float>(p, i / p.kv, 0);\n",
+    tests=["tests/test_attention.py"],
+    why="every query head reading the first KV head's keys and values",
+  ),
+  dict(
+    name="native_attention_skips_the_last_slot",
+    path="rlpost/models/decode_attention.cc",
+    old="  for (int64_t s = 0; s < p.s; ++s) {\n",
+    new="  for (int64_t s = 0; s + 1 < p.s; ++s) {\n",
+    tests=["tests/test_attention.py"],
+    why="the newest cache slot (the token just written) left out of the softmax",
+  ),
+  dict(
+    name="native_attention_empty_row_sums_the_values",
+    path="rlpost/models/decode_attention.cc",
+    old="      for (int64_t s = 0; s < p.s; ++s) Axpy(1.0f / p.s, values + s * p.h, out, p.h);\n",
+    new="      for (int64_t s = 0; s < p.s; ++s) Axpy(1.0f, values + s * p.h, out, p.h);\n",
+    tests=["tests/test_attention.py"],
+    why="a row with no allowed slot summing the values instead of averaging them",
+  ),
+  dict(
+    name="native_layers_never_use_the_native_attention",
+    path="rlpost/models/decoder.py",
+    old="  return any(isinstance(w, native) for w in leaves)\n",
+    new="  return False\n",
+    tests=["tests/test_q4_native.py"],
+    why="the native decode path copying each cache layer and computing attention in XLA",
+  ),
   # --- issue 70: the GRPO benchmark on Gemma 3 1B
   dict(
     name="rss_budget_key_without_preset",
