@@ -19,7 +19,8 @@ AVX2 / AVX-512 maddubs): a sampler-side rounding, corrected like int8 rollouts' 
 `NativeRows` (int8, one scale an output row) is the output projection's and, in a GGUF's
 4-bit copy, the other layers' layout, multiplied the same way by `rows_matmul`.
 
-The library is built once per source, compiler, jaxlib, CPU and `-march` into
+The same library holds the decode steps' attention (`decode_attention.cc`, called by
+`attention.decode_native`). It is built once per sources, compiler, jaxlib, CPU and `-march` into
 `~/.cache/rlpost/q4_native/` (RLPOST_CACHE_DIR moves it); `available()` says whether it
 built, and why not (no compiler, an unsupported backend).
 """
