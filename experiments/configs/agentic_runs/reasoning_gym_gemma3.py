@@ -9,7 +9,9 @@ Command (issue 67 part 7; pick tasks where the base model is neither at 0 nor ne
     --config.env.task=chain_sum --config.env.task_config='{"min_terms": 2, "max_terms": 3}' \
     --config.train.compute_dtype=float32 --workdir=DIR      # :ppo for PPO
 
-Result: not measured yet (issue 67 part 7 reports it here).
+Result (GRPO, basic_arithmetic with 2 one-digit terms, 40 iterations, 3 seeds): greedy
+success on 200 held-out items 0.025 -> 0.218 (95% interval 0.177-0.258; the best constant
+answer 0.120). Command and per-item outcomes: experiments/results/INDEX.md.
 """
 
 import ml_collections
