@@ -100,3 +100,27 @@ def test_refused_games_are_named(game, match):
   require("textarena")
   with pytest.raises(errors.ConfigError, match=match):
     env_table.env_config({"name": "textarena", "game": game})
+
+
+def test_cue_ends_every_observation_the_policy_reads():
+  """With `cue`, the first observation and every later one (but the game's end, which the
+  policy never reads) are the cue-less env's text, a newline and the cue; a cue that is not
+  a string is refused by name. Mutation caught: the cue left off later turns."""
+  require("textarena")
+  plain = _env("TicTacToe-v0")
+  cued = tg.build(
+    tg.TextArenaConfig(game="TicTacToe-v0", max_turns=12, cue="Your move:"), protocol.RunInfo()
+  ).env
+  (state, text), (cstate, ctext) = plain.reset(None, 3), cued.reset(None, 3)
+  assert ctext == text + "\nYour move:"
+  for move in ("[4]", "[x]", "[0]", "[8]", "[6]", "[2]", "[1]", "[3]", "[5]", "[7]"):
+    step, cstep = plain.step(state, move), cued.step(cstate, move)
+    assert (cstep.reward, cstep.done, cstep.info) == (step.reward, step.done, step.info)
+    if step.done:
+      assert cstep.observation == step.observation == ""
+      break
+    assert cstep.observation == step.observation + "\nYour move:"
+    state, cstate = step.state, cstep.state
+  assert step.done
+  with pytest.raises(errors.ConfigError, match=r"cue=3: must be a string"):
+    env_table.env_config({"name": "textarena", "game": "TicTacToe-v0", "cue": 3})

@@ -102,10 +102,13 @@ def base_name(game: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TextArenaConfig:
-  """The `env` block: game (a textarena id), max_turns (the policy's moves)."""
+  """The `env` block: game (a textarena id), max_turns (the policy's moves), cue (a line
+  put after every observation the policy reads, e.g. "Your move:" for a base model that
+  continues text rather than follows instructions; "": none)."""
 
   game: str = "TowerOfHanoi-v0"
   max_turns: int = 10
+  cue: str = ""
 
   def __post_init__(self):
     if base_name(self.game) in REFUSED:
@@ -117,6 +120,8 @@ class TextArenaConfig:
       raise ValueError(f"game={self.game!r}: use one of {SINGLE_PLAYER + TWO_PLAYER}")
     if not isinstance(self.max_turns, int) or self.max_turns < 1:
       raise ValueError(f"max_turns={self.max_turns!r}: must be an integer >= 1")
+    if not isinstance(self.cue, str):
+      raise ValueError(f'cue={self.cue!r}: must be a string ("": no cue)')
     _textarena()
 
 
@@ -173,6 +178,7 @@ def _until_mine(game: str, env, seed: int):
 def make_env(config: TextArenaConfig) -> protocol.Env:
   """The environment; tasks are None, the seed is the game's."""
   players = 2 if config.game in TWO_PLAYER else 1
+  cued = lambda text: f"{text}\n{config.cue}" if config.cue else text
 
   def reset(task, seed: int):
     del task
@@ -184,7 +190,7 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
       return env, _text(env.get_observation()[1])
 
     (env, text), rng = _call(None, start)
-    return State(env, rng, int(seed), 0), text
+    return State(env, rng, int(seed), 0), cued(text)
 
   def step(state: State, text: str) -> protocol.Step:
     def play():
@@ -201,7 +207,7 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
     new = State(env, rng, state.seed, state.turn + 1)
     info = {"invalid_action": not valid}
     if not done:
-      return protocol.Step(new, obs or "(no change)", 0.0, False, info)
+      return protocol.Step(new, cued(obs or "(no change)"), 0.0, False, info)
     reward = float((env.state.rewards or {}).get(0, 0.0))
     info["success"] = reward > 0 if players == 2 else reward >= 1.0
     return protocol.Step(new, "", reward, True, info)

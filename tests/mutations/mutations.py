@@ -1113,6 +1113,14 @@ MUTATIONS = [
     why="an interrupted evaluation playing every chunk again",
   ),
   dict(
+    name="textarena_cue_left_off_later_turns",
+    path="rlpost/envs/textarena_games.py",
+    old='      return protocol.Step(new, cued(obs or "(no change)"), 0.0, False, info)\n',
+    new='      return protocol.Step(new, obs or "(no change)", 0.0, False, info)\n',
+    tests=["tests/test_textarena_games.py"],
+    why="a base model reads the cue on its first move only, then plain observations",
+  ),
+  dict(
     name="reasoning_gym_key_is_the_answer",
     path="rlpost/envs/reasoning_gym.py",
     old='  return normalise(state.item["question"])\n',
