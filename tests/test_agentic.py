@@ -470,6 +470,7 @@ def _none_fields(block, prefix=""):
     "frozenlake6x6_gemma3",
     "frozenlake_near_gemma3",
     "frozenlake_near_shaped_gemma3",
+    "frozenlake_matched_gemma3",
   ],
 )
 def test_frozenlake_variants_fit_their_longest_episode(variant):
@@ -497,9 +498,10 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
     "frozenlake6x6_gemma3": (6, False),
     "frozenlake_near_gemma3": (4, False),
     "frozenlake_near_shaped_gemma3": (4, False),
+    "frozenlake_matched_gemma3": (4, False),
   }[variant]
-  assert cfg.env.neighbours == variant.startswith("frozenlake_near")
-  shaped = variant == "frozenlake_near_shaped_gemma3"
+  shaped = variant in ("frozenlake_near_shaped_gemma3", "frozenlake_matched_gemma3")
+  assert cfg.env.neighbours == (variant.startswith("frozenlake_near") or shaped)
   assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
     shaped
   }
@@ -511,7 +513,34 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
     cfg.train.learning_rate == 1e-4,
     cfg.algo.num_iterations == 2,
   } == {shaped}
-  assert cfg.algo.mini_batch_size is None
+  # the matched pair's GRPO: two mini-batches per pass, as PPO's
+  assert cfg.algo.mini_batch_size == (8 if variant == "frozenlake_matched_gemma3" else None)
+
+
+def test_frozenlake_matched_pair_differs_only_in_the_learner():
+  """issue 69's PPO and GRPO pair: the same environment, rollout, sampling, evaluation,
+  model, adapters and training schedule, 16 episodes and 4 optimizer steps per iteration
+  each, the same KL (kind, weight, in the loss) and aggregation; what differs is the
+  learner's own: PPO's critic (its blocks, warm-up, turn values) and episodes per map, and
+  GRPO's state credit. Mutation caught: PPO's KL left in the reward."""
+  ppo = agentic_configs.get_config("frozenlake_matched_gemma3,ppo")
+  grpo = agentic_configs.get_config("frozenlake_matched_gemma3,grpo")
+  for block in ("env", "rollout", "sampling", "eval", "model", "lora", "log", "checkpoint"):
+    assert ppo[block].to_dict() == grpo[block].to_dict(), block
+  train = lambda c: {k: v for k, v in c.train.to_dict().items() if k != "batch_tasks"}
+  assert train(ppo) == train(grpo) and ppo.per_turn_rewards and grpo.per_turn_rewards
+  episodes = [c.train.batch_tasks * c.algo.num_generations for c in (ppo, grpo)]
+  steps = [
+    c.algo.num_iterations * e // c.algo.mini_batch_size for c, e in zip((ppo, grpo), episodes)
+  ]
+  assert episodes == [16, 16] and steps == [4, 4]
+  shared = ("beta", "kl_method", "loss_agg_mode", "num_iterations", "mini_batch_size")
+  assert [ppo.algo[k] for k in shared] == [grpo.algo[k] for k in shared]
+  assert ppo.algo.kl_in_reward is False and ppo.algo.beta > 0
+  assert (ppo.learner, grpo.learner, grpo.algo.credit) == ("ppo", "grpo", "state")
+  assert (ppo.eval.every, ppo.eval.num_tasks, ppo.train.steps) == (5, 356, 30)
+  for c in (ppo, grpo):
+    rl.check_config(c)
 
 
 @pytest.mark.parametrize("env_model", sorted(agentic_configs.VARIANTS))
