@@ -26,18 +26,11 @@ Result: not run yet (issue 69 part 3 reports it here).
 import ml_collections
 
 from experiments.configs import agentic
+from experiments.configs.agentic_runs import frozenlake_near_shaped_gemma3 as near_shaped
 
 
 def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  c = agentic.frozenlake(
-    "frozenlake_matched_gemma3",
-    algo,
-    total_tokens=512,
-    neighbours=True,
-    hole_penalty=0.5,
-    progress_reward=0.1,
-    edge_penalty=0.2,
-  )
+  c = agentic.frozenlake("frozenlake_matched_gemma3", algo, **near_shaped.SHAPED)
   c.per_turn_rewards = True
   c.train.steps = 30
   c.train.learning_rate = 1e-4

@@ -27,16 +27,14 @@ import ml_collections
 from experiments.configs import agentic
 
 
+# the window and the env fields of the shaped runs (frozenlake_matched_gemma3 too)
+SHAPED = dict(
+  total_tokens=512, neighbours=True, hole_penalty=0.5, progress_reward=0.1, edge_penalty=0.2
+)
+
+
 def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  c = agentic.frozenlake(
-    "frozenlake_near_shaped_gemma3",
-    algo,
-    total_tokens=512,
-    neighbours=True,
-    hole_penalty=0.5,
-    progress_reward=0.1,
-    edge_penalty=0.2,
-  )
+  c = agentic.frozenlake("frozenlake_near_shaped_gemma3", algo, **SHAPED)
   if algo == "grpo":
     c.algo.credit = "state"
     c.algo.num_iterations = 2
