@@ -4,12 +4,19 @@ legal moves reproducibly, refused games are named."""
 
 import random
 
+import ml_collections
 import numpy as np
 import pytest
+from absl import flags
+from conftest import REPO_ROOT, require_gemma3
+from ml_collections import config_flags
 from optional_packages import require
 
 from rlpost import errors
 from rlpost.envs import protocol
+from rlpost.models import loading
+from rlpost.recipes import rl
+from rlpost.text import scaffold
 from rlpost.envs import table as env_table
 from rlpost.envs import textarena_games as tg
 
@@ -124,3 +131,34 @@ def test_cue_ends_every_observation_the_policy_reads():
   assert step.done
   with pytest.raises(errors.ConfigError, match=r"cue=3: must be a string"):
     env_table.env_config({"name": "textarena", "game": "TicTacToe-v0", "cue": 3})
+
+
+def test_tictactoe_run_fits_its_longest_game():
+  """The real-model TicTacToe config: a valid config whose game of `env.max_turns` moves
+  (random legal ones against the opponent), each turn `rollout.max_turn_tokens` sampled
+  tokens and the observation after it, fits the completion window in Gemma's tokens, and
+  its first observation the prompt limit. Mutation caught: the window of 448 slots that
+  the FrozenLake runs use."""
+  require("textarena")
+  require_gemma3()
+  values = flags.FlagValues()
+  spec = f"{REPO_ROOT}/experiments/configs/agentic_runs/textarena_gemma3.py:grpo"
+  config_flags.DEFINE_config_file("config", spec, "", flag_values=values)
+  values(["prog"])
+  cfg: ml_collections.ConfigDict = values["config"].value
+  env = rl.make_env(rl.check_config(cfg)).env
+  tok = loading.load_gguf_tokenizer()
+  longest = 0
+  for seed in range(8):
+    state, text = env.reset(None, seed)
+    assert len(scaffold.text_ids(tok, text)) <= cfg.rollout.max_prompt_tokens
+    rng, used = np.random.default_rng(seed), 0
+    for _ in range(cfg.env.max_turns):
+      moves = tg._candidates(cfg.env.game, state.game, text)
+      step = env.step(state, moves[rng.integers(len(moves))])
+      used += cfg.rollout.max_turn_tokens + len(scaffold.text_ids(tok, "\n" + step.observation))
+      if step.done:
+        break
+      state, text = step.state, step.observation
+    longest = max(longest, used)
+  assert longest <= cfg.rollout.max_total_tokens, longest

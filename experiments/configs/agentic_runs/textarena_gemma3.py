@@ -1,8 +1,8 @@
 """textarena games (rlpost.envs.textarena_games) on the real Gemma 3 270M: TicTacToe-v0 as
 player 0 (O, moving first) against the scripted random opponent; each observation ends
 with the cue "Your move:" and the reply's first line is the move (at most 6 sampled
-tokens); GRPO 4 games x 8 episodes per iteration, the 8 of a game facing the same
-opponent's draws (seeded by the game's seed and the turn).
+tokens); GRPO 2 games x 8 episodes per iteration (PPO 16 x 1), the 8 of a game facing
+the same opponent's draws (seeded by the game's seed and the turn).
 
 Command (issue 67 part 7):
   python -m experiments.agentic \
@@ -30,11 +30,11 @@ def env_block() -> ml_collections.ConfigDict:
 
 
 def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  c = agentic.base("frozenlake_gemma3", algo, env_block(), total_tokens=1024)
+  c = agentic.base("frozenlake_gemma3", algo, env_block(), total_tokens=768)
   c.name = f"textarena_gemma3,{algo}"
   c.rollout.max_turn_tokens = 6
   c.sampling.prompt_bucket = 64
   c.train.steps = 40
-  c.train.batch_tasks = 32 if algo == "ppo" else 4
+  c.train.batch_tasks = 16 if algo == "ppo" else 2
   c.eval.every, c.eval.num_tasks, c.eval.batch_tasks = 20, 200, 50
   return c
