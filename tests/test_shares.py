@@ -137,3 +137,33 @@ def test_a_cancelled_exchange_raises_instead_of_waiting():
   threading.Timer(0.3, stop.set).start()
   with pytest.raises(shares.Cancelled, match="producer0/0/1"):
     shares.exchange_with(_Store(), 0, 2, "producer0", 0, np.zeros(1), stop.is_set)
+
+
+@pytest.mark.parametrize(
+  "x",
+  [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.array(7, dtype=np.int64),
+    np.zeros((0, 5), dtype=np.int32),
+    np.array([True, False]),
+    np.array(["ab", "cde"]),
+    np.arange(6, dtype=">i2").reshape(2, 3)[:, ::2],  # big-endian, not contiguous
+  ],
+)
+def test_exchanged_arrays_round_trip_without_parsing_python(x, monkeypatch):
+  """An exchanged value comes back with its dtype, shape and values, writable, and its
+  header is read without `ast` (CPython 3.11's parser can raise "AST constructor
+  recursion depth mismatch" when two threads parse at once: a pipelined run's two
+  exchanging threads did, in CI). Mutation caught: the header read with ast.literal_eval
+  (as np.load reads its own)."""
+  import ast  # pylint: disable=g-import-not-at-top
+
+  def no_parsing(*args):
+    raise AssertionError("ast used")
+
+  monkeypatch.setattr(ast, "literal_eval", no_parsing)
+  y = shares.decode(shares.encode(x))
+  assert y.dtype == x.dtype and y.shape == x.shape and y.flags.writeable
+  np.testing.assert_array_equal(y, x)
+  with pytest.raises(TypeError, match="dtype object"):
+    shares.encode(np.array([{}], dtype=object))

@@ -20,8 +20,8 @@ issued. A process that dies stops the others through the runtime's heartbeat.
 """
 
 import contextlib
-import io
 import itertools
+import json
 import threading
 import time
 from typing import Callable
@@ -78,9 +78,7 @@ def exchange_with(client, index: int, count: int, name: str, seq: int, x, cancel
   `name`. Each process writes its key, reads all, and deletes its key of exchange seq - 1
   (every process has read it: each wrote exchange seq after finishing seq - 1)."""
   key = f"rlpost/shares/{name}/{seq}"
-  buffer = io.BytesIO()
-  np.save(buffer, np.asarray(x), allow_pickle=False)
-  client.key_value_set_bytes(f"{key}/{index}", buffer.getvalue())
+  client.key_value_set_bytes(f"{key}/{index}", encode(x))
   out = [_wait_for(client, f"{key}/{p}", cancelled) for p in range(count)]
   if seq:
     client.key_value_delete(f"rlpost/shares/{name}/{seq - 1}/{index}")
@@ -103,7 +101,28 @@ def _wait_for(client, key: str, cancelled) -> np.ndarray:
           "stuck, or taking another code path than this one)"
         ) from e
       continue
-    return np.load(io.BytesIO(value), allow_pickle=False)
+    return decode(value)
+
+
+def encode(x) -> bytes:
+  """`x` as bytes: a 4-byte length, a JSON header (dtype, shape), the C-order data.
+
+  Not np.save/np.load: their header is read with `ast.literal_eval`, which CPython 3.11
+  (before 3.11.9) can fail with "SystemError: AST constructor recursion depth mismatch"
+  when two threads parse at once, as a pipelined run's trainer and producer exchange."""
+  x = np.asarray(x)
+  if x.dtype.hasobject:
+    raise TypeError(f"shares: cannot exchange an array of dtype {x.dtype} (Python objects)")
+  head = json.dumps({"dtype": x.dtype.str, "shape": list(x.shape)}).encode()
+  return len(head).to_bytes(4, "little") + head + x.tobytes(order="C")
+
+
+def decode(data: bytes) -> np.ndarray:
+  """The array `encode` wrote (a fresh, writable copy)."""
+  n = int.from_bytes(data[:4], "little")
+  head = json.loads(data[4 : 4 + n])
+  flat = np.frombuffer(data, dtype=np.dtype(head["dtype"]), offset=4 + n)
+  return flat.reshape(head["shape"]).copy()
 
 
 def block(num_rows: int, field: str, index: int | None = None, count: int | None = None) -> slice:

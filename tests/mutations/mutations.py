@@ -1121,6 +1121,14 @@ MUTATIONS = [
     why="a base model reads the cue on its first move only, then plain observations",
   ),
   dict(
+    name="shares_header_parsed_as_python",
+    path="rlpost/train/shares.py",
+    old="  head = json.loads(data[4 : 4 + n])\n",
+    new='  head = __import__("ast").literal_eval(data[4 : 4 + n].decode())\n',
+    tests=["tests/test_shares.py"],
+    why="exchanged arrays parsed with Python's parser, which two threads can break at once",
+  ),
+  dict(
     name="reasoning_gym_key_is_the_answer",
     path="rlpost/envs/reasoning_gym.py",
     old='  return normalise(state.item["question"])\n',
