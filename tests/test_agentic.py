@@ -471,6 +471,8 @@ def _none_fields(block, prefix=""):
     "frozenlake_near_gemma3",
     "frozenlake_near_shaped_gemma3",
     "frozenlake_matched_gemma3",
+    "frozenlake_matched_slippery_gemma3",
+    "frozenlake_matched6x6_gemma3",
   ],
 )
 def test_frozenlake_variants_fit_their_longest_episode(variant):
@@ -499,8 +501,11 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
     "frozenlake_near_gemma3": (4, False),
     "frozenlake_near_shaped_gemma3": (4, False),
     "frozenlake_matched_gemma3": (4, False),
+    "frozenlake_matched_slippery_gemma3": (4, True),
+    "frozenlake_matched6x6_gemma3": (6, False),
   }[variant]
-  shaped = variant in ("frozenlake_near_shaped_gemma3", "frozenlake_matched_gemma3")
+  matched = variant.startswith("frozenlake_matched")
+  shaped = variant == "frozenlake_near_shaped_gemma3" or matched
   assert cfg.env.neighbours == (variant.startswith("frozenlake_near") or shaped)
   assert {cfg.env.hole_penalty > 0, cfg.env.progress_reward > 0, cfg.env.edge_penalty > 0} == {
     shaped
@@ -514,17 +519,25 @@ def test_frozenlake_variants_fit_their_longest_episode(variant):
     cfg.algo.num_iterations == 2,
   } == {shaped}
   # the matched pair's GRPO: two mini-batches per pass, as PPO's
-  assert cfg.algo.mini_batch_size == (8 if variant == "frozenlake_matched_gemma3" else None)
+  assert cfg.algo.mini_batch_size == (8 if matched else None)
 
 
-def test_frozenlake_matched_pair_differs_only_in_the_learner():
-  """issue 69's PPO and GRPO pair: the same environment, rollout, sampling, evaluation,
+@pytest.mark.parametrize(
+  "env_model",
+  [
+    "frozenlake_matched_gemma3",
+    "frozenlake_matched_slippery_gemma3",
+    "frozenlake_matched6x6_gemma3",
+  ],
+)
+def test_frozenlake_matched_pair_differs_only_in_the_learner(env_model):
+  """issue 69's PPO and GRPO pairs (4x4, slippery 4x4, 6x6): the same environment, rollout, sampling, evaluation,
   model, adapters and training schedule, 16 episodes and 4 optimizer steps per iteration
   each, the same KL (kind, weight, in the loss) and aggregation; what differs is the
   learner's own: PPO's critic (its blocks, warm-up, turn values) and episodes per map, and
   GRPO's state credit. Mutation caught: PPO's KL left in the reward."""
-  ppo = agentic_configs.get_config("frozenlake_matched_gemma3,ppo")
-  grpo = agentic_configs.get_config("frozenlake_matched_gemma3,grpo")
+  ppo = agentic_configs.get_config(f"{env_model},ppo")
+  grpo = agentic_configs.get_config(f"{env_model},grpo")
   for block in ("env", "rollout", "sampling", "eval", "model", "lora", "log", "checkpoint"):
     assert ppo[block].to_dict() == grpo[block].to_dict(), block
   train = lambda c: {k: v for k, v in c.train.to_dict().items() if k != "batch_tasks"}

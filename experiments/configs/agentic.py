@@ -5,7 +5,8 @@ experiment, its command and result in its docstring; each is also a config file 
 `--config=experiments/configs/agentic_runs/ENV_MODEL.py:ALGORITHM`):
   frozenlake_tiny, frozenlake_gemma3, frozenlake_smollm2, frozenlake_slippery_gemma3,
   frozenlake6x6_gemma3, frozenlake_near_gemma3, frozenlake_near_shaped_gemma3,
-  frozenlake_matched_gemma3, gsm8k_calc_gemma3
+  frozenlake_matched_gemma3, frozenlake_matched_slippery_gemma3, frozenlake_matched6x6_gemma3,
+  gsm8k_calc_gemma3
 ALGORITHM: grpo (default) | drgrpo | dapo | gspo: the GRPO family over trajectories
 (the `algo` block of configs/grpo_gsm8k.py); ppo: PPO with a learned critic (the `algo`
 and `critic` blocks of configs/ppo_gsm8k.py), algo.num_generations episodes per task (1).
@@ -34,6 +35,8 @@ VARIANTS = {
   "frozenlake_near_gemma3": "gemma3_270m",
   "frozenlake_near_shaped_gemma3": "gemma3_270m",
   "frozenlake_matched_gemma3": "gemma3_270m",
+  "frozenlake_matched_slippery_gemma3": "gemma3_270m",
+  "frozenlake_matched6x6_gemma3": "gemma3_270m",
   "gsm8k_calc_gemma3": "gemma3_270m",
 }
 ALGORITHMS = grpo_gsm8k.ALGORITHMS + ("ppo",)

@@ -29,8 +29,10 @@ from experiments.configs import agentic
 from experiments.configs.agentic_runs import frozenlake_near_shaped_gemma3 as near_shaped
 
 
-def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  c = agentic.frozenlake("frozenlake_matched_gemma3", algo, **near_shaped.SHAPED)
+def matched(name: str, algo: str, **env) -> ml_collections.ConfigDict:
+  """The matched pair's config on the shaped, neighbours-line maps with `env`'s fields
+  changed (the window as `total_tokens`): the harder pairs (slippery, 6x6) use it too."""
+  c = agentic.frozenlake(name, algo, **{**near_shaped.SHAPED, **env})
   c.per_turn_rewards = True
   c.train.steps = 30
   c.train.learning_rate = 1e-4
@@ -43,3 +45,7 @@ def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
   c.eval.every, c.eval.num_tasks, c.eval.batch_tasks = 5, 356, 50
   c.checkpoint.every = 1
   return c
+
+
+def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
+  return matched("frozenlake_matched_gemma3", algo)
