@@ -4,7 +4,9 @@ r"""GSM8K test accuracy of the base model and of a trained checkpoint (before/af
   python -m experiments.eval_gsm8k --config=experiments/configs/grpo_gsm8k.py:gemma3_270m \
       --config.env.data_dir=../shared/data/gsm8k                   # base model only
 
-Writes a JSON report (default: WORKDIR/eval_gsm8k.json) and prints it.
+Writes a JSON report (default: WORKDIR/eval_gsm8k.json) and prints it. With --workdir,
+each batch of problems is kept as it finishes: killed and started again, an evaluation
+samples only the batches it had not finished (`rlpost.recipes.eval_progress`).
 """
 
 import json
@@ -25,6 +27,9 @@ _BASE = flags.DEFINE_bool("base", True, "Also evaluate the base model.")
 _SPLIT = flags.DEFINE_string("split", "test", "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", None, "First N problems (default: config.eval).")
 _PASS_K = flags.DEFINE_integer("pass_k", None, "Samples per problem for pass@k (0: off).")
+_BATCH = flags.DEFINE_integer(
+  "batch_size", None, "Problems sampled at once (default: config.eval.batch_size)."
+)
 _OUTPUT = flags.DEFINE_string("output", "", "Report path (default WORKDIR/eval_gsm8k.json).")
 
 
@@ -46,6 +51,7 @@ def main(argv):
     num_problems=_NUM.value,
     pass_k=_PASS_K.value,
     base=_BASE.value,
+    batch_size=_BATCH.value,
   )
   path = _OUTPUT.value or (
     os.path.join(_WORKDIR.value, "eval_gsm8k.json") if _WORKDIR.value else ""

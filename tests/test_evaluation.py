@@ -1,9 +1,13 @@
 """Evaluation accuracies and pass@k on hand-made completions; the few-shot prompt text."""
 
+import os
+
 import jax
 import pytest
 
 from rlpost.recipes import eval as evaluation
+from rlpost.recipes import eval_progress
+from rlpost.recipes import item_outcomes
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
@@ -87,6 +91,61 @@ def test_evaluate_runs_the_sampler_per_problem():
   assert [e["question"] for e in report["examples"]] == ["q0", "q1", "q2"]
 
 
+class Interrupted(Exception):
+  """The kill the resume test stands in for."""
+
+
+@pytest.mark.slow
+def test_an_interrupted_evaluation_samples_only_its_unfinished_chunks(tmp_path, monkeypatch):
+  """5 problems in chunks of 2, greedy and 1 sample each: killed in the third chunk, the
+  evaluation started again samples that chunk only, and its report and per-problem
+  outcomes equal an uninterrupted one's; the kept chunks are gone afterwards. Other
+  weights or other problems reuse nothing. Mutations caught: the digest without the
+  weights (changed weights reuse chunks); nothing kept (`keep = False`)."""
+  config = families.get_config("tiny")
+  params = decoder.init_params(jax.random.key(0), config)
+  sc = sampling.SamplingConfig(max_new_tokens=4, prompt_bucket=8, stop_ids=(1,))
+  problems = PROBLEMS + [Problem("q3", "d\n#### 5", "5"), Problem("q4", "e\n#### 6", "6")]
+  ids = [10, 11, 12, 13, 14]
+  inner = evaluation._completions
+
+  def run(workdir, weights=params, items=problems, fail_at=None):
+    calls = []
+
+    def completions(*args):
+      calls.append(args[3])
+      if len(calls) == fail_at:
+        raise Interrupted
+      return inner(*args)
+
+    monkeypatch.setattr(evaluation, "_completions", completions)
+    kwargs = dict(template="plain", examples=[], sampling_config=sc, batch_size=2, pass_k=1)
+    out = (str(workdir), 0, ids)
+    return calls, evaluation.evaluate(
+      weights, config, tokenizer_lib.byte_tokenizer(), items, outcomes=out, **kwargs
+    )
+
+  _, want = run(tmp_path / "whole")
+  cut = tmp_path / "cut"
+  with pytest.raises(Interrupted):
+    run(cut, fail_at=5)  # chunk 3's greedy call: chunks 1 and 2 are kept
+  assert len(os.listdir(eval_progress.folder(str(cut), 0))) == 2
+  calls, got = run(cut)
+  assert [[p.question for p in chunk] for chunk in calls] == [["q4"], ["q4"]]
+  assert got == want
+  assert item_outcomes.read(str(cut)) == item_outcomes.read(str(tmp_path / "whole"))
+  assert not os.path.exists(eval_progress.folder(str(cut), 0))
+
+  for kind in ("weights", "problems"):
+    other = tmp_path / kind
+    with pytest.raises(Interrupted):
+      run(other, fail_at=5)
+    moved = jax.tree.map(lambda x: x * 1.001, params) if kind == "weights" else params
+    renamed = [p._replace(question=p.question + "?") for p in problems]
+    calls, _ = run(other, moved, renamed if kind == "problems" else problems)
+    assert len(calls) == 6, kind
+
+
 def test_fewshot_prompt_text():
   """System text, each solved example in the tag format, the question, the opened tag."""
   example = Problem(
@@ -141,6 +200,7 @@ def test_evaluate_run_restores_the_trained_policy_of_either_recipe(recipe, tmp_p
   [
     ({"num_problems": 0}, r"config\.eval\.num_problems=0: must be >= 1"),
     ({"pass_k": -1}, r"config\.eval\.pass_k=-1: must be >= 0"),
+    ({"batch_size": 0}, r"config\.eval\.batch_size=0: must be an integer >= 1"),
     # Mutation caught: loading the problems after the model (as before) built the model
     # first, then refused the --split flag.
     ({"split": "validation"}, r"GSM8K split 'validation' does not exist; use one of"),
@@ -161,9 +221,9 @@ def test_evaluate_run_rejects_bad_counts_and_splits_before_loading(kwargs, match
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_pass_at_k_samples_at_the_configs_temperature(bad, monkeypatch):
   """`eval.pass_temperature` reaches the sampler of both evaluations (it was fixed at 0.8
-  whatever the config said); a value that cannot sample is refused before the model
-  loads, unless pass_k is 0 (greedy only). A run's config.json without the field
-  evaluates at the old 0.8.
+  whatever the config said), as `eval.batch_size` does (or the --batch_size flag's); a
+  temperature that cannot sample is refused before the model loads, unless pass_k is 0
+  (greedy only). A run's config.json without the fields evaluates at the old 0.8, 8 at once.
 
   Mutations caught: `evaluate_run` not passing the temperature on; the check on
   `temperature < 0` (0 and NaN slip through).
@@ -174,16 +234,23 @@ def test_pass_at_k_samples_at_the_configs_temperature(bad, monkeypatch):
 
   data = {"data.data_dir": str(require_shared(GSM8K_DIR))}
   used = []
-  monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: used.append(k["temperature"]))
+  monkeypatch.setattr(
+    evaluation, "evaluate", lambda *a, **k: used.append((k["temperature"], k["batch_size"]))
+  )
   evaluation.evaluate_run(
-    with_overrides(grpo_gsm8k.get_config("tiny"), {**data, "eval.pass_temperature": 1.3}),
+    with_overrides(
+      grpo_gsm8k.get_config("tiny"),
+      {**data, "eval.pass_temperature": 1.3, "eval.batch_size": 3},
+    ),
     num_problems=1,
   )
   old = with_overrides(grpo_gsm8k.get_config("tiny"), data)
   with old.unlocked():
     del old.eval["pass_temperature"]
+    del old.eval["batch_size"]
   evaluation.evaluate_run(old, num_problems=1)
-  assert used == [1.3, 0.8]
+  evaluation.evaluate_run(old, num_problems=1, batch_size=5)
+  assert used == [(1.3, 3), (0.8, 8), (0.8, 5)]
 
   def no_build(cfg):
     raise AssertionError("the model was built before eval.pass_temperature was checked")

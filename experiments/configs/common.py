@@ -85,6 +85,7 @@ def gsm8k_eval_config() -> ml_collections.ConfigDict:
       "num_problems": 100,  # the first N problems of the split
       "pass_k": 4,  # samples per problem for pass@k (0: greedy accuracy only)
       "pass_temperature": 0.8,  # their sampling temperature
+      "batch_size": 8,  # problems sampled at once (each batch's completions kept on the way)
     }
   )
 

@@ -10,6 +10,7 @@ checkpoint as its iteration.
 """
 
 import dataclasses
+import hashlib
 import math
 import numbers
 
@@ -28,6 +29,7 @@ from rlpost.envs import held_out as held_out_lib
 from rlpost.envs import prompt_dataset
 from rlpost.envs import table as env_table
 from rlpost.recipes import common
+from rlpost.recipes import eval_progress
 from rlpost.recipes import item_outcomes
 from rlpost.recipes import rl_config
 from rlpost.rewards import checkers
@@ -36,6 +38,7 @@ from rlpost.rl import batch as batch_lib
 from rlpost.train import checkpoint
 
 PASS_TEMPERATURE = 0.8  # pass@k's sampling temperature unless config.eval.pass_temperature
+BATCH_SIZE = 8  # problems per sampling call unless config.eval.batch_size
 
 
 def _completions(params, model_config, tokenizer, problems, template, examples, sc, key, k):
@@ -108,7 +111,7 @@ def evaluate(
   template: str,
   examples,
   sampling_config: sampling.SamplingConfig,
-  batch_size: int = 8,
+  batch_size: int = BATCH_SIZE,
   pass_k: int = 4,
   temperature: float = PASS_TEMPERATURE,
   seed: int = 0,
@@ -122,20 +125,32 @@ def evaluate(
   truth) and `format_accuracy` (full reasoning/answer tag format), reported
   separately; `pass_k` samples at `temperature` give pass@k (any of k correct).
   outcomes: (workdir, step, each problem's index in its split): the greedy
-  completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl.
+  completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl, and each
+  finished chunk of `batch_size` problems is kept until then (`eval_progress`): an
+  evaluation interrupted and started again samples only the chunks it had not finished.
   checker: how an answer is checked (`answer_checker`: the env block's `checker`).
   """
   greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
   sample_sc = dataclasses.replace(sampling_config, temperature=temperature)
   greedy, samples = [], []
   key = jax.random.key(seed)
+  workdir, step, ids = outcomes or ("", 0, list(range(len(problems))))
+  keep = eval_progress.enabled(workdir)
+  settings = (template, examples, sampling_config, batch_size, pass_k, temperature, seed)
+  digest = _digest(params, settings, problems) if keep else ""
   for start in tqdm.trange(0, len(problems), batch_size, desc=desc, dynamic_ncols=True):
-    chunk = problems[start : start + batch_size]
-    greedy += _completions(
+    chunk, chunk_ids = problems[start : start + batch_size], ids[start : start + batch_size]
+    kept = eval_progress.load(workdir, step, start, chunk_ids, digest) if keep else None
+    if kept is not None:  # finished before an interruption (`eval_progress`)
+      greedy += kept[0]
+      samples += kept[1]
+      continue
+    done = _completions(
       params, model_config, tokenizer, chunk, template, examples, greedy_sc, key, 1
     )
+    drawn = []
     if pass_k:
-      samples += _completions(
+      drawn = _completions(
         params,
         model_config,
         tokenizer,
@@ -146,14 +161,27 @@ def evaluate(
         jax.random.fold_in(key, start),
         pass_k,
       )
+    if keep:
+      eval_progress.save(workdir, step, start, chunk_ids, digest, [done, drawn])
+    greedy += done
+    samples += drawn
   correct = answer_checker(checker)
   report = {**accuracy_report(problems, greedy, samples, pass_k, correct), "template": template}
   if outcomes:
-    workdir, step, ids = outcomes
     item_outcomes.write(workdir, step, problem_items(problems, greedy, ids, correct))
+  if keep:
+    eval_progress.clear(workdir, step)
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
+
+
+def _digest(params, settings: tuple, problems) -> str:
+  """What a kept chunk must match to be reused: the weights' fingerprint and every other
+  input of a completion (template, solved examples, sampling settings, batch size,
+  pass@k, temperature, seed, the problems' questions: another split has other ones)."""
+  text = repr((settings, [p.question for p in problems]))
+  return eval_progress.fingerprint(params) + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def problem_items(
@@ -240,18 +268,22 @@ def evaluate_run(
   num_problems: int | None = None,
   pass_k: int | None = None,
   base: bool = True,
+  batch_size: int | None = None,
 ) -> dict:
   """Report {"split", "base": ..., "trained": ...} for a GRPO or PPO ConfigDict.
 
   "trained" (with the checkpoint's iteration) only when `workdir` holds a run;
-  "base" unless `base=False`. num_problems / pass_k: None takes the config's
-  `eval` block; pass@k samples at its `pass_temperature` (PASS_TEMPERATURE for a run
-  whose config.json predates that field).
-  """
+  "base" unless `base=False`. num_problems / pass_k / batch_size: None takes the
+  config's `eval` block (BATCH_SIZE for a config.json without `batch_size`); pass@k
+  samples at its `pass_temperature` (PASS_TEMPERATURE for a run whose config.json
+  predates that field)."""
   cfg, data = _dataset(cfg)
   num_problems = cfg.eval.num_problems if num_problems is None else num_problems
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
   temperature = cfg.eval.get("pass_temperature", PASS_TEMPERATURE)
+  batch_size = cfg.eval.get("batch_size", BATCH_SIZE) if batch_size is None else batch_size
+  if not (isinstance(batch_size, numbers.Integral) and batch_size >= 1):
+    common.fail("eval.batch_size", batch_size, "must be an integer >= 1 problems per sampling call")
   if num_problems < 1:
     common.fail(
       "eval.num_problems", num_problems, "must be >= 1 problem (--num_problems or config.eval)"
@@ -284,6 +316,7 @@ def evaluate_run(
     "examples": task.examples,
     "sampling_config": sc,
     "pass_k": pass_k,
+    "batch_size": batch_size,
     "temperature": temperature,
     "seed": cfg.seed,
     "checker": data.checker,

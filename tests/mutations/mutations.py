@@ -1113,6 +1113,22 @@ MUTATIONS = [
     why="an interrupted evaluation playing every chunk again",
   ),
   dict(
+    name="gsm8k_eval_digest_without_weights",
+    path="rlpost/recipes/eval.py",
+    old="  return eval_progress.fingerprint(params) + hashlib.sha256(text.encode()).hexdigest()[:16]\n",
+    new="  return hashlib.sha256(text.encode()).hexdigest()[:16]\n",
+    tests=["tests/test_evaluation.py"],
+    why="a resumed GSM8K evaluation reusing another checkpoint's completions",
+  ),
+  dict(
+    name="gsm8k_eval_chunks_not_kept",
+    path="rlpost/recipes/eval.py",
+    old="  keep = eval_progress.enabled(workdir)\n",
+    new="  keep = False\n",
+    tests=["tests/test_evaluation.py"],
+    why="an interrupted GSM8K evaluation sampling every batch again",
+  ),
+  dict(
     name="textarena_cue_left_off_later_turns",
     path="rlpost/envs/textarena_games.py",
     old='      return protocol.Step(new, cued(obs or "(no change)"), 0.0, False, info)\n',
