@@ -8,6 +8,8 @@ import pytest
 from rlpost.recipes import eval as evaluation
 from rlpost.recipes import eval_progress
 from rlpost.recipes import item_outcomes
+from rlpost.serve import engine as engine_lib
+from rlpost.serve import offline
 from rlpost import sampling
 from rlpost.data import prompts as prompts_lib
 from rlpost.data.gsm8k import Problem
@@ -97,41 +99,49 @@ class Interrupted(Exception):
 
 @pytest.mark.slow
 def test_an_interrupted_evaluation_samples_only_its_unfinished_chunks(tmp_path, monkeypatch):
-  """5 problems in chunks of 2, greedy and 1 sample each: killed in the third chunk, the
-  evaluation started again samples that chunk only, and its report and per-problem
-  outcomes equal an uninterrupted one's; the kept chunks are gone afterwards. Other
-  weights or other problems reuse nothing. Mutations caught: the digest without the
-  weights (changed weights reuse chunks); nothing kept (`keep = False`)."""
+  """5 problems in chunks of 2, greedy (2 slots) and 1 sample each: killed as the last
+  chunk draws its samples, the evaluation started again decodes and samples that chunk's
+  problems only, and its report and per-problem outcomes equal an uninterrupted one's;
+  the kept chunks are gone afterwards. Other weights or other problems reuse nothing.
+  Mutations caught: the digest without the weights (changed weights reuse chunks);
+  nothing kept (`keep = False`)."""
   config = families.get_config("tiny")
   params = decoder.init_params(jax.random.key(0), config)
   sc = sampling.SamplingConfig(max_new_tokens=4, prompt_bucket=8, stop_ids=(1,))
   problems = PROBLEMS + [Problem("q3", "d\n#### 5", "5"), Problem("q4", "e\n#### 6", "6")]
   ids = [10, 11, 12, 13, 14]
-  inner = evaluation._completions
+  inner, inner_decode = evaluation._completions, offline.decode_all
 
   def run(workdir, weights=params, items=problems, fail_at=None):
-    calls = []
+    calls, decoded = [], []
 
     def completions(*args):
-      calls.append(args[3])
+      calls.append([p.question for p in args[3]])
       if len(calls) == fail_at:
         raise Interrupted
       return inner(*args)
 
+    def decode_all(engine, prompts, **kwargs):
+      decoded.append(len(prompts))
+      return inner_decode(engine, prompts, **kwargs)
+
     monkeypatch.setattr(evaluation, "_completions", completions)
+    monkeypatch.setattr(offline, "decode_all", decode_all)
     kwargs = dict(template="plain", examples=[], sampling_config=sc, batch_size=2, pass_k=1)
     out = (str(workdir), 0, ids)
-    return calls, evaluation.evaluate(
+    report = evaluation.evaluate(
       weights, config, tokenizer_lib.byte_tokenizer(), items, outcomes=out, **kwargs
     )
+    return calls, decoded, report
 
-  _, want = run(tmp_path / "whole")
+  order, decoded, want = run(tmp_path / "whole")
+  assert sorted(order) == [["q0", "q1"], ["q2", "q3"], ["q4"]] and decoded == [5]
   cut = tmp_path / "cut"
   with pytest.raises(Interrupted):
-    run(cut, fail_at=5)  # chunk 3's greedy call: chunks 1 and 2 are kept
+    run(cut, fail_at=3)  # the last chunk's samples: the other two are kept
   assert len(os.listdir(eval_progress.folder(str(cut), 0))) == 2
-  calls, got = run(cut)
-  assert [[p.question for p in chunk] for chunk in calls] == [["q4"], ["q4"]]
+  calls, decoded, got = run(cut)
+  assert calls == [order[-1]] and decoded == [len(order[-1])]
   assert got == want
   assert item_outcomes.read(str(cut)) == item_outcomes.read(str(tmp_path / "whole"))
   assert not os.path.exists(eval_progress.folder(str(cut), 0))
@@ -139,11 +149,60 @@ def test_an_interrupted_evaluation_samples_only_its_unfinished_chunks(tmp_path, 
   for kind in ("weights", "problems"):
     other = tmp_path / kind
     with pytest.raises(Interrupted):
-      run(other, fail_at=5)
+      run(other, fail_at=3)
     moved = jax.tree.map(lambda x: x * 1.001, params) if kind == "weights" else params
     renamed = [p._replace(question=p.question + "?") for p in problems]
-    calls, _ = run(other, moved, renamed if kind == "problems" else problems)
-    assert len(calls) == 6, kind
+    calls, decoded, _ = run(other, moved, renamed if kind == "problems" else problems)
+    assert len(calls) == 3 and decoded == [5], kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["fewshot", "plain"])
+def test_greedy_completions_by_slots_equal_the_samplers(template, monkeypatch):
+  """The greedy completions through continuous batching (2 slots for 6 problems, so rows
+  join as others end) equal the batched sampler's (`_completions`, 3 problems a call)
+  text for text: cut at the same stop string (one taken from the sampler's own first
+  completion, so cuts happen; "plain" cuts nothing) and ended at the same stop id.
+  Mutations caught: the slots' text not cut at the stop string; the stop ids left at the
+  engine's instead of the sampling config's."""
+  config = families.get_config("tiny")
+  params = decoder.init_params(jax.random.key(3), config)
+  tok = tokenizer_lib.byte_tokenizer()
+  problems = [Problem(f"question {i} " + "x" * i, "s\n#### 1", "1") for i in range(6)]
+  prompt = prompts_lib.prompt_ids(problems[2], template, [], tok)
+  engine = engine_lib.Engine(params, config, tok, "tiny", len(prompt) + 12, 12)
+  stop_id = offline.decode_all(engine, [prompt], budget=12, rows=1)[0][5]  # ends problem 2
+  sc = sampling.SamplingConfig(
+    temperature=0.0, max_new_tokens=12, prompt_bucket=8, stop_ids=(stop_id,)
+  )
+  want = lambda: [
+    text
+    for start in (0, 3)
+    for text in evaluation._completions(
+      params, config, tok, problems[start : start + 3], template, [], sc, jax.random.key(0), 1
+    )
+  ]
+  plain = want()
+  prefix = prompts_lib.completion_prefix(template)
+  stop = plain[0][len(prefix) :][3:5]  # two characters the first completion holds
+  monkeypatch.setattr(prompts_lib, "STOP_STRINGS", (stop,))
+  expected = want()
+  got = [None] * 6
+  evaluation._greedy_by_slots(
+    params,
+    config,
+    tok,
+    problems,
+    template,
+    [],
+    sc,
+    list(range(6)),
+    2,
+    lambda i, text: got.__setitem__(i, text),
+  )
+  assert got == expected
+  cut = sum(len(a) < len(b) for a, b in zip(expected, plain))
+  assert cut >= 1 if template == "fewshot" else expected == plain
 
 
 def test_fewshot_prompt_text():

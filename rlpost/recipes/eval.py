@@ -35,6 +35,8 @@ from rlpost.recipes import rl_config
 from rlpost.rewards import checkers
 from rlpost.rewards import gsm8k as gsm8k_rewards
 from rlpost.rl import batch as batch_lib
+from rlpost.serve import engine as engine_lib
+from rlpost.serve import offline
 from rlpost.train import checkpoint
 
 PASS_TEMPERATURE = 0.8  # pass@k's sampling temperature unless config.eval.pass_temperature
@@ -124,37 +126,47 @@ def evaluate(
   Greedy decoding gives `answer_accuracy` (number in the answer tags equals the
   truth) and `format_accuracy` (full reasoning/answer tag format), reported
   separately; `pass_k` samples at `temperature` give pass@k (any of k correct).
+  The greedy completions go through continuous batching (`serve.offline`, `batch_size`
+  slots: a finished answer frees its slot for the next problem; on several processes,
+  batches of `batch_size` problems), each equal to the sampler's on its prompt alone;
+  the pass@k samples are drawn `batch_size` problems at a time.
   outcomes: (workdir, step, each problem's index in its split): the greedy
   completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl, and each
   finished chunk of `batch_size` problems is kept until then (`eval_progress`): an
   evaluation interrupted and started again samples only the chunks it had not finished.
   checker: how an answer is checked (`answer_checker`: the env block's `checker`).
   """
-  greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
   sample_sc = dataclasses.replace(sampling_config, temperature=temperature)
-  greedy, samples = [], []
   key = jax.random.key(seed)
   workdir, step, ids = outcomes or ("", 0, list(range(len(problems))))
   keep = eval_progress.enabled(workdir)
   settings = (template, examples, sampling_config, batch_size, pass_k, temperature, seed)
   digest = _digest(params, settings, problems) if keep else ""
-  for start in tqdm.trange(0, len(problems), batch_size, desc=desc, dynamic_ncols=True):
-    chunk, chunk_ids = problems[start : start + batch_size], ids[start : start + batch_size]
-    kept = eval_progress.load(workdir, step, start, chunk_ids, digest) if keep else None
+  starts = range(0, len(problems), batch_size)
+  greedy, samples = [None] * len(problems), {}
+  for start in starts:
+    part = ids[start : start + batch_size]
+    kept = eval_progress.load(workdir, step, start, part, digest) if keep else None
     if kept is not None:  # finished before an interruption (`eval_progress`)
-      greedy += kept[0]
-      samples += kept[1]
-      continue
-    done = _completions(
-      params, model_config, tokenizer, chunk, template, examples, greedy_sc, key, 1
-    )
-    drawn = []
+      greedy[start : start + len(part)], samples[start] = kept
+  bar = tqdm.tqdm(total=len(problems), initial=len(problems) - greedy.count(None), desc=desc)
+
+  def finished(i: int, text: str) -> None:
+    """Problem i's greedy completion; a chunk whose every one is in draws its samples and
+    is kept."""
+    greedy[i] = text
+    bar.update(1)
+    start = i - i % batch_size
+    chunk = greedy[start : start + batch_size]
+    if start in samples or None in chunk:
+      return
+    samples[start] = []
     if pass_k:
-      drawn = _completions(
+      samples[start] = _completions(
         params,
         model_config,
         tokenizer,
-        chunk,
+        problems[start : start + batch_size],
         template,
         examples,
         sample_sc,
@@ -162,9 +174,22 @@ def evaluate(
         pass_k,
       )
     if keep:
-      eval_progress.save(workdir, step, start, chunk_ids, digest, [done, drawn])
-    greedy += done
-    samples += drawn
+      part = ids[start : start + batch_size]
+      eval_progress.save(workdir, step, start, part, digest, [chunk, samples[start]])
+
+  todo = [i for i, text in enumerate(greedy) if text is None]
+  greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
+  args = (params, model_config, tokenizer, problems, template, examples, greedy_sc)
+  if jax.process_count() == 1:
+    _greedy_by_slots(*args, todo, batch_size, finished)
+  else:  # every process samples every batch (the slots are one process's)
+    for start in range(0, len(todo), batch_size):
+      part = todo[start : start + batch_size]
+      texts = _completions(*args[:3], [problems[i] for i in part], *args[4:], key, 1)
+      for i, text in zip(part, texts, strict=True):
+        finished(i, text)
+  bar.close()
+  samples = [text for start in starts for text in samples[start]]
   correct = answer_checker(checker)
   report = {**accuracy_report(problems, greedy, samples, pass_k, correct), "template": template}
   if outcomes:
@@ -174,6 +199,36 @@ def evaluate(
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
+
+
+def _greedy_by_slots(
+  params, model_config, tokenizer, problems, template, examples, sc, todo, rows, finished
+):
+  """Greedy completions of `problems[i]` for i in `todo` through `rows` slots of
+  continuous batching; `finished(i, text)` as each ends. A completion's text is the
+  sampler path's (`_completions`): cut at the prompt's stop strings (not for "plain"),
+  the template's opened prefix in front."""
+  if not todo:
+    return
+  stops = () if template == "plain" else prompts_lib.STOP_STRINGS
+  prompts = [prompts_lib.prompt_ids(problems[i], template, examples, tokenizer) for i in todo]
+  context = max(map(len, prompts)) + sc.max_new_tokens
+  engine = engine_lib.Engine(params, model_config, tokenizer, "eval", context, sc.max_new_tokens)
+  prefix = prompts_lib.completion_prefix(template)
+
+  def done(j: int, ids: list[int]) -> None:
+    end = batch_lib.stop_length(ids, tokenizer, stops) if stops else None
+    finished(todo[j], prefix + tokenizer.decode(ids if end is None else ids[:end]))
+
+  offline.decode_all(
+    engine,
+    prompts,
+    budget=sc.max_new_tokens,
+    rows=rows,
+    stops=stops,
+    stop_ids=sc.stop_ids,
+    on_done=done,
+  )
 
 
 def _digest(params, settings: tuple, problems) -> str:

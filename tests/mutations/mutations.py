@@ -1129,6 +1129,22 @@ MUTATIONS = [
     why="an interrupted GSM8K evaluation sampling every batch again",
   ),
   dict(
+    name="gsm8k_eval_slots_text_not_cut",
+    path="rlpost/recipes/eval.py",
+    old="    finished(todo[j], prefix + tokenizer.decode(ids if end is None else ids[:end]))\n",
+    new="    finished(todo[j], prefix + tokenizer.decode(ids))\n",
+    tests=["tests/test_evaluation.py"],
+    why="greedy answers through the slots scored with the text past the stop string",
+  ),
+  dict(
+    name="gsm8k_eval_slots_engine_stop_ids",
+    path="rlpost/recipes/eval.py",
+    old="    stop_ids=sc.stop_ids,\n",
+    new="    stop_ids=None,\n",
+    tests=["tests/test_evaluation.py"],
+    why="the slots ending rows at the engine's stop ids, not the sampling config's",
+  ),
+  dict(
     name="textarena_cue_left_off_later_turns",
     path="rlpost/envs/textarena_games.py",
     old='      return protocol.Step(new, cued(obs or "(no change)"), 0.0, False, info)\n',
