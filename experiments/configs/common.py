@@ -85,7 +85,9 @@ def gsm8k_eval_config() -> ml_collections.ConfigDict:
       "num_problems": 100,  # the first N problems of the split
       "pass_k": 4,  # samples per problem for pass@k (0: greedy accuracy only)
       "pass_temperature": 0.8,  # their sampling temperature
-      "batch_size": 8,  # problems sampled at once (each batch's completions kept on the way)
+      # greedy: slots of continuous batching; pass@k: problems per sampler call; a run's
+      # evaluation keeps each batch_size problems' completions as they finish (resume)
+      "batch_size": 8,
     }
   )
 
