@@ -123,17 +123,12 @@ def evaluate(
 ) -> dict:
   """Accuracy report over `problems` (see `accuracy_report`).
 
-  Greedy decoding gives `answer_accuracy` (number in the answer tags equals the
-  truth) and `format_accuracy` (full reasoning/answer tag format), reported
-  separately; `pass_k` samples at `temperature` give pass@k (any of k correct).
-  The greedy completions go through continuous batching (`serve.offline`, `batch_size`
-  slots: a finished answer frees its slot for the next problem; on several processes,
-  batches of `batch_size` problems), each equal to the sampler's on its prompt alone;
-  the pass@k samples are drawn `batch_size` problems at a time.
-  outcomes: (workdir, step, each problem's index in its split): the greedy
-  completions' per-problem outcomes go to workdir/eval/step_<step>.jsonl, and each
-  finished chunk of `batch_size` problems is kept until then (`eval_progress`): an
-  evaluation interrupted and started again samples only the chunks it had not finished.
+  Greedy decoding (`batch_size` slots of continuous batching, `_greedy`) gives
+  `answer_accuracy` and `format_accuracy`; `pass_k` samples at `temperature`, drawn
+  `batch_size` problems a call, give pass@k (any of k correct).
+  outcomes: (workdir, step, each problem's index in its split): the per-problem outcomes
+  go to workdir/eval/step_<step>.jsonl; each chunk of `batch_size` problems is kept as it
+  finishes (`eval_progress`), so an interrupted evaluation resumes.
   checker: how an answer is checked (`answer_checker`: the env block's `checker`).
   """
   sample_sc = dataclasses.replace(sampling_config, temperature=temperature)
@@ -143,12 +138,8 @@ def evaluate(
   settings = (template, examples, sampling_config, batch_size, pass_k, temperature, seed)
   digest = _digest(params, settings, problems) if keep else ""
   starts = range(0, len(problems), batch_size)
-  greedy, samples = [None] * len(problems), {}
-  for start in starts:
-    part = ids[start : start + batch_size]
-    kept = eval_progress.load(workdir, step, start, part, digest) if keep else None
-    if kept is not None:  # finished before an interruption (`eval_progress`)
-      greedy[start : start + len(part)], samples[start] = kept
+  greedy, samples = _kept_chunks(workdir, step, ids, digest, batch_size) if keep else ({}, {})
+  greedy = [greedy.get(i) for i in range(len(problems))]
   bar = tqdm.tqdm(total=len(problems), initial=len(problems) - greedy.count(None), desc=desc)
 
   def finished(i: int, text: str) -> None:
@@ -180,14 +171,7 @@ def evaluate(
   todo = [i for i, text in enumerate(greedy) if text is None]
   greedy_sc = dataclasses.replace(sampling_config, temperature=0.0)
   args = (params, model_config, tokenizer, problems, template, examples, greedy_sc)
-  if jax.process_count() == 1:
-    _greedy_by_slots(*args, todo, batch_size, finished)
-  else:  # every process samples every batch (the slots are one process's)
-    for start in range(0, len(todo), batch_size):
-      part = todo[start : start + batch_size]
-      texts = _completions(*args[:3], [problems[i] for i in part], *args[4:], key, 1)
-      for i, text in zip(part, texts, strict=True):
-        finished(i, text)
+  _greedy(args, todo, batch_size, finished, key)
   bar.close()
   samples = [text for start in starts for text in samples[start]]
   correct = answer_checker(checker)
@@ -199,6 +183,35 @@ def evaluate(
   if pass_k:
     report["sampling_temperature"] = temperature
   return report
+
+
+def _kept_chunks(workdir: str, step: int, ids, digest: str, batch_size: int):
+  """({problem index: greedy text}, {chunk start: its samples}) of the chunks of
+  `batch_size` problems an interrupted evaluation finished (`eval_progress`)."""
+  greedy, samples = {}, {}
+  for start in range(0, len(ids), batch_size):
+    part = ids[start : start + batch_size]
+    kept = eval_progress.load(workdir, step, start, part, digest)
+    if kept is not None:
+      greedy.update(zip(range(start, start + len(part)), kept[0], strict=True))
+      samples[start] = kept[1]
+  return greedy, samples
+
+
+def _greedy(args: tuple, todo: list[int], batch_size: int, finished, key) -> None:
+  """Greedy completions of the problems `todo` indexes (`args`: `_greedy_by_slots`'s
+  first seven), `finished(i, text)` as each ends: through the slots on one process; on
+  several, every process samples every batch of `batch_size` (the slots are one
+  process's)."""
+  if jax.process_count() == 1:
+    _greedy_by_slots(*args, todo, batch_size, finished)
+    return
+  problems = args[3]
+  for start in range(0, len(todo), batch_size):
+    part = todo[start : start + batch_size]
+    texts = _completions(*args[:3], [problems[i] for i in part], *args[4:], key, 1)
+    for i, text in zip(part, texts, strict=True):
+      finished(i, text)
 
 
 def _greedy_by_slots(
@@ -337,24 +350,7 @@ def evaluate_run(
   pass_k = cfg.eval.pass_k if pass_k is None else pass_k
   temperature = cfg.eval.get("pass_temperature", PASS_TEMPERATURE)
   batch_size = cfg.eval.get("batch_size", BATCH_SIZE) if batch_size is None else batch_size
-  if not (isinstance(batch_size, numbers.Integral) and batch_size >= 1):
-    common.fail("eval.batch_size", batch_size, "must be an integer >= 1 problems per sampling call")
-  if num_problems < 1:
-    common.fail(
-      "eval.num_problems", num_problems, "must be >= 1 problem (--num_problems or config.eval)"
-    )
-  if pass_k < 0:
-    common.fail(
-      "eval.pass_k",
-      pass_k,
-      "must be >= 0 samples per problem (0: greedy only; --pass_k or config.eval)",
-    )
-  if pass_k and not (isinstance(temperature, numbers.Real) and 0 < temperature < math.inf):
-    common.fail(
-      "eval.pass_temperature",
-      temperature,
-      "must be a finite number > 0 for pass@k sampling (greedy accuracy is reported anyway)",
-    )
+  _check_counts(num_problems, pass_k, temperature, batch_size)
   # Before the model: an unknown split or a missing data_dir fails at once.
   problems = gsm8k.load_gsm8k(split, data.data_dir)
   c = rl_config.parse(cfg)  # the run's typed config: its learner, settings and model
@@ -363,8 +359,7 @@ def evaluate_run(
   problems, ids, counts = held_out_problems(problems, trained, num_problems, split)
   _, params, tokenizer = common.load_model(c)
   learner, state = c.spec.build(c, params, c.settings)
-  settings = c.settings
-  forward = settings.forward
+  forward = c.settings.forward
   sc = _sampling_config(cfg, tokenizer)
   settings = {
     "template": data.template,
@@ -396,3 +391,27 @@ def evaluate_run(
     )
     report["trained"]["iteration"] = meta["iteration"]
   return report
+
+
+def _check_counts(num_problems, pass_k, temperature, batch_size) -> None:
+  """Refuses an evaluation's counts and pass@k temperature, naming the `eval` field."""
+  if not (isinstance(batch_size, numbers.Integral) and batch_size >= 1):
+    common.fail(
+      "eval.batch_size", batch_size, "must be an integer >= 1 (slots; pass@k: problems a call)"
+    )
+  if num_problems < 1:
+    common.fail(
+      "eval.num_problems", num_problems, "must be >= 1 problem (--num_problems or config.eval)"
+    )
+  if pass_k < 0:
+    common.fail(
+      "eval.pass_k",
+      pass_k,
+      "must be >= 0 samples per problem (0: greedy only; --pass_k or config.eval)",
+    )
+  if pass_k and not (isinstance(temperature, numbers.Real) and 0 < temperature < math.inf):
+    common.fail(
+      "eval.pass_temperature",
+      temperature,
+      "must be a finite number > 0 for pass@k sampling (greedy accuracy is reported anyway)",
+    )
