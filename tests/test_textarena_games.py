@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 from absl import flags
-from conftest import REPO_ROOT, require_gemma3
+from conftest import REPO_ROOT, import_main, require_gemma3
 from ml_collections import config_flags
 from optional_packages import require
 
@@ -162,3 +162,67 @@ def test_tictactoe_run_fits_its_longest_game():
       state, text = step.state, step.observation
     longest = max(longest, used)
   assert longest <= cfg.rollout.max_total_tokens, longest
+
+
+def test_scripted_baselines_agree_with_a_board_level_reference():
+  """`experiments.textarena_baselines` on TicTacToe: `first_listed` plays the lowest free
+  cell (a reference reading the game's board, not the observation's move list), its
+  counts are those games' outcomes (draws apart from losses), and no listed move is ever
+  invalid. Mutations caught: the last listed move; draws counted as losses."""
+  require("textarena")
+  tb = import_main("experiments.textarena_baselines")
+  seeds = range(40)
+  env = tg.make_env(tg.TextArenaConfig(game="TicTacToe-v0", max_turns=5))
+  want = {"won": 0, "drawn": 0, "lost": 0, "cut": 0}
+  for seed in seeds:
+    state, _ = env.reset(None, seed)
+    for _ in range(5):
+      board = sum(state.game.state.game_state["board"], [])
+      step = env.step(state, f"[{board.index('')}]")
+      state = step.state
+      if step.done:
+        kind = "won" if step.info["success"] else "drawn" if step.reward == 0 else "lost"
+        want[kind] += 1
+        break
+    else:
+      want["cut"] += 1
+  report = tb.baselines("TicTacToe-v0", 5, seeds, random_draws=2)
+  assert report["first_listed"] == {**want, "invalid_moves": 0}
+  assert want["won"] and want["lost"] and want["drawn"]  # every outcome occurs on these seeds
+  rand = report["random_listed"]
+  assert rand["invalid_moves"] == 0 and rand["draws"] == 2
+  assert sum(rand[k] for k in ("won", "drawn", "lost", "cut")) == len(seeds)
+  with pytest.raises(ValueError, match="--random_draws=0"):
+    tb.baselines("TicTacToe-v0", 5, seeds, random_draws=0)
+
+
+def test_a_runs_greedy_games_replay_and_compare_with_the_first_listed_move():
+  """`textarena_baselines.replayed` replays an evaluation record (replies as a model writes
+  them) through reset/step: the first-listed policy's record counts every game as
+  first-listed, a random one's fewer; a record whose outcome was tampered with is refused,
+  naming the seed. Mutation caught: the replay's outcome not compared."""
+  require("textarena")
+  tb = import_main("experiments.textarena_baselines")
+  env = tg.make_env(tg.TextArenaConfig(game="TicTacToe-v0", max_turns=5))
+
+  def record(choose):
+    episodes = []
+    for seed in range(100, 120):
+      game = tb.play(env, seed, choose, 5)
+      replies = [f" '{m}' is the first\n" for m in game["moves"]]
+      episodes.append({"seed": seed, "success": game["outcome"] == "won", "replies": replies})
+    return {"step": 20, "episodes": episodes}
+
+  first = record(tb.first_listed)
+  got = tb.replayed(first, env, 5)
+  assert got["first_listed_games"] == 20 and got["invalid_moves"] == 0
+  assert {k: got[k] for k in ("won", "drawn", "lost", "cut")} == {
+    k: v for k, v in tb.baselines("TicTacToe-v0", 5, range(100, 120), 1)["first_listed"].items()
+    if k != "invalid_moves"
+  }  # fmt: skip
+  last = record(lambda observation, turn: tb.listed_moves(observation)[-1])
+  assert tb.replayed(last, env, 5)["first_listed_games"] < 20
+  won = next(e for e in first["episodes"] if e["success"])
+  won["success"] = False
+  with pytest.raises(ValueError, match=f"seed {won['seed']}: .* but the run recorded"):
+    tb.replayed(first, env, 5)

@@ -1405,4 +1405,28 @@ MUTATIONS = [
     tests=["tests/test_serve_slots.py"],
     why="a session's next turn, continued in its slot, numbers its new tokens from 0",
   ),
+  dict(
+    name="textarena_baseline_last_listed",
+    path="experiments/textarena_baselines.py",
+    old="  return listed_moves(observation)[0]\n",
+    new="  return listed_moves(observation)[-1]\n",
+    tests=["tests/test_textarena_games.py"],
+    why="the first-listed yardstick playing another policy than the one it names",
+  ),
+  dict(
+    name="textarena_baseline_draws_as_losses",
+    path="experiments/textarena_baselines.py",
+    old='      outcome = "won" if step.info["success"] else "drawn" if step.reward == 0 else "lost"\n',
+    new='      outcome = "won" if step.info["success"] else "lost"\n',
+    tests=["tests/test_textarena_games.py"],
+    why="drawn games counted as lost",
+  ),
+  dict(
+    name="textarena_replay_outcome_unchecked",
+    path="experiments/textarena_baselines.py",
+    old='    if len(game["moves"]) != len(e["replies"]) or (game["outcome"] == "won") != e["success"]:\n',
+    new='    if len(game["moves"]) != len(e["replies"]):\n',
+    tests=["tests/test_textarena_games.py"],
+    why="a run's greedy games replayed without checking they end as recorded",
+  ),
 ]
