@@ -28,26 +28,22 @@ not end as recorded is an error (give the run's --game and --max_turns).
 """
 
 import json
-import re
 
 import numpy as np
 from absl import app, flags
 
 from rlpost.envs import textarena_games
 
-_LISTED = re.compile(r"Available Moves:([^\n]*)")
-_BRACKETED = re.compile(r"\[[^\]]+\]")
-
 
 def listed_moves(observation: str) -> list[str]:
   """The moves of the last "Available Moves:" line of `observation`, e.g. ['[1]', '[4]']."""
-  lines = _LISTED.findall(observation)
-  if not lines or not _BRACKETED.findall(lines[-1]):
+  moves = textarena_games.listed_moves(observation)
+  if not moves:
     raise ValueError(
       f"no 'Available Moves:' line in the observation {observation[-300:]!r}: the scripted "
       "policies play games that list their moves (TicTacToe-v0, WildTicTacToe-v0, ...)"
     )
-  return _BRACKETED.findall(lines[-1])
+  return moves
 
 
 def first_listed(observation: str, turn: int) -> str:
@@ -125,7 +121,7 @@ def replayed(record: dict, env, max_turns: int) -> dict:
         f"success={e['success']}: give the run's --game and --max_turns"
       )
     first = play(env, e["seed"], first_listed, max_turns)["moves"]
-    made = [(_BRACKETED.findall(reply) or [None])[0] for reply in e["replies"]]
+    made = [textarena_games.first_bracketed(reply) for reply in e["replies"]]
     same += made == first
     games.append(game)
   return {"step": record["step"], **tally(games), "first_listed_games": same}

@@ -130,11 +130,23 @@ def _raw(game: str):
   return _textarena().make(f"{game}-raw")
 
 
+def listed_moves(observation: str) -> list[str]:
+  """The moves of the last "Available Moves:" line of `observation`, e.g. ['[1]', '[4]'];
+  [] when it lists none."""
+  lines = _LISTED.findall(observation)
+  return _BRACKETED.findall(lines[-1]) if lines else []
+
+
+def first_bracketed(reply: str) -> str | None:
+  """The first bracketed move in `reply` (e.g. '[4]'), or None."""
+  found = _BRACKETED.search(reply)
+  return found.group(0) if found else None
+
+
 def _candidates(game: str, env, text: str) -> list[str]:
   """The moves player 1 may try: those the last "Available Moves:" line of its observation
   lists, else the game's moves."""
-  lines = _LISTED.findall(text)
-  listed = _BRACKETED.findall(lines[-1]) if lines else []
+  listed = listed_moves(text)
   if listed:
     return listed
   if game == "ConnectFour-v0":
