@@ -2,6 +2,7 @@
 the extracted answer, held-out items disjoint by content, retries, bad input."""
 
 import json
+import math
 
 import pytest
 from optional_packages import require
@@ -138,3 +139,70 @@ def test_other_checkers_read_the_answer_span():
     text = f"<answer>{reply.format(state.item['answer'])}</answer>"
     assert tasks.env.step(state, text).reward == 1.0
     assert tasks.env.step(state, "<answer>x</answer>").reward == 0.0
+
+
+def _number_format_run(tmp_path, picks):
+  """A number_format run's folder: its config.json (the env and eval blocks the tool
+  reads) and eval/step_0.jsonl replying to held-out item k its picks[k]-th number as the
+  question writes it, recorded right when that candidate is the generator's solution."""
+  from experiments import reasoning_gym_baselines as baselines  # pylint: disable=g-import-not-at-top
+
+  rg = require("reasoning_gym")
+  env = {"name": "reasoning_gym", "task": "number_format", "answer_format": "cue", "pool": 20}
+  (tmp_path / "eval").mkdir(exist_ok=True)
+  (tmp_path / "config.json").write_text(
+    json.dumps({"env": env, "eval": {"seed_offset": 10**6, "num_tasks": len(picks)}})
+  )
+  stream = rg.create_dataset("number_format", seed=10**6, size=len(picks))
+  rows = []
+  for k, i in enumerate(picks):
+    meta = stream[k]["metadata"]
+    right = meta["candidates"][i] == meta["solution"]
+    reply = f" {baselines.numbers(stream[k]['question'])[i]}\n"
+    rows.append({"item": 10**6 + k, "reward": float(right), "success": right, "completion": reply})
+  (tmp_path / "eval" / "step_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return stream
+
+
+def test_copying_yardsticks_agree_with_the_generators_candidates(tmp_path):
+  """On number_format (pick the largest or smallest of 2-5 candidates written as digits,
+  with commas or in scientific notation) the question's numbers are the generator's
+  candidates (`metadata`), so copying the first / last one succeeds exactly where it is the
+  solution and a random copy is expected to succeed 1/N of the time; a run replying the
+  first candidate everywhere has every reply a first-number copy, one replying the last
+  none, and a record that does not score as written is refused.
+  Mutations caught: the last number taken for the first; the random expectation summing
+  the wins instead of averaging them."""
+  from experiments import reasoning_gym_baselines as baselines  # pylint: disable=g-import-not-at-top
+
+  n = 40
+  stream = _number_format_run(tmp_path, [0] * n)
+  metas = [stream[k]["metadata"] for k in range(n)]
+  for k, meta in enumerate(metas):
+    written = [baselines.value(w) for w in baselines.numbers(stream[k]["question"])]
+    assert len(written) == len(meta["candidates"])
+    assert all(math.isclose(w, c) for w, c in zip(written, meta["candidates"]))
+  wins = [[c == m["solution"] for c in m["candidates"]] for m in metas]
+  got = baselines.report(str(tmp_path))
+  assert got["yardsticks"] == {
+    "first_number": sum(w[0] for w in wins),
+    "last_number": sum(w[-1] for w in wins),
+    "random_number": round(sum(sum(w) / len(w) for w in wins), 3),
+  }
+  assert 0 < sum(w[0] for w in wins) < n and all(sum(w) == 1 for w in wins)
+  assert got["steps"]["0"] == {
+    "items": n,
+    "successes": sum(w[0] for w in wins),
+    "copies": n,
+    "first_number_copies": n,
+    "last_number_copies": 0,
+  }
+  _number_format_run(tmp_path, [-1] * n)
+  last = baselines.report(str(tmp_path))["steps"]["0"]
+  assert (last["first_number_copies"], last["last_number_copies"]) == (0, n)
+  lines = (tmp_path / "eval" / "step_0.jsonl").read_text().splitlines()
+  row = json.loads(lines[0])
+  row["success"], row["reward"] = not row["success"], 1.0 - row["reward"]
+  (tmp_path / "eval" / "step_0.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+  with pytest.raises(ValueError, match="item 1000000: the recorded reply"):
+    baselines.report(str(tmp_path))

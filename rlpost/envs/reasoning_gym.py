@@ -162,16 +162,21 @@ def normalise(question: str) -> str:
   return " ".join(question.lower().split())
 
 
+def answer_in(config: ReasoningGymConfig, text: str) -> str | None:
+  """The answer `text` gives: with answer_format="cue" its first line, else the last
+  <answer> span (`checkers.extract_answer`); None without one."""
+  if config.answer_format == "cue":
+    return text.strip().split("\n")[0].strip() or None
+  return checkers.extract_answer(text)
+
+
 def score(
   config: ReasoningGymConfig, datasets: dict, state: State, text: str
 ) -> tuple[float, bool]:
   """(reward, answered) of `text`: the checker's verdict on its answer (the <answer> span;
   with answer_format="cue" its first line); 0.0 and False without one. Never raises: a
   scorer's exception scores 0.0."""
-  if config.answer_format == "cue":
-    found = text.strip().split("\n")[0].strip() or None
-  else:
-    found = checkers.extract_answer(text)
+  found = answer_in(config, text)
   if found is None:
     return 0.0, False
   try:
