@@ -11,8 +11,11 @@ Command (issue 67 part 7; pick tasks where the base model is neither at 0 nor ne
 
 Result (GRPO, basic_arithmetic with 2 one-digit terms, 40 iterations, 3 seeds): greedy
 success on 200 held-out items 0.025 -> 0.218 (95% interval 0.177-0.258; the best constant
-answer 0.120); number_sequence at its defaults, 0.090 -> 0.263 (0.225-0.297; the constant
-answer 0.035). Commands and per-item outcomes: experiments/results/INDEX.md.
+answer 0.120, copying the question's first number 0.105: most successes are computed);
+number_sequence at its defaults, 0.090 -> 0.263 (0.225-0.297), below repeating the
+sequence's last term (0.285; nearly every success is such a copy): not learned. Yardsticks:
+`python -m experiments.reasoning_gym_baselines --workdir=SEED_DIR`. Commands and per-item
+outcomes: experiments/results/INDEX.md.
 """
 
 import ml_collections
