@@ -164,6 +164,82 @@ def test_tictactoe_run_fits_its_longest_game():
   assert longest <= cfg.rollout.max_total_tokens, longest
 
 
+ASKED = []
+
+
+def lowest_free_cell(observation: str, seed: int, turn: int) -> str:
+  """A user's TicTacToe opponent (`env.opponent`): the lowest free cell, in words around
+  the move as a model would write it; records what it was asked."""
+  ASKED.append((observation, seed, turn))
+  return f"I take {tg.listed_moves(observation)[0]} now"
+
+
+def passing(observation: str, seed: int, turn: int) -> str:
+  """An opponent whose replies the game always refuses."""
+  del observation, seed, turn
+  return "I pass"
+
+
+def _board(state) -> list[str]:
+  return sum(state.game.state.game_state["board"], [])
+
+
+def test_a_users_opponent_plays_player_one():
+  """`env.opponent="MODULE:FUNCTION"`: after each of our moves player 1's mark is on the
+  lowest free cell (read from the game's board), the function was asked with player 1's
+  cued observation, the seed and the game's turn, none fell back; an opponent whose replies
+  the game refuses is replaced by the random opponent's move (the boards equal the
+  "random" env's on the same seed and moves) and each refusal is counted. Bad names,
+  single-player games and a reply that is not text are refused by name. Mutations caught:
+  opponent_reply_ignored; opponent_fallback_uncounted."""
+  require("textarena")
+  spec = "test_textarena_games:{}"
+  make = lambda opponent: tg.make_env(
+    tg.TextArenaConfig("TicTacToe-v0", 5, cue="Your move:", opponent=opponent)
+  )
+  env, refused = make(spec.format("lowest_free_cell")), make(spec.format("passing"))
+  scripted = make("random")
+  for seed in (0, 1):
+    ASKED.clear()
+    state, _ = env.reset(None, seed)
+    for move in ("[4]", "[8]", "[2]", "[6]", "[1]"):
+      before = _board(state)
+      step = env.step(state, move)
+      after = _board(step.state)
+      ours = int(move[1:-1])
+      placed = [i for i in range(9) if before[i] == "" and after[i] != "" and i != ours]
+      free = [i for i in range(9) if before[i] == "" and i != ours]
+      assert placed in ([], [free[0]]) if step.done else placed == [free[0]]
+      assert step.info["opponent_fallbacks"] == 0
+      state = step.state
+      if step.done:
+        break
+    observation, asked_seed, turn = ASKED[0]
+    assert observation.endswith("\nYour move:") and "Available Moves:" in observation
+    assert asked_seed == seed and [a[2] for a in ASKED] == [1 + 2 * k for k in range(len(ASKED))]
+    (r_state, _), (s_state, _) = refused.reset(None, seed), scripted.reset(None, seed)
+    for move in ("[4]", "[0]", "[8]"):
+      r_step, s_step = refused.step(r_state, move), scripted.step(s_state, move)
+      assert _board(r_step.state) == _board(s_step.state)
+      assert r_step.info["opponent_fallbacks"] == (0 if r_step.done else 1)
+      if r_step.done:
+        break
+      r_state, s_state = r_step.state, s_step.state
+  bad = [
+    ("nomodule", r"opponent='nomodule': use 'random' or 'MODULE:FUNCTION'"),
+    ("json:no_such", r"opponent='json:no_such': module 'json' has no attribute"),
+    ("json:__doc__", r"opponent='json:__doc__': not callable"),
+  ]
+  for opponent, match in bad:
+    with pytest.raises(errors.ConfigError, match=match):
+      env_table.env_config({"name": "textarena", "game": "TicTacToe-v0", "opponent": opponent})
+  with pytest.raises(errors.ConfigError, match="TowerOfHanoi-v0 is single-player"):
+    env_table.env_config({"name": "textarena", "game": "TowerOfHanoi-v0", "opponent": "json:dumps"})
+  not_text = make("json:loads")  # json.loads("...observation...") raises: not a reply
+  with pytest.raises((TypeError, ValueError)):
+    not_text.step(not_text.reset(None, 0)[0], "[4]")
+
+
 def test_scripted_baselines_agree_with_a_board_level_reference():
   """`experiments.textarena_baselines` on TicTacToe: `first_listed` plays the lowest free
   cell (a reference reading the game's board, not the observation's move list), its
@@ -226,3 +302,57 @@ def test_a_runs_greedy_games_replay_and_compare_with_the_first_listed_move():
   won["success"] = False
   with pytest.raises(ValueError, match=f"seed {won['seed']}: .* but the run recorded"):
     tb.replayed(first, env, 5)
+
+
+@pytest.mark.slow
+def test_the_endpoint_opponent_plays_the_served_models_replies(monkeypatch):
+  """`experiments/examples/endpoint_opponent.py` against `experiments.serve`'s endpoint on
+  the tiny model (127.0.0.1): every opponent move is one request whose prompt is player 1's
+  cued observation and whose sampled text the example returns (the server's session
+  recorder, decoded); the tiny model's replies name no legal move, so each falls back to
+  the random move and is counted; the same seed replays the same game (seeded requests at
+  temperature 1). Mutation caught: opponent_fallback_uncounted."""
+  require("textarena")
+  openai_client = require("openai")
+  del openai_client
+  from experiments.examples import endpoint_opponent  # pylint: disable=g-import-not-at-top
+  from rlpost.serve import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  from rlpost.serve import scheduler, server, sessions  # pylint: disable=g-import-not-at-top
+
+  config, params, tok = loading.load_model("tiny", "random")
+  engine = engine_lib.Engine(params, config, tok, "tiny", 1024, 8)
+  settings = server.ServerConfig(port=0, max_concurrent=2)
+  replies = []
+  real_move = endpoint_opponent.move
+  monkeypatch.setattr(
+    endpoint_opponent, "move", lambda *a: replies.append(real_move(*a)) or replies[-1]
+  )
+  env = tg.make_env(  # made after the patch: the env resolves the function once
+    tg.TextArenaConfig(
+      "TicTacToe-v0", 5, cue="Your move:", opponent="experiments.examples.endpoint_opponent:move"
+    )
+  )
+  with server.serve_in_thread(engine, settings, scheduler.BatchConfig(4, 20.0)) as endpoint:
+    monkeypatch.setenv("RLPOST_OPPONENT_URL", endpoint.session_url("opponent"))
+
+    def game(seed):
+      state, text = env.reset(None, seed)
+      boards, fallbacks = [], 0
+      for move in ("[4]", "[0]", "[8]", "[2]", "[6]"):
+        step = env.step(state, move)
+        boards.append(_board(step.state))
+        fallbacks += step.info["opponent_fallbacks"]
+        if step.done:
+          break
+        state, text = step.state, step.observation
+      return boards, fallbacks
+
+    replies.clear()
+    boards, fallbacks = game(3)
+    turns = sessions.take(endpoint.recorder, "opponent")
+    assert len(turns) == len(replies) == fallbacks > 0
+    for turn, reply in zip(turns, replies):
+      assert tok.decode(list(turn.sampled)) == reply
+      prompt = tok.decode(list(turn.prompt))
+      assert prompt.endswith("Your move:") and "Available Moves:" in prompt
+    assert game(3) == (boards, fallbacks)

@@ -1,11 +1,17 @@
 """textarena games as environments (`env.name=textarena`, the `textarena` extra).
 
 `env.game` is a textarena id (`SINGLE_PLAYER`, offline; or `TWO_PLAYER`, the policy as
-player 0 against a scripted opponent: a uniformly random legal move, drawn from
-`np.random.default_rng((seed, turn))` among the moves the game lists, each tried on a copy
-and kept when the game accepts it). No self-play: the opponent is not trained. The reward
-is the game's own for player 0, paid when the game ends; observations are the game's
-messages to player 0 since its last move (its own move's echo left out).
+player 0 against an opponent). `env.opponent="random"`: a uniformly random legal move,
+drawn from `np.random.default_rng((seed, turn))` among the moves the game lists, each tried
+on a copy and kept when the game accepts it. `env.opponent="MODULE:FUNCTION"`: your own
+player 1, `FUNCTION(observation: str, seed: int, turn: int) -> str` (its observation as
+the policy's are cued; the game's turn count), called outside the library's lock; a reply
+the game refuses is replaced by the random legal move and counted (`info
+["opponent_fallbacks"]`). Self-play with one side frozen is such a function asking a
+frozen copy of the policy (`experiments/examples/endpoint_opponent.py`: the model served by
+`experiments.serve`); the opponent is never trained. The reward is the game's own for
+player 0, paid when the game ends; observations are the game's messages to player 0 since
+its last move (its own move's echo left out).
 
 Games that download word lists (nltk's `words`: Wordle, Hangman, ...), need a hosted judge
 (an OpenRouter key) or do not import on this Python are refused by name (`REFUSED`).
@@ -19,6 +25,7 @@ reproducible and threads do not disturb each other or the rest of the process.
 
 import copy
 import dataclasses
+import importlib
 import random
 import re
 import threading
@@ -104,11 +111,13 @@ def base_name(game: str) -> str:
 class TextArenaConfig:
   """The `env` block: game (a textarena id), max_turns (the policy's moves), cue (a line
   put after every observation the policy reads, e.g. "Your move:" for a base model that
-  continues text rather than follows instructions; "": none)."""
+  continues text rather than follows instructions; "": none), opponent (a two-player
+  game's player 1: "random" or "MODULE:FUNCTION", the module docstring)."""
 
   game: str = "TowerOfHanoi-v0"
   max_turns: int = 10
   cue: str = ""
+  opponent: str = "random"
 
   def __post_init__(self):
     if base_name(self.game) in REFUSED:
@@ -122,7 +131,27 @@ class TextArenaConfig:
       raise ValueError(f"max_turns={self.max_turns!r}: must be an integer >= 1")
     if not isinstance(self.cue, str):
       raise ValueError(f'cue={self.cue!r}: must be a string ("": no cue)')
+    if self.opponent != "random" and self.game not in TWO_PLAYER:
+      raise ValueError(f"opponent={self.opponent!r}: {self.game} is single-player; use 'random'")
+    opponent_function(self.opponent)
     _textarena()
+
+
+def opponent_function(opponent: str):
+  """None for "random", else the function "MODULE:FUNCTION" names (errors name the field)."""
+  if opponent == "random":
+    return None
+  module, _, name = str(opponent).partition(":")
+  fix = "use 'random' or 'MODULE:FUNCTION' naming fn(observation, seed, turn) -> str"
+  if not module or not name:
+    raise ValueError(f"opponent={opponent!r}: {fix}")
+  try:
+    fn = getattr(importlib.import_module(module), name)
+  except (ImportError, AttributeError) as err:
+    raise ValueError(f"opponent={opponent!r}: {err}; {fix}") from None
+  if not callable(fn):
+    raise ValueError(f"opponent={opponent!r}: not callable; {fix}")
+  return fn
 
 
 def _raw(game: str):
@@ -164,11 +193,17 @@ def _valid(env, turn_before: int, pid: int) -> bool:
   return env.state.turn > turn_before or (env.state.done and not info.get("invalid_move"))
 
 
-def _opponent(game: str, env, seed: int):
-  """`env` after player 1's random legal move (under `_call`; `env` itself is spent), drawn
-  by the episode's seed and the game's turn count."""
-  _, messages = env.get_observation()
-  moves = _candidates(game, env, _text(messages, me=1))
+def _opponent_text(env) -> str | None:
+  """Player 1's observation (taken from the game) when it is to move, else None."""
+  if env.state.done or env.state.current_player_id == 0:
+    return None
+  return _text(env.get_observation()[1], me=1)
+
+
+def _random_move(game: str, env, seed: int, text: str):
+  """`env` after player 1's random legal move among those `text` lists (under `_call`;
+  `env` itself is spent), drawn by the episode's seed and the game's turn count."""
+  moves = _candidates(game, env, text)
   order = np.random.default_rng((seed, env.state.turn)).permutation(len(moves))
   for k in order:
     trial = copy.deepcopy(env)
@@ -181,16 +216,51 @@ def _opponent(game: str, env, seed: int):
 
 
 def _until_mine(game: str, env, seed: int):
-  """`env` once it is player 0's turn or the game is over (the opponent moving)."""
-  while not env.state.done and env.state.current_player_id != 0:
-    env = _opponent(game, env, seed)
+  """`env` once it is player 0's turn or the game is over (the random opponent moving)."""
+  while (text := _opponent_text(env)) is not None:
+    env = _random_move(game, env, seed, text)
   return env
+
+
+def _replied(game: str, env, seed: int, text: str, reply: str):
+  """(`env` after player 1's `reply`, False) when the game accepts it, else (`env` after
+  the random legal move, True)."""
+  trial = copy.deepcopy(env)
+  before = trial.state.turn
+  trial.step(reply)
+  if _valid(trial, before, 1):
+    return trial, False
+  return _random_move(game, env, seed, text), True
+
+
+def _settle(config: TextArenaConfig, choose, env, rng: tuple, seed: int):
+  """(env, rng, fallbacks) once it is player 0's turn or the game is over, player 1's
+  moves asked of `choose` outside the lock (`env` is this step's own copy)."""
+  fallbacks = 0
+  while True:
+    text, rng = _call(rng, lambda: _opponent_text(env))
+    if text is None:
+      return env, rng, fallbacks
+    cued = f"{text}\n{config.cue}" if config.cue else text
+    reply = choose(cued, seed, env.state.turn)
+    if not isinstance(reply, str):
+      raise TypeError(f"config.env.opponent={config.opponent!r} returned {reply!r}, not a str")
+    (env, fell), rng = _call(rng, lambda: _replied(config.game, env, seed, text, reply))
+    fallbacks += fell
 
 
 def make_env(config: TextArenaConfig) -> protocol.Env:
   """The environment; tasks are None, the seed is the game's."""
   players = 2 if config.game in TWO_PLAYER else 1
   cued = lambda text: f"{text}\n{config.cue}" if config.cue else text
+  choose = opponent_function(config.opponent)
+
+  def settled(env, rng, seed):
+    """(env, rng, fallbacks) at player 0's turn or the end (a random opponent has moved)."""
+    return (env, rng, 0) if choose is None else _settle(config, choose, env, rng, seed)
+
+  def observed(env):
+    return env.state.done, "" if env.state.done else _text(env.get_observation()[1])
 
   def reset(task, seed: int):
     del task
@@ -198,10 +268,11 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
     def start():
       env = _raw(config.game)
       env.reset(num_players=players, seed=int(seed))
-      env = _until_mine(config.game, env, int(seed))
-      return env, _text(env.get_observation()[1])
+      return env if choose else _until_mine(config.game, env, int(seed))
 
-    (env, text), rng = _call(None, start)
+    env, rng = _call(None, start)
+    env, rng, _ = settled(env, rng, int(seed))
+    (_, text), rng = _call(rng, lambda: observed(env))
     return State(env, rng, int(seed), 0), cued(text)
 
   def step(state: State, text: str) -> protocol.Step:
@@ -210,14 +281,15 @@ def make_env(config: TextArenaConfig) -> protocol.Env:
       before = env.state.turn
       env.step(text)
       valid = _valid(env, before, 0)
-      env = _until_mine(config.game, env, state.seed)
-      done = env.state.done
-      obs = "" if done else _text(env.get_observation()[1])
-      return env, done, valid, obs
+      return (env if choose else _until_mine(config.game, env, state.seed)), valid
 
-    (env, done, valid, obs), rng = _call(state.rng, play)
+    (env, valid), rng = _call(state.rng, play)
+    env, rng, fallbacks = settled(env, rng, state.seed)
+    (done, obs), rng = _call(rng, lambda: observed(env))
     new = State(env, rng, state.seed, state.turn + 1)
     info = {"invalid_action": not valid}
+    if choose is not None:
+      info["opponent_fallbacks"] = fallbacks
     if not done:
       return protocol.Step(new, cued(obs or "(no change)"), 0.0, False, info)
     reward = float((env.state.rewards or {}).get(0, 0.0))

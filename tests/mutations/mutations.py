@@ -1461,4 +1461,20 @@ MUTATIONS = [
     tests=["tests/test_reasoning_gym.py"],
     why="a run's recorded replies replayed without checking they score as recorded",
   ),
+  dict(
+    name="opponent_reply_ignored",
+    path="rlpost/envs/textarena_games.py",
+    old="    (env, fell), rng = _call(rng, lambda: _replied(config.game, env, seed, text, reply))\n",
+    new='    (env, fell), rng = _call(rng, lambda: _replied(config.game, env, seed, text, ""))\n',
+    tests=["tests/test_textarena_games.py"],
+    why="a user's opponent asked, its reply never played (the random move every time)",
+  ),
+  dict(
+    name="opponent_fallback_uncounted",
+    path="rlpost/envs/textarena_games.py",
+    old="    fallbacks += fell\n",
+    new="    fallbacks += False\n",
+    tests=["tests/test_textarena_games.py"],
+    why="an opponent's refused replies replaced silently",
+  ),
 ]

@@ -31,6 +31,7 @@ def env_block() -> ml_collections.ConfigDict:
       "game": "TicTacToe-v0",  # SINGLE_PLAYER or TWO_PLAYER of textarena_games
       "max_turns": 5,  # the policy's moves (TicTacToe's first player makes at most 5)
       "cue": "Your move:",  # after every observation: a base model continues after it
+      "opponent": "random",  # or MODULE:FUNCTION (e.g. experiments.examples.endpoint_opponent:move)
     }
   )
 
