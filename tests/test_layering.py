@@ -10,7 +10,7 @@
   models                    architectures, weights, quantization
   ops                       logprobs, masks
   text                      tokenizer, chat template, scaffold, tool-call syntax
-  errors
+  errors, config_moves, references   what the user fixes; user code named MODULE:FUNCTION
 
 `text` is the floor below `data` and `envs`: neither reaches into the other for how text
 is encoded, and nothing below the recipes imports `train`. Within `recipes`, no module
@@ -21,7 +21,7 @@ import ast
 import pathlib
 
 FLOORS = (
-  ("errors", "config_moves"),
+  ("errors", "config_moves", "references"),
   ("text",),
   ("ops",),
   ("models",),

@@ -381,7 +381,7 @@ def test_agents_play_episodes_and_failures_stay_their_own(served):
   assert [e.weight for e in (raised, hung, nan)] == [0.0, 0.0, 0.0]
   (one,) = agents.play(served.endpoint, _async_agent, [{"prompt": prompt}], config)
   assert one.error is None and one.reward == sum(one.segments[0].loss_mask)
-  with pytest.raises(ValueError, match="module:function"):
+  with pytest.raises(ValueError, match="agent=.no_colon.: write it as MODULE:FUNCTION"):
     agents.load("no_colon")
   assert agents.load("json:dumps") is json.dumps
 

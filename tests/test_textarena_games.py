@@ -226,9 +226,9 @@ def test_a_users_opponent_plays_player_one():
         break
       r_state, s_state = r_step.state, s_step.state
   bad = [
-    ("nomodule", r"opponent='nomodule': use 'random' or 'MODULE:FUNCTION'"),
-    ("json:no_such", r"opponent='json:no_such': module 'json' has no attribute"),
-    ("json:__doc__", r"opponent='json:__doc__': not callable"),
+    ("nomodule", r"opponent='nomodule': write it as MODULE:FUNCTION naming fn\(observation"),
+    ("json:no_such", r"opponent='json:no_such': cannot import it \(module 'json' has no"),
+    ("json:__doc__", r"opponent='json:__doc__': not a function"),
   ]
   for opponent, match in bad:
     with pytest.raises(errors.ConfigError, match=match):

@@ -25,7 +25,6 @@ reproducible and threads do not disturb each other or the rest of the process.
 
 import copy
 import dataclasses
-import importlib
 import random
 import re
 import threading
@@ -33,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rlpost import references
 from rlpost.envs import protocol
 from rlpost.rewards import extras
 
@@ -141,17 +141,7 @@ def opponent_function(opponent: str):
   """None for "random", else the function "MODULE:FUNCTION" names (errors name the field)."""
   if opponent == "random":
     return None
-  module, _, name = str(opponent).partition(":")
-  fix = "use 'random' or 'MODULE:FUNCTION' naming fn(observation, seed, turn) -> str"
-  if not module or not name:
-    raise ValueError(f"opponent={opponent!r}: {fix}")
-  try:
-    fn = getattr(importlib.import_module(module), name)
-  except (ImportError, AttributeError) as err:
-    raise ValueError(f"opponent={opponent!r}: {err}; {fix}") from None
-  if not callable(fn):
-    raise ValueError(f"opponent={opponent!r}: not callable; {fix}")
-  return fn
+  return references.function_at(opponent, "opponent", "fn(observation, seed, turn) -> str")
 
 
 def _raw(game: str):

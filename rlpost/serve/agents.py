@@ -18,7 +18,6 @@ The `openai` package is needed here (the `dev` extra has it).
 import asyncio
 import concurrent.futures
 import dataclasses
-import importlib
 import inspect
 import math
 import time
@@ -26,6 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from rlpost import references
 from rlpost.serve import scheduler
 from rlpost.serve import sessions
 
@@ -60,19 +60,8 @@ class Episode:
 
 
 def load(reference: str) -> Callable:
-  """`module:function` -> the function; ValueError naming the reference and the fix."""
-  module, colon, name = reference.partition(":")
-  if not colon or not module or not name:
-    raise ValueError(f"agent={reference!r}: write it as module:function, e.g. mypkg.agent:run")
-  try:
-    function = getattr(importlib.import_module(module), name)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f"agent={reference!r}: cannot import it ({e})") from None
-  if not callable(function):
-    raise ValueError(  # noqa: TRY004  (a config value: ValueError, as every config check)
-      f"agent={reference!r} is not a function run(client, task) -> reward"
-    )
-  return function
+  """`module:function` -> the agent's function; ValueError naming the reference and the fix."""
+  return references.function_at(reference, "agent", "run(client, task) -> reward")
 
 
 def _run_one(endpoint, agent: Callable, task, session: str, shared) -> float:
