@@ -660,8 +660,9 @@ def test_a_missing_gsm8k_calc_data_dir_names_the_env_field(tmp_path):
 def test_episode_metrics_count_successes_failures_and_truncations():
   """Four hand-made episodes: reached the goal, fell in a hole (done, no success), cut
   at max_turns, and an invalid move then a hole. Rates per episode (success, failure,
-  truncation) and per turn (invalid actions). Mutations caught: failure counted on
-  truncated episodes; success read from the first turn's info."""
+  truncation) and per turn (invalid actions; a textarena opponent's refused replies, only
+  where the env reports them). Mutations caught: failure counted on truncated episodes;
+  success read from the first turn's info; opponent_fallbacks_as_flags."""
   from rlpost.envs import multiturn  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import reports  # pylint: disable=g-import-not-at-top
 
@@ -683,6 +684,10 @@ def test_episode_metrics_count_successes_failures_and_truncations():
   m = reports.episode_metrics(episodes)
   assert (m["success"], m["failure_rate"], m["truncation_rate"]) == (0.25, 0.5, 0.25)
   assert m["invalid_action_rate"] == 1 / 11 and m["turns/mean"] == 11 / 4
+  assert "opponent/fallback_rate" not in m
+  refused = lambda n: step | {"opponent_fallbacks": n}
+  episodes[0] = episode([refused(2), refused(0), won | {"opponent_fallbacks": 1}], True, False)
+  assert reports.episode_metrics(episodes)["opponent/fallback_rate"] == 3 / 11
 
 
 @pytest.mark.slow

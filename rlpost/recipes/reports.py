@@ -87,7 +87,9 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   environment reports them), tool_episode_rate (episodes with a tool call),
   truncation_rate, failure_rate (ended by the environment without success: FrozenLake's
   holes); with the template scaffold, template/prefix_mismatch: the turns whose
-  re-rendered conversation does not extend the tokens sampled.
+  re-rendered conversation does not extend the tokens sampled; against a user's textarena
+  opponent, opponent/fallback_rate: its refused replies (replaced by a random legal
+  move) per turn of ours.
   """
   last = [e.infos[-1] if e.infos else {} for e in episodes]
   count = lambda key: [sum(bool(i.get(key)) for i in e.infos) for e in episodes]
@@ -99,6 +101,9 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
     "tool_error": count("tool_error"),
     "invalid_action": count("invalid_action"),
     "prefix_mismatch": count("prefix_mismatch"),
+    "opponent_fallbacks": [
+      sum(int(i.get("opponent_fallbacks", 0)) for i in e.infos) for e in episodes
+    ],
     "tool_episode": [any(i.get("tool_call") for i in e.infos) for e in episodes],
     "truncated": [e.truncated for e in episodes],
     "failed": [e.done and not bool(i.get("success")) for e, i in zip(episodes, last)],
@@ -121,6 +126,8 @@ def episode_metrics(episodes: list[multiturn.Episode]) -> dict:
   }
   if any("prefix_mismatch" in i for e in episodes for i in e.infos):  # the template scaffold
     out["template/prefix_mismatch"] = float(v["prefix_mismatch"].sum())
+  if any("opponent_fallbacks" in i for e in episodes for i in e.infos):  # a user's opponent
+    out["opponent/fallback_rate"] = float(v["opponent_fallbacks"].sum() / turns)
   for key in EPISODE_ACCURACY:
     if v[f"has/{key}"].any():
       out[key] = float(v[key].mean())

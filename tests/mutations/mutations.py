@@ -1477,4 +1477,12 @@ MUTATIONS = [
     tests=["tests/test_textarena_games.py"],
     why="an opponent's refused replies replaced silently",
   ),
+  dict(
+    name="opponent_fallbacks_as_flags",
+    path="rlpost/recipes/reports.py",
+    old='      sum(int(i.get("opponent_fallbacks", 0)) for i in e.infos) for e in episodes\n',
+    new='      sum(bool(i.get("opponent_fallbacks", 0)) for i in e.infos) for e in episodes\n',
+    tests=["tests/test_agentic.py"],
+    why="a turn with two refused opponent replies counted once",
+  ),
 ]
