@@ -100,7 +100,10 @@ def replayed(config, env, tasks: list, rows: list[dict]) -> dict:
 
 def report(workdir: str) -> dict:
   """The JSON report of a run's folder (see the module docstring)."""
-  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise ValueError(f"--workdir={workdir!r}: no config.json there (give one seed's run folder)")
+  with open(path, encoding="utf-8") as f:
     run = json.load(f)
   if run["env"].get("name") != "reasoning_gym":
     raise ValueError(f"{workdir}: env.name={run['env'].get('name')!r}, not 'reasoning_gym'")

@@ -206,3 +206,5 @@ def test_copying_yardsticks_agree_with_the_generators_candidates(tmp_path):
   (tmp_path / "eval" / "step_0.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
   with pytest.raises(ValueError, match="item 1000000: the recorded reply"):
     baselines.report(str(tmp_path))
+  with pytest.raises(ValueError, match="no config.json there"):
+    baselines.report(str(tmp_path / "eval"))
