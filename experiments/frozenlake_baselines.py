@@ -32,6 +32,7 @@ from absl import flags
 import numpy as np
 
 from rlpost.envs import frozenlake
+from rlpost.recipes import reports
 
 MAX_TURNS = 10  # 4^10 sequences x maps is as far as enumerating goes
 
@@ -177,11 +178,9 @@ def main(argv):
   del argv
   f = flags.FLAGS
   if f.outcomes:
-    with open(f.outcomes, encoding="utf-8") as file:
-      for line in file:
-        record = json.loads(line)
-        walks = replayed_walks(record, f.size, f.hole_prob)
-        print(json.dumps({"step": record["step"], **map_reading(walks)}))
+    for record in reports.read_outcomes(f.outcomes):
+      walks = replayed_walks(record, f.size, f.hole_prob)
+      print(json.dumps({"step": record["step"], **map_reading(walks)}))
     return
   seeds = range(f.seed_offset, f.seed_offset + f.num_maps)
   maps = [frozenlake.generate_map(f.size, s, f.hole_prob) for s in seeds]
@@ -196,5 +195,5 @@ if __name__ == "__main__":  # flags defined here only: importing the functions d
   flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
   flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
   flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
-  flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl to read instead.")
+  flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
   app.run(main)

@@ -25,11 +25,16 @@ DIR/seeds_report.png).
 
 `keep DIR NAME` copies what a cited number is recounted from into the code tree,
 experiments/results/outcomes/NAME (`OUTCOMES_ROOT`): every seed_K/eval/step_N.jsonl and
-seed_K/config.json, nothing else (no checkpoints, no transcripts). `report` reads that
+seed_K/config.json and, for a multi-turn run (a line of more than one turn), its
+seed_K/eval_outcomes.jsonl gzipped, the turns' replies one by one that a line's joined
+completion cannot always give back (the scripted yardsticks replay them:
+`textarena_baselines`, `frozenlake_baselines`); nothing else (no checkpoints, no
+transcripts). `report` reads that
 folder as it reads DIR, so the number survives the machine its run was on.
 """
 
 import copy
+import gzip
 import json
 import os
 import re
@@ -44,7 +49,7 @@ import numpy as np
 from experiments import cli
 from experiments import intervals
 from rlpost import errors
-from rlpost.recipes import item_outcomes
+from rlpost.recipes import item_outcomes, reports
 
 _CONFIG = cli.define_config(None, "The config to run (run only): path.py[:variant].")
 _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "run: the seeds, comma-separated.")
@@ -240,7 +245,8 @@ def markdown(rep: dict) -> str:
 
 def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
   """Copies root/seed_K/{eval/step_N.jsonl, config.json} to outcomes_root/name/ (the same
-  layout; an earlier copy of the same file is replaced); returns the copied paths."""
+  layout; an earlier copy of the same file is replaced), and a multi-turn run's
+  eval_outcomes.jsonl gzipped; returns the copied paths."""
   if not _KEEP_NAME.fullmatch(name):
     raise errors.FlagError(
       f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)"
@@ -260,7 +266,20 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
       os.makedirs(os.path.dirname(dst), exist_ok=True)
       shutil.copyfile(os.path.join(src, rel), dst)
       copied.append(dst)
+    replies = os.path.join(src, reports.EVAL_OUTCOMES)
+    multi_turn = any(line["turns"] > 1 for lines in steps.values() for line in lines)
+    if multi_turn and os.path.exists(replies):
+      copied.append(_gzipped(replies, os.path.join(outcomes_root, name, seed_dir)))
   return copied
+
+
+def _gzipped(path: str, folder: str) -> str:
+  """`path` gzipped into `folder` (the same bytes give the same file: no time stamp)."""
+  dst = os.path.join(folder, os.path.basename(path) + ".gz")
+  with open(path, "rb") as src, open(dst, "wb") as raw:
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+      shutil.copyfileobj(src, out)
+  return dst
 
 
 def plot(rep: dict, path: str) -> str:

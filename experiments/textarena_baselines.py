@@ -33,6 +33,7 @@ import numpy as np
 from absl import app, flags
 
 from rlpost.envs import textarena_games
+from rlpost.recipes import reports
 
 
 def listed_moves(observation: str) -> list[str]:
@@ -132,9 +133,8 @@ def main(argv):
   f = flags.FLAGS
   if f.outcomes:
     env = textarena_games.make_env(textarena_games.TextArenaConfig(f.game, f.max_turns))
-    with open(f.outcomes, encoding="utf-8") as file:
-      for line in file:
-        print(json.dumps(replayed(json.loads(line), env, f.max_turns)))
+    for record in reports.read_outcomes(f.outcomes):
+      print(json.dumps(replayed(record, env, f.max_turns)))
     return
   seeds = range(f.seed_offset, f.seed_offset + f.num_games)
   print(json.dumps(baselines(f.game, f.max_turns, seeds, f.random_draws)))
@@ -146,5 +146,5 @@ if __name__ == "__main__":  # flags defined here only: importing the functions d
   flags.DEFINE_integer("num_games", 200, "Held-out games (eval.num_tasks).")
   flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed (eval.seed_offset).")
   flags.DEFINE_integer("random_draws", 10, "Games per seed of the random policy.")
-  flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl to read instead.")
+  flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
   app.run(main)

@@ -13,7 +13,7 @@ from conftest import import_main
 from experiments import intervals
 from experiments.configs import agentic as agentic_configs
 from rlpost.envs import frozenlake, held_out
-from rlpost.recipes import item_outcomes
+from rlpost.recipes import item_outcomes, reports
 
 seeds = import_main("experiments.seeds")
 
@@ -66,9 +66,11 @@ def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_pa
 
 def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   """`keep` copies every seed's eval/step_N.jsonl and config.json (no checkpoints, no
-  temporary files, no other seed-less folder) into outcomes/NAME, and the report of the
-  kept folder equals the report of the run's. Mutation caught: `keep` copying only the
-  last evaluation step of each seed."""
+  temporary files, no other seed-less folder; a one-turn run's eval_outcomes.jsonl
+  neither) into outcomes/NAME, and the report of the kept folder equals the report of the
+  run's; a multi-turn run's eval_outcomes.jsonl is kept gzipped, the same bytes each time,
+  reading back as written. Mutation caught: `keep` copying only the last evaluation step
+  of each seed."""
   run = tmp_path / "run"
   for seed in (0, 2):
     for step in (0, 20):
@@ -81,6 +83,7 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
     (run / f"seed_{seed}" / "checkpoints").mkdir()
     (run / f"seed_{seed}" / "checkpoints" / "big").write_bytes(b"0" * 100)
   (run / "seed_0" / "eval" / "step_40.jsonl.tmp123").write_text("half")
+  (run / "seed_0" / "eval_outcomes.jsonl").write_text('{"step": 0, "episodes": []}\n')
   (run / "other").mkdir()
   copied = seeds.keep(str(run), "demo_1", str(tmp_path / "outcomes"))
   kept = tmp_path / "outcomes" / "demo_1"
@@ -94,6 +97,17 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   assert strip(seeds.report([str(kept)], "success", 100)) == strip(
     seeds.report([str(run)], "success", 100)
   )
+  multi = tmp_path / "multi" / "seed_1"  # a multi-turn run also keeps its replies, gzipped
+  item_outcomes.write(str(multi), 5, [item_outcomes.item(7, None, 1.0, True, 3, "a\nb\n\nc")])
+  records = [
+    {"step": 5, "episodes": [{"seed": 7, "success": True, "replies": ["a\n", "b\n", "c"]}]}
+  ]
+  (multi / "eval_outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  gz = tmp_path / "outcomes" / "demo_2" / "seed_1" / "eval_outcomes.jsonl.gz"
+  assert str(gz) in seeds.keep(str(multi.parent), "demo_2", str(tmp_path / "outcomes"))
+  first = gz.read_bytes()
+  seeds.keep(str(multi.parent), "demo_2", str(tmp_path / "outcomes"))
+  assert gz.read_bytes() == first and reports.read_outcomes(str(gz)) == records
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
   with pytest.raises(seeds.errors.FlagError, match="no such directory"):

@@ -7,6 +7,7 @@ report per-episode and per-turn rates (success, turns, tool use, invalid actions
 truncation).
 """
 
+import gzip
 import json
 import os
 
@@ -179,3 +180,11 @@ def write_outcomes(workdir: str, step: int, episodes) -> None:
     for e in episodes
   ]
   metrics_lib.append_jsonl(path, {"step": step, "episodes": brief})
+
+
+def read_outcomes(path: str) -> list[dict]:
+  """The records of an EVAL_OUTCOMES file (`write_outcomes`), plain or gzipped (`.gz`: the
+  copy `experiments.seeds keep` puts in the tree), in file order."""
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt", encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]

@@ -1485,4 +1485,12 @@ MUTATIONS = [
     tests=["tests/test_agentic.py"],
     why="a turn with two refused opponent replies counted once",
   ),
+  dict(
+    name="keep_replies_of_one_turn_runs",
+    path="experiments/seeds.py",
+    old='    multi_turn = any(line["turns"] > 1 for lines in steps.values() for line in lines)\n',
+    new='    multi_turn = any(line["turns"] > 0 for lines in steps.values() for line in lines)\n',
+    tests=["tests/test_seeds.py"],
+    why="a one-turn run's replies copied into the tree too (its lines already hold them)",
+  ),
 ]
