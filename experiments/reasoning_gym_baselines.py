@@ -22,7 +22,6 @@ run whose successes are such copies, at a yardstick's rate, learned the copy, no
 Prints one JSON object: the items, the yardsticks' successes, and per step the counts.
 """
 
-import glob
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from absl import app, flags
 
 from rlpost.envs import protocol, reasoning_gym
 from rlpost.envs import table as env_table
+from rlpost.recipes import item_outcomes
 
 # a number as questions write them: sign, thousands commas, decimals, an exponent
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][+-]?\d+)?")
@@ -112,24 +112,16 @@ def report(workdir: str) -> dict:
     eval_seed_offset=run["eval"]["seed_offset"], eval_tasks=run["eval"]["num_tasks"]
   )
   built = reasoning_gym.build(config, info)
-  paths = sorted(
-    glob.glob(os.path.join(workdir, "eval", "step_*.jsonl")),
-    key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0]),
-  )
-  if not paths:
+  outcomes = item_outcomes.read(workdir)
+  if not outcomes:
     raise ValueError(f"{workdir}: no eval/step_N.jsonl (a run with eval.every > 0 writes them)")
-  steps, tasks, items = {}, None, None
-  for path in paths:
-    with open(path, encoding="utf-8") as f:
-      rows = [json.loads(line) for line in f]
-    if items is None:
-      items = [r["item"] for r in rows]
-      tasks = built.eval_tasks(items)
-    elif [r["item"] for r in rows] != items:
-      raise ValueError(f"{path}: other held-out items than {paths[0]}")
-    steps[os.path.basename(path)[len("step_") : -len(".jsonl")]] = replayed(
-      config, built.env, tasks, rows
-    )
+  items = [r["item"] for r in next(iter(outcomes.values()))]
+  tasks = built.eval_tasks(items)
+  steps = {}
+  for step, rows in outcomes.items():
+    if [r["item"] for r in rows] != items:
+      raise ValueError(f"{workdir}: step {step} holds other held-out items than the first")
+    steps[str(step)] = replayed(config, built.env, tasks, rows)
   return {
     "task": config.task,
     "items": len(items),

@@ -25,6 +25,7 @@ reproducible and threads do not disturb each other or the rest of the process.
 
 import copy
 import dataclasses
+import functools
 import random
 import re
 import threading
@@ -212,6 +213,11 @@ def _until_mine(game: str, env, seed: int):
   return env
 
 
+def _cued(config: TextArenaConfig, text: str) -> str:
+  """`text` as the policy (and a user's opponent) reads it: the cue on a line after it."""
+  return f"{text}\n{config.cue}" if config.cue else text
+
+
 def _replied(game: str, env, seed: int, text: str, reply: str):
   """(`env` after player 1's `reply`, False) when the game accepts it, else (`env` after
   the random legal move, True)."""
@@ -231,8 +237,7 @@ def _settle(config: TextArenaConfig, choose, env, rng: tuple, seed: int):
     text, rng = _call(rng, lambda: _opponent_text(env))
     if text is None:
       return env, rng, fallbacks
-    cued = f"{text}\n{config.cue}" if config.cue else text
-    reply = choose(cued, seed, env.state.turn)
+    reply = choose(_cued(config, text), seed, env.state.turn)
     if not isinstance(reply, str):
       raise TypeError(f"config.env.opponent={config.opponent!r} returned {reply!r}, not a str")
     (env, fell), rng = _call(rng, lambda: _replied(config.game, env, seed, text, reply))
@@ -242,7 +247,7 @@ def _settle(config: TextArenaConfig, choose, env, rng: tuple, seed: int):
 def make_env(config: TextArenaConfig) -> protocol.Env:
   """The environment; tasks are None, the seed is the game's."""
   players = 2 if config.game in TWO_PLAYER else 1
-  cued = lambda text: f"{text}\n{config.cue}" if config.cue else text
+  cued = functools.partial(_cued, config)
   choose = opponent_function(config.opponent)
 
   def settled(env, rng, seed):
