@@ -27,10 +27,11 @@ Each episode's replies are replayed on the map its seed draws (with --size and
 import itertools
 import json
 
-from absl import app
-from absl import flags
 import numpy as np
+from absl import flags
 
+from experiments import cli
+from rlpost import errors
 from rlpost.envs import frozenlake
 from rlpost.recipes import reports
 
@@ -63,7 +64,7 @@ def successes(maps, sequences_SxK) -> np.ndarray:
 def baselines(maps, turns: int) -> dict:
   """The JSON report for `maps` and episodes of `turns` moves (see the module docstring)."""
   if not 1 <= turns <= MAX_TURNS:
-    raise ValueError(
+    raise errors.FlagError(
       f"--turns={turns}: every one of 4^turns move sequences is played; use 1..{MAX_TURNS}"
     )
   actions = frozenlake.ACTIONS
@@ -91,7 +92,7 @@ def read_neighbours(observation: str) -> dict[str, str]:
   prefix = "Around you: "
   lines = [line for line in observation.splitlines() if line.startswith(prefix)]
   if not lines:
-    raise ValueError(f"no neighbours line ({prefix!r}) in the observation {observation!r}")
+    raise errors.DataError(f"no neighbours line ({prefix!r}) in the observation {observation!r}")
   return dict(part.split(" ", 1) for part in lines[-1][len(prefix) :].rstrip(".").split(", "))
 
 
@@ -126,7 +127,7 @@ def neighbour_reader(maps, turns: int) -> dict:
 def replayed_walks(record: dict, size: int, hole_prob: float, style: str = "word") -> list:
   """Each episode of an `eval_outcomes.jsonl` record replayed through the env's reset/step
   on the map its seed draws: [(moves, outcome)], moves a tuple of action ids (-1: a reply
-  that names no move), outcome "solved", "holes" or "truncated". Raises ValueError when
+  that names no move), outcome "solved", "holes" or "truncated". Raises errors.DataError when
   a replay ends otherwise than the record says (another map size or hole probability)."""
   env = frozenlake.make_env(size, hole_prob, style=style)  # step ignores max_turns
   walks = []
@@ -142,7 +143,7 @@ def replayed_walks(record: dict, size: int, hole_prob: float, style: str = "word
       state, success = step.state, bool(step.info["success"])
     done = state.done
     if len(moves) < len(e["replies"]) or (done, success) != (e["done"], e["success"]):
-      raise ValueError(
+      raise errors.DataError(
         f"step {record['step']}, seed {e['seed']}: the replies replayed on the map of "
         f"--size={size} --hole_prob={hole_prob} end after {len(moves)} moves with "
         f"done={done}, success={success}, but the run recorded {len(e['replies'])} replies, "
@@ -196,4 +197,4 @@ if __name__ == "__main__":  # flags defined here only: importing the functions d
   flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
   flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
   flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
-  app.run(main)
+  cli.run(main)

@@ -26,8 +26,10 @@ import json
 import os
 import re
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
+from rlpost import errors
 from rlpost.envs import protocol, reasoning_gym
 from rlpost.envs import table as env_table
 from rlpost.recipes import item_outcomes
@@ -78,7 +80,7 @@ def replayed(config, env, tasks: list, rows: list[dict]) -> dict:
   for task, row in zip(tasks, rows, strict=True):
     reward, success = scored(env, task, row["completion"])
     if success != row["success"] or abs(reward - row["reward"]) > 1e-6:
-      raise ValueError(
+      raise errors.DataError(
         f"item {row['item']}: the recorded reply {row['completion'][:80]!r} scores "
         f"{reward} here, the run recorded {row['reward']}: give the run's own workdir"
       )
@@ -102,11 +104,15 @@ def report(workdir: str) -> dict:
   """The JSON report of a run's folder (see the module docstring)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise ValueError(f"--workdir={workdir!r}: no config.json there (give one seed's run folder)")
+    raise errors.FlagError(
+      f"--workdir={workdir!r}: no config.json there (give one seed's run folder)"
+    )
   with open(path, encoding="utf-8") as f:
     run = json.load(f)
   if run["env"].get("name") != "reasoning_gym":
-    raise ValueError(f"{workdir}: env.name={run['env'].get('name')!r}, not 'reasoning_gym'")
+    raise errors.FlagError(
+      f"--workdir={workdir}: env.name={run['env'].get('name')!r}, not 'reasoning_gym'"
+    )
   config = env_table.env_config(run["env"])
   info = protocol.RunInfo(
     eval_seed_offset=run["eval"]["seed_offset"], eval_tasks=run["eval"]["num_tasks"]
@@ -114,13 +120,15 @@ def report(workdir: str) -> dict:
   built = reasoning_gym.build(config, info)
   outcomes = item_outcomes.read(workdir)
   if not outcomes:
-    raise ValueError(f"{workdir}: no eval/step_N.jsonl (a run with eval.every > 0 writes them)")
+    raise errors.DataError(
+      f"{workdir}: no eval/step_N.jsonl (a run with eval.every > 0 writes them)"
+    )
   items = [r["item"] for r in next(iter(outcomes.values()))]
   tasks = built.eval_tasks(items)
   steps = {}
   for step, rows in outcomes.items():
     if [r["item"] for r in rows] != items:
-      raise ValueError(f"{workdir}: step {step} holds other held-out items than the first")
+      raise errors.DataError(f"{workdir}: step {step} holds other held-out items than the first")
     steps[str(step)] = replayed(config, built.env, tasks, rows)
   return {
     "task": config.task,
@@ -138,4 +146,4 @@ def main(argv):
 if __name__ == "__main__":  # flags defined here only: importing the functions defines none
   flags.DEFINE_string("workdir", None, "A reasoning-gym run's folder (one seed's).")
   flags.mark_flag_as_required("workdir")
-  app.run(main)
+  cli.run(main)

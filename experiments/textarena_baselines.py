@@ -30,8 +30,10 @@ not end as recorded is an error (give the run's --game and --max_turns).
 import json
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
+from rlpost import errors
 from rlpost.envs import textarena_games
 from rlpost.recipes import reports
 
@@ -40,7 +42,7 @@ def listed_moves(observation: str) -> list[str]:
   """The moves of the last "Available Moves:" line of `observation`, e.g. ['[1]', '[4]']."""
   moves = textarena_games.listed_moves(observation)
   if not moves:
-    raise ValueError(
+    raise errors.DataError(
       f"no 'Available Moves:' line in the observation {observation[-300:]!r}: the scripted "
       "policies play games that list their moves (TicTacToe-v0, WildTicTacToe-v0, ...)"
     )
@@ -81,7 +83,7 @@ def tally(games: list[dict], per: int = 1) -> dict:
 def baselines(game: str, max_turns: int, seeds: range, random_draws: int) -> dict:
   """The JSON report (see the module docstring)."""
   if random_draws < 1:
-    raise ValueError(f"--random_draws={random_draws}: must be >= 1")
+    raise errors.FlagError(f"--random_draws={random_draws}: must be >= 1")
   config = textarena_games.TextArenaConfig(game=game, max_turns=max_turns)
   env = textarena_games.make_env(config)
   first = [play(env, s, first_listed, max_turns) for s in seeds]
@@ -116,7 +118,7 @@ def replayed(record: dict, env, max_turns: int) -> dict:
   for e in record["episodes"]:
     game = play(env, e["seed"], in_turn(e["replies"]), max_turns)
     if len(game["moves"]) != len(e["replies"]) or (game["outcome"] == "won") != e["success"]:
-      raise ValueError(
+      raise errors.DataError(
         f"step {record['step']}, seed {e['seed']}: the {len(e['replies'])} replies replayed "
         f"end after {len(game['moves'])} moves as {game['outcome']!r}, but the run recorded "
         f"success={e['success']}: give the run's --game and --max_turns"
@@ -147,4 +149,4 @@ if __name__ == "__main__":  # flags defined here only: importing the functions d
   flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed (eval.seed_offset).")
   flags.DEFINE_integer("random_draws", 10, "Games per seed of the random policy.")
   flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
-  app.run(main)
+  cli.run(main)

@@ -78,6 +78,12 @@ def _cases(d):
       [f"--examples={d / 'kto.jsonl'}"],
       "': no config.json there: give a reward-model run's --workdir",
     ),
+    (
+      "a copy yardstick of no run (a script's own refusal)",
+      ("experiments.reasoning_gym_baselines", "--verbosity=0"),
+      [],
+      "/run/11': no config.json there (give one seed's run folder)",
+    ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
     (

@@ -108,6 +108,15 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   first = gz.read_bytes()
   seeds.keep(str(multi.parent), "demo_2", str(tmp_path / "outcomes"))
   assert gz.read_bytes() == first and reports.read_outcomes(str(gz)) == records
+  (tmp_path / "bad.jsonl").write_text(json.dumps(records[0]) + "\n\n" + '{"step": 6}\n')
+  with pytest.raises(seeds.errors.DataError, match=r"bad.jsonl:3: not an evaluation record"):
+    reports.read_outcomes(str(tmp_path / "bad.jsonl"))  # a replayer's KeyError otherwise
+  (tmp_path / "bad.jsonl").write_text("{not json\n")
+  with pytest.raises(seeds.errors.DataError, match=r"bad.jsonl:1: not JSON"):
+    reports.read_outcomes(str(tmp_path / "bad.jsonl"))
+  (tmp_path / "bad.jsonl.gz").write_bytes(first[:10])
+  with pytest.raises(seeds.errors.DataError, match=r"bad.jsonl.gz: unreadable"):
+    reports.read_outcomes(str(tmp_path / "bad.jsonl.gz"))
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
   with pytest.raises(seeds.errors.FlagError, match="no such directory"):

@@ -10,10 +10,12 @@ truncation).
 import gzip
 import json
 import os
+import zlib
 
 import jax
 import numpy as np
 
+from rlpost import errors
 from rlpost.envs import multiturn
 from rlpost.train import metrics as metrics_lib
 from rlpost.train import shares
@@ -184,7 +186,30 @@ def write_outcomes(workdir: str, step: int, episodes) -> None:
 
 def read_outcomes(path: str) -> list[dict]:
   """The records of an EVAL_OUTCOMES file (`write_outcomes`), plain or gzipped (`.gz`: the
-  copy `experiments.seeds keep` puts in the tree), in file order."""
+  copy `experiments.seeds keep` puts in the tree), in file order. A line that is not such
+  a record (not JSON, no "step" or "episodes" list) is a DataError naming path:line."""
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      lines = f.readlines()
+  except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as e:
+    raise errors.DataError(f"{path}: unreadable ({e}): give a run's {EVAL_OUTCOMES}[.gz]")
+  records = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise errors.DataError(f"{path}:{number}: not JSON ({e.msg}): give a run's {EVAL_OUTCOMES}")
+    if (
+      not isinstance(record, dict)
+      or not isinstance(record.get("episodes"), list)
+      or "step" not in record
+    ):
+      raise errors.DataError(
+        f'{path}:{number}: not an evaluation record ({{"step", "episodes": [...]}}, '
+        f"what `write_outcomes` writes): give a run's {EVAL_OUTCOMES}"
+      )
+    records.append(record)
+  return records
