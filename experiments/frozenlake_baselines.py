@@ -27,8 +27,8 @@ Each episode's replies are replayed on the map its seed draws (with --size and
 import itertools
 import json
 
-import numpy as np
 from absl import flags
+import numpy as np
 
 from experiments import cli
 from rlpost import errors

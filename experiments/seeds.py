@@ -24,8 +24,9 @@ near it is no sign of solving the task. Curves with their bands go to `--png` (d
 DIR/seeds_report.png).
 
 `keep DIR NAME` copies what a cited number is recounted from into the code tree,
-experiments/results/outcomes/NAME (`OUTCOMES_ROOT`): every seed_K/eval/step_N.jsonl and
-seed_K/config.json and, for a multi-turn run (a line of more than one turn), its
+experiments/results/outcomes/NAME (`OUTCOMES_ROOT`): every seed_K/eval/step_N.jsonl,
+seed_K/config.json and seed_K/provenance.jsonl (each start's commit and CPU, which
+`report` lists per seed) and, for a multi-turn run (a line of more than one turn), its
 seed_K/eval_outcomes.jsonl gzipped, the turns' replies one by one that a line's joined
 completion cannot always give back (the scripted yardsticks replay them:
 `textarena_baselines`, `frozenlake_baselines`); nothing else (no checkpoints, no
@@ -50,6 +51,7 @@ from experiments import cli
 from experiments import intervals
 from rlpost import errors
 from rlpost.recipes import item_outcomes, reports
+from rlpost.train import provenance
 
 _CONFIG = cli.define_config(None, "The config to run (run only): path.py[:variant].")
 _SEEDS = flags.DEFINE_string("seeds", "0,1,2", "run: the seeds, comma-separated.")
@@ -197,6 +199,7 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
   """The report's JSON (module docstring)."""
   loaded = [load(r, metric) for r in roots]
   out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
+  out["provenance"] = {root: ran_on(root) for root in roots}
   for index, (root, found) in enumerate(zip(roots, loaded)):
     known = answers(root)
     for step, run in found.items():
@@ -215,6 +218,17 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
         diff = intervals.paired_difference(a, b, draws=draws)
         out["comparison"].append({"step": step, **diff})
   return out
+
+
+def ran_on(root: str) -> dict:
+  """{seed_K: `provenance.summary`} of root's seeds that recorded one (runs started
+  before provenance.jsonl existed are left out)."""
+  found = {}
+  for name in sorted(os.listdir(root)):
+    records = provenance.read(os.path.join(root, name)) if _SEED_DIR.fullmatch(name) else []
+    if records:
+      found[name] = provenance.summary(records)
+  return found
 
 
 def markdown(rep: dict) -> str:
@@ -240,11 +254,19 @@ def markdown(rep: dict) -> str:
       f"[{c['lo']:+.3f}, {c['hi']:+.3f}] | {c['p']:.4f} |"
       for c in rep["comparison"]
     ]
+  for root, seeds in rep.get("provenance", {}).items():
+    text += [""] + [
+      f"- {root}/{seed}: started at steps {p['starts']}, commits {', '.join(p['commits'])}"
+      + (" (with uncommitted changes)" if p["dirty"] else "")
+      + f"; {'; '.join(p['cpus'])}"
+      for seed, p in seeds.items()
+    ]
   return "\n".join(text)
 
 
 def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
-  """Copies root/seed_K/{eval/step_N.jsonl, config.json} to outcomes_root/name/ (the same
+  """Copies root/seed_K/{eval/step_N.jsonl, config.json, provenance.jsonl} to
+  outcomes_root/name/ (the same
   layout; an earlier copy of the same file is replaced), and a multi-turn run's
   eval_outcomes.jsonl gzipped; returns the copied paths."""
   if not _KEEP_NAME.fullmatch(name):
@@ -259,8 +281,7 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
     src = os.path.join(root, seed_dir)
     steps = item_outcomes.read(src)
     names = [os.path.relpath(item_outcomes.path(src, step), src) for step in steps]
-    if os.path.exists(os.path.join(src, "config.json")):
-      names.append("config.json")
+    names += [f for f in ("config.json", provenance.FILE) if os.path.exists(os.path.join(src, f))]
     for rel in names:
       dst = os.path.join(outcomes_root, name, seed_dir, rel)
       os.makedirs(os.path.dirname(dst), exist_ok=True)

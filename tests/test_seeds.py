@@ -14,6 +14,7 @@ from experiments import intervals
 from experiments.configs import agentic as agentic_configs
 from rlpost.envs import frozenlake, held_out
 from rlpost.recipes import item_outcomes, reports
+from rlpost.train import provenance
 
 seeds = import_main("experiments.seeds")
 
@@ -65,7 +66,8 @@ def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_pa
 
 
 def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
-  """`keep` copies every seed's eval/step_N.jsonl and config.json (no checkpoints, no
+  """`keep` copies every seed's eval/step_N.jsonl, config.json and provenance.jsonl (no
+  checkpoints, no
   temporary files, no other seed-less folder; a one-turn run's eval_outcomes.jsonl
   neither) into outcomes/NAME, and the report of the kept folder equals the report of the
   run's; a multi-turn run's eval_outcomes.jsonl is kept gzipped, the same bytes each time,
@@ -85,14 +87,21 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   (run / "seed_0" / "eval" / "step_40.jsonl.tmp123").write_text("half")
   (run / "seed_0" / "eval_outcomes.jsonl").write_text('{"step": 0, "episodes": []}\n')
   (run / "other").mkdir()
+  started = [provenance.record(str(run / "seed_2"), step) for step in (0, 20)]
   copied = seeds.keep(str(run), "demo_1", str(tmp_path / "outcomes"))
   kept = tmp_path / "outcomes" / "demo_1"
   assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
-    f"seed_{s}/{f}"
-    for s in (0, 2)
-    for f in ("config.json", "eval/step_0.jsonl", "eval/step_20.jsonl")
+    [
+      f"seed_{s}/{f}"
+      for s in (0, 2)
+      for f in ("config.json", "eval/step_0.jsonl", "eval/step_20.jsonl")
+    ]
+    + ["seed_2/provenance.jsonl"]
   )
-  assert len(copied) == 6
+  assert len(copied) == 7 and provenance.read(str(kept / "seed_2")) == started
+  rep = seeds.report([str(kept)], "success", 100)  # seed_0 started before provenance.jsonl
+  assert rep["provenance"] == {str(kept): {"seed_2": provenance.summary(started)}}
+  assert "seed_2: started at steps [0, 20], commits" in seeds.markdown(rep)
   strip = lambda rep: [{k: v for k, v in p.items() if k != "dir"} for p in rep["points"]]
   assert strip(seeds.report([str(kept)], "success", 100)) == strip(
     seeds.report([str(run)], "success", 100)

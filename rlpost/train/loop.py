@@ -18,6 +18,8 @@ resumed run gets them back before its first step.
   workdir/checkpoints/    orbax checkpoints (TrainState + JSON meta: step, cursor; the
                           step function's Carry when it has one)
   workdir/curves.png      the main curves, written at the end
+  workdir/provenance.jsonl  one line per start or resume: the step, commit, CPU, load
+                          (`rlpost.train.provenance`)
   workdir/run.lock        held (flock) by the live run: a second run on the same
                           workdir stops with WorkdirInUseError; freed when the
                           process ends, even by kill -9
@@ -47,6 +49,7 @@ from rlpost.data.cursor import Cursor
 from rlpost.models import families
 from rlpost.train import checkpoint
 from rlpost.train import metrics as metrics_lib
+from rlpost.train import provenance
 from rlpost.train.step import TrainState
 
 StepFn = Callable[[TrainState, Cursor, int], tuple[TrainState, Cursor, dict]]
@@ -202,6 +205,7 @@ def start(
       _report_changes(workdir, config, int(meta["iteration"]))
     _write_config(workdir, config)
     metrics_lib.truncate_jsonl(run.metrics_path, int(meta["iteration"]) if restored else -1)
+    provenance.record(workdir, int(meta["iteration"]) if restored else 0)
   return run, state, meta, restored is not None
 
 
