@@ -57,9 +57,10 @@ def test_cpu_fields_are_the_first_processors():
     "cpu_family": "25",
     "cpu_model": "1",
   }
-  assert provenance.cpu_fields("Features\t: fp asimd\n") == dict.fromkeys(
-    ("cpu", "cpu_family", "cpu_model")
-  )
+  assert provenance.cpu_name(provenance.cpu_fields(text)) == "AMD EPYC 7B13 (family 25, model 1)"
+  arm = provenance.cpu_fields("Features\t: fp asimd\n")
+  assert arm == dict.fromkeys(("cpu", "cpu_family", "cpu_model"))
+  assert provenance.cpu_name(arm) == "unknown CPU"
 
 
 def test_a_start_and_a_resume_each_append_a_record(tmp_path):
@@ -84,6 +85,4 @@ def test_a_start_and_a_resume_each_append_a_record(tmp_path):
   assert records[1]["commit"] == (lines[1] if in_checkout else None)
   summary = provenance.summary(records)
   assert summary["starts"] == [0, 2] and len(summary["commits"]) == 1
-  assert summary["cpus"] == [
-    f"{records[0]['cpu']} (family {records[0]['cpu_family']}, model {records[0]['cpu_model']})"
-  ]
+  assert summary["cpus"] == [provenance.cpu_name(provenance.cpu_fields())]

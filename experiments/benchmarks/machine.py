@@ -2,14 +2,11 @@
 
 import platform
 
+from rlpost.train import provenance
+
 
 def cpu_model() -> str:
-  """The CPU model name (what `lscpu` prints), or the platform's machine type."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.machine()
+  """The CPU model name with its family and model numbers (what `lscpu` prints, e.g.
+  "AMD EPYC (family 25, model 1)"), or the platform's machine type."""
+  fields = provenance.cpu_fields()
+  return provenance.cpu_name(fields) if fields["cpu"] else platform.machine()

@@ -25,6 +25,7 @@ import subprocess
 import jax
 
 from rlpost.train import metrics as metrics_lib
+from rlpost.train import runtime
 
 FILE = "provenance.jsonl"
 _CPUINFO_FIELDS = {"model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
@@ -33,19 +34,22 @@ _CPUINFO_FIELDS = {"model name": "cpu", "cpu family": "cpu_family", "model": "cp
 def cpu_fields(cpuinfo: str | None = None) -> dict:
   """{"cpu", "cpu_family", "cpu_model"} of the first processor in /proc/cpuinfo (absent
   fields are None: another OS, an ARM core)."""
-  if cpuinfo is None:
-    try:
-      with open("/proc/cpuinfo", encoding="utf-8") as f:
-        cpuinfo = f.read()
-    except OSError:
-      cpuinfo = ""
   out = dict.fromkeys(_CPUINFO_FIELDS.values())
-  for line in cpuinfo.splitlines():
+  for line in (runtime.read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
     name, _, value = line.partition(":")
     key = _CPUINFO_FIELDS.get(name.strip())
     if key and out[key] is None:
       out[key] = value.strip()
   return out
+
+
+def cpu_name(fields: dict) -> str:
+  """ "AMD EPYC 7B13 (family 25, model 1)" from `cpu_fields` (or a record holding them); a
+  generic model name ("AMD EPYC" on some VMs) says little without the numbers."""
+  name = fields.get("cpu") or "unknown CPU"
+  if fields.get("cpu_family") is None:
+    return name
+  return f"{name} (family {fields['cpu_family']}, model {fields.get('cpu_model')})"
 
 
 def checkout(package_dir: str | None = None) -> tuple[str | None, bool | None]:
@@ -115,7 +119,7 @@ def summary(records: list[dict]) -> dict:
   commits, cpus = [], []
   for r in records:
     short = (r.get("commit") or "unknown")[:7]
-    cpu = f"{r.get('cpu')} (family {r.get('cpu_family')}, model {r.get('cpu_model')})"
+    cpu = cpu_name(r)
     commits += [short] if short not in commits else []
     cpus += [cpu] if cpu not in cpus else []
   return {

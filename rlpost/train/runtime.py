@@ -24,14 +24,18 @@ CHECKPOINT_LIBRARIES = ("orbax",)  # their INFO lines are dropped unless asked f
 CHOSEN_LIBRARY_WARNINGS = ("Given directory is read only",)
 
 
+def read_cpuinfo() -> str:
+  """/proc/cpuinfo's text ("" where there is none: another OS)."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      return f.read()
+  except OSError:
+    return ""
+
+
 def cpu_signature(cpuinfo: str | None = None) -> str:
   """The CPU model and feature flags (from /proc/cpuinfo where there is one)."""
-  if cpuinfo is None:
-    try:
-      with open("/proc/cpuinfo", encoding="utf-8") as f:
-        cpuinfo = f.read()
-    except OSError:
-      cpuinfo = ""
+  cpuinfo = read_cpuinfo() if cpuinfo is None else cpuinfo
   fields = {}
   for line in cpuinfo.splitlines():
     name, _, value = line.partition(":")
