@@ -13,7 +13,10 @@ Result (GRPO, basic_arithmetic with 2 one-digit terms, 40 iterations, 3 seeds): 
 success on 200 held-out items 0.025 -> 0.218 (95% interval 0.177-0.258; the best constant
 answer 0.120, copying the question's first number 0.105: most successes are computed);
 number_sequence at its defaults, 0.090 -> 0.263 (0.225-0.297), below repeating the
-sequence's last term (0.285; nearly every success is such a copy): not learned. Yardsticks:
+sequence's last term (0.285; nearly every success is such a copy): not learned;
+number_format at its defaults, 0.050 -> 0.282 (0.243-0.322), below copying one of the
+question's numbers at random (0.310): it learned to reply with a listed number, not to
+compare them: not learned. Yardsticks:
 `python -m experiments.reasoning_gym_baselines --workdir=SEED_DIR`. Commands and per-item
 outcomes: experiments/results/INDEX.md.
 """
