@@ -266,9 +266,8 @@ def markdown(rep: dict) -> str:
 
 def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
   """Copies root/seed_K/{eval/step_N.jsonl, config.json, provenance.jsonl} to
-  outcomes_root/name/ (the same
-  layout; an earlier copy of the same file is replaced), and a multi-turn run's
-  eval_outcomes.jsonl gzipped; returns the copied paths."""
+  outcomes_root/name/ (the same layout; an earlier copy of the same file is replaced), and
+  a multi-turn run's eval_outcomes.jsonl gzipped; returns the copied paths."""
   if not _KEEP_NAME.fullmatch(name):
     raise errors.FlagError(
       f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)"

@@ -66,14 +66,16 @@ def test_cpu_fields_are_the_first_processors():
 def test_a_start_and_a_resume_each_append_a_record(tmp_path):
   """The loop records a fresh start at step 0 and a resume at its checkpoint's step, with
   this process's usable cores and rlpost's own checkout (git's HEAD when the tree is one);
-  `summary` names each commit once. Mutation caught: the record written before the
-  checkpoint is restored (a resume recorded as step 0)."""
+  `summary` names each commit once; a line torn by a kill is dropped, not followed by
+  the next. Mutation caught: a resume recorded as step 0 (provenance_resume_as_fresh)."""
   from test_train import _loop_run  # pylint: disable=g-import-not-at-top
 
   _loop_run(tmp_path, {}, steps=2)
+  with open(tmp_path / provenance.FILE, "a", encoding="utf-8") as f:
+    f.write('{"step": 2, "time": "2026-')  # a start killed while writing its line
   _loop_run(tmp_path, {}, steps=3)
   records = provenance.read(str(tmp_path))
-  assert [r["step"] for r in records] == [0, 2]
+  assert [r["step"] for r in records] == [0, 2] and not list(tmp_path.glob("*.tmp"))
   assert records[0]["cores"] == len(os.sched_getaffinity(0))
   package = os.path.dirname(os.path.dirname(os.path.abspath(provenance.__file__)))
   repo = os.path.dirname(package)  # the folder holding rlpost/

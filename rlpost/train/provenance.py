@@ -98,19 +98,23 @@ def describe(step: int) -> dict:
 
 
 def record(workdir: str, step: int) -> dict:
-  """Appends `describe(step)` to workdir/FILE and returns it."""
+  """Adds `describe(step)` to workdir/FILE and returns it. The file is rewritten whole (a
+  temporary file renamed over it), so a line torn by a kill is dropped, not followed."""
   entry = describe(step)
-  metrics_lib.append_jsonl(os.path.join(workdir, FILE), entry)
+  path = os.path.join(workdir, FILE)
+  records = read(workdir) + [entry]
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(path + ".tmp", path)
   return entry
 
 
 def read(workdir: str) -> list[dict]:
-  """The records of workdir/FILE in order ([] for a run from before it was written)."""
-  path = os.path.join(workdir, FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of workdir/FILE in order ([] for a run from before it was written; a
+  torn last line is dropped: `metrics.read_jsonl`)."""
+  return metrics_lib.read_jsonl(os.path.join(workdir, FILE))
 
 
 def summary(records: list[dict]) -> dict:

@@ -1533,4 +1533,12 @@ MUTATIONS = [
     tests=["tests/test_seeds.py"],
     why="a line that is no evaluation record reaches a replayer as a KeyError",
   ),
+  dict(
+    name="provenance_appends_after_a_torn_line",
+    path="rlpost/train/provenance.py",
+    old="  records = read(workdir) + [entry]\n",
+    new="  metrics_lib.append_jsonl(path, entry)\n  return entry\n",
+    tests=["tests/test_provenance.py"],
+    why="a start after a kill mid-line writes its record onto the torn one: unreadable",
+  ),
 ]
