@@ -55,11 +55,17 @@ def read_jsonl(path: str) -> list[dict]:
 
 def truncate_jsonl(path: str, max_step: int) -> None:
   """Drops records with step > max_step (after resuming from an older checkpoint)."""
-  records = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
+  write_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= max_step])
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+  """Writes `records` as `path`, whole or not at all (a temporary file, synced, renamed
+  over it)."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r) + "\n")
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 

@@ -1,6 +1,6 @@
 """What code and machine each start of a run ran on: workdir/provenance.jsonl.
 
-The lead process appends one record each time the loop opens a run (the first start and
+The lead process adds one record each time the loop opens a run (the first start and
 every resume), so a number read from the run names the commits and CPUs behind it:
 
   {"step": 21,                 the iteration this start continued from (0: a fresh run)
@@ -17,7 +17,6 @@ seed's commits and CPUs.
 """
 
 import datetime
-import json
 import os
 import socket
 import subprocess
@@ -101,13 +100,7 @@ def record(workdir: str, step: int) -> dict:
   """Adds `describe(step)` to workdir/FILE and returns it. The file is rewritten whole (a
   temporary file renamed over it), so a line torn by a kill is dropped, not followed."""
   entry = describe(step)
-  path = os.path.join(workdir, FILE)
-  records = read(workdir) + [entry]
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in records))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(path + ".tmp", path)
+  metrics_lib.write_jsonl(os.path.join(workdir, FILE), read(workdir) + [entry])
   return entry
 
 

@@ -1536,8 +1536,8 @@ MUTATIONS = [
   dict(
     name="provenance_appends_after_a_torn_line",
     path="rlpost/train/provenance.py",
-    old="  records = read(workdir) + [entry]\n",
-    new="  metrics_lib.append_jsonl(path, entry)\n  return entry\n",
+    old="  metrics_lib.write_jsonl(os.path.join(workdir, FILE), read(workdir) + [entry])\n",
+    new="  metrics_lib.append_jsonl(os.path.join(workdir, FILE), entry)\n",
     tests=["tests/test_provenance.py"],
     why="a start after a kill mid-line writes its record onto the torn one: unreadable",
   ),
