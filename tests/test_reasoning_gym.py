@@ -120,6 +120,9 @@ def test_retries_answer_again_after_feedback_and_a_mixture_draws_both():
     ({"task_config": "{oops"}, r"config\.env\.task_config='\{oops': is not a JSON object"),
     ({"retries": -1}, r"config\.env\.retries=-1: must be an integer >= 0"),
     ({"checker": "regex"}, r"config\.env\.checker='regex': use one of"),
+    ({"task": "chain_sum:inf"}, r"chain_sum's weight 'inf' is not a positive finite number"),
+    ({"task": "chain_sum:0,basic_arithmetic"}, r"chain_sum's weight '0' is not a positive"),
+    ({"task": ":2"}, r"config\.env\.task=':2': write a generator's name"),
   ],
 )
 def test_bad_fields_are_named(fields, match):

@@ -27,6 +27,7 @@ its weight by the item's seed and built with its own defaults overridden by the
 
 import dataclasses
 import json
+import math
 import random
 from typing import Any, NamedTuple
 
@@ -63,8 +64,12 @@ def parse_tasks(task: str) -> tuple[tuple[str, float], ...]:
       w = float(weight) if weight else 1.0
     except ValueError:
       w = -1.0
-    if not name or not w > 0:
+    if not name:
       _bad("task", task, "write a generator's name, or name:weight pairs, comma-separated")
+    if not 0 < w < math.inf:
+      _bad(
+        "task", task, f"{name}'s weight {weight!r} is not a positive finite number; e.g. {name}:1"
+      )
     out.append((name, w))
   if len({n for n, _ in out}) != len(out):
     _bad("task", task, "names a generator twice; give each one weight")
