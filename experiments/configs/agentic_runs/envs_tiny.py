@@ -31,7 +31,14 @@ def env_block(kind: str) -> ml_collections.ConfigDict:
     "taxi": gym("Taxi-v4"),
     "cliffwalking": gym("CliffWalking-v1"),
     "blackjack": gym("Blackjack-v1"),
-    "textarena": {"name": "textarena", "game": "GuessTheNumber-v0", "max_turns": 3},
+    # opponent: a two-player game's player 1, "random" or your MODULE:FUNCTION
+    "textarena": {
+      "name": "textarena",
+      "game": "GuessTheNumber-v0",
+      "max_turns": 3,
+      "cue": "",
+      "opponent": "random",
+    },
     # your own MODULE:FUNCTION; its block holds the fields your config takes (the example: max_turns)
     "custom": {"name": "experiments.examples.my_env:make", "max_turns": 1},
   }
