@@ -551,7 +551,8 @@ def test_frozenlake_matched_pair_differs_only_in_the_learner(env_model):
   assert [ppo.algo[k] for k in shared] == [grpo.algo[k] for k in shared]
   assert ppo.algo.kl_in_reward is False and ppo.algo.beta > 0
   assert (ppo.learner, grpo.learner, grpo.algo.credit) == ("ppo", "grpo", "state")
-  assert (ppo.eval.every, ppo.eval.num_tasks, ppo.train.steps) == (5, 356, 30)
+  every = 5 if env_model == "frozenlake_matched_gemma3" else 15  # the harder pairs: 3 points
+  assert (ppo.eval.every, ppo.eval.num_tasks, ppo.train.steps) == (every, 356, 30)
   for c in (ppo, grpo):
     rl.check_config(c)
 

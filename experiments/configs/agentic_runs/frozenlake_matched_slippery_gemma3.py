@@ -4,6 +4,10 @@ move goes to either side of the one asked for 2 times in 3, so a map's best poli
 often and greedy evaluation is a draw of the ice as well; 12 turns (49 Gemma tokens each
 with the neighbours line: 588 of 640 slots).
 
+Evaluated at 0, 15 and 30 iterations (`eval.every=15`, not the 4x4 pair's 5): an
+evaluation of 356 maps costs one core a quarter of an hour on 4x4 ice and more with longer
+episodes, so seven of them would cost about as much as the training.
+
 Command (3 seeds each, then the paired report):
   python -m experiments.seeds run \
     --config=experiments/configs/agentic_runs/frozenlake_matched_slippery_gemma3.py:ppo \
@@ -20,6 +24,8 @@ from experiments.configs.agentic_runs import frozenlake_matched_gemma3 as matche
 
 
 def get_config(algo: str = "grpo") -> ml_collections.ConfigDict:
-  return matched_4x4.matched(
+  c = matched_4x4.matched(
     "frozenlake_matched_slippery_gemma3", algo, slippery=True, max_turns=12, total_tokens=640
   )
+  c.eval.every = 15
+  return c
