@@ -211,3 +211,83 @@ def test_copying_yardsticks_agree_with_the_generators_candidates(tmp_path):
     baselines.report(str(tmp_path))
   with pytest.raises(ValueError, match="no config.json there"):
     baselines.report(str(tmp_path / "eval"))
+
+
+# a wrong reply each broken scorer gives full credit
+_HACKS = {"game_of_life_halting": "not an answer", "coin_flip": "0"}
+
+
+@pytest.mark.parametrize("name", sorted(rg_env.BROKEN_SCORERS))
+def test_broken_scorers_are_refused_unless_another_checker_decides(name):
+  """The package's score_answer of BROKEN_SCORERS' generators gives 1.0 to a wrong reply on
+  every item (when a release fixes one, this fails: drop its entry); such a task is refused
+  with checker=score_answer, naming the fix, and with checker=exact the reply scores 0.
+  Mutation caught: the refusal's condition dropped."""
+  rg = require("reasoning_gym")
+  assert set(_HACKS) == set(rg_env.BROKEN_SCORERS)
+  package = rg.create_dataset(name, seed=0, size=8)
+  # coin_flip's "0" gets no credit for a probability of 1, the one it does not hack
+  items = [package[i] for i in range(8) if str(package[i]["answer"]) not in (_HACKS[name], "1")]
+  assert len(items) >= 4 and all(package.score_answer(_HACKS[name], x) == 1.0 for x in items)
+  with pytest.raises(errors.ConfigError, match=rf"config\.env\.task='{name}': its score_answer"):
+    env_table.env_config({"name": "reasoning_gym", "task": name})
+  tasks = rg_env.build(rg_env.ReasoningGymConfig(task=name, checker="exact", pool=8), _RUN)
+  states = tasks.train_tasks(list(range(8)))
+  for state in states:
+    hack = tasks.env.step(state, f"<answer>{_HACKS[name]}</answer>")
+    right = tasks.env.step(state, f"<answer>{state.item['answer']}</answer>")
+    assert right.reward == 1.0 and hack.reward == 0.0
+
+
+def test_tasks_without_a_reference_answer_need_score_answer():
+  """graph_color's items have no answer (any proper colouring is right): exact or
+  math_verify would score every reply 0, so they are refused, naming the checker; its own
+  score_answer is accepted. Mutation caught: the reference-free check dropped."""
+  require("reasoning_gym")
+  with pytest.raises(errors.ConfigError, match=r"config\.env\.checker='exact': graph_color's"):
+    env_table.env_config({"name": "reasoning_gym", "task": "graph_color", "checker": "exact"})
+  assert rg_env.ReasoningGymConfig(task="graph_color", pool=4).checker == "score_answer"
+
+
+def test_a_generator_with_an_item_limit_caps_the_pool_and_the_held_out_stream():
+  """word_ladder refuses more than MAX_ITEMS items (its config's own limit, checked here on
+  the package): a larger pool is refused naming env.pool, and the held-out stream is cut to
+  the limit, so the task builds and evaluates. Mutation caught: the held-out size left
+  uncapped (the package refuses it)."""
+  rg = require("reasoning_gym")
+  limit = rg_env.MAX_ITEMS["word_ladder"]
+  rg.create_dataset("word_ladder", seed=0, size=limit)
+  with pytest.raises(ValueError, match="too large"):
+    rg.create_dataset("word_ladder", seed=0, size=limit + 1)
+  with pytest.raises(errors.ConfigError, match=rf"config\.env\.pool={limit + 1}: word_ladder"):
+    env_table.env_config({"name": "reasoning_gym", "task": "word_ladder", "pool": limit + 1})
+  tasks = rg_env.build(rg_env.ReasoningGymConfig(task="word_ladder", pool=8), _RUN)
+  held = held_out.choose(tasks, range(8), _RUN.eval_seed_offset, 3)
+  assert held.distinct == 3 and len(tasks.eval_tasks(list(held.seeds))) == 3
+
+
+_RUN = protocol.RunInfo(eval_tasks=3)
+
+
+@pytest.mark.slow
+def test_every_offline_generator_builds_and_scores_its_own_answer():
+  """Every generator in the package (its defaults) is an environment: it builds with its
+  held-out stream, its prompt holds the question, the reference answer in <answer> tags
+  scores 1.0 (by `exact` where score_answer is broken), a reply without tags scores 0 as an
+  invalid action, a wrong one below 1; items without a reference answer (several replies
+  right) are scored by their score_answer. Mutation caught: MAX_ITEMS emptied (word_ladder
+  refuses the held-out stream's size)."""
+  rg = require("reasoning_gym")
+  for name in sorted(set(rg.factory.DATASETS) - {"composite"}):
+    checker = "exact" if name in rg_env.BROKEN_SCORERS else "score_answer"
+    tasks = rg_env.build(rg_env.ReasoningGymConfig(task=name, pool=4, checker=checker), _RUN)
+    assert len(tasks.eval_tasks([_RUN.eval_seed_offset + k for k in range(2)])) == 2, name
+    for state in tasks.train_tasks([0, 1]):
+      _, prompt = tasks.env.reset(state, 0)
+      assert prompt.startswith(state.item["question"]), name
+      untagged = tasks.env.step(state, "no tags here")
+      assert untagged.reward == 0.0 and untagged.info["invalid_action"], name
+      assert tasks.env.step(state, "<answer>zq xv wk</answer>").reward < 1.0, name
+      if state.item["answer"] is not None:
+        gold = tasks.env.step(state, f"<answer>{state.item['answer']}</answer>")
+        assert gold.reward == 1.0, (name, state.item["answer"])

@@ -7,6 +7,11 @@ none; a scorer that raises scores 0.0 too: never an exception), or, with `env.ch
 exact | math_verify, 1.0 when that checker accepts the span against the item's answer.
 With `env.retries` = k > 0 a wrong answer is told "not correct" and the model answers
 again, up to k more times; the episode's reward is the last answer's.
+Refused by name: a generator whose score_answer credits a wrong reply (`BROKEN_SCORERS`:
+use checker=exact), and exact or math_verify on items without a reference answer
+(graph_color, boxnet, ...: only their score_answer judges a reply). A generator with an
+item limit (`MAX_ITEMS`: word_ladder, 20,000) holds the pool to it and cuts the held-out
+stream to it.
 `env.answer_format="cue"` (for base models, which do not follow the tag instruction: the
 base Gemma 3 270M gave no <answer> span on 64 of 64 chain_sum items) ends the prompt with
 "Answer:" instead, stops the reply at its first newline and scores that line.
@@ -39,6 +44,18 @@ from rlpost.rewards import checkers
 from rlpost.rewards import extras
 
 CHECKERS = ("score_answer",) + checkers.CHECKERS
+# Generators whose score_answer (reasoning-gym 0.1.25) gives full credit to a wrong reply a
+# policy finds at once: refused with checker=score_answer (tests/test_reasoning_gym.py
+# shows each reply scoring 1.0, so a fixed release fails that test and this entry goes).
+BROKEN_SCORERS = {
+  "game_of_life_halting": "gives 1.0 to any non-empty reply (it compares bool(reply) with "
+  "bool(answer), and bool('False') is True)",
+  "coin_flip": "gives 1.0 to the reply '0' for every probability below 1 (its partial "
+  "credit divides the matching prefix by the shorter string's length)",
+}
+# The most items a generator makes (its config refuses a larger `size`): the training pool
+# is held to it, the held-out stream cut to it.
+MAX_ITEMS = {"word_ladder": 20_000}
 INSTRUCTION = (
   "Give your final answer between <answer> and </answer>, e.g. <answer>your answer</answer>."
 )
@@ -109,7 +126,20 @@ class ReasoningGymConfig:
       _bad("checker", self.checker, f"use one of {CHECKERS}")
     if self.checker == "math_verify":
       checkers.check(self.checker)
-    generators(self, 0, 1)  # the generators' own checks of task_config, now
+    if self.pool > max_items(self):
+      _bad("pool", self.pool, f"{self.task} makes at most {max_items(self)} items; lower it")
+    for name, dataset in generators(self, 0, 1).items():  # their checks of task_config, now
+      if self.checker == "score_answer" and name in BROKEN_SCORERS:
+        _bad(
+          "task", name, f"its score_answer {BROKEN_SCORERS[name]}; use --config.env.checker=exact"
+        )
+      if self.checker != "score_answer" and dataset[0]["answer"] is None:
+        _bad(
+          "checker",
+          self.checker,
+          f"{name}'s items carry no reference answer (its score_answer checks a reply, several "
+          "may be right): use score_answer",
+        )
 
   def task_configs(self) -> dict:
     """name -> its generator's config fields."""
@@ -125,6 +155,11 @@ class ReasoningGymConfig:
         f"a mixture's config is keyed by its generators' names; {unknown} is not one",
       )
     return {name: fields.get(name, {}) for name, _ in tasks}
+
+
+def max_items(config: ReasoningGymConfig) -> float:
+  """The most items every generator of the task makes (`MAX_ITEMS`; inf: no limit)."""
+  return min(MAX_ITEMS.get(name, math.inf) for name, _ in parse_tasks(config.task))
 
 
 def generators(config: ReasoningGymConfig, seed: int, size: int) -> dict:
@@ -247,7 +282,7 @@ def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTask
   weights = parse_tasks(config.task)
   train = Source(generators(config, config.seed, config.pool), weights, config.seed)
   held_seed = config.seed + run.eval_seed_offset
-  size = held_out_stream(run.eval_tasks)
+  size = min(held_out_stream(run.eval_tasks), max_items(config))
   held = Source(generators(config, held_seed, size), weights, held_seed)
   env = make_env(config, train.datasets)  # a scorer reads the item and its generator's config
 
