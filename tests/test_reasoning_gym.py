@@ -63,14 +63,15 @@ def test_the_cue_format_scores_the_replys_first_line():
     rg_env.ReasoningGymConfig(answer_format="xml")
 
 
-def test_a_raising_scorer_scores_zero(monkeypatch):
+def test_a_raising_scorer_scores_zero():
   """Never an exception: a score_answer that raises gives reward 0.0. Mutation caught: the
   try/except around the scorer removed."""
-  _, tasks = _tasks()
-  state = tasks.train_tasks([0])[0]
-  dataset = type(rg_env.generators(rg_env.ReasoningGymConfig(), 0, 1)["chain_sum"])
-  monkeypatch.setattr(dataset, "score_answer", lambda *a: 1 / 0)
-  assert tasks.env.step(state, "<answer>1</answer>").reward == 0.0
+
+  class Raising:
+    def score_answer(self, answer, item):
+      return 1 / 0
+
+  assert rg_env.score_here({"chain_sum": Raising()}, "chain_sum", "1", {"answer": "1"}) == 0.0
 
 
 def test_held_out_items_are_disjoint_from_the_training_pool():

@@ -40,9 +40,11 @@ from typing import Any, NamedTuple
 from rlpost.envs import block_fields
 from rlpost.envs import held_out
 from rlpost.envs import protocol
+from rlpost.rewards import bounded
 from rlpost.rewards import checkers
 from rlpost.rewards import extras
 
+_HERE = "rlpost.envs.reasoning_gym"
 CHECKERS = ("score_answer",) + checkers.CHECKERS
 # Generators whose score_answer (reasoning-gym 0.1.25) gives full credit to a wrong reply a
 # policy finds at once: refused with checker=score_answer (tests/test_reasoning_gym.py
@@ -210,26 +212,40 @@ def answer_in(config: ReasoningGymConfig, text: str) -> str | None:
   return checkers.extract_answer(text)
 
 
-def score(
-  config: ReasoningGymConfig, datasets: dict, state: State, text: str
-) -> tuple[float, bool]:
+def score(config: ReasoningGymConfig, state: State, text: str) -> tuple[float, bool]:
   """(reward, answered) of `text`: the checker's verdict on its answer (the <answer> span;
   with answer_format="cue" its first line); 0.0 and False without one. Never raises: a
-  scorer's exception scores 0.0."""
+  scorer's exception scores 0.0. score_answer runs in a worker process (a scorer can
+  spend hours on a reply: coin_flip's on "1e999999999"), 0.0 past `bounded.TIMEOUT_S`;
+  it reads the item and its generator's config (the training generators')."""
   found = answer_in(config, text)
   if found is None:
     return 0.0, False
-  try:
-    if config.checker == "score_answer":
-      value = float(datasets[state.name].score_answer(found, state.item))
-    else:
-      value = float(checkers.get(config.checker)(found, str(state.item["answer"])))
-  except Exception:  # pylint: disable=broad-except  (the issue: never an exception)
-    value = 0.0
+  if config.checker == "score_answer":
+    setup = (_HERE + ":scorers", (config.task, config.task_config, config.seed, config.pool))
+    args = (state.name, found, state.item)
+    value = bounded.call(_HERE + ":score_here", args, 0.0, setup=setup)
+  else:
+    value = float(checkers.get(config.checker)(found, str(state.item["answer"])))
   return (value if value == value else 0.0), True  # NaN -> 0
 
 
-def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
+def scorers(task: str, task_config: str, seed: int, pool: int) -> dict:
+  """The training generators of the config these fields give (name -> generator), built
+  once in a scoring worker (`rlpost.rewards.bounded`)."""
+  config = ReasoningGymConfig(task=task, task_config=task_config, seed=seed, pool=pool)
+  return generators(config, seed, pool)
+
+
+def score_here(datasets: dict, name: str, answer: str, item: dict) -> float:
+  """The package's score_answer of `answer`, in this process; 0.0 when it raises."""
+  try:
+    return float(datasets[name].score_answer(answer, item))
+  except Exception:  # pylint: disable=broad-except  (the issue: never an exception)
+    return 0.0
+
+
+def make_env(config: ReasoningGymConfig) -> protocol.Env:
   """The environment; a task is a State (from `train_tasks` / `eval_tasks`)."""
 
   def reset(task: State, seed: int):
@@ -239,7 +255,7 @@ def make_env(config: ReasoningGymConfig, datasets: dict) -> protocol.Env:
     return task, f"{task.item['question']}\n\n{INSTRUCTION}"
 
   def step(state: State, text: str) -> protocol.Step:
-    reward, answered = score(config, datasets, state, text)
+    reward, answered = score(config, state, text)
     new = state._replace(attempts=state.attempts + 1)
     done = reward >= 1.0 or new.attempts > config.retries
     info = {
@@ -284,7 +300,7 @@ def build(config: ReasoningGymConfig, run: protocol.RunInfo) -> protocol.EnvTask
   held_seed = config.seed + run.eval_seed_offset
   size = min(held_out_stream(run.eval_tasks), max_items(config))
   held = Source(generators(config, held_seed, size), weights, held_seed)
-  env = make_env(config, train.datasets)  # a scorer reads the item and its generator's config
+  env = make_env(config)
 
   def train_tasks(seeds):
     return [State(*train.item(s), 0) for s in seeds]

@@ -6,8 +6,9 @@
   math_verify  Hugging Face's math-verify (the `math-verify` extra): LaTeX and plain
                expressions parsed and compared symbolically (\\boxed{}, fractions,
                percentages, sets). Called with its timeouts off (`parsing_timeout=None,
-               timeout_seconds=None`): its timeouts use SIGALRM, which raises off the main
-               thread, and rollout steps run on a thread pool.
+               timeout_seconds=None`: they use SIGALRM, which raises off the main thread,
+               and rollout steps run on a thread pool), in a worker process with a time
+               limit instead (`rlpost.rewards.bounded`).
 
 Each checker is `(answer: str, gold: str) -> bool` and never raises (a failure is False).
 `extract_answer` finds the answer a completion gives inside <answer>...</answer>.
@@ -15,7 +16,10 @@ Each checker is `(answer: str, gold: str) -> bool` and never raises (a failure i
 
 import re
 
+from rlpost.rewards import bounded
 from rlpost.rewards import extras
+
+_HERE = "rlpost.rewards.checkers"
 
 CHECKERS = ("exact", "math_verify")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -44,8 +48,19 @@ def exact(answer: str, gold: str) -> bool:
 
 def math_verify(answer: str, gold: str) -> bool:
   """math-verify's verdict on `answer` against `gold` (both parsed by it), False when
-  either does not parse or the comparison fails."""
-  mv = extras.load("math_verify", "config.env.checker='math_verify'")
+  either does not parse, the comparison fails, or it runs past `bounded.TIMEOUT_S` (it
+  runs in a worker process: "9^9^9^9" would never finish)."""
+  _math_verify_module()  # a missing extra: the ConfigError naming pip install, here
+  setup = (_HERE + ":_math_verify_module", ())
+  return bounded.call(_HERE + ":math_verify_here", (answer, gold), False, setup=setup)
+
+
+def _math_verify_module():
+  return extras.load("math_verify", "config.env.checker='math_verify'")
+
+
+def math_verify_here(mv, answer: str, gold: str) -> bool:
+  """`math_verify` in this process (`mv`: the math_verify module), with no time limit."""
   try:
     parsed_gold = mv.parse(gold, parsing_timeout=None)
     parsed = mv.parse(answer, parsing_timeout=None)
