@@ -3,7 +3,8 @@
 An episode is one item of a procedural generator: its question, then the instruction to
 give the final answer between <answer> and </answer>. The reward is the package's own
 `score_answer(extracted, item)` on the text of the last <answer> span (0.0 when there is
-none; a scorer that raises scores 0.0 too: never an exception), or, with `env.checker`
+none; a scorer that raises scores 0.0 too: never an exception; it runs in a worker process
+and scores 0.0 past `rlpost.rewards.bounded.TIMEOUT_S`: never a hang), or, with `env.checker`
 exact | math_verify, 1.0 when that checker accepts the span against the item's answer.
 With `env.retries` = k > 0 a wrong answer is told "not correct" and the model answers
 again, up to k more times; the episode's reward is the last answer's.
