@@ -127,6 +127,8 @@ def child_argv(argv: list[str], seed: int) -> list[str]:
 def run_parallel(argv: list[str], seeds: list[int], root: str, parallel: int) -> None:
   """Each seed as its own process (this command with --seeds=K), `parallel` at a time,
   output to root/seed_K.log; raises UsageError naming the seeds that failed."""
+  if parallel < 1:
+    raise errors.FlagError(f"--parallel={parallel}: seeds trained at once, >= 1")
   os.makedirs(root, exist_ok=True)
   waiting, running, failed = list(seeds), {}, []
   while waiting or running:
@@ -147,10 +149,11 @@ def run_parallel(argv: list[str], seeds: list[int], root: str, parallel: int) ->
     raise errors.UsageError(f"seeds {failed} failed; see {root}/seed_K.log")
 
 
-def load(root: str, metric: str) -> dict:
-  """{step: {seed: {(item, key): value of `metric`}}} from root/seed_K/eval/step_N.jsonl."""
+def load(root: str, metric: str, command: str = "report") -> dict:
+  """{step: {seed: {(item, key): value of `metric`}}} from root/seed_K/eval/step_N.jsonl
+  (`command` names the subcommand in errors)."""
   if not os.path.isdir(root):
-    raise errors.FlagError(f"report {root}: no such directory (a run's --workdir_root)")
+    raise errors.FlagError(f"{command} {root}: no such directory (a run's --workdir_root)")
   found = {}
   for name in sorted(os.listdir(root)):
     match = _SEED_DIR.fullmatch(name)
@@ -162,7 +165,7 @@ def load(root: str, metric: str) -> dict:
       values = {(x["item"], x["key"]): float(x[metric]) for x in lines}
       found.setdefault(step, {})[int(match.group(1))] = values
   if not found:
-    raise errors.FlagError(f"report {root}: no seed_K/eval/step_N.jsonl files (run `run` first)")
+    raise errors.FlagError(f"{command} {root}: no seed_K/eval/step_N.jsonl files (run `run` first)")
   return found
 
 
@@ -272,7 +275,7 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
     raise errors.FlagError(
       f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)"
     )
-  load(root, "success")  # the same checks as report: a workdir root with outcome files
+  load(root, "success", "keep")  # report's checks: a workdir root with outcome files
   copied = []
   for seed_dir in sorted(os.listdir(root)):
     if not _SEED_DIR.fullmatch(seed_dir):
@@ -332,7 +335,7 @@ def main(argv):
     if not _ROOT.value or _CONFIG.value is None:
       raise errors.FlagError(f"run needs --config and --workdir_root; {USAGE}")
     seeds = parse_seeds(_SEEDS.value)
-    if _PARALLEL.value > 1 and len(seeds) > 1:
+    if _PARALLEL.value != 1:  # 0 or less: refused there
       run_parallel(sys.argv, seeds, _ROOT.value, _PARALLEL.value)
     else:
       run_seeds(_CONFIG.value, seeds, _ROOT.value, _LEARNER.value or None)

@@ -128,7 +128,7 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
     reports.read_outcomes(str(tmp_path / "bad.jsonl.gz"))
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
-  with pytest.raises(seeds.errors.FlagError, match="no such directory"):
+  with pytest.raises(seeds.errors.FlagError, match=r"^keep .*absent: no such directory"):
     seeds.keep(str(tmp_path / "absent"), "x", str(tmp_path / "outcomes"))
 
 
@@ -144,6 +144,8 @@ def test_child_argv_runs_one_seed_and_parallel_names_failures(tmp_path, monkeypa
   assert sorted(p.name for p in tmp_path.iterdir()) == [f"seed_{k}.log" for k in range(4)]
   with pytest.raises(seeds.errors.FlagError, match="--seeds=1,1"):
     seeds.parse_seeds("1,1")
+  with pytest.raises(seeds.errors.FlagError, match="--parallel=0: seeds trained at once"):
+    seeds.run_parallel(argv, [0, 1], str(tmp_path), 0)
 
 
 @pytest.fixture(scope="module")
