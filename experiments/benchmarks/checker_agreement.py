@@ -5,7 +5,7 @@ Each test problem's final answer n (after "####") is written in several ways (`V
 once as the prediction against the gold as GSM8K writes it, once as the gold against the
 plain prediction "n". Ours is `rlpost.rewards.gsm8k.is_correct` on "<answer>v</answer>"
 (what GSM8K's answer_accuracy and check_numbers read); math-verify is
-`rlpost.rewards.checkers.math_verify` (its parse and verify, timeouts off).
+`rlpost.rewards.checkers.math_verify` (its parse and verify in a bounded worker process).
 
 Prints ONE JSON object: per variant and side, the share each checker accepts and the
 disagreements' count, with up to `--examples` examples each.
