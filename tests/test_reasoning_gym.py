@@ -277,7 +277,8 @@ def test_every_offline_generator_builds_and_scores_its_own_answer():
   scores 1.0 (by `exact` where score_answer is broken), a reply without tags scores 0 as an
   invalid action, a wrong one below 1; items without a reference answer (several replies
   right) are scored by their score_answer. Mutation caught: MAX_ITEMS emptied (word_ladder
-  refuses the held-out stream's size)."""
+  refuses the held-out stream's size). About 45 s (slow tier): 105 generators built, acre
+  alone 26 s; "any generator by name" is only shown by building each."""
   rg = require("reasoning_gym")
   for name in sorted(set(rg.factory.DATASETS) - {"composite"}):
     checker = "exact" if name in rg_env.BROKEN_SCORERS else "score_answer"
