@@ -287,7 +287,7 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
     for rel in names:
       dst = os.path.join(outcomes_root, name, seed_dir, rel)
       os.makedirs(os.path.dirname(dst), exist_ok=True)
-      shutil.copyfile(os.path.join(src, rel), dst)
+      _replaced(dst, lambda tmp, rel=rel: shutil.copyfile(os.path.join(src, rel), tmp))
       copied.append(dst)
     replies = os.path.join(src, reports.EVAL_OUTCOMES)
     multi_turn = any(line["turns"] > 1 for lines in steps.values() for line in lines)
@@ -299,10 +299,26 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
 def _gzipped(path: str, folder: str) -> str:
   """`path` gzipped into `folder` (the same bytes give the same file: no time stamp)."""
   dst = os.path.join(folder, os.path.basename(path) + ".gz")
-  with open(path, "rb") as src, open(dst, "wb") as raw:
-    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
-      shutil.copyfileobj(src, out)
+
+  def write(tmp):
+    with open(path, "rb") as src, open(tmp, "wb") as raw:
+      with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+        shutil.copyfileobj(src, out)
+
+  _replaced(dst, write)
   return dst
+
+
+def _replaced(dst: str, write) -> None:
+  """`write(tmp)` then `tmp` renamed onto `dst`: a keep killed midway leaves each kept
+  file whole (the old copy or the new), never a truncated one."""
+  tmp = f"{dst}.{os.getpid()}.tmp"
+  try:
+    write(tmp)
+    os.replace(tmp, dst)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def plot(rep: dict, path: str) -> str:

@@ -65,6 +65,42 @@ def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_pa
   assert seeds.report([str(tmp_path)], "success", 200)["points"][0]["constant"] is None
 
 
+def test_keep_killed_midway_leaves_every_kept_file_whole(tmp_path, monkeypatch):
+  """A keep that fails while copying (killed, disk full) leaves the earlier copies as they
+  were and no temporary file, for plain and gzipped files alike. Mutation caught: `keep`
+  copying onto the kept file itself."""
+  seed_dir = tmp_path / "run" / "seed_0"
+  item_outcomes.write(str(seed_dir), 0, [item_outcomes.item(7, None, 1.0, True, 3, "a\nb")])
+  (seed_dir / "eval_outcomes.jsonl").write_text('{"step": 0, "episodes": []}\n')
+  outcomes = tmp_path / "outcomes"
+  seeds.keep(str(seed_dir.parent), "k", str(outcomes))
+  before = {p: p.read_bytes() for p in outcomes.rglob("*") if p.is_file()}
+  assert len(before) == 2
+  item_outcomes.write(str(seed_dir), 0, [item_outcomes.item(8, None, 0.0, False, 3, "c\nd")])
+  (seed_dir / "eval_outcomes.jsonl").write_text('{"step": 0, "episodes": [{"seed": 8}]}\n')
+
+  def killed(src, dst, *args, **kwargs):  # a path (copyfile) or an open file (copyfileobj)
+    if isinstance(dst, str):
+      dst = open(dst, "wb")  # pylint: disable=consider-using-with
+    dst.write(b"{")
+    dst.flush()
+    raise OSError("disk full")
+
+  gz = outcomes / "k" / "seed_0" / "eval_outcomes.jsonl.gz"
+  for name in ("copyfile", "copyfileobj"):  # killed in the first file, then in the gzipped one
+    with monkeypatch.context() as m:
+      m.setattr(seeds.shutil, name, killed)
+      with pytest.raises(OSError, match="disk full"):
+        seeds.keep(str(seed_dir.parent), "k", str(outcomes))
+    assert sorted(p for p in outcomes.rglob("*") if p.is_file()) == sorted(before)
+    assert gz.read_bytes() == before[gz]
+    assert item_outcomes.read(str(outcomes / "k" / "seed_0"))[0][0]["item"] == (
+      7 if name == "copyfile" else 8
+    )
+  seeds.keep(str(seed_dir.parent), "k", str(outcomes))
+  assert item_outcomes.read(str(outcomes / "k" / "seed_0"))[0][0]["item"] == 8
+
+
 def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   """`keep` copies every seed's eval/step_N.jsonl, config.json and provenance.jsonl (no
   checkpoints, no

@@ -1621,4 +1621,12 @@ MUTATIONS = [
     tests=["tests/test_weights.py"],
     why="every failed join leaves a 250 MB part file in the cache",
   ),
+  dict(
+    name="keep_copies_onto_the_kept_file",
+    path="experiments/seeds.py",
+    old='  tmp = f"{dst}.{os.getpid()}.tmp"\n',
+    new="  tmp = dst\n",
+    tests=["tests/test_seeds.py"],
+    why="a keep killed midway leaves a truncated outcome file in the code tree",
+  ),
 ]
