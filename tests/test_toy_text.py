@@ -106,9 +106,28 @@ def test_an_unparsed_reply_costs_the_penalty_and_keeps_the_position():
     ({"kwargs": '{"slippery": true}'}, r"config\.env\.kwargs=.*FrozenLake-v1 refuses them"),
     ({"random_map_size": 4, "id": "Taxi-v4"}, r"config\.env\.random_map_size=4: only FrozenLake"),
     ({"max_turns": 0}, r"config\.env\.max_turns=0: must be an integer >= 1"),
+    # gymnasium builds these without a word and then plays nonsense
+    ({"kwargs": '{"map_name": "9x9"}'}, r"kwargs=.*refuses them \(KeyError: '9x9'\)"),
+    ({"kwargs": '{"desc": ["FF", "FG"]}'}, r"needs an 'S', a 'G'.*found 0 'S', 1 'G'\)"),
+    ({"kwargs": '{"desc": ["SF", "FF"]}'}, r"needs an 'S', a 'G'.*found 1 'S', 0 'G'\)"),
+    ({"kwargs": '{"desc": ["SFX", "FFG"]}'}, r"only the letters S F H G .*letters \['X'\]"),
+    (
+      {"kwargs": '{"is_slippery": true, "success_rate": 2}'},
+      r"state 0, action 0 are \[-0\.5, 2\.0, -0\.5\], not a distribution",
+    ),
   ],
 )
 def test_bad_fields_are_named(fields, match):
   require("gymnasium")
   with pytest.raises(errors.ConfigError, match=match):
     env_table.env_config({"name": "gymnasium", **fields})
+
+
+@pytest.mark.parametrize("id_", toy_text.IDS)
+def test_every_default_table_is_sound_and_a_two_start_map_is_gymnasiums(id_):
+  """The check passes every id's own tables (and a map with two 'S', whose start
+  gymnasium draws among them), so it refuses only what gymnasium mis-builds."""
+  require("gymnasium")
+  assert toy_text.table_problem(toy_text.make_gym(toy_text.GymConfig(id=id_), None), id_) is None
+  config = toy_text.GymConfig(kwargs='{"desc": ["SFS", "FHG"], "is_slippery": true}')
+  assert toy_text.table_problem(toy_text.make_gym(config, None), config.id) is None

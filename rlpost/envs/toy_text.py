@@ -3,8 +3,11 @@ extra): FrozenLake (any map, slippery or not), Taxi, CliffWalking, Blackjack.
 
 `env.id` is a gymnasium id (`IDS`; Taxi-v3 is gone in gymnasium 1.4, Taxi-v4 replaces it)
 and `env.kwargs` its constructor's arguments (a dict or a JSON object string, e.g.
-'{"is_slippery": true, "map_name": "8x8"}'). With `env.random_map_size` = n > 0,
-FrozenLake plays a map per seed, gymnasium's `generate_random_map(n, random_map_p, seed)`.
+'{"is_slippery": true, "map_name": "8x8"}'), built once when the config is read: what
+gymnasium refuses, or builds unsound (`table_problem`: a map without 'S' or 'G', a
+probability outside [0, 1]), is a ConfigError naming `env.kwargs`. With
+`env.random_map_size` = n > 0, FrozenLake plays a map per seed, gymnasium's
+`generate_random_map(n, random_map_p, seed)`.
 
 Transitions, rewards and termination are gymnasium's own: a step restores the game's
 position into a gymnasium env, calls its `step`, and reads the position back. Immutable
@@ -25,6 +28,8 @@ import json
 import re
 import threading
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from rlpost.envs import block_fields
 from rlpost.envs import protocol
@@ -115,9 +120,43 @@ class GymConfig:
         f"random_map_p={self.random_map_p!r}: a frozen cell's probability, in (0, 1]"
       )
     try:
-      make_gym(self, None)
-    except TypeError as err:
-      raise ValueError(f"kwargs={kwargs!r}: {self.id} refuses them ({err})") from None
+      env = make_gym(self, None)
+    # gymnasium's constructors check their arguments with any exception (an unknown map
+    # name is a KeyError, a malformed map an IndexError or AssertionError)
+    except Exception as err:  # pylint: disable=broad-exception-caught
+      raise ValueError(
+        f"kwargs={kwargs!r}: {self.id} refuses them ({type(err).__name__}: {err})"
+      ) from None
+    problem = table_problem(env, self.id)
+    if problem:
+      raise ValueError(f"kwargs={kwargs!r}: {problem}")
+
+
+def table_problem(env, id_: str) -> str | None:
+  """What is wrong with a built env's tables, which gymnasium builds from any arguments
+  without a word (a FrozenLake map without 'S' starts from a NaN distribution, one without
+  'G' cannot be won, an unknown letter plays as ice, success_rate=2 gives negative
+  probabilities); None when sound. Several 'S' are gymnasium's: a start drawn among them."""
+  if id_.startswith("FrozenLake"):
+    letters = sorted({bytes(c).decode("latin-1") for c in env.desc.flat} - set("SFHG"))
+    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():
+      return (
+        f"a FrozenLake map needs an 'S', a 'G' and only the letters S F H G "
+        f"(found {(env.desc == b'S').sum()} 'S', {(env.desc == b'G').sum()} 'G'"
+        + (f", letters {letters})" if letters else ")")
+      )
+  start = np.asarray(getattr(env, "initial_state_distrib", [1.0]), np.float64)
+  if not (np.isfinite(start).all() and (start >= 0).all() and np.isclose(start.sum(), 1)):
+    return "its start distribution is not a probability distribution"
+  for state, moves in getattr(env, "P", {}).items():
+    for action, outcomes in moves.items():
+      probs = np.array([o[0] for o in outcomes], np.float64)
+      if not ((probs >= 0).all() and (probs <= 1).all() and np.isclose(probs.sum(), 1)):
+        return (
+          f"the transition probabilities of state {state}, action {action} are "
+          f"{probs.tolist()}, not a distribution (e.g. a success_rate outside [0, 1])"
+        )
+  return None
 
 
 def make_gym(config: GymConfig, task: tuple | None):

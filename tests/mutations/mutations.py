@@ -1629,4 +1629,20 @@ MUTATIONS = [
     tests=["tests/test_seeds.py"],
     why="a keep killed midway leaves a truncated outcome file in the code tree",
   ),
+  dict(
+    name="toy_text_map_without_start_accepted",
+    path="rlpost/envs/toy_text.py",
+    old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
+    new='    if letters or not (env.desc == b"G").any():\n',
+    tests=["tests/test_toy_text.py"],
+    why="a FrozenLake map without a start trains from a NaN start distribution",
+  ),
+  dict(
+    name="toy_text_negative_probabilities_accepted",
+    path="rlpost/envs/toy_text.py",
+    old="      if not ((probs >= 0).all() and (probs <= 1).all() and np.isclose(probs.sum(), 1)):\n",
+    new="      if not np.isclose(probs.sum(), 1):\n",
+    tests=["tests/test_toy_text.py"],
+    why="success_rate=2 plays a slippery lake with probabilities -0.5 and 2",
+  ),
 ]
