@@ -2,7 +2,9 @@
 
 import hashlib
 import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import gguf
@@ -338,6 +340,21 @@ def test_packaged_file_truncated_by_a_killed_run_is_replaced(tmp_path):
   package = _PartsPackage(tmp_path / "model.gguf", b"weights" * 1000)
   package.cache.write_bytes(package.content[:100])  # a run killed while joining
   assert packaged._assembled.__wrapped__(package).read_bytes() == package.content
+
+
+def test_packaged_parts_of_killed_joins_are_removed_live_ones_kept(tmp_path):
+  """A join killed midway (SIGKILL: no cleanup) leaves its part file; the next join
+  deletes it, and leaves a live process's part alone."""
+  package = _PartsPackage(tmp_path / "model.gguf", b"weights" * 1000)
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True
+  )
+  orphan = tmp_path / f"model.gguf.{int(dead.stdout)}.part"
+  live = tmp_path / f"model.gguf.{os.getppid()}.part"
+  orphan.write_bytes(b"half")
+  live.write_bytes(b"half")
+  packaged._assembled.__wrapped__(package)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", live.name]
 
 
 def test_packaged_failed_join_leaves_nothing(tmp_path):

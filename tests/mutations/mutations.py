@@ -1645,4 +1645,12 @@ MUTATIONS = [
     tests=["tests/test_toy_text.py"],
     why="success_rate=2 plays a slippery lake with probabilities -0.5 and 2",
   ),
+  dict(
+    name="packaged_live_part_removed",
+    path="rlpost/models/weights/packaged.py",
+    old="    if pid.isdigit() and not _alive(int(pid)):\n",
+    new="    if pid.isdigit():\n",
+    tests=["tests/test_weights.py"],
+    why="a run starting deletes the part file another run is still joining",
+  ),
 ]

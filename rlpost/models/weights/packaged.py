@@ -38,6 +38,7 @@ def _assembled(package) -> pathlib.Path:
   target = pathlib.Path(package.default_output_path())
   if target.is_file() and _sha256(target) == package.EXPECTED_SHA256:
     return target
+  _remove_orphaned_parts(target)
   partial = target.with_name(f"{target.name}.{os.getpid()}.part")
   try:
     package.assemble(partial, overwrite=True)  # checks the joined file's sha256
@@ -45,6 +46,24 @@ def _assembled(package) -> pathlib.Path:
   finally:
     partial.unlink(missing_ok=True)
   return target
+
+
+def _remove_orphaned_parts(target: pathlib.Path) -> None:
+  """Deletes `target`'s part files whose process is gone (killed while joining: 250 MB each)."""
+  for part in target.parent.glob(f"{target.name}.*.part"):
+    pid = part.name[len(target.name) + 1 : -len(".part")]
+    if pid.isdigit() and not _alive(int(pid)):
+      part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's process
+    return True
+  return True
 
 
 def _sha256(path: pathlib.Path) -> str:
