@@ -214,5 +214,8 @@ def gsm8k_calc_env() -> ml_collections.ConfigDict:
       "fewshot": 2,  # solved tool-call examples in the prompt (0 after the tool-trace SFT)
       "max_turns": 6,  # model turns per episode, the answer's included
       "tool_bonus": 0.0,  # reward for the first error-free calculator call (0: off)
+      # library (the calculator in the library's syntax, solved examples) | hermes |
+      # llama3_json | mistral (a native format: fewshot 0, rollout.template=template)
+      "tool_format": "library",
     }
   )

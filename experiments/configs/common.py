@@ -109,6 +109,7 @@ def prompt_env(tiny: bool) -> ml_collections.ConfigDict:
       "rewards": "",
       "max_prompt_tokens": 2048,  # longer prompts never reach the device:
       "on_too_long": "skip",  # skip (left out, counted in the log) | error (names file:line)
+      "checker": "exact",  # exact | math_verify: how an answer is checked (rewards.checkers)
     }
   )
 

@@ -1653,4 +1653,12 @@ MUTATIONS = [
     tests=["tests/test_weights.py"],
     why="a run starting deletes the part file another run is still joining",
   ),
+  dict(
+    name="prompt_env_without_checker",
+    path="experiments/configs/common.py",
+    old='      "checker": "exact",  # exact | math_verify: how an answer is checked (rewards.checkers)\n',
+    new="",
+    tests=["tests/test_env_table.py"],
+    why="--config.env.checker=math_verify, as README says, is 'no such field' on GRPO and PPO",
+  ),
 ]

@@ -13,38 +13,53 @@ import ml_collections
 from experiments.configs import agentic
 
 
-def env_block(kind: str) -> ml_collections.ConfigDict:
-  """The `env` block of KIND (fields: rlpost/envs/{reasoning_gym,toy_text,textarena_games}.py)."""
-  gym = lambda id_, kwargs="": {"name": "gymnasium", "id": id_, "kwargs": kwargs, "max_turns": 3}
-  blocks = {
-    "reasoning_gym": {
-      "name": "reasoning_gym",
-      "task": "chain_sum",  # a generator, or name:weight,name:weight for a mixture
-      # the generator's own config fields, as a JSON object (a mixture: keyed by name)
-      "task_config": '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}',
-      "pool": 200,  # training items; held-out items repeating one are dropped
-      "seed": 0,
-      "checker": "score_answer",  # score_answer | exact | math_verify
-      "retries": 0,  # answers after a wrong one (multi-turn with feedback)
-    },
-    "frozenlake": {**gym("FrozenLake-v1", '{"is_slippery": false}'), "random_map_size": 0},
-    "taxi": gym("Taxi-v4"),
-    "cliffwalking": gym("CliffWalking-v1"),
-    "blackjack": gym("Blackjack-v1"),
-    # opponent: a two-player game's player 1, "random" or your MODULE:FUNCTION
-    "textarena": {
-      "name": "textarena",
-      "game": "GuessTheNumber-v0",
-      "max_turns": 3,
-      "cue": "",
-      "opponent": "random",
-    },
-    # your own MODULE:FUNCTION; its block holds the fields your config takes (the example: max_turns)
-    "custom": {"name": "experiments.examples.my_env:make", "max_turns": 1},
+def _gym(id_: str, kwargs: str = "") -> dict:
+  return {
+    "name": "gymnasium",
+    "id": id_,
+    "kwargs": kwargs,  # the gymnasium constructor's arguments, a JSON object
+    "random_map_size": 0,  # FrozenLake: n > 0 plays a random n x n map per seed
+    "random_map_p": 0.8,  # a random map's frozen-cell probability
+    "max_turns": 3,
+    "invalid_penalty": 0.1,  # a reply naming no move (or several)
   }
-  if kind not in blocks:
-    raise ValueError(f"Unknown kind {kind!r}; use one of {sorted(blocks)}")
-  return ml_collections.ConfigDict(blocks[kind])
+
+
+# KIND -> its `env` block (fields: rlpost/envs/{reasoning_gym,toy_text,textarena_games}.py)
+BLOCKS = {
+  "reasoning_gym": {
+    "name": "reasoning_gym",
+    "task": "chain_sum",  # a generator, or name:weight,name:weight for a mixture
+    # the generator's own config fields, as a JSON object (a mixture: keyed by name)
+    "task_config": '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}',
+    "pool": 200,  # training items; held-out items repeating one are dropped
+    "seed": 0,
+    "checker": "score_answer",  # score_answer | exact | math_verify
+    "retries": 0,  # answers after a wrong one (multi-turn with feedback)
+    "answer_format": "tags",  # tags: <answer>...</answer> | cue: the reply's first line
+  },
+  "frozenlake": _gym("FrozenLake-v1", '{"is_slippery": false}'),
+  "taxi": _gym("Taxi-v4"),
+  "cliffwalking": _gym("CliffWalking-v1"),
+  "blackjack": _gym("Blackjack-v1"),
+  # opponent: a two-player game's player 1, "random" or your MODULE:FUNCTION
+  "textarena": {
+    "name": "textarena",
+    "game": "GuessTheNumber-v0",
+    "max_turns": 3,
+    "cue": "",
+    "opponent": "random",
+  },
+  # your own MODULE:FUNCTION; its block holds the fields your config takes (the example: max_turns)
+  "custom": {"name": "experiments.examples.my_env:make", "max_turns": 1},
+}
+
+
+def env_block(kind: str) -> ml_collections.ConfigDict:
+  """The `env` block of KIND (`BLOCKS`)."""
+  if kind not in BLOCKS:
+    raise ValueError(f"Unknown kind {kind!r}; use one of {sorted(BLOCKS)}")
+  return ml_collections.ConfigDict(BLOCKS[kind])
 
 
 def get_config(variant: str = "reasoning_gym") -> ml_collections.ConfigDict:
