@@ -34,7 +34,8 @@ MOVED: dict[str, str] = {
 }
 
 
-# Fields an RL config gained in the move, with the value that gives what runs before it
+# Fields an RL config gained in the move, or since (an environment's field its block did
+# not list, read at its default until then), with the value that gives what runs before
 # did (as config.json writes it): a run from before is not "changed" by their arrival.
 ADDED: dict[str, object] = {
   "rollout.template": None,
@@ -49,6 +50,12 @@ ADDED: dict[str, object] = {
   "rollout.overlong_buffer": None,
   "rollout.overlong_penalty": 1.0,
   "rollout.max_staleness": None,
+  "env.checker": "exact",  # a prompt dataset's (reasoning_gym's block always had one)
+  "env.tool_format": "library",  # gsm8k_calc
+  "env.answer_format": "tags",  # reasoning_gym
+  "env.random_map_size": 0,  # gymnasium
+  "env.random_map_p": 0.8,
+  "env.invalid_penalty": 0.1,
 }
 
 

@@ -965,7 +965,7 @@ def _old_layout(cfg):
   for path in config_moves.ADDED:
     block, name = path.split(".")
     if name != "max_staleness" and name not in ("dynamic_sampling", "max_resample_rounds"):
-      old[block].pop(name, None)
+      old["data" if block == "env" else block].pop(name, None)
   return old
 
 
@@ -994,6 +994,19 @@ def test_a_run_from_before_the_move_resumes_exactly_with_its_old_config(
   for a, b in zip(jax.tree.leaves(straight.trainable), jax.tree.leaves(resumed.trainable)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert _metrics(straight_dir) == _metrics(tmp_path)
+
+
+def test_env_fields_the_configs_gained_are_no_change_at_their_old_default():
+  """A run whose env block predates a field the shipped configs now list (env.checker on
+  GSM8K, read at its default "exact" until then) is not "changed" by the field's arrival
+  at that default, and is changed by any other value. Mutation caught: "env.checker"
+  dropped from config_moves.ADDED."""
+  from rlpost import config_moves  # pylint: disable=g-import-not-at-top
+
+  old = {"env.name": "gsm8k", "env.fewshot": 2}
+  for value, changed in (("exact", False), ("math_verify", True)):
+    new = {**old, "env.checker": value}
+    assert (config_moves.moved_flat(old, new) != new) == changed, value
 
 
 def test_old_field_names_reach_their_new_places():

@@ -1661,4 +1661,12 @@ MUTATIONS = [
     tests=["tests/test_env_table.py"],
     why="--config.env.checker=math_verify, as README says, is 'no such field' on GRPO and PPO",
   ),
+  dict(
+    name="added_env_checker_forgotten",
+    path="rlpost/config_moves.py",
+    old='  "env.checker": "exact",  # a prompt dataset\'s (reasoning_gym\'s block always had one)\n',
+    new="",
+    tests=["tests/test_grpo.py"],
+    why="every GSM8K run started before env.checker was listed resumes as 'changed'",
+  ),
 ]
