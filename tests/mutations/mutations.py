@@ -1669,4 +1669,12 @@ MUTATIONS = [
     tests=["tests/test_grpo.py"],
     why="every GSM8K run started before env.checker was listed resumes as 'changed'",
   ),
+  dict(
+    name="readme_sft_command_names_a_missing_field",
+    path="README.md",
+    old="--config.data.source=gsm8k_tools --config.data.data_dir=",
+    new="--config.data.source=gsm8k_tools --config.env.data_dir=",
+    tests=["tests/test_doc_commands.py"],
+    why="README's SFT command fails with 'no such field' (as it did: the SFT config has no env)",
+  ),
 ]

@@ -27,7 +27,7 @@ import time
 from tests.mutations.mutations import MUTATIONS
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-COPIED = ("rlpost", "experiments", "tests", "pyproject.toml")
+COPIED = ("rlpost", "experiments", "tests", "pyproject.toml", "README.md", "BUILD.md")
 
 
 def _copy_tree(source: pathlib.Path, target: pathlib.Path) -> None:
