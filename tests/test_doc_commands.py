@@ -1,6 +1,6 @@
 """The commands the docs show name fields their configs have: every `--config.a.b=...`
 after a `--config=experiments/configs/FILE.py[:VARIANT]` in README.md, BUILD.md, the
-results index and the config modules' docstrings is a field of that config (or an old
+results index and the experiments' docstrings (scripts and configs) is a field of that config (or an old
 name the command line still takes, `rlpost.config_moves.MOVED`). A renamed or never-added
 field otherwise fails only when a reader runs the command: "no such field"."""
 
@@ -30,7 +30,7 @@ def _documented():
   """{(config spec, field): where} over the docs and the config modules' docstrings."""
   sources = [REPO_ROOT / "README.md", REPO_ROOT / "BUILD.md"]
   sources += [REPO_ROOT / "experiments/results/INDEX.md"]
-  sources += sorted((REPO_ROOT / "experiments/configs").rglob("*.py"))
+  sources += sorted((REPO_ROOT / "experiments").rglob("*.py"))  # docstrings and configs
   found = {}
   for path in sources:
     for command in _commands(path.read_text(encoding="utf-8")):
