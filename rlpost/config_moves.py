@@ -59,7 +59,8 @@ ADDED: dict[str, object] = {
 }
 
 
-def _has(tree, path: str) -> bool:
+def has_field(tree, path: str) -> bool:
+  """Whether the nested config `tree` holds the dotted `path` ("env.checker")."""
   node = tree
   for name in path.split("."):
     if not hasattr(node, "keys") or name not in node:
@@ -72,7 +73,9 @@ def moved_overrides(config, paths: list[str]) -> dict[str, str]:
   """{old path: new path} for each `--config.OLD` override path that this config has at
   its new place only (an SFT config's own `data.source` is left alone)."""
   return {
-    p: MOVED[p] for p in paths if p in MOVED and not _has(config, p) and _has(config, MOVED[p])
+    p: MOVED[p]
+    for p in paths
+    if p in MOVED and not has_field(config, p) and has_field(config, MOVED[p])
   }
 
 
@@ -94,10 +97,10 @@ def moved_flat(old: dict, new: dict) -> dict:
 def migrate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """An RL config with every old field at its new place (a copy; `cfg` itself when nothing
   moved). Raises ValueError when a field is set at both places."""
-  old = [p for p in MOVED if _has(cfg, p)]
+  old = [p for p in MOVED if has_field(cfg, p)]
   if not old:
     return cfg
-  both = [p for p in old if _has(cfg, MOVED[p])]
+  both = [p for p in old if has_field(cfg, MOVED[p])]
   if both:
     raise ValueError(
       f"config.{both[0]} and config.{MOVED[both[0]]} are both set: {both[0]} is the old name "

@@ -54,15 +54,6 @@ def _config(spec: str):
   return values["config"].value
 
 
-def _has(config, field: str) -> bool:
-  node = config
-  for name in field.split("."):
-    if not hasattr(node, "keys") or name not in node:
-      return False
-    node = node[name]
-  return True
-
-
 def test_every_documented_override_is_a_field_of_its_config(monkeypatch):
   """Mutation caught: README's SFT command with `--config.env.data_dir` (the SFT config
   has a data block, no env block) as it was."""
@@ -73,6 +64,8 @@ def test_every_documented_override_is_a_field_of_its_config(monkeypatch):
   for (spec, field), where in sorted(documented.items()):
     config = _config(spec)
     moved = config_moves.MOVED.get(field)
-    if not (_has(config, field) or (moved and _has(config, moved))):
+    if not (
+      config_moves.has_field(config, field) or (moved and config_moves.has_field(config, moved))
+    ):
       missing.append(f"{where}: {spec} has no {field}")
   assert not missing, "\n".join(missing)
