@@ -701,8 +701,8 @@ MUTATIONS = [
   dict(
     name="moved_override_rewritten_everywhere",
     path="rlpost/config_moves.py",
-    old="    p: MOVED[p] for p in paths if p in MOVED and not _has(config, p) and _has(config, MOVED[p])\n",
-    new="    p: MOVED[p] for p in paths if p in MOVED\n",
+    old="    if p in MOVED and not has_field(config, p) and has_field(config, MOVED[p])\n",
+    new="    if p in MOVED\n",
     tests=["tests/test_grpo.py"],
     why="an SFT config's own data.source rewritten to env.name",
   ),
