@@ -2,6 +2,7 @@
 (rlpost.recipes.item_outcomes) it reads."""
 
 import json
+import re
 import sys
 import types
 
@@ -12,6 +13,7 @@ from conftest import run_metrics, with_overrides
 from conftest import import_main
 from experiments import intervals
 from experiments.configs import agentic as agentic_configs
+from rlpost import errors
 from rlpost.envs import frozenlake, held_out
 from rlpost.recipes import item_outcomes, reports
 from rlpost.train import provenance
@@ -38,6 +40,31 @@ def test_outcome_files_are_replaced_whole_never_appended_or_left_half(tmp_path, 
   monkeypatch.undo()
   assert item_outcomes.read(str(tmp_path)) == {3: [line(7)]}
   assert [p.name for p in (tmp_path / "eval").iterdir()] == ["step_3.jsonl"]
+
+
+@pytest.mark.parametrize(
+  "text, said",
+  [
+    ('{"item": 1, "key"', "step_0.jsonl:2: not JSON"),
+    ("[1, 2]", "step_0.jsonl:2: list, not a JSON object"),
+    ('{"item": 1, "key": null, "reward": 1.0, "turns": 1}', "field 'success' is missing"),
+    ('{"item": 1, "key": null, "reward": 1.0, "success": 1, "turns": 1}', "'success' is 1"),
+    ('{"item": true, "key": null, "reward": 1.0, "success": true, "turns": 1}', "'item' is True"),
+    ('{"item": 1, "key": 3, "reward": 1.0, "success": true, "turns": 1}', "'key' is 3"),
+    (json.dumps(item_outcomes.item(5, "ab", 1.0, True, 1, "")), "item 5 (key ab) is listed twice"),
+  ],
+)
+def test_an_outcome_file_with_a_bad_line_is_refused_naming_the_line(tmp_path, text, said):
+  """`read` (what `seeds report` and `keep` count from) refuses a line that is not JSON,
+  not an object, lacks a field or holds the wrong type, or repeats an item, naming the
+  file and line: a recount never silently drops or doubles an item. Mutation caught:
+  the duplicate check dropped (item_outcomes_duplicate_item_kept), the line check dropped
+  (item_outcomes_line_types_unchecked)."""
+  item_outcomes.write(str(tmp_path), 0, [item_outcomes.item(5, "ab", 0.0, False, 2, "x")])
+  with open(item_outcomes.path(str(tmp_path), 0), "a") as f:
+    f.write(text + "\n")
+  with pytest.raises(errors.DataError, match=re.escape(said)):
+    item_outcomes.read(str(tmp_path))
 
 
 def test_the_best_constant_answer_is_reported_where_the_answers_are_known(tmp_path):

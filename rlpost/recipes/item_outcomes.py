@@ -19,9 +19,13 @@ import re
 
 import jax
 
+from rlpost import errors
+
 EVAL_DIR = "eval"
 COMPLETION_CHARS = 300
 _NAME = re.compile(r"step_(\d+)\.jsonl")
+# the fields every line has, and the JSON types they hold ("key" may also be null)
+_FIELDS = {"item": int, "key": str, "reward": (int, float), "success": bool, "turns": int}
 
 
 def path(workdir: str, step: int) -> str:
@@ -93,6 +97,46 @@ def read(workdir: str) -> dict[int, list[dict]]:
   for name in os.listdir(folder):
     match = _NAME.fullmatch(name)
     if match:
-      with open(os.path.join(folder, name), encoding="utf-8") as f:
-        found[int(match.group(1))] = [json.loads(line) for line in f if line.strip()]
+      found[int(match.group(1))] = _lines(os.path.join(folder, name))
   return dict(sorted(found.items()))
+
+
+def _lines(file: str) -> list[dict]:
+  """The checked lines of one outcome file: DataError (file:line, what is wrong) for a
+  line that is not a JSON object with the fields of `item`, or an item listed twice."""
+  lines, seen = [], set()
+  with open(file, encoding="utf-8") as f:
+    for number, text in enumerate(f, 1):
+      if not text.strip():
+        continue
+      where = f"{file}:{number}"
+      try:
+        line = json.loads(text)
+      except json.JSONDecodeError as e:
+        raise errors.DataError(
+          f"{where}: not JSON ({e}); an outcome file holds one JSON "
+          "object per line: evaluate the run again"
+        ) from None
+      _check_line(line, where)
+      if (line["item"], line["key"]) in seen:
+        raise errors.DataError(
+          f"{where}: item {line['item']} (key {line['key']}) is "
+          "listed twice; one line per evaluated item"
+        )
+      seen.add((line["item"], line["key"]))
+      lines.append(line)
+  return lines
+
+
+def _check_line(line, where: str) -> None:
+  if not isinstance(line, dict):
+    raise errors.DataError(f"{where}: {type(line).__name__}, not a JSON object")
+  for field, kind in _FIELDS.items():
+    value = line.get(field, KeyError)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok and not (field == "key" and value is None):
+      shown = "missing" if value is KeyError else repr(value)
+      raise errors.DataError(
+        f"{where}: field {field!r} is {shown}; every line has "
+        f"{sorted(_FIELDS)} (rlpost.recipes.item_outcomes)"
+      )

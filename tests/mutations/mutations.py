@@ -1630,6 +1630,22 @@ MUTATIONS = [
     why="a keep killed midway leaves a truncated outcome file in the code tree",
   ),
   dict(
+    name="item_outcomes_duplicate_item_kept",
+    path="rlpost/recipes/item_outcomes.py",
+    old='      if (line["item"], line["key"]) in seen:\n',
+    new="      if False:\n",
+    tests=["tests/test_seeds.py"],
+    why="an outcome file listing an item twice is counted silently (the dict keeps one)",
+  ),
+  dict(
+    name="item_outcomes_line_types_unchecked",
+    path="rlpost/recipes/item_outcomes.py",
+    old="      _check_line(line, where)\n",
+    new="",
+    tests=["tests/test_seeds.py"],
+    why="a line without its fields is a KeyError traceback, or a wrong type counted",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
