@@ -217,9 +217,8 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
   if len(roots) == 2:
     for step in sorted(set(loaded[0]) & set(loaded[1])):
       items, (a, b) = tables([loaded[0][step], loaded[1][step]])
-      if items:
-        diff = intervals.paired_difference(a, b, draws=draws)
-        out["comparison"].append({"step": step, **diff})
+      diff = intervals.paired_difference(a, b, draws=draws) if items else {"items": 0}
+      out["comparison"].append({"step": step, **diff})
   return out
 
 
@@ -249,12 +248,16 @@ def markdown(rep: dict) -> str:
   )
   text = [head, "|---" * 7 + "|"]
   text += rows
+  if len(rep["dirs"]) == 2 and not rep["comparison"]:
+    text += ["", "No paired comparison: the two dirs share no evaluation step."]
   if rep["comparison"]:
     text += ["", "| step | items | difference (first - second) | 95% interval | p |"]
     text += ["|---" * 5 + "|"]
     text += [
       f"| {c['step']} | {c['items']} | {c['difference']:+.3f} | "
       f"[{c['lo']:+.3f}, {c['hi']:+.3f}] | {c['p']:.4f} |"
+      if c["items"]
+      else f"| {c['step']} | 0 | - (no item evaluated by every seed of both) | - | - |"
       for c in rep["comparison"]
     ]
   for root, seeds in rep.get("provenance", {}).items():

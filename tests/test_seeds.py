@@ -290,3 +290,18 @@ def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
   assert (tmp_path / "curves.png").stat().st_size > 1000 and png.endswith(".png")
   json.dumps(rep)  # the report is JSON as it is
   assert intervals.mean_interval([np.ones(3)])["mean"] == 1.0
+
+
+def test_a_paired_report_says_when_the_runs_share_no_item_or_no_step(tmp_path):
+  """Two dirs that evaluated step 0 on different items get a comparison row saying no
+  item was shared (not a silently missing row); dirs with no step in common say so.
+  Mutation caught: the empty comparison dropped (seeds_unshared_comparison_dropped)."""
+  one = lambda k: item_outcomes.item(k, None, 1.0, True, 1, "")
+  item_outcomes.write(str(tmp_path / "a" / "seed_0"), 0, [one(1)])
+  item_outcomes.write(str(tmp_path / "b" / "seed_0"), 0, [one(2)])
+  item_outcomes.write(str(tmp_path / "c" / "seed_0"), 5, [one(1)])
+  rep = seeds.report([str(tmp_path / "a"), str(tmp_path / "b")], "success", 50)
+  assert rep["comparison"] == [{"step": 0, "items": 0}]
+  assert "| 0 | 0 | - (no item evaluated by every seed of both) |" in seeds.markdown(rep)
+  rep = seeds.report([str(tmp_path / "a"), str(tmp_path / "c")], "success", 50)
+  assert rep["comparison"] == [] and "share no evaluation step" in seeds.markdown(rep)

@@ -1646,6 +1646,14 @@ MUTATIONS = [
     why="a line without its fields is a KeyError traceback, or a wrong type counted",
   ),
   dict(
+    name="seeds_unshared_comparison_dropped",
+    path="experiments/seeds.py",
+    old='      out["comparison"].append({"step": step, **diff})\n',
+    new='      out["comparison"] += [{"step": step, **diff}] if items else []\n',
+    tests=["tests/test_seeds.py"],
+    why="a paired report of runs with no shared item shows no row and no reason",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
