@@ -248,7 +248,7 @@ def markdown(rep: dict) -> str:
   )
   text = [head, "|---" * 7 + "|"]
   text += rows
-  if len(rep["dirs"]) == 2 and not rep["comparison"]:
+  if len(rep.get("dirs", ())) == 2 and not rep["comparison"]:
     text += ["", "No paired comparison: the two dirs share no evaluation step."]
   if rep["comparison"]:
     text += ["", "| step | items | difference (first - second) | 95% interval | p |"]
