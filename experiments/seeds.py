@@ -6,9 +6,10 @@ r"""One config over several seeds, and a report with intervals from their per-it
   python -m experiments.seeds keep /tmp/fl_grpo frozenlake_grpo
 
 `run` trains the config once per seed (`config.seed=K`) in DIR/seed_K, one after another,
-or with `--parallel=N` as N processes at a time (each writing DIR/seed_K.log). A seed
-whose metrics reach `train.steps` is skipped; an interrupted one resumes from its
-checkpoints (the recipe's own resume). `--learner`: the learner when the config names
+or with `--parallel=N` as N processes at a time (each appending to DIR/seed_K.log, and
+stopped with the command when it is interrupted or terminated). A seed whose metrics
+reach `train.steps` is skipped; an interrupted one resumes from its checkpoints (the
+recipe's own resume). `--learner`: the learner when the config names
 none (as experiments.grpo / ppo choose theirs).
 
 `report` reads every DIR/seed_K/eval/step_N.jsonl (`rlpost.recipes.item_outcomes`) and
@@ -40,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -124,27 +126,56 @@ def child_argv(argv: list[str], seed: int) -> list[str]:
   return [sys.executable, "-m", "experiments.seeds", "run", *kept, f"--seeds={seed}"]
 
 
+STOP_GRACE_S = 30  # seconds a seed's process gets to exit after SIGTERM
+
+
+def _exit_on_sigterm(signum, frame):
+  raise SystemExit(128 + signum)
+
+
+def _stop(running: dict) -> None:
+  """Terminates the still-running seeds' processes ({seed: (Popen, log)}) and waits."""
+  for proc, _ in running.values():
+    proc.terminate()
+  for seed, (proc, log) in running.items():
+    try:
+      proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+    log.close()
+    print(f"seed {seed}: stopped (rerun the command to resume it)")
+
+
 def run_parallel(argv: list[str], seeds: list[int], root: str, parallel: int) -> None:
   """Each seed as its own process (this command with --seeds=K), `parallel` at a time,
-  output to root/seed_K.log; raises UsageError naming the seeds that failed."""
+  output appended to root/seed_K.log; raises UsageError naming the seeds that failed.
+  Interrupted (Ctrl-C, SIGTERM), it stops its running seeds (SIGTERM, then SIGKILL after
+  STOP_GRACE_S) before it exits: none goes on unwatched, holding its workdir's lock
+  against the rerun (which resumes each from its checkpoints)."""
   if parallel < 1:
     raise errors.FlagError(f"--parallel={parallel}: seeds trained at once, >= 1")
   os.makedirs(root, exist_ok=True)
   waiting, running, failed = list(seeds), {}, []
-  while waiting or running:
-    while waiting and len(running) < parallel:
-      seed = waiting.pop(0)
-      log = open(os.path.join(root, f"seed_{seed}.log"), "w", encoding="utf-8")
-      proc = subprocess.Popen(child_argv(argv, seed), stdout=log, stderr=subprocess.STDOUT)
-      running[seed] = (proc, log)
-    for seed, (proc, log) in list(running.items()):
-      if proc.poll() is not None:
-        log.close()
-        del running[seed]
-        print(f"seed {seed}: exit status {proc.returncode} (log {log.name})")
-        if proc.returncode:
-          failed.append(seed)
-    time.sleep(0.5)
+  previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+  try:
+    while waiting or running:
+      while waiting and len(running) < parallel:
+        seed = waiting.pop(0)
+        log = open(os.path.join(root, f"seed_{seed}.log"), "a", encoding="utf-8")
+        proc = subprocess.Popen(child_argv(argv, seed), stdout=log, stderr=subprocess.STDOUT)
+        running[seed] = (proc, log)
+      for seed, (proc, log) in list(running.items()):
+        if proc.poll() is not None:
+          log.close()
+          del running[seed]
+          print(f"seed {seed}: exit status {proc.returncode} (log {log.name})")
+          if proc.returncode:
+            failed.append(seed)
+      time.sleep(0.5)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+    _stop(running)
   if failed:
     raise errors.UsageError(f"seeds {failed} failed; see {root}/seed_K.log")
 

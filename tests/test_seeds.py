@@ -2,8 +2,12 @@
 (rlpost.recipes.item_outcomes) it reads."""
 
 import json
+import os
 import re
+import signal
 import sys
+import threading
+import time
 import types
 
 import numpy as np
@@ -305,3 +309,33 @@ def test_a_paired_report_says_when_the_runs_share_no_item_or_no_step(tmp_path):
   assert "| 0 | 0 | - (no item evaluated by every seed of both) |" in seeds.markdown(rep)
   rep = seeds.report([str(tmp_path / "a"), str(tmp_path / "c")], "success", 50)
   assert rep["comparison"] == [] and "share no evaluation step" in seeds.markdown(rep)
+
+
+def test_parallel_seeds_stop_with_their_command_and_logs_are_appended(tmp_path, monkeypatch):
+  """`run --parallel` terminated (SIGTERM) stops its running seeds before it exits, so none
+  goes on holding its workdir against the rerun; a rerun appends to each seed's log.
+  Mutations caught: the running seeds left alone (seeds_parallel_children_orphaned), the
+  log opened for writing (seeds_parallel_log_truncated)."""
+  sleep_s = [120]
+  code = "import os, time; print({}, os.getpid(), flush=True); time.sleep({})"
+  monkeypatch.setattr(
+    seeds, "child_argv", lambda argv, seed: [sys.executable, "-c", code.format(seed, sleep_s[0])]
+  )
+  logs = [tmp_path / f"seed_{k}.log" for k in (0, 1)]
+
+  def terminate_once_both_started():
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in logs) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=terminate_once_both_started, daemon=True).start()
+  with pytest.raises(SystemExit) as stopped:
+    seeds.run_parallel([], [0, 1], str(tmp_path), 2)
+  assert stopped.value.code == 128 + signal.SIGTERM
+  for pid in [int(p.read_text().split()[1]) for p in logs]:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+  sleep_s[0] = 0
+  seeds.run_parallel([], [0, 1], str(tmp_path), 2)
+  assert [len(p.read_text().splitlines()) for p in logs] == [2, 2]

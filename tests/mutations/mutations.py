@@ -1654,6 +1654,22 @@ MUTATIONS = [
     why="a paired report of runs with no shared item shows no row and no reason",
   ),
   dict(
+    name="seeds_parallel_children_orphaned",
+    path="experiments/seeds.py",
+    old="    _stop(running)\n",
+    new="",
+    tests=["tests/test_seeds.py"],
+    why="a terminated `seeds run --parallel` leaves its seeds training, holding their locks",
+  ),
+  dict(
+    name="seeds_parallel_log_truncated",
+    path="experiments/seeds.py",
+    old='        log = open(os.path.join(root, f"seed_{seed}.log"), "a", encoding="utf-8")\n',
+    new='        log = open(os.path.join(root, f"seed_{seed}.log"), "w", encoding="utf-8")\n',
+    tests=["tests/test_seeds.py"],
+    why="a resumed parallel run overwrites each seed's log of the earlier iterations",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
