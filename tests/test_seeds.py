@@ -193,6 +193,8 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
   (tmp_path / "bad.jsonl.gz").write_bytes(first[:10])
   with pytest.raises(seeds.errors.DataError, match=r"bad.jsonl.gz: unreadable"):
     reports.read_outcomes(str(tmp_path / "bad.jsonl.gz"))
+  with pytest.raises(seeds.errors.DataError, match=r"absent.jsonl: No such file .*WORKDIR/"):
+    reports.read_outcomes(str(tmp_path / "absent.jsonl"))
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
   with pytest.raises(seeds.errors.FlagError, match=r"^keep .*absent: no such directory"):

@@ -194,6 +194,8 @@ def read_outcomes(path: str) -> list[dict]:
       lines = f.readlines()
   except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as e:
     raise errors.DataError(f"{path}: unreadable ({e}): give a run's {EVAL_OUTCOMES}[.gz]")
+  except OSError as e:  # absent, a directory, no permission
+    raise errors.DataError(f"{path}: {e.strerror}: give a run's WORKDIR/{EVAL_OUTCOMES}[.gz]")
   records = []
   for number, line in enumerate(lines, 1):
     if not line.strip():
