@@ -12,6 +12,7 @@ from rlpost.envs import held_out
 from rlpost.envs import protocol
 from rlpost.envs import reasoning_gym as rg_env
 from rlpost.envs import table as env_table
+from rlpost.recipes import item_outcomes
 
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -163,7 +164,7 @@ def _number_format_run(tmp_path, picks):
     meta = stream[k]["metadata"]
     right = meta["candidates"][i] == meta["solution"]
     reply = f" {baselines.numbers(stream[k]['question'])[i]}\n"
-    rows.append({"item": 10**6 + k, "reward": float(right), "success": right, "completion": reply})
+    rows.append(item_outcomes.item(10**6 + k, None, float(right), right, 1, reply))
   (tmp_path / "eval" / "step_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   return stream
 
