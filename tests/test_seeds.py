@@ -49,8 +49,8 @@ def test_outcome_files_are_replaced_whole_never_appended_or_left_half(tmp_path, 
 @pytest.mark.parametrize(
   "text, said",
   [
-    ('{"item": 1, "key"', "step_0.jsonl:2: not JSON"),
-    ("[1, 2]", "step_0.jsonl:2: list, not a JSON object"),
+    ('{"item": 1, "key"', "step_0.jsonl:2: invalid JSON"),
+    ("[1, 2]", "step_0.jsonl:2: expected a JSON object, got list"),
     ('{"item": 1, "key": null, "reward": 1.0, "turns": 1}', "field 'success' is missing"),
     ('{"item": 1, "key": null, "reward": 1.0, "success": 1, "turns": 1}', "'success' is 1"),
     ('{"item": true, "key": null, "reward": 1.0, "success": true, "turns": 1}', "'item' is True"),

@@ -20,6 +20,7 @@ import re
 import jax
 
 from rlpost import errors
+from rlpost.data import jsonl
 
 EVAL_DIR = "eval"
 COMPLETION_CHARS = 300
@@ -105,32 +106,19 @@ def _lines(file: str) -> list[dict]:
   """The checked lines of one outcome file: DataError (file:line, what is wrong) for a
   line that is not a JSON object with the fields of `item`, or an item listed twice."""
   lines, seen = [], set()
-  with open(file, encoding="utf-8") as f:
-    for number, text in enumerate(f, 1):
-      if not text.strip():
-        continue
-      where = f"{file}:{number}"
-      try:
-        line = json.loads(text)
-      except json.JSONDecodeError as e:
-        raise errors.DataError(
-          f"{where}: not JSON ({e}); an outcome file holds one JSON "
-          "object per line: evaluate the run again"
-        ) from None
-      _check_line(line, where)
-      if (line["item"], line["key"]) in seen:
-        raise errors.DataError(
-          f"{where}: item {line['item']} (key {line['key']}) is "
-          "listed twice; one line per evaluated item"
-        )
-      seen.add((line["item"], line["key"]))
-      lines.append(line)
+  for where, line in jsonl.read_jsonl(file):
+    _check_line(line, where)
+    if (line["item"], line["key"]) in seen:
+      raise errors.DataError(
+        f"{where}: item {line['item']} (key {line['key']}) is listed twice; one line per "
+        "evaluated item"
+      )
+    seen.add((line["item"], line["key"]))
+    lines.append(line)
   return lines
 
 
-def _check_line(line, where: str) -> None:
-  if not isinstance(line, dict):
-    raise errors.DataError(f"{where}: {type(line).__name__}, not a JSON object")
+def _check_line(line: dict, where: str) -> None:
   for field, kind in _FIELDS.items():
     value = line.get(field, KeyError)
     ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))

@@ -1632,15 +1632,15 @@ MUTATIONS = [
   dict(
     name="item_outcomes_duplicate_item_kept",
     path="rlpost/recipes/item_outcomes.py",
-    old='      if (line["item"], line["key"]) in seen:\n',
-    new="      if False:\n",
+    old='    if (line["item"], line["key"]) in seen:\n',
+    new="    if False:\n",
     tests=["tests/test_seeds.py"],
     why="an outcome file listing an item twice is counted silently (the dict keeps one)",
   ),
   dict(
     name="item_outcomes_line_types_unchecked",
     path="rlpost/recipes/item_outcomes.py",
-    old="      _check_line(line, where)\n",
+    old="    _check_line(line, where)\n",
     new="",
     tests=["tests/test_seeds.py"],
     why="a line without its fields is a KeyError traceback, or a wrong type counted",
