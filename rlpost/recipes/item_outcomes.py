@@ -10,7 +10,9 @@ the best constant answer's score are computed from (`experiments.seeds report`).
 
 Each file is written whole to a temporary name and renamed over the old one: an
 interruption never leaves half a file, and an evaluation played again after a resume
-replaces its file instead of adding lines.
+replaces its file instead of adding lines. `read` refuses (DataError naming file:line) a
+line without these fields or with the wrong types, and an item listed twice, so a recount
+never drops or doubles an item silently.
 """
 
 import json
