@@ -21,8 +21,9 @@ second DIR, the paired difference (first minus second) on the items both evaluat
 outcome lines carry the reference answers (reasoning-gym, GSM8K, prompt datasets), each
 step also gets the best constant answer's success rate on its items (`constant`): a
 policy that says the most frequent answer to everything scores that much, so a score
-near it is no sign of solving the task. Curves with their bands go to `--png` (default
-DIR/seeds_report.png).
+near it is no sign of solving the task. A DIR whose seeds ran different configs (any
+field but `seed` in their config.json) is flagged (`mixed_configs`). Curves with their
+bands go to `--png` (default DIR/seeds_report.png).
 
 `keep DIR NAME` copies what a cited number is recounted from into the code tree,
 experiments/results/outcomes/NAME (`OUTCOMES_ROOT`): every seed_K/eval/step_N.jsonl,
@@ -31,8 +32,9 @@ seed_K/config.json and seed_K/provenance.jsonl (each start's commit and CPU, whi
 seed_K/eval_outcomes.jsonl gzipped, the turns' replies one by one that a line's joined
 completion cannot always give back (the scripted yardsticks replay them:
 `textarena_baselines`, `frozenlake_baselines`); nothing else (no checkpoints, no
-transcripts). `report` reads that
-folder as it reads DIR, so the number survives the machine its run was on.
+transcripts). `report` reads that folder as it reads DIR, so the number survives the
+machine its run was on. One NAME holds one config: a keep whose seeds ran another config
+than the seeds already kept there (and not replaced by this keep) is refused.
 """
 
 import copy
@@ -51,7 +53,7 @@ import numpy as np
 
 from experiments import cli
 from experiments import intervals
-from rlpost import errors
+from rlpost import config_moves, errors
 from rlpost.recipes import item_outcomes, reports
 from rlpost.train import provenance
 
@@ -234,6 +236,8 @@ def report(roots: list[str], metric: str, draws: int) -> dict:
   loaded = [load(r, metric) for r in roots]
   out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
   out["provenance"] = {root: ran_on(root) for root in roots}
+  mixed = {root: config_mismatch(seed_configs(root)) for root in roots}
+  out["mixed_configs"] = {root: why for root, why in mixed.items() if why}
   for index, (root, found) in enumerate(zip(roots, loaded)):
     known = answers(root)
     for step, run in found.items():
@@ -291,6 +295,8 @@ def markdown(rep: dict) -> str:
       else f"| {c['step']} | 0 | - (no item evaluated by every seed of both) | - | - |"
       for c in rep["comparison"]
     ]
+  for root, why in rep.get("mixed_configs", {}).items():
+    text += ["", f"**{root} mixes configs**: {why}. Its means pool different runs."]
   for root, seeds in rep.get("provenance", {}).items():
     text += [""] + [
       f"- {root}/{seed}: started at steps {p['starts']}, commits {', '.join(p['commits'])}"
@@ -299,6 +305,34 @@ def markdown(rep: dict) -> str:
       for seed, p in seeds.items()
     ]
   return "\n".join(text)
+
+
+def seed_configs(root: str) -> dict[str, dict]:
+  """{root/seed_K: its config.json} of root's seeds that have a readable one."""
+  found = {}
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    path = os.path.join(root, name, "config.json")
+    if _SEED_DIR.fullmatch(name) and os.path.isfile(path):
+      try:
+        with open(path, encoding="utf-8") as f:
+          found[os.path.join(root, name)] = json.load(f)
+      except ValueError as e:
+        raise errors.DataError(f"{path}: not JSON ({e}); a run writes it at its start") from None
+  return found
+
+
+def config_mismatch(configs: dict[str, dict]) -> str | None:
+  """Which of `configs` ({where: config.json}) ran another config than the first, and the
+  first fields that differ (the seed aside); None when all ran one config."""
+  if not configs:
+    return None
+  (first, reference), *others = configs.items()
+  for where, config in others:
+    changed = config_moves.differences(config, reference, ignore=("seed",))
+    if changed:
+      more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+      return f"{where} ran another config than {first}: {'; '.join(changed[:3])}{more}"
+  return None
 
 
 def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
@@ -310,6 +344,15 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
       f"keep NAME={name!r}: use letters, digits, '_', '.', '-' (a folder name)"
     )
   load(root, "success", "keep")  # report's checks: a workdir root with outcome files
+  kept, ours = os.path.join(outcomes_root, name), seed_configs(root)
+  replaced = {os.path.basename(where) for where in ours}  # kept copies these replace
+  staying = {k: v for k, v in seed_configs(kept).items() if os.path.basename(k) not in replaced}
+  mismatch = config_mismatch({**ours, **staying})
+  if mismatch:
+    raise errors.FlagError(
+      f"keep {root} {name}: {mismatch}. One NAME holds the seeds of one config: keep this "
+      f"run under another NAME (or remove {kept} if it is stale)"
+    )
   copied = []
   for seed_dir in sorted(os.listdir(root)):
     if not _SEED_DIR.fullmatch(seed_dir):

@@ -94,6 +94,30 @@ def moved_flat(old: dict, new: dict) -> dict:
   return out
 
 
+def flat(tree, prefix: str = "") -> dict:
+  """{"a.b": value} of a nested dict (a config as config.json holds it)."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for key, value in tree.items():
+    out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+  return out
+
+
+def differences(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+  """["a.b: old value -> new value", ...] (sorted) between two configs as config.json holds
+  them (nested dicts), `old` read with its moved fields at their new names and the fields
+  added since at the values it ran with (`moved_flat`); the dotted keys in `ignore` are
+  left out. [] when they configure the same run."""
+  new_flat = flat(new)
+  old_flat, absent = moved_flat(flat(old), new_flat), "(absent)"
+  return [
+    f"{key}: {old_flat.get(key, absent)!r} -> {new_flat.get(key, absent)!r}"
+    for key in sorted(set(old_flat) | set(new_flat))
+    if key not in ignore and old_flat.get(key, absent) != new_flat.get(key, absent)
+  ]
+
+
 def migrate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """An RL config with every old field at its new place (a copy; `cfg` itself when nothing
   moved). Raises ValueError when a field is set at both places."""

@@ -341,3 +341,41 @@ def test_parallel_seeds_stop_with_their_command_and_logs_are_appended(tmp_path, 
   sleep_s[0] = 0
   seeds.run_parallel([], [0, 1], str(tmp_path), 2)
   assert [len(p.read_text().splitlines()) for p in logs] == [2, 2]
+
+
+def test_keep_refuses_to_pool_seeds_of_another_config_and_report_flags_them(tmp_path):
+  """`keep` into a NAME whose other seeds ran another config is refused, naming the field;
+  a kept seed the keep replaces, a config differing in `seed` only, and one from before a
+  field was added (read at the value it ran with) are fine. `report` on a root mixing
+  configs says so. Mutations caught: the check comparing the seed too
+  (seeds_config_check_counts_the_seed), the kept copies left out
+  (seeds_keep_ignores_kept_configs)."""
+
+  def run(root, seeds, lr, checker=True):
+    for k in seeds:
+      item_outcomes.write(
+        str(root / f"seed_{k}"), 0, [item_outcomes.item(1, "a", 1.0, True, 1, "")]
+      )
+      env = {"name": "gsm8k", **({"checker": "exact"} if checker else {})}
+      config = {"seed": k, "env": env, "train": {"learning_rate": lr}}
+      (root / f"seed_{k}" / "config.json").write_text(json.dumps(config))
+
+  kept_root = tmp_path / "outcomes"
+  run(tmp_path / "old", [0, 1], 1e-4, checker=False)
+  seeds.keep(str(tmp_path / "old"), "x", str(kept_root))
+  run(tmp_path / "more", [2], 1e-4)
+  seeds.keep(str(tmp_path / "more"), "x", str(kept_root))  # env.checker added since: same run
+  run(tmp_path / "redo", [0, 1, 2], 3e-4)
+  seeds.keep(str(tmp_path / "redo"), "x", str(kept_root))  # replaces every kept seed
+  run(tmp_path / "other", [3], 1e-4)
+  with pytest.raises(
+    errors.FlagError,
+    match=r"x/seed_0 ran another config than \S*other/seed_3: train\.learning_rate: 0\.0003 -> "
+    r"0\.0001\. .*another NAME",
+  ):
+    seeds.keep(str(tmp_path / "other"), "x", str(kept_root))
+  assert seeds.report([str(kept_root / "x")], "success", 20)["mixed_configs"] == {}
+  run(kept_root / "x", [3], 1e-4)
+  rep = seeds.report([str(kept_root / "x")], "success", 20)
+  assert "learning_rate" in rep["mixed_configs"][str(kept_root / "x")]
+  assert "mixes configs" in seeds.markdown(rep)

@@ -247,16 +247,6 @@ def _write_config(workdir: str, config) -> None:
   os.replace(path + ".tmp", path)
 
 
-def _flat(tree, prefix: str = "") -> dict:
-  """{"a.b": value} of a nested dict."""
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  out = {}
-  for key, value in tree.items():
-    out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-  return out
-
-
 def _family(preset) -> str | None:
   config = families.PRESETS.get(preset) if isinstance(preset, str) else None
   return config and config.family
@@ -287,16 +277,10 @@ def _report_changes(workdir: str, config, step: int) -> None:
   path = os.path.join(workdir, "config.json")
   try:
     with open(path, encoding="utf-8") as f:
-      old = _flat(json.load(f))
+      old = json.load(f)
   except (OSError, ValueError):  # absent or unreadable: nothing to compare with
     return
-  new, absent = _flat(json.loads(_config_text(config))), "(absent)"
-  old = config_moves.moved_flat(old, new)  # a run from before a field moved
-  changed = [
-    f"{key}: {old.get(key, absent)!r} -> {new.get(key, absent)!r}"
-    for key in sorted(set(old) | set(new))
-    if old.get(key, absent) != new.get(key, absent)
-  ]
+  changed = config_moves.differences(old, json.loads(_config_text(config)))
   if changed:
     message = (
       f"resuming from checkpoint {step} with a changed config ({path} rewritten): "
