@@ -8,8 +8,9 @@ r"""One config over several seeds, and a report with intervals from their per-it
 `run` trains the config once per seed (`config.seed=K`) in DIR/seed_K, one after another,
 or with `--parallel=N` as N processes at a time (each appending to DIR/seed_K.log, and
 stopped with the command when it is interrupted or terminated). A seed whose metrics
-reach `train.steps` is skipped; an interrupted one resumes from its checkpoints (the
-recipe's own resume). `--learner`: the learner when the config names
+reach `train.steps` is skipped, or refused when its config.json records another config
+(a FlagError naming the fields); an interrupted one resumes from its checkpoints (the
+recipe's own resume, which reports a changed field). `--learner`: the learner when the config names
 none (as experiments.grpo / ppo choose theirs).
 
 `report` reads every DIR/seed_K/eval/step_N.jsonl (`rlpost.recipes.item_outcomes`) and
@@ -106,12 +107,35 @@ def run_seeds(config, seeds: list[int], root: str, learner: str | None = None) -
     workdir = os.path.join(root, f"seed_{seed}")
     workdirs.append(workdir)
     if finished(workdir, config.train.steps):
+      _refuse_finished_with_another_config(workdir, config, seed)
       print(f"seed {seed}: finished in {workdir}, skipped")
       continue
     cfg = copy.deepcopy(config)
     cfg.seed = seed
     rl.run(cfg, workdir, learner=learner)
   return workdirs
+
+
+def _refuse_finished_with_another_config(workdir: str, cfg, seed: int) -> None:
+  """A FlagError when the finished run in `workdir` recorded another config than `cfg`
+  with `seed` (its config.json against `cfg` with moved fields at their new places; a
+  field `cfg` leaves at "auto", which the run resolved for its machine, is not compared):
+  skipping it would report the old config's numbers as this one's."""
+  from rlpost.recipes import rl_config  # pylint: disable=g-import-not-at-top
+
+  recorded = _config_json(workdir)
+  if recorded is None:
+    return
+  wanted = {**json.loads(rl_config.migrated(cfg).to_json_best_effort()), "seed": seed}
+  auto = tuple(k for k, v in config_moves.flat(wanted).items() if v == "auto")
+  changed = config_moves.differences(recorded, wanted, ignore=auto)
+  if changed:
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    raise errors.FlagError(
+      f"{workdir} finished with another config ({'; '.join(changed[:3])}{more}), so it "
+      "would be skipped and its numbers reported as this config's: give a new "
+      "--workdir_root (or remove that seed's folder to train it again)"
+    )
 
 
 def child_argv(argv: list[str], seed: int) -> list[str]:
@@ -307,18 +331,24 @@ def markdown(rep: dict) -> str:
   return "\n".join(text)
 
 
+def _config_json(workdir: str) -> dict | None:
+  """workdir/config.json (None when absent); DataError when it is not JSON."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except ValueError as e:
+    raise errors.DataError(f"{path}: not JSON ({e}); a run writes it at its start") from None
+
+
 def seed_configs(root: str) -> dict[str, dict]:
-  """{root/seed_K: its config.json} of root's seeds that have a readable one."""
-  found = {}
-  for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-    path = os.path.join(root, name, "config.json")
-    if _SEED_DIR.fullmatch(name) and os.path.isfile(path):
-      try:
-        with open(path, encoding="utf-8") as f:
-          found[os.path.join(root, name)] = json.load(f)
-      except ValueError as e:
-        raise errors.DataError(f"{path}: not JSON ({e}); a run writes it at its start") from None
-  return found
+  """{root/seed_K: its config.json} of root's seeds that have one."""
+  names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+  found = {os.path.join(root, n): None for n in names if _SEED_DIR.fullmatch(n)}
+  found = {where: _config_json(where) for where in found}
+  return {where: config for where, config in found.items() if config is not None}
 
 
 def config_mismatch(configs: dict[str, dict]) -> str | None:

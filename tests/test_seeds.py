@@ -244,9 +244,10 @@ def test_two_seeds_run_evaluate_unseen_maps_and_report_intervals(two_seeds, monk
   """Each seed's evaluation files hold 8 distinct maps, none drawn by a seed of the
   episode budget (maps recomputed here from the item seeds), their digests; the metrics
   say eval/overlap 0 and count the first 8 seeds' maps as computed here; the report's
-  means are the files' means; a finished seed is skipped. Mutations caught: `rl.evaluate` playing seeds
-  offset + k instead of the held-out set's; `write` writing straight to the target (`tmp
-  = target`, the first test).
+  means are the files' means; a finished seed is skipped, and refused when the config
+  changed. Mutations caught: `rl.evaluate` playing seeds offset + k instead of the
+  held-out set's; `write` writing straight to the target (`tmp = target`, the first
+  test); the finished seed's config unchecked (seeds_finished_seed_config_unchecked).
   Over 3 s: two tiny runs (compiled once, the second seed reuses the programs)."""
   root, cfg = two_seeds
   # excluded: the seeds of the episode budget, 2 steps x 2 tasks x 4 episodes
@@ -269,6 +270,14 @@ def test_two_seeds_run_evaluate_unseen_maps_and_report_intervals(two_seeds, monk
   assert steps_seen == {0: [0, 1, 2], 1: [0, 1, 2]}
   monkeypatch.setattr(seeds, "copy", None)  # a seed that ran again would fail here
   seeds.run_seeds(cfg, [0, 1], str(root))
+  changed = cfg.copy_and_resolve_references()
+  changed.train.learning_rate = 2 * cfg.train.learning_rate
+  with pytest.raises(
+    errors.FlagError,
+    match=r"seed_0 finished with another config \(train\."
+    r"learning_rate: .* new --workdir_root",
+  ):
+    seeds.run_seeds(changed, [0, 1], str(root))
 
 
 @pytest.mark.slow

@@ -1694,6 +1694,14 @@ MUTATIONS = [
     why="a seed kept before a config field was added counts as another config",
   ),
   dict(
+    name="seeds_finished_seed_config_unchecked",
+    path="experiments/seeds.py",
+    old="      _refuse_finished_with_another_config(workdir, config, seed)\n",
+    new="",
+    tests=["tests/test_seeds.py"],
+    why="a rerun with another config skips the finished seeds and reports their numbers",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
