@@ -17,6 +17,8 @@ from absl import flags
 import ml_collections
 
 from experiments import cli
+from rlpost import errors
+from rlpost.data import gsm8k
 from rlpost.recipes import eval as eval_recipe
 
 _CONFIG = cli.define_config(None, "GRPO or PPO config (when no --workdir).")
@@ -35,8 +37,17 @@ _OUTPUT = flags.DEFINE_string("output", "", "Report path (default WORKDIR/eval_g
 
 def _config():
   if _WORKDIR.value:
-    with open(os.path.join(_WORKDIR.value, "config.json"), encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+    path = os.path.join(_WORKDIR.value, "config.json")
+    try:
+      with open(path, encoding="utf-8") as f:
+        return ml_collections.ConfigDict(json.load(f))
+    except OSError as e:
+      raise errors.FlagError(
+        f"--workdir={_WORKDIR.value}: cannot read {path} ({e.strerror}); give a GRPO or PPO "
+        "run's --workdir (it writes config.json at its start)"
+      ) from None
+    except ValueError as e:
+      raise errors.DataError(f"{path}: not a JSON config ({e}); give a run's --workdir") from None
   if _CONFIG.value is None:
     raise app.UsageError("Pass --workdir (a GRPO or PPO run) or --config")
   return _CONFIG.value
@@ -44,6 +55,8 @@ def _config():
 
 def main(argv):
   del argv
+  if _SPLIT.value not in gsm8k.SPLITS:
+    raise errors.FlagError(f"--split={_SPLIT.value}: GSM8K has {', '.join(gsm8k.SPLITS)}")
   report = eval_recipe.evaluate_run(
     _config(),
     _WORKDIR.value,

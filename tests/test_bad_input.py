@@ -84,6 +84,18 @@ def _cases(d):
       [],
       "/run/11': no config.json there (give one seed's run folder)",
     ),
+    (
+      "a GSM8K evaluation of no run",
+      ("experiments.eval_gsm8k", f"--workdir={d / 'run' / '12'}"),
+      [],
+      "/run/12: cannot read",
+    ),
+    (
+      "a GSM8K split that does not exist",
+      ("experiments.eval_gsm8k", "--config=experiments/configs/grpo_gsm8k.py:tiny"),
+      ["--split=dev"],
+      "--split=dev: GSM8K has train, test",
+    ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
     (

@@ -1702,6 +1702,14 @@ MUTATIONS = [
     why="a rerun with another config skips the finished seeds and reports their numbers",
   ),
   dict(
+    name="eval_gsm8k_split_unchecked",
+    path="experiments/eval_gsm8k.py",
+    old="  if _SPLIT.value not in gsm8k.SPLITS:\n",
+    new="  if False:\n",
+    tests=["tests/test_bad_input.py"],
+    why="--split=dev is a ValueError traceback instead of one FATAL line",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
