@@ -219,11 +219,23 @@ def load(root: str, metric: str, command: str = "report") -> dict:
     for step, lines in item_outcomes.read(os.path.join(root, name)).items():
       if lines and metric not in lines[0]:
         raise errors.FlagError(f"--metric={metric}: the outcome lines hold {sorted(lines[0])}")
-      values = {(x["item"], x["key"]): float(x[metric]) for x in lines}
+      values = {(x["item"], x["key"]): _number(x, metric) for x in lines}
       found.setdefault(step, {})[int(match.group(1))] = values
   if not found:
     raise errors.FlagError(f"{command} {root}: no seed_K/eval/step_N.jsonl files (run `run` first)")
   return found
+
+
+def _number(line: dict, metric: str) -> float:
+  """line[metric] as a float: FlagError when it is text (a completion, an answer) or absent."""
+  value = line.get(metric)
+  if isinstance(value, bool) or isinstance(value, (int, float)):
+    return float(value)
+  numeric = sorted(k for k, v in line.items() if isinstance(v, (bool, int, float)))
+  raise errors.FlagError(
+    f"--metric={metric}: item {line['item']} holds {str(value)[:40]!r}, not a number; "
+    f"average one of {numeric}"
+  )
 
 
 def answers(root: str) -> dict:
@@ -255,8 +267,23 @@ def tables(runs: list[dict]) -> tuple[list, list[list[np.ndarray]]]:
   return items, [[np.array([run[s][k] for k in items]) for s in sorted(run)] for run in runs]
 
 
+def png_path(png: str, first_root: str) -> str:
+  """Where `report`'s curves go: `png`, or FIRST_DIR/seeds_report.png when it is "";
+  FlagError (before any work) when `png`'s folder does not exist."""
+  if not png:
+    return os.path.join(first_root, "seeds_report.png")
+  folder = os.path.dirname(os.path.abspath(png))
+  if not os.path.isdir(folder):
+    raise errors.FlagError(f"--png={png}: no folder {folder}; create it first")
+  return png
+
+
 def report(roots: list[str], metric: str, draws: int) -> dict:
   """The report's JSON (module docstring)."""
+  if draws < 1:
+    raise errors.FlagError(
+      f"--draws={draws}: bootstrap replicates, >= 1 (default {intervals.DRAWS})"
+    )
   loaded = [load(r, metric) for r in roots]
   out = {"metric": metric, "dirs": roots, "points": [], "comparison": []}
   out["provenance"] = {root: ran_on(root) for root in roots}
@@ -463,8 +490,9 @@ def main(argv):
     else:
       run_seeds(_CONFIG.value, seeds, _ROOT.value, _LEARNER.value or None)
   elif command == "report" and 1 <= len(rest) <= 2:
+    png = png_path(_PNG.value, rest[0])
     rep = report(rest, _METRIC.value, _DRAWS.value)
-    rep["png"] = plot(rep, _PNG.value or os.path.join(rest[0], "seeds_report.png"))
+    rep["png"] = plot(rep, png)
     print(json.dumps(rep, indent=1))
     print(markdown(rep))
   elif command == "keep" and len(rest) == 2:

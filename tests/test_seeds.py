@@ -388,3 +388,22 @@ def test_keep_refuses_to_pool_seeds_of_another_config_and_report_flags_them(tmp_
   rep = seeds.report([str(kept_root / "x")], "success", 20)
   assert "learning_rate" in rep["mixed_configs"][str(kept_root / "x")]
   assert "mixes configs" in seeds.markdown(rep)
+
+
+def test_report_flags_that_cannot_work_are_refused_naming_the_flag(tmp_path):
+  """--metric naming a text field, --draws below 1 and a --png in no folder are each a
+  FlagError before any work, not a traceback (ValueError, IndexError, FileNotFoundError).
+  Mutation caught: the metric read with float() again (seeds_text_metric_averaged)."""
+  item_outcomes.write(str(tmp_path / "seed_0"), 0, [item_outcomes.item(1, "a", 1.0, True, 2, "x")])
+  with pytest.raises(
+    errors.FlagError,
+    match=r"--metric=completion: item 1 holds 'x', not a "
+    r"number; average one of \['item', 'reward', 'success', 'turns'\]",
+  ):
+    seeds.report([str(tmp_path)], "completion", 10)
+  with pytest.raises(errors.FlagError, match=r"--draws=0: bootstrap replicates, >= 1"):
+    seeds.report([str(tmp_path)], "success", 0)
+  with pytest.raises(errors.FlagError, match=r"--png=\S*absent/c.png: no folder \S*absent;"):
+    seeds.png_path(str(tmp_path / "absent" / "c.png"), str(tmp_path))
+  assert seeds.png_path("", str(tmp_path)) == str(tmp_path / "seeds_report.png")
+  assert seeds.report([str(tmp_path)], "turns", 10)["points"][0]["mean"] == 2.0

@@ -1710,6 +1710,14 @@ MUTATIONS = [
     why="--split=dev is a ValueError traceback instead of one FATAL line",
   ),
   dict(
+    name="seeds_text_metric_averaged",
+    path="experiments/seeds.py",
+    old='      values = {(x["item"], x["key"]): _number(x, metric) for x in lines}\n',
+    new='      values = {(x["item"], x["key"]): float(x[metric]) for x in lines}\n',
+    tests=["tests/test_seeds.py"],
+    why="--metric=completion is a ValueError traceback (could not convert string to float)",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
