@@ -191,10 +191,11 @@ def main(argv):
 
 
 if __name__ == "__main__":  # flags defined here only: importing the functions defines none
-  flags.DEFINE_integer("size", 4, "Maps are size x size.")
+  flags.DEFINE_integer("size", 4, "Maps are size x size.", lower_bound=2)
   flags.DEFINE_float("hole_prob", 0.2, "Hole probability of the map generator.")
+  flags.register_validator("hole_prob", lambda p: 0 <= p < 1, "must be in [0, 1)")
   flags.DEFINE_integer("turns", 8, "Moves per episode (env.max_turns).")
-  flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).")
-  flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.")
+  flags.DEFINE_integer("num_maps", 100, "Held-out maps (eval.num_tasks).", lower_bound=1)
+  flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed.", lower_bound=0)
   flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
   cli.run(main)

@@ -133,8 +133,12 @@ def replayed(record: dict, env, max_turns: int) -> dict:
 def main(argv):
   del argv
   f = flags.FLAGS
+  try:
+    game = textarena_games.TextArenaConfig(f.game, f.max_turns)
+  except ValueError as e:  # the game or max_turns: named by the config's own check
+    raise errors.FlagError(f"--game={f.game} --max_turns={f.max_turns}: {e}") from None
   if f.outcomes:
-    env = textarena_games.make_env(textarena_games.TextArenaConfig(f.game, f.max_turns))
+    env = textarena_games.make_env(game)
     for record in reports.read_outcomes(f.outcomes):
       print(json.dumps(replayed(record, env, f.max_turns)))
     return
@@ -145,8 +149,10 @@ def main(argv):
 if __name__ == "__main__":  # flags defined here only: importing the functions defines none
   flags.DEFINE_string("game", "TicTacToe-v0", "A textarena game (env.game).")
   flags.DEFINE_integer("max_turns", 5, "The policy's moves per game (env.max_turns).")
-  flags.DEFINE_integer("num_games", 200, "Held-out games (eval.num_tasks).")
-  flags.DEFINE_integer("seed_offset", 1_000_000, "First held-out seed (eval.seed_offset).")
+  flags.DEFINE_integer("num_games", 200, "Held-out games (eval.num_tasks).", lower_bound=1)
+  flags.DEFINE_integer(
+    "seed_offset", 1_000_000, "First held-out seed (eval.seed_offset).", lower_bound=0
+  )
   flags.DEFINE_integer("random_draws", 10, "Games per seed of the random policy.")
   flags.DEFINE_string("outcomes", "", "A run's eval_outcomes.jsonl (or its .gz) to read instead.")
   cli.run(main)

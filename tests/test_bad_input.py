@@ -14,6 +14,7 @@ GRPO = ("experiments.grpo", "--config=experiments/configs/grpo_gsm8k.py:tiny")
 SFT = ("experiments.sft", "--config=experiments/configs/sft.py:tiny")
 DPO = ("experiments.dpo", "--config=experiments/configs/dpo.py:tiny")
 RM = ("experiments.reward_model", "--config=experiments/configs/reward_model.py:tiny")
+NO_WORKDIR = ("experiments.frozenlake_baselines", "experiments.textarena_baselines")  # no such flag
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 
@@ -96,6 +97,24 @@ def _cases(d):
       ["--split=dev"],
       "--split=dev: GSM8K has train, test",
     ),
+    (
+      "no held-out maps for the FrozenLake yardsticks",
+      ("experiments.frozenlake_baselines", "--num_maps=0"),
+      [],
+      "--num_maps=0: 0 is not a positive integer",
+    ),
+    (
+      "a hole probability of 1.5",
+      ("experiments.frozenlake_baselines", "--hole_prob=1.5"),
+      [],
+      "--hole_prob=1.5: must be in [0, 1)",
+    ),
+    (
+      "a textarena game that does not exist",
+      ("experiments.textarena_baselines", "--game=Nope-v0"),
+      [],
+      "--game=Nope-v0 --max_turns=5: game='Nope-v0': use one of",
+    ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
     (
@@ -128,9 +147,10 @@ def test_every_unusable_file_is_one_fatal_line_with_status_2(tmp_path):
   tests/cli_batch.py). Mutation caught: the data and model loaders raising a plain
   ValueError again (each a traceback and status 1)."""
   cases = _cases(tmp_path)
+  workdir = lambda main, i: [] if main in NO_WORKDIR else [f"--workdir={tmp_path / 'run' / str(i)}"]
   runs = run_clis(
     [
-      [main, [flag, *overrides, f"--workdir={tmp_path / 'run' / str(i)}"]]
+      [main, [flag, *overrides, *workdir(main, i)]]
       for i, (_, (main, flag), overrides, _) in enumerate(cases)
     ]
   )

@@ -1718,6 +1718,14 @@ MUTATIONS = [
     why="--metric=completion is a ValueError traceback (could not convert string to float)",
   ),
   dict(
+    name="textarena_baselines_game_unchecked",
+    path="experiments/textarena_baselines.py",
+    old="    game = textarena_games.TextArenaConfig(f.game, f.max_turns)\n",
+    new="    game = None\n",
+    tests=["tests/test_bad_input.py"],
+    why="--game=Nope-v0 is a ValueError traceback instead of one FATAL line",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
