@@ -26,7 +26,7 @@ _WORKDIR = flags.DEFINE_string(
   "workdir", "", "A GRPO or PPO run directory: evaluates base and trained."
 )
 _BASE = flags.DEFINE_bool("base", True, "Also evaluate the base model.")
-_SPLIT = flags.DEFINE_string("split", "test", "GSM8K split.")
+_SPLIT = flags.DEFINE_enum("split", "test", gsm8k.SPLITS, "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", None, "First N problems (default: config.eval).")
 _PASS_K = flags.DEFINE_integer("pass_k", None, "Samples per problem for pass@k (0: off).")
 _BATCH = flags.DEFINE_integer(
@@ -55,8 +55,6 @@ def _config():
 
 def main(argv):
   del argv
-  if _SPLIT.value not in gsm8k.SPLITS:
-    raise errors.FlagError(f"--split={_SPLIT.value}: GSM8K has {', '.join(gsm8k.SPLITS)}")
   report = eval_recipe.evaluate_run(
     _config(),
     _WORKDIR.value,

@@ -32,7 +32,7 @@ from rlpost.data import outcome_pairs
 from rlpost.recipes import eval as eval_recipe
 
 _CONFIG = cli.define_config(None, "A GRPO or PPO config: model, sampling, env.template.")
-_SPLIT = flags.DEFINE_string("split", "train", "GSM8K split.")
+_SPLIT = flags.DEFINE_enum("split", "train", gsm8k.SPLITS, "GSM8K split.")
 _NUM = flags.DEFINE_integer("num_problems", 256, "The split's first N problems.")
 _SAMPLES = flags.DEFINE_integer("samples", 4, "Sampled solutions per problem.")
 _BATCH = flags.DEFINE_integer("batch_problems", 8, "Problems per sampler call.")

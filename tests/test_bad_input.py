@@ -95,7 +95,7 @@ def _cases(d):
       "a GSM8K split that does not exist",
       ("experiments.eval_gsm8k", "--config=experiments/configs/grpo_gsm8k.py:tiny"),
       ["--split=dev"],
-      "--split=dev: GSM8K has train, test",
+      "--split=dev: value should be one of <train|test>",
     ),
     (
       "no held-out maps for the FrozenLake yardsticks",
