@@ -14,6 +14,7 @@ data or model path that does not exist): its traceback is logged at debug level
 import dataclasses
 import importlib.util
 import logging as std_logging
+import os
 import sys
 
 from absl import app
@@ -54,6 +55,18 @@ _CHECKPOINT_LOGS = flags.DEFINE_bool(
 def define_config(default: str, help_text: str):
   """The `--config=path.py[:variant]` flag (overrides: `--config.block.field=value`)."""
   return config_flags.DEFINE_config_file("config", default, help_text)
+
+
+def define_output(name: str, default: str, help_text: str):
+  """A string flag naming a file the main writes: a path whose folder does not exist is
+  refused when the flags are parsed (one FATAL line), not after the work it would hold."""
+  holder = flags.DEFINE_string(name, default, help_text)
+  flags.register_validator(
+    name,
+    lambda path: not path or os.path.isdir(os.path.dirname(os.path.abspath(path))),
+    message="its folder does not exist; create it first",
+  )
+  return holder
 
 
 def run(main) -> None:

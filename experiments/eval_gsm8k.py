@@ -32,7 +32,7 @@ _PASS_K = flags.DEFINE_integer("pass_k", None, "Samples per problem for pass@k (
 _BATCH = flags.DEFINE_integer(
   "batch_size", None, "Problems sampled at once (default: config.eval.batch_size)."
 )
-_OUTPUT = flags.DEFINE_string("output", "", "Report path (default WORKDIR/eval_gsm8k.json).")
+_OUTPUT = cli.define_output("output", "", "Report path (default WORKDIR/eval_gsm8k.json).")
 
 
 def _config():

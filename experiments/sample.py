@@ -26,7 +26,7 @@ _CONFIG = cli.define_config(
 _PROMPT = flags.DEFINE_multi_string(
   "prompt", [], "Prompt text; repeat for several. Overrides config.prompts and config.prompt_file."
 )
-_OUTPUT = flags.DEFINE_string("output", "", "Optional JSONL file for the completions.")
+_OUTPUT = cli.define_output("output", "", "Optional JSONL file for the completions.")
 
 
 def check_config(cfg) -> None:

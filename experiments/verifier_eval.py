@@ -26,7 +26,7 @@ _EXAMPLES = flags.DEFINE_string("examples", "", "Held-out labelled samples (JSON
 _SEQ_LEN = flags.DEFINE_integer(
   "seq_len", None, "Tokens per scoring row (default: the run's data.seq_len)."
 )
-_OUTPUT = flags.DEFINE_string("output", "", "Report path (JSON); printed either way.")
+_OUTPUT = cli.define_output("output", "", "Report path (JSON); printed either way.")
 
 
 def main(argv):

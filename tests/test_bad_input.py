@@ -14,7 +14,11 @@ GRPO = ("experiments.grpo", "--config=experiments/configs/grpo_gsm8k.py:tiny")
 SFT = ("experiments.sft", "--config=experiments/configs/sft.py:tiny")
 DPO = ("experiments.dpo", "--config=experiments/configs/dpo.py:tiny")
 RM = ("experiments.reward_model", "--config=experiments/configs/reward_model.py:tiny")
-NO_WORKDIR = ("experiments.frozenlake_baselines", "experiments.textarena_baselines")  # no such flag
+NO_WORKDIR = (
+  "experiments.frozenlake_baselines",
+  "experiments.textarena_baselines",
+  "experiments.sample",
+)
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 
@@ -114,6 +118,12 @@ def _cases(d):
       ("experiments.textarena_baselines", "--game=Nope-v0"),
       [],
       "--game=Nope-v0 --max_turns=5: game='Nope-v0': use one of",
+    ),
+    (
+      "an output file in no folder",
+      ("experiments.sample", "--config=experiments/configs/sample.py:tiny"),
+      [f"--output={d / 'absent' / 'o.jsonl'}"],
+      "absent/o.jsonl: its folder does not exist; create it first",
     ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
