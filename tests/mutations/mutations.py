@@ -1734,6 +1734,14 @@ MUTATIONS = [
     why="--output in a missing folder fails only after the sampling, as a FileNotFoundError",
   ),
   dict(
+    name="seeds_learner_flag_overridden_silently",
+    path="experiments/seeds.py",
+    old='  if "learner" in config and config.learner != learner:\n',
+    new="  if False:\n",
+    tests=["tests/test_seeds.py"],
+    why="--learner=ppo on a GRPO config trains GRPO with no word",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
