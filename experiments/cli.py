@@ -57,6 +57,19 @@ def define_config(default: str, help_text: str):
   return config_flags.DEFINE_config_file("config", default, help_text)
 
 
+def check_learner(config, learner: str, source: str) -> None:
+  """FlagError when `learner`, what `source` asks for (a flag, an entry point), is no
+  learner, or the config's own `config.learner` names another: that one would win
+  silently (`learners.name_of`)."""
+  if learner not in learners.LEARNERS:
+    raise errors.FlagError(f"{source}: use one of {tuple(learners.LEARNERS)}")
+  if "learner" in config and config.learner != learner:
+    raise errors.FlagError(
+      f"{source}: the config names config.learner={config.learner!r}, which would win; "
+      f"choose the config's {learner} variant (or --config.learner={learner})"
+    )
+
+
 def define_output(name: str, default: str, help_text: str):
   """A string flag naming a file the main writes: a path whose folder does not exist is
   refused when the flags are parsed (one FATAL line), not after the work it would hold."""

@@ -19,6 +19,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Checkpoints and metrics go here."
 
 def main(argv):
   del argv
+  cli.check_learner(_CONFIG.value, "grpo", "experiments.grpo (trains GRPO)")
   rl.run(_CONFIG.value, _WORKDIR.value, learner="grpo")
 
 

@@ -86,22 +86,6 @@ def parse_seeds(text: str) -> list[int]:
   return seeds
 
 
-def check_learner(config, learner: str) -> None:
-  """FlagError for a --learner that is no learner, or that the config's own
-  `config.learner` would override silently ("": none given, nothing to check)."""
-  from rlpost.recipes import learners  # pylint: disable=g-import-not-at-top
-
-  if not learner:
-    return
-  if learner not in learners.LEARNERS:
-    raise errors.FlagError(f"--learner={learner}: use one of {tuple(learners.LEARNERS)}")
-  if "learner" in config and config.learner != learner:
-    raise errors.FlagError(
-      f"--learner={learner}: the config names config.learner={config.learner!r}, which "
-      f"wins; choose the config's {learner} variant (or --config.learner={learner})"
-    )
-
-
 def finished(workdir: str, steps: int) -> bool:
   """Whether the run in `workdir` logged its step `steps` (its last)."""
   path = os.path.join(workdir, "metrics.jsonl")
@@ -501,7 +485,8 @@ def main(argv):
     if not _ROOT.value or _CONFIG.value is None:
       raise errors.FlagError(f"run needs --config and --workdir_root; {USAGE}")
     seeds = parse_seeds(_SEEDS.value)
-    check_learner(_CONFIG.value, _LEARNER.value)
+    if _LEARNER.value:
+      cli.check_learner(_CONFIG.value, _LEARNER.value, f"--learner={_LEARNER.value}")
     if _PARALLEL.value != 1:  # 0 or less: refused there
       run_parallel(sys.argv, seeds, _ROOT.value, _PARALLEL.value)
     else:

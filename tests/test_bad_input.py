@@ -6,9 +6,12 @@ the flag and the fix, with exit status 2 and no traceback, as a refused config v
 import json
 import socket
 
+import ml_collections
 import pytest
 
 from conftest import run_clis
+
+from rlpost import errors
 
 GRPO = ("experiments.grpo", "--config=experiments/configs/grpo_gsm8k.py:tiny")
 SFT = ("experiments.sft", "--config=experiments/configs/sft.py:tiny")
@@ -18,6 +21,7 @@ NO_WORKDIR = (
   "experiments.frozenlake_baselines",
   "experiments.textarena_baselines",
   "experiments.sample",
+  "experiments.seeds",
 )
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
@@ -124,6 +128,18 @@ def _cases(d):
       ("experiments.sample", "--config=experiments/configs/sample.py:tiny"),
       [f"--output={d / 'absent' / 'o.jsonl'}"],
       "absent/o.jsonl: its folder does not exist; create it first",
+    ),
+    (
+      "a GRPO config given to the PPO entry point",
+      ("experiments.ppo", "--config=experiments/configs/agentic.py:frozenlake_tiny"),
+      [],
+      "experiments.ppo (trains PPO): the config names config.learner='grpo', which would win",
+    ),
+    (
+      "a --learner that is no learner",
+      ("experiments.seeds", "run"),
+      ["--config=experiments/configs/grpo_gsm8k.py:tiny", f"--workdir_root={d}", "--learner=foo"],
+      "--learner=foo: use one of ('grpo', 'ppo')",
     ),
     ("address without port", GRPO, _dist("localhost"), "'localhost': give HOST:PORT"),
     ("no processes", GRPO, _dist("localhost:1", processes=0), "num_processes=0: must be >= 1"),
@@ -249,3 +265,19 @@ def test_sequences_beyond_the_models_context_are_refused_with_the_config(config,
   check = sft.check_config if module == "sft.py" else rl.check_config
   with pytest.raises(errors.ConfigError, match=match):
     check(cfg)
+
+
+def test_a_learner_that_would_be_ignored_or_is_no_learner_is_refused():
+  """`cli.check_learner`: a learner asked for (--learner, or the entry point experiments.grpo
+  / ppo) that is none, or that the config's own `learner` would silently override, is a
+  FlagError; a config naming none or the same one passes. Mutation caught: the override
+  check dropped (learner_overridden_silently)."""
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+
+  named = ml_collections.ConfigDict({"learner": "grpo"})
+  cli.check_learner(named, "grpo", "--learner=grpo")
+  cli.check_learner(ml_collections.ConfigDict(), "ppo", "--learner=ppo")
+  with pytest.raises(errors.FlagError, match=r"^--learner=foo: use one of \('grpo', 'ppo'\)"):
+    cli.check_learner(named, "foo", "--learner=foo")
+  with pytest.raises(errors.FlagError, match=r"^experiments\.ppo: the config names config\.lea"):
+    cli.check_learner(named, "ppo", "experiments.ppo")

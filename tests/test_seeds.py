@@ -10,7 +10,6 @@ import threading
 import time
 import types
 
-import ml_collections
 import numpy as np
 import pytest
 from conftest import run_metrics, with_overrides
@@ -408,19 +407,3 @@ def test_report_flags_that_cannot_work_are_refused_naming_the_flag(tmp_path):
     seeds.png_path(str(tmp_path / "absent" / "c.png"), str(tmp_path))
   assert seeds.png_path("", str(tmp_path)) == str(tmp_path / "seeds_report.png")
   assert seeds.report([str(tmp_path)], "turns", 10)["points"][0]["mean"] == 2.0
-
-
-def test_a_learner_flag_that_would_be_ignored_or_is_no_learner_is_refused():
-  """--learner only picks the learner of a config that names none: one that is no learner,
-  or that the config's own `learner` would silently override, is a FlagError. Mutation
-  caught: the override check dropped (seeds_learner_flag_overridden_silently)."""
-  named = ml_collections.ConfigDict({"learner": "grpo", "seed": 0})
-  unnamed = ml_collections.ConfigDict({"seed": 0})
-  for config in (named, unnamed):
-    seeds.check_learner(config, "")
-  seeds.check_learner(named, "grpo")
-  seeds.check_learner(unnamed, "ppo")
-  with pytest.raises(errors.FlagError, match=r"--learner=foo: use one of \('grpo', 'ppo'\)"):
-    seeds.check_learner(unnamed, "foo")
-  with pytest.raises(errors.FlagError, match=r"--learner=ppo: the config names config\.learner="):
-    seeds.check_learner(named, "ppo")

@@ -1734,12 +1734,12 @@ MUTATIONS = [
     why="--output in a missing folder fails only after the sampling, as a FileNotFoundError",
   ),
   dict(
-    name="seeds_learner_flag_overridden_silently",
-    path="experiments/seeds.py",
+    name="learner_overridden_silently",
+    path="experiments/cli.py",
     old='  if "learner" in config and config.learner != learner:\n',
     new="  if False:\n",
-    tests=["tests/test_seeds.py"],
-    why="--learner=ppo on a GRPO config trains GRPO with no word",
+    tests=["tests/test_bad_input.py"],
+    why="experiments.ppo on a GRPO config (or --learner=ppo) trains GRPO with no word",
   ),
   dict(
     name="toy_text_map_without_start_accepted",
