@@ -219,16 +219,17 @@ def test_child_argv_runs_one_seed_and_parallel_names_failures(tmp_path, monkeypa
 
 @pytest.fixture(scope="module")
 def two_seeds(tmp_path_factory):
-  """Two seeds of a 2-iteration tiny GRPO run on 4x4 maps drawn from seeds (holes rare),
-  evaluated
-  greedily at steps 0, 1, 2 on 8 held-out maps, 2 maps x 4 episodes per iteration: (root, config)."""
+  """Two seeds of a 3-iteration tiny GRPO run on 4x4 maps drawn from seeds (holes rare),
+  evaluated greedily every 2 iterations and after the last (steps 0, 2, 3) on 8 held-out
+  maps, 2 maps x 4 episodes per iteration: (root, config)."""
   root = tmp_path_factory.mktemp("seeds")
   cfg = with_overrides(
     agentic_configs.get_config("frozenlake_tiny"),
     {
       "env.fixed_map": "",
       "env.hole_prob": 0.05,  # half the maps all frozen: by seed alone many trained on
-      "train.steps": 2,
+      "train.steps": 3,
+      "eval.every": 2,
       "eval.num_tasks": 8,
       "algo.num_generations": 4,
       "train.batch_tasks": 2,
@@ -247,11 +248,12 @@ def test_two_seeds_run_evaluate_unseen_maps_and_report_intervals(two_seeds, monk
   means are the files' means; a finished seed is skipped, and refused when the config
   changed. Mutations caught: `rl.evaluate` playing seeds offset + k instead of the
   held-out set's; `write` writing straight to the target (`tmp = target`, the first
-  test); the finished seed's config unchecked (seeds_finished_seed_config_unchecked).
+  test); the finished seed's config unchecked (seeds_finished_seed_config_unchecked);
+  no evaluation after a last step eval.every does not divide (rl_last_step_not_evaluated).
   Over 3 s: two tiny runs (compiled once, the second seed reuses the programs)."""
   root, cfg = two_seeds
-  # excluded: the seeds of the episode budget, 2 steps x 2 tasks x 4 episodes
-  trained = {frozenlake.generate_map(4, s, 0.05) for s in range(16)}
+  # excluded: the seeds of the episode budget, 3 steps x 2 tasks x 4 episodes
+  trained = {frozenlake.generate_map(4, s, 0.05) for s in range(24)}
   first = [frozenlake.generate_map(4, 1_000_000 + k, 0.05) for k in range(8)]
   steps_seen = {}
   for k in (0, 1):
@@ -267,7 +269,7 @@ def test_two_seeds_run_evaluate_unseen_maps_and_report_intervals(two_seeds, monk
     assert (record["eval/overlap_before"], record["eval/distinct_before"]) == before
     assert before[0] >= 3  # by seed alone, several maps trained on
     assert record["greedy/reward/mean"] == pytest.approx(np.mean([x["reward"] for x in lines]))
-  assert steps_seen == {0: [0, 1, 2], 1: [0, 1, 2]}
+  assert steps_seen == {0: [0, 2, 3], 1: [0, 2, 3]}  # every 2, and after the last
   monkeypatch.setattr(seeds, "copy", None)  # a seed that ran again would fail here
   seeds.run_seeds(cfg, [0, 1], str(root))
   changed = cfg.copy_and_resolve_references()
@@ -287,7 +289,7 @@ def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
   root, _ = two_seeds
   rep = seeds.report([str(root), str(root)], "reward", 300)
   points = [p for p in rep["points"] if p["run"] == 0]
-  assert [p["step"] for p in rep["points"]] == [0, 1, 2] * 2
+  assert [p["step"] for p in rep["points"]] == [0, 2, 3] * 2
   for p in points:
     rewards = [
       [x["reward"] for x in item_outcomes.read(str(root / f"seed_{k}"))[p["step"]]] for k in (0, 1)
@@ -296,8 +298,8 @@ def test_report_of_two_seeds_and_the_same_dir_paired(two_seeds, tmp_path):
     assert (p["seeds"], p["items"], p["seed_ids"], p["distinct"]) == (2, 8, [0, 1], 8)
   assert [(c["step"], c["difference"], c["p"]) for c in rep["comparison"]] == [
     (0, 0.0, 1.0),
-    (1, 0.0, 1.0),
     (2, 0.0, 1.0),
+    (3, 0.0, 1.0),
   ]
   table = seeds.markdown(rep)
   assert table.count("\n| 2 | 8 | +0.000 |") == 1 and "95% interval" in table

@@ -52,8 +52,8 @@ class SamplingBlock:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """An environment run's `eval` block: greedy episodes on held-out seeds every `every`
-  iterations (0: off), `num_tasks` of them, `batch_tasks` per rollout call (0: all),
+  """An environment run's `eval` block: greedy episodes on held-out seeds before training,
+  every `every` iterations and after the last (0: off), `num_tasks` of them, `batch_tasks` per rollout call (0: all),
   held-out seed k = `seed_offset` + k."""
 
   every: int = 10

@@ -21,7 +21,7 @@ typed `rl_config.RLConfig`, nothing loaded; below it nothing reads the ConfigDic
     tie, play more tasks)] -> metrics
   train: the global RLBatch with the rewards as `scores` -> learner.update (advantages,
     reference / old logprobs or critic pass and GAE, train steps)
-    -> [greedy episodes on held-out seeds every eval.every iterations,
+    -> [greedy episodes on held-out seeds every eval.every iterations and after the last,
         transcripts every log.trajectories_every]
 
 With `rollout.max_staleness` set, `produce` runs ahead in a thread
@@ -496,8 +496,8 @@ def train(p: Pieces, state, sampled, index: int, version: int, publish=None, poo
   metrics["time/rollout_s"] = rollout_s
   metrics["time/train_s"] = elapsed - metrics.get("time/forward_s", 0.0)
   metrics["tokens_per_s"] = float(batch.loss_mask.sum()) / (rollout_s + elapsed)
-  if c.eval.every and (index + 1) % c.eval.every == 0:
-    metrics.update(evaluate(p, pool, state, workdir, index + 1))
+  if c.eval.every and ((index + 1) % c.eval.every == 0 or index + 1 == c.train.steps):
+    metrics.update(evaluate(p, pool, state, workdir, index + 1))  # and after the last
   if c.log.trajectories_every and (index + 1) % c.log.trajectories_every == 0:
     reports.write_trajectories(workdir, index + 1, out.episodes[: c.log.trajectories_logged])
   return state, weights, metrics

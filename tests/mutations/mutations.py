@@ -1742,6 +1742,14 @@ MUTATIONS = [
     why="experiments.ppo on a GRPO config (or --learner=ppo) trains GRPO with no word",
   ),
   dict(
+    name="rl_last_step_not_evaluated",
+    path="rlpost/recipes/rl.py",
+    old="  if c.eval.every and ((index + 1) % c.eval.every == 0 or index + 1 == c.train.steps):\n",
+    new="  if c.eval.every and (index + 1) % c.eval.every == 0:\n",
+    tests=["tests/test_seeds.py"],
+    why="a run whose steps eval.every does not divide never evaluates its final policy",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
