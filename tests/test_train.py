@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from conftest import run_with_devices
+from rlpost import errors
 from rlpost.train import step as train
 
 
@@ -242,6 +243,23 @@ def test_resume_with_a_changed_config_reports_the_changed_fields(tmp_path, capsy
   assert "resuming from checkpoint 2 with a changed config" in out
   assert "seed: 0 -> 1; train.steps: 2 -> 3." in out
   assert json.loads((tmp_path / "config.json").read_text())["seed"] == 1
+
+
+def test_a_resume_with_fewer_steps_than_trained_is_refused(tmp_path):
+  """train.steps below the newest checkpoint's step is a ConfigError naming both before
+  anything is restored or rewritten (it trained nothing and rewrote config.json with the
+  smaller count); as many steps as trained resumes. Mutation caught: the check dropped
+  (resume_with_fewer_steps_accepted)."""
+  config = {"seed": 0, "train": {"steps": 3}}
+  _loop_run(tmp_path, config, steps=3)
+  with pytest.raises(
+    errors.ConfigError,
+    match=r"config\.train\.steps=2: the run in .* has "
+    r"trained 3 steps already .*give train\.steps >= 3",
+  ):
+    _loop_run(tmp_path, {"seed": 0, "train": {"steps": 2}}, steps=2)
+  assert json.loads((tmp_path / "config.json").read_text()) == config
+  _loop_run(tmp_path, config, steps=3)
 
 
 def test_a_workdir_that_cannot_hold_a_run_fails_before_anything_is_written(tmp_path):

@@ -195,6 +195,7 @@ def start(
   try:
     if run.checkpoints.latest_step() is not None:
       _refuse_another_family(workdir, config)
+      _refuse_fewer_steps(workdir, config, run.checkpoints.latest_step())
     restored = checkpoint.restore_latest(run.checkpoints, fresh_state, carry_like)
   except BaseException:
     _close(run)
@@ -268,6 +269,18 @@ def _refuse_another_family(workdir: str, config) -> None:
       f"config.model.preset={new!r} is a {_family(new)} model, but the run in {workdir} "
       f"trains {old!r}, a {_family(old)} model: its checkpoints hold that model's weights. "
       f"Resume with --config.model.preset={old}, or use a new --workdir."
+    )
+
+
+def _refuse_fewer_steps(workdir: str, config, latest: int) -> None:
+  """A ConfigError when `config.train.steps` is below the step of the run's newest
+  checkpoint: nothing would train, and config.json would record fewer steps than the
+  run's metrics and weights hold."""
+  steps = (config.get("train") or {}).get("steps") if hasattr(config, "get") else None
+  if isinstance(steps, int) and not isinstance(steps, bool) and steps < latest:
+    raise errors.ConfigError(
+      f"config.train.steps={steps}: the run in {workdir} has trained {latest} steps already "
+      f"(its newest checkpoint); give train.steps >= {latest} to go on, or a new --workdir"
     )
 
 

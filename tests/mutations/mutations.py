@@ -1750,6 +1750,14 @@ MUTATIONS = [
     why="a run whose steps eval.every does not divide never evaluates its final policy",
   ),
   dict(
+    name="resume_with_fewer_steps_accepted",
+    path="rlpost/train/loop.py",
+    old="      _refuse_fewer_steps(workdir, config, run.checkpoints.latest_step())\n",
+    new="",
+    tests=["tests/test_train.py"],
+    why="a resume with train.steps below the checkpoint trains nothing and rewrites config.json",
+  ),
+  dict(
     name="toy_text_map_without_start_accepted",
     path="rlpost/envs/toy_text.py",
     old='    if letters or not (env.desc == b"S").any() or not (env.desc == b"G").any():\n',
