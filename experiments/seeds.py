@@ -10,8 +10,8 @@ or with `--parallel=N` as N processes at a time (each appending to DIR/seed_K.lo
 stopped with the command when it is interrupted or terminated). A seed whose metrics
 reach `train.steps` is skipped, or refused when its config.json records another config
 (a FlagError naming the fields); an interrupted one resumes from its checkpoints (the
-recipe's own resume, which reports a changed field). `--learner`: the learner when the config names
-none (as experiments.grpo / ppo choose theirs).
+recipe's own resume, which reports a changed field). `--learner`: the learner when the
+config names none (as experiments.grpo / ppo choose theirs).
 
 `report` reads every DIR/seed_K/eval/step_N.jsonl (`rlpost.recipes.item_outcomes`) and
 prints JSON, then a Markdown table: per evaluation step, the mean of `--metric` over
@@ -130,9 +130,8 @@ def _refuse_finished_with_another_config(workdir: str, cfg, seed: int) -> None:
   auto = tuple(k for k, v in config_moves.flat(wanted).items() if v == "auto")
   changed = config_moves.differences(recorded, wanted, ignore=auto)
   if changed:
-    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     raise errors.FlagError(
-      f"{workdir} finished with another config ({'; '.join(changed[:3])}{more}), so it "
+      f"{workdir} finished with another config ({_first_three(changed)}), so it "
       "would be skipped and its numbers reported as this config's: give a new "
       "--workdir_root (or remove that seed's folder to train it again)"
     )
@@ -229,7 +228,7 @@ def load(root: str, metric: str, command: str = "report") -> dict:
 def _number(line: dict, metric: str) -> float:
   """line[metric] as a float: FlagError when it is text (a completion, an answer) or absent."""
   value = line.get(metric)
-  if isinstance(value, bool) or isinstance(value, (int, float)):
+  if isinstance(value, (int, float)):  # bool included
     return float(value)
   numeric = sorted(k for k, v in line.items() if isinstance(v, (bool, int, float)))
   raise errors.FlagError(
@@ -387,9 +386,14 @@ def config_mismatch(configs: dict[str, dict]) -> str | None:
   for where, config in others:
     changed = config_moves.differences(config, reference, ignore=("seed",))
     if changed:
-      more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-      return f"{where} ran another config than {first}: {'; '.join(changed[:3])}{more}"
+      return f"{where} ran another config than {first}: {_first_three(changed)}"
   return None
+
+
+def _first_three(changed: list[str]) -> str:
+  """The first three changed fields, and how many more."""
+  more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+  return "; ".join(changed[:3]) + more
 
 
 def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
