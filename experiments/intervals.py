@@ -18,6 +18,9 @@ rests on.
 A paired comparison evaluates two configs on the same items: the difference of their
 means, a bootstrap interval that resamples items jointly (the pairing) and each
 config's seeds apart, and a sign-flip permutation p-value on the per-item differences.
+The p-value holds the trained policies fixed (the items are its only randomness): it asks
+whether these seeds' policies differ on such items, not whether another set of seeds
+would. With 2-3 seeds a side, read the interval, which resamples the seeds too.
 """
 
 import math
