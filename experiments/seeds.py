@@ -336,7 +336,7 @@ def markdown(rep: dict) -> str:
   if len(rep.get("dirs", ())) == 2 and not rep["comparison"]:
     text += ["", "No paired comparison: the two dirs share no evaluation step."]
   if rep["comparison"]:
-    text += ["", "| step | items | difference (first - second) | 95% interval | p |"]
+    text += ["", "| step | items | difference (first - second) | 95% interval | p (items) |"]
     text += ["|---" * 5 + "|"]
     text += [
       f"| {c['step']} | {c['items']} | {c['difference']:+.3f} | "
