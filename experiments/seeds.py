@@ -406,6 +406,8 @@ def keep(root: str, name: str, outcomes_root: str = OUTCOMES_ROOT) -> list[str]:
     )
   load(root, "success", "keep")  # report's checks: a workdir root with outcome files
   kept, ours = os.path.join(outcomes_root, name), seed_configs(root)
+  if os.path.exists(kept) and not os.path.isdir(kept):
+    raise errors.FlagError(f"keep NAME={name!r}: {kept} is a file; choose another NAME")
   replaced = {os.path.basename(where) for where in ours}  # kept copies these replace
   staying = {k: v for k, v in seed_configs(kept).items() if os.path.basename(k) not in replaced}
   mismatch = config_mismatch({**ours, **staying})

@@ -197,6 +197,9 @@ def test_keep_copies_only_outcomes_and_configs_and_reports_the_same(tmp_path):
     reports.read_outcomes(str(tmp_path / "absent.jsonl"))
   with pytest.raises(seeds.errors.FlagError, match="keep NAME='../x'"):
     seeds.keep(str(run), "../x", str(tmp_path / "outcomes"))
+  (tmp_path / "outcomes" / "a_file").write_text("")
+  with pytest.raises(seeds.errors.FlagError, match=r"keep NAME='a_file': .* is a file"):
+    seeds.keep(str(run), "a_file", str(tmp_path / "outcomes"))
   with pytest.raises(seeds.errors.FlagError, match=r"^keep .*absent: no such directory"):
     seeds.keep(str(tmp_path / "absent"), "x", str(tmp_path / "outcomes"))
 
