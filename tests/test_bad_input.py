@@ -256,7 +256,6 @@ def test_sequences_beyond_the_models_context_are_refused_with_the_config(config,
   import importlib  # pylint: disable=g-import-not-at-top
 
   from conftest import with_overrides  # pylint: disable=g-import-not-at-top
-  from rlpost import errors  # pylint: disable=g-import-not-at-top
   from rlpost.recipes import rl, sft  # pylint: disable=g-import-not-at-top
 
   module, variant = config.split(":")
